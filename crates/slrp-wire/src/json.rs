@@ -6,6 +6,9 @@
 //! base64, `null` as "unset", and they ignore unknown fields. This module produces and
 //! accepts exactly that, by reflection over the descriptors in `slrp-proto`.
 //!
+//! Unknown names are ignored by default, as Mesos does; [`Unknown::Reject`] is for files an
+//! operator wrote, where an unknown name is a typo.
+//!
 //! Decoding also enforces proto2 `required` fields (see [`crate::required`]), because a
 //! config file or call that lacks one is rejected by Mesos and must be rejected by slrp
 //! with a message that names the field.
@@ -81,8 +84,21 @@ fn serialize_options() -> SerializeOptions {
         .skip_default_fields(true)
 }
 
-fn deserialize_options() -> DeserializeOptions {
-    DeserializeOptions::new().deny_unknown_fields(false)
+/// What to do with JSON the descriptors do not know: an unknown field, or an enum value
+/// name that the enum does not have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Unknown {
+    /// Drop it silently, as Mesos does. Right for messages from peers, which may be newer
+    /// than we are.
+    #[default]
+    Ignore,
+    /// Reject it. Right for files an operator wrote, where an unknown name is a typo
+    /// (`CONTROLER_SERVICE`) that would otherwise vanish without a trace.
+    Reject,
+}
+
+fn deserialize_options(unknown: Unknown) -> DeserializeOptions {
+    DeserializeOptions::new().deny_unknown_fields(unknown == Unknown::Reject)
 }
 
 fn to_dynamic<M: Message + Name>(message: &M) -> Result<DynamicMessage, JsonError> {
@@ -157,12 +173,24 @@ fn finish<M: Message + Name + Default>(dynamic: DynamicMessage) -> Result<M, Jso
 /// [`JsonError::Invalid`] for text that is not JSON or does not fit `M` (wrong types,
 /// unknown enum names); [`JsonError::Required`] when a required field is absent.
 pub fn from_slice<M: Message + Name + Default>(text: &[u8]) -> Result<M, JsonError> {
+    from_slice_with(text, Unknown::Ignore)
+}
+
+/// Parses Mesos-style JSON text into `M`, with a choice about unknown names.
+///
+/// # Errors
+/// As [`from_slice`]; with [`Unknown::Reject`] also [`JsonError::Invalid`] naming an
+/// unknown field or enum value.
+pub fn from_slice_with<M: Message + Name + Default>(
+    text: &[u8],
+    unknown: Unknown,
+) -> Result<M, JsonError> {
     let descriptor = descriptor_of::<M>()?;
     let mut deserializer = serde_json::Deserializer::from_slice(text);
     let dynamic = DynamicMessage::deserialize_with_options(
         descriptor,
         &mut deserializer,
-        &deserialize_options(),
+        &deserialize_options(unknown),
     )
     .and_then(|m| deserializer.end().map(|()| m))
     .map_err(|source| JsonError::Invalid {
@@ -177,9 +205,20 @@ pub fn from_slice<M: Message + Name + Default>(text: &[u8]) -> Result<M, JsonErr
 /// # Errors
 /// As [`from_slice`].
 pub fn from_value<M: Message + Name + Default>(value: serde_json::Value) -> Result<M, JsonError> {
+    from_value_with(value, Unknown::Ignore)
+}
+
+/// Converts an already-parsed JSON value into `M`, with a choice about unknown names.
+///
+/// # Errors
+/// As [`from_slice_with`].
+pub fn from_value_with<M: Message + Name + Default>(
+    value: serde_json::Value,
+    unknown: Unknown,
+) -> Result<M, JsonError> {
     let descriptor = descriptor_of::<M>()?;
     let dynamic =
-        DynamicMessage::deserialize_with_options(descriptor, value, &deserialize_options())
+        DynamicMessage::deserialize_with_options(descriptor, value, &deserialize_options(unknown))
             .map_err(|source| JsonError::Invalid {
                 message: M::full_name(),
                 source,

@@ -92,23 +92,6 @@ pub enum DecodeError {
     Json(#[from] JsonError),
 }
 
-/// Errors from [`encode`].
-#[derive(Debug, thiserror::Error)]
-pub enum EncodeError {
-    /// The message lacks a required field, so a Mesos peer would reject it.
-    #[error("refusing to send incomplete {message}")]
-    Required {
-        /// Full name of the top-level message.
-        message: String,
-        /// The missing field.
-        #[source]
-        source: MissingField,
-    },
-    /// Rendering as JSON failed.
-    #[error("encoding JSON")]
-    Json(#[from] JsonError),
-}
-
 fn check_protobuf<M: Message + Name>(bytes: &[u8]) -> Result<(), DecodeError> {
     let descriptor = json::descriptor_of::<M>()?;
     let dynamic =
@@ -142,38 +125,20 @@ pub fn decode<M: Message + Name + Default>(
     }
 }
 
-/// Checks that `message` has every required field set.
+/// Encodes a message for sending with the given content type.
+///
+/// No required-field check is needed here: prost represents proto2 `required` fields as
+/// plain (non-optional) fields and always emits them, so a generated message cannot be
+/// incomplete on the way out. Only inbound bytes need [`decode`]'s check.
 ///
 /// # Errors
-/// [`EncodeError::Required`] naming the first missing field.
-pub fn check_complete<M: Message + Name>(message: &M) -> Result<(), EncodeError> {
-    let required = |source| EncodeError::Required {
-        message: M::full_name(),
-        source,
-    };
-    let descriptor = json::descriptor_of::<M>()?;
-    let dynamic = DynamicMessage::decode(descriptor, message.encode_to_vec().as_slice()).map_err(
-        |source| {
-            EncodeError::Json(JsonError::Transcode {
-                message: M::full_name(),
-                source,
-            })
-        },
-    )?;
-    required::check_required(&dynamic).map_err(required)
-}
-
-/// Encodes a message for sending with the given content type, refusing an incomplete one.
-///
-/// # Errors
-/// [`EncodeError`] when a required field is missing.
+/// [`JsonError`] if rendering JSON fails (it does not for `slrp-proto` messages).
 pub fn encode<M: Message + Name>(
     content_type: ContentType,
     message: &M,
-) -> Result<Vec<u8>, EncodeError> {
-    check_complete(message)?;
+) -> Result<Vec<u8>, JsonError> {
     match content_type {
         ContentType::Protobuf => Ok(message.encode_to_vec()),
-        ContentType::Json => Ok(json::to_vec(message)?),
+        ContentType::Json => json::to_vec(message),
     }
 }
