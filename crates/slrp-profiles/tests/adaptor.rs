@@ -7,6 +7,8 @@
 //! observable change, with timeouts only as hang guards. File and inline tests use paused
 //! time.
 
+#![cfg(test)]
+
 use std::{
     collections::BTreeSet,
     path::Path,
@@ -166,7 +168,7 @@ impl TestServer {
                 "/profiles",
                 get(|State(r): State<Reply>| async move { r.0.lock().unwrap().clone() }),
             )
-            .route("/slow", get(|| std::future::pending::<String>()))
+            .route("/slow", get(std::future::pending::<String>))
             .with_state(reply.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());

@@ -1,6 +1,8 @@
 //! Parsing and validation of profile documents (Mesos's `ParseExample` / `ParseInvalids`)
 //! and selector matching.
 
+#![cfg(test)]
+
 use std::collections::BTreeSet;
 
 use slrp_profiles::{DocumentError, ProfileMapping, ProviderKey, Selector};
@@ -118,6 +120,9 @@ fn unset_and_empty_fs_type_are_equal() {
     );
 }
 
+/// Recognizes the expected error of one invalid document.
+type Check = fn(&DocumentError) -> bool;
+
 const SEL: &str = r#""csi_plugin_type_selector":{"plugin_type":"org.apache.mesos.csi.test"}"#;
 
 fn one(profile_body: &str) -> String {
@@ -134,7 +139,7 @@ fn parse_invalids() {
         "a".repeat(2048),
         "b".repeat(2049)
     );
-    let cases: Vec<(String, fn(&DocumentError) -> bool)> = vec![
+    let cases: Vec<(String, Check)> = vec![
         ("Not an object, but still JSON".into(), |e| {
             matches!(e, DocumentError::Json(_))
         }),
