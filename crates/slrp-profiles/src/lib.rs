@@ -9,6 +9,31 @@
 //! meaning under its name, and tells each provider which profiles apply to it, selected by
 //! provider type and name or by CSI plugin type.
 //!
+//! ```
+//! use slrp_profiles::{Metrics, ProfileSource, ProfilesConfig, ProviderKey, spawn};
+//! use tokio_util::sync::CancellationToken;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let document = serde_json::json!({"profile_matrix": {"fast": {
+//!     "csi_plugin_type_selector": {"plugin_type": "local"},
+//!     "volume_capabilities": {"mount": {"fs_type": "ext4"},
+//!                             "access_mode": {"mode": "SINGLE_NODE_WRITER"}}}}});
+//! let config = ProfilesConfig::new(ProfileSource::Inline(document));
+//! let cancel = CancellationToken::new();
+//! let (profiles, task) = spawn(config, Metrics::default(), cancel.clone());
+//!
+//! let me = ProviderKey::new("org.apache.mesos.rp.local.storage", "local", Some("local".into()));
+//! let mut view = profiles.subscribe(me.clone()).await.unwrap();
+//! view.wait_for(|v| v.contains_key("fast")).await.unwrap();
+//! let fast = profiles.translate("fast", &me).await.unwrap();
+//! assert!(fast.parameters.is_empty());
+//!
+//! cancel.cancel();
+//! task.await.unwrap();
+//! # }
+//! ```
+//!
 //! # Layout
 //! - [`document`]: the JSON format, validation, and the domain types ([`ProfileInfo`],
 //!   [`Manifest`], [`Selector`], [`ProviderKey`]).
