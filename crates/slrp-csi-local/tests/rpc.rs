@@ -1,6 +1,14 @@
 //! Error codes and idempotency of every RPC, capacity accounting, pagination and imports,
 //! against the real binary over its socket.
 
+// An integration test crate is test code throughout: helpers fail by panicking, and the
+// tests need no `mod tests` wrapper (the lint targets test code hidden in src/).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::tests_outside_test_module
+)]
+
 mod common;
 
 use common::*;
@@ -41,9 +49,9 @@ async fn identity_and_capabilities() {
         .into_inner()
         .capabilities
         .into_iter()
-        .filter_map(|c| match c.r#type {
-            Some(v1::controller_service_capability::Type::Rpc(r)) => Some(r.r#type),
-            None => None,
+        .filter_map(|c| {
+            c.r#type
+                .map(|v1::controller_service_capability::Type::Rpc(r)| r.r#type)
         })
         .collect();
     use v1::controller_service_capability::rpc::Type as C;
@@ -65,9 +73,9 @@ async fn identity_and_capabilities() {
         .into_inner()
         .capabilities
         .into_iter()
-        .filter_map(|c| match c.r#type {
-            Some(v1::node_service_capability::Type::Rpc(r)) => Some(r.r#type),
-            None => None,
+        .filter_map(|c| {
+            c.r#type
+                .map(|v1::node_service_capability::Type::Rpc(r)| r.r#type)
         })
         .collect();
     use v1::node_service_capability::rpc::Type as N;

@@ -4,7 +4,13 @@
 //! mounted or attached there; its `Drop` kills the child and unmounts/detaches whatever is
 //! left, so a failing test leaks no mounts or loop devices.
 
-#![allow(dead_code, unreachable_pub, missing_docs)]
+#![allow(
+    dead_code,
+    unreachable_pub,
+    missing_docs,
+    clippy::unwrap_used,
+    clippy::expect_used
+)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -112,8 +118,10 @@ impl TestPlugin {
             {
                 panic!("plugin exited during start: {status}");
             }
-            if self.socket.exists() {
-                if let Ok(ch) = self.channel().await {
+            if self.socket.exists()
+                && let Ok(ch) = self.channel().await
+            {
+                {
                     // Either package: the plugin answers only the one it serves.
                     let v1_ok = v1::identity_client::IdentityClient::new(ch.clone())
                         .probe(v1::ProbeRequest {})
