@@ -378,10 +378,6 @@ impl<H: Host> Plugin<H> {
             if lock(&self.volumes).contains_key(&id) {
                 continue;
             }
-            let _v = self.busy.lock(&id);
-            if lock(&self.volumes).contains_key(&id) {
-                continue;
-            }
             let capacity = match backend {
                 Backend::Dir => disk_usage(&path),
                 Backend::Loop => fs::metadata(&path).map(|m| m.len()).unwrap_or(0),
@@ -398,7 +394,18 @@ impl<H: Host> Plugin<H> {
                 BTreeMap::new(),
             );
             rec.phase = Phase::Ready;
-            match self.save(rec) {
+            // Check and insert under one lock, without taking the volume's busy lock: the
+            // caller may hold it already (a request naming an import not yet seen).
+            let mut vols = lock(&self.volumes);
+            if vols.contains_key(&id) {
+                continue;
+            }
+            let res = self.store.put(&rec);
+            if res.is_ok() {
+                vols.insert(id.clone(), rec);
+            }
+            drop(vols);
+            match res {
                 Ok(()) => tracing::info!(volume_id = %id, "adopted imported volume"),
                 Err(e) => {
                     tracing::error!(volume_id = %id, error = %chain(&e), "could not adopt imported volume")
@@ -2033,6 +2040,10 @@ mod tests {
         );
         p.delete_volume("import-dir-data1").unwrap();
         assert!(!dir.path().join("import/dir/data1").exists());
+        // A request may name an import before any listing has seen it.
+        fs::create_dir_all(dir.path().join("import/dir/late")).unwrap();
+        p.delete_volume("import-dir-late").unwrap();
+        assert!(!dir.path().join("import/dir/late").exists());
     }
 
     #[test]

@@ -864,3 +864,44 @@ async fn endpoint_from_environment_and_stale_socket() {
     let _ = child.wait();
     assert!(ok, "plugin did not serve on the CSI_ENDPOINT socket");
 }
+
+#[tokio::test]
+async fn concurrent_creates_never_oversubscribe_a_pool() {
+    let p = TestPlugin::start(&["--pool", "default=100MiB"]).await;
+    let c = p.v1().await;
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let mut ctl = c.controller.clone();
+        // Half the requests share a name: they must all get the same volume.
+        let name = if i % 2 == 0 {
+            "same".to_owned()
+        } else {
+            format!("n{i}")
+        };
+        tasks.push(tokio::spawn(async move {
+            ctl.create_volume(create_req(&name, 30 * MIB, mount_cap(""), &[]))
+                .await
+                .map(|r| (name, r.into_inner().volume.unwrap().volume_id))
+        }));
+    }
+    let mut ok = Vec::new();
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(v) => ok.push(v),
+            Err(s) => assert_eq!(s.code(), Code::OutOfRange, "{s:?}"),
+        }
+    }
+    let same: std::collections::BTreeSet<_> = ok
+        .iter()
+        .filter(|(n, _)| n == "same")
+        .map(|(_, id)| id.clone())
+        .collect();
+    // "same" may have lost the race for space, but never got two volumes.
+    assert!(same.len() <= 1, "one name, one volume: {same:?}");
+    let distinct: std::collections::BTreeSet<_> = ok.iter().map(|(_, id)| id).collect();
+    assert_eq!(
+        distinct.len(),
+        3,
+        "100 MiB holds exactly three 30 MiB volumes"
+    );
+}
