@@ -1,5 +1,7 @@
 //! Table tests of the volume state machine: every state × goal × capability set.
 
+#![allow(clippy::unwrap_used, reason = "test helpers outside #[test] functions")]
+
 use std::collections::BTreeMap;
 
 use slrp_core::volume::state::*;

@@ -4,6 +4,8 @@
 //! The child is this test binary itself, re-run with `--exact crash_child --ignored` and the
 //! state directory in `SLRP_STORE_CRASH_DIR`.
 
+#![allow(clippy::unwrap_used, reason = "test helpers outside #[test] functions")]
+
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 

@@ -1,5 +1,7 @@
 //! Store behaviour on a real database in a temporary directory.
 
+#![allow(clippy::unwrap_used, reason = "test helpers outside #[test] functions")]
+
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::SystemTime;

@@ -53,7 +53,7 @@ pub enum PathError {
 
 /// Whether Mesos encodes byte `b` (spec §8.2).
 fn must_encode(b: u8) -> bool {
-    b < 0x20 || b > 0x7F || b"$&+,/:;=?@ \"<>#%{}|\\^~[]`".contains(&b)
+    !(0x20..=0x7F).contains(&b) || b"$&+,/:;=?@ \"<>#%{}|\\^~[]`".contains(&b)
 }
 
 /// Encodes a volume id as one directory name.
