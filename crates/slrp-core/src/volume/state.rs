@@ -1,0 +1,947 @@
+//! The pure volume state machine: no I/O, no clock, no tokio.
+//!
+//! A driver (the volume manager) moves one volume towards a [`Goal`] with this loop:
+//!
+//! 1. `(record, call) = record.next_call(goal, caps, boot)` applies every transition the
+//!    plugin's capabilities make a no-op (in memory) and names the next RPC, if any;
+//! 2. `record = record.begin(call, boot)?` enters the in-flight state, which the driver
+//!    makes durable *before* sending the RPC;
+//! 3. after the RPC, `record = record.finish(call, outcome)?` settles (a failure keeps the
+//!    in-flight state unless the failure policy says the call certainly had no effect), and
+//!    the driver persists it.
+//!
+//! On start, [`VolumeRecord::recover`] maps a stored state to the state valid in the
+//! current boot and names the interrupted RPC to re-drive. See `docs/state-machines.md`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use slrp_store::{Kind, Record};
+
+/// A CSI string map (`parameters`, `volume_context`, `publish_context`), ordered so that
+/// comparisons and JSON are stable.
+pub type Context = BTreeMap<String, String>;
+
+/// Identifier a plugin assigned to a volume.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct VolumeId(String);
+
+impl VolumeId {
+    /// Wraps a plugin-assigned id.
+    pub fn new(id: impl Into<String>) -> Self {
+        Self(id.into())
+    }
+
+    /// The id as sent on the wire.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for VolumeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The kernel's boot id (`/proc/sys/kernel/random/boot_id`): mounts and stagings made in
+/// one boot are gone in the next.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct BootId(String);
+
+impl BootId {
+    /// Wraps a boot id as read from the kernel.
+    pub fn new(id: impl Into<String>) -> Self {
+        Self(id.into())
+    }
+
+    /// The id text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for BootId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The capabilities that decide which transitions need an RPC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct PluginCaps {
+    /// Controller capability `PUBLISH_UNPUBLISH_VOLUME`.
+    pub controller_publish_unpublish: bool,
+    /// Node capability `STAGE_UNSTAGE_VOLUME`.
+    pub node_stage_unstage: bool,
+}
+
+/// CSI access mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum AccessMode {
+    /// `SINGLE_NODE_WRITER`.
+    SingleNodeWriter,
+    /// `SINGLE_NODE_READER_ONLY`.
+    SingleNodeReaderOnly,
+    /// `MULTI_NODE_READER_ONLY`.
+    MultiNodeReaderOnly,
+    /// `MULTI_NODE_SINGLE_WRITER`.
+    MultiNodeSingleWriter,
+    /// `MULTI_NODE_MULTI_WRITER`.
+    MultiNodeMultiWriter,
+    /// `SINGLE_NODE_SINGLE_WRITER` (CSI v1 only).
+    SingleNodeSingleWriter,
+    /// `SINGLE_NODE_MULTI_WRITER` (CSI v1 only).
+    SingleNodeMultiWriter,
+}
+
+/// Block device or mounted filesystem.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum AccessType {
+    /// Raw block device.
+    Block,
+    /// Mounted filesystem.
+    Mount {
+        /// Filesystem type; empty = plugin default.
+        #[serde(default)]
+        fs_type: String,
+        /// Mount flags.
+        #[serde(default)]
+        mount_flags: Vec<String>,
+    },
+}
+
+/// A CSI `VolumeCapability`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct VolumeCapability {
+    /// Block or mount.
+    pub access_type: AccessType,
+    /// Access mode.
+    pub access_mode: AccessMode,
+}
+
+/// Where a secret comes from: a reference resolved when the RPC is built. Secret *values*
+/// are never part of a record, so they never reach the disk or `slrp inspect`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct SecretRef {
+    /// Name of the secret.
+    pub name: String,
+    /// Key within the secret.
+    pub key: String,
+}
+
+/// What does not change over a volume's life: how it is used and with what.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeSpec {
+    /// The capability the volume was created or validated with.
+    pub capability: VolumeCapability,
+    /// CreateVolume parameters (from the profile).
+    #[serde(default)]
+    pub parameters: Context,
+    /// Volume context returned by CreateVolume (or given for a pre-existing volume).
+    #[serde(default)]
+    pub volume_context: Context,
+    /// Publish read-only (ControllerPublish and NodePublish `readonly`).
+    #[serde(default)]
+    pub readonly: bool,
+    /// The volume was not created by slrp (it came from ListVolumes or the CSI server).
+    #[serde(default)]
+    pub pre_provisioned: bool,
+    /// NodeStageVolume secrets, by CSI secret key.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_stage_secrets: BTreeMap<String, SecretRef>,
+    /// NodePublishVolume secrets, by CSI secret key.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_publish_secrets: BTreeMap<String, SecretRef>,
+}
+
+/// Durable lifecycle of one volume (Mesos `VolumeState`). Each variant carries exactly the
+/// data valid in it. In-flight variants (`*ing`) are written *before* their RPC is sent.
+///
+/// `boot_id` appears from `NodeStaging` on: the boot in which staging was (or may have
+/// been) done. A stale boot id means the staging and publish mounts are gone.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state")]
+pub enum VolumeState {
+    /// Provisioned, not attached to this node.
+    #[serde(rename = "CREATED")]
+    Created,
+    /// ControllerPublishVolume in flight.
+    #[serde(rename = "CONTROLLER_PUBLISH")]
+    ControllerPublishing,
+    /// Attached to this node (or the plugin needs no attach).
+    #[serde(rename = "NODE_READY")]
+    NodeReady {
+        /// ControllerPublishVolume's `publish_context`.
+        publish_context: Context,
+    },
+    /// ControllerUnpublishVolume in flight.
+    #[serde(rename = "CONTROLLER_UNPUBLISH")]
+    ControllerUnpublishing,
+    /// NodeStageVolume in flight.
+    #[serde(rename = "NODE_STAGE")]
+    NodeStaging {
+        /// Boot in which the RPC was sent.
+        boot_id: BootId,
+        /// ControllerPublishVolume's `publish_context`.
+        publish_context: Context,
+    },
+    /// Staged at the staging path (or the plugin needs no staging).
+    #[serde(rename = "VOL_READY")]
+    VolReady {
+        /// Boot in which staging happened.
+        boot_id: BootId,
+        /// ControllerPublishVolume's `publish_context`.
+        publish_context: Context,
+    },
+    /// NodePublishVolume in flight.
+    #[serde(rename = "NODE_PUBLISH")]
+    NodePublishing {
+        /// Boot in which staging happened.
+        boot_id: BootId,
+        /// ControllerPublishVolume's `publish_context`.
+        publish_context: Context,
+    },
+    /// Published at the target path.
+    #[serde(rename = "PUBLISHED")]
+    Published {
+        /// Boot in which staging happened.
+        boot_id: BootId,
+        /// ControllerPublishVolume's `publish_context`.
+        publish_context: Context,
+    },
+    /// NodeUnpublishVolume in flight.
+    #[serde(rename = "NODE_UNPUBLISH")]
+    NodeUnpublishing {
+        /// Boot in which staging happened.
+        boot_id: BootId,
+        /// ControllerPublishVolume's `publish_context`.
+        publish_context: Context,
+    },
+    /// NodeUnstageVolume in flight.
+    #[serde(rename = "NODE_UNSTAGE")]
+    NodeUnstaging {
+        /// Boot in which staging happened.
+        boot_id: BootId,
+        /// ControllerPublishVolume's `publish_context`.
+        publish_context: Context,
+    },
+}
+
+/// The name of a state, with Mesos's spelling and checkpoint number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StateName {
+    /// `CREATED` (1).
+    Created,
+    /// `NODE_READY` (2).
+    NodeReady,
+    /// `PUBLISHED` (3).
+    Published,
+    /// `CONTROLLER_PUBLISH` (4).
+    ControllerPublish,
+    /// `CONTROLLER_UNPUBLISH` (5).
+    ControllerUnpublish,
+    /// `NODE_PUBLISH` (6).
+    NodePublish,
+    /// `NODE_UNPUBLISH` (7).
+    NodeUnpublish,
+    /// `VOL_READY` (8).
+    VolReady,
+    /// `NODE_STAGE` (9).
+    NodeStage,
+    /// `NODE_UNSTAGE` (10).
+    NodeUnstage,
+}
+
+impl StateName {
+    /// Mesos's name, e.g. `NODE_READY`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Created => "CREATED",
+            Self::NodeReady => "NODE_READY",
+            Self::Published => "PUBLISHED",
+            Self::ControllerPublish => "CONTROLLER_PUBLISH",
+            Self::ControllerUnpublish => "CONTROLLER_UNPUBLISH",
+            Self::NodePublish => "NODE_PUBLISH",
+            Self::NodeUnpublish => "NODE_UNPUBLISH",
+            Self::VolReady => "VOL_READY",
+            Self::NodeStage => "NODE_STAGE",
+            Self::NodeUnstage => "NODE_UNSTAGE",
+        }
+    }
+
+    /// Mesos's `VolumeState.State` number (`src/csi/state.proto`).
+    pub fn mesos_value(self) -> i32 {
+        match self {
+            Self::Created => 1,
+            Self::NodeReady => 2,
+            Self::Published => 3,
+            Self::ControllerPublish => 4,
+            Self::ControllerUnpublish => 5,
+            Self::NodePublish => 6,
+            Self::NodeUnpublish => 7,
+            Self::VolReady => 8,
+            Self::NodeStage => 9,
+            Self::NodeUnstage => 10,
+        }
+    }
+}
+
+impl fmt::Display for StateName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Where a volume should end up. Deletion is the volume manager's business: it drives the
+/// volume to `Created` and then calls DeleteVolume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Goal {
+    /// Detached from the node.
+    Created,
+    /// Attached (controller-published).
+    NodeReady,
+    /// Staged.
+    VolReady,
+    /// Published at the target path.
+    Published,
+}
+
+/// An RPC that moves a volume between states.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CsiCall {
+    /// `ControllerPublishVolume`.
+    ControllerPublish,
+    /// `ControllerUnpublishVolume`.
+    ControllerUnpublish,
+    /// `NodeStageVolume`.
+    NodeStage,
+    /// `NodeUnstageVolume`.
+    NodeUnstage,
+    /// `NodePublishVolume`.
+    NodePublish,
+    /// `NodeUnpublishVolume`.
+    NodeUnpublish,
+}
+
+impl CsiCall {
+    /// All calls.
+    pub const ALL: [CsiCall; 6] = [
+        Self::ControllerPublish,
+        Self::ControllerUnpublish,
+        Self::NodeStage,
+        Self::NodeUnstage,
+        Self::NodePublish,
+        Self::NodeUnpublish,
+    ];
+
+    /// The CSI RPC name.
+    pub fn rpc_name(self) -> &'static str {
+        match self {
+            Self::ControllerPublish => "ControllerPublishVolume",
+            Self::ControllerUnpublish => "ControllerUnpublishVolume",
+            Self::NodeStage => "NodeStageVolume",
+            Self::NodeUnstage => "NodeUnstageVolume",
+            Self::NodePublish => "NodePublishVolume",
+            Self::NodeUnpublish => "NodeUnpublishVolume",
+        }
+    }
+
+    /// Whether the plugin serves this RPC; without it the transition is an in-memory no-op.
+    pub fn is_supported(self, caps: &PluginCaps) -> bool {
+        match self {
+            Self::ControllerPublish | Self::ControllerUnpublish => {
+                caps.controller_publish_unpublish
+            }
+            Self::NodeStage | Self::NodeUnstage => caps.node_stage_unstage,
+            Self::NodePublish | Self::NodeUnpublish => true,
+        }
+    }
+
+    /// Whether the call moves away from `Created` (an undo call moves towards it).
+    pub fn is_forward(self) -> bool {
+        match self {
+            Self::ControllerPublish | Self::NodeStage | Self::NodePublish => true,
+            Self::ControllerUnpublish | Self::NodeUnstage | Self::NodeUnpublish => false,
+        }
+    }
+}
+
+impl fmt::Display for CsiCall {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.rpc_name())
+    }
+}
+
+/// The next move towards a goal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Send this RPC (begin, persist, call, finish, persist).
+    Call(CsiCall),
+    /// The plugin lacks the capability: apply the transition in memory ([`VolumeState::skip`]).
+    Skip(CsiCall),
+}
+
+/// What to do with the state when an RPC failed: a named policy, not a flag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnCallFail {
+    /// Keep the in-flight state (Mesos's behaviour): the RPC may have taken effect, so the
+    /// next request or recovery re-drives or undoes it. Always safe.
+    StayInFlight,
+    /// Return to the stable state the forward call started from. Only correct when no
+    /// attempt of this call since that state can have taken effect (e.g. the plugin
+    /// rejected the first attempt with `INVALID_ARGUMENT`); the driver decides. For undo
+    /// calls this is the same as `StayInFlight`: re-driving an undo is always safe, while
+    /// claiming the previous state could claim a mount that is gone.
+    RollBack,
+}
+
+/// How an RPC ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CallOutcome {
+    /// It succeeded. `publish_context` is ControllerPublishVolume's result and ignored for
+    /// every other call.
+    Succeeded {
+        /// ControllerPublishVolume's `publish_context`.
+        publish_context: Context,
+    },
+    /// It failed; the policy says what that means for the state.
+    Failed(OnCallFail),
+}
+
+impl CallOutcome {
+    /// Success with no result data.
+    pub fn ok() -> Self {
+        Self::Succeeded {
+            publish_context: Context::new(),
+        }
+    }
+}
+
+/// A transition that is not allowed from the current state. Returned without any change.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TransitionError {
+    /// `begin` or `skip` from a state the call cannot start from.
+    #[error("{call} cannot start from state {state}")]
+    CannotStart {
+        /// The call.
+        call: CsiCall,
+        /// The current state.
+        state: StateName,
+    },
+    /// `finish` for a call that is not in flight.
+    #[error("{call} is not in flight (state {state})")]
+    NotInFlight {
+        /// The call.
+        call: CsiCall,
+        /// The current state.
+        state: StateName,
+    },
+}
+
+impl VolumeState {
+    /// The state's name.
+    pub fn name(&self) -> StateName {
+        match self {
+            Self::Created => StateName::Created,
+            Self::ControllerPublishing => StateName::ControllerPublish,
+            Self::NodeReady { .. } => StateName::NodeReady,
+            Self::ControllerUnpublishing => StateName::ControllerUnpublish,
+            Self::NodeStaging { .. } => StateName::NodeStage,
+            Self::VolReady { .. } => StateName::VolReady,
+            Self::NodePublishing { .. } => StateName::NodePublish,
+            Self::Published { .. } => StateName::Published,
+            Self::NodeUnpublishing { .. } => StateName::NodeUnpublish,
+            Self::NodeUnstaging { .. } => StateName::NodeUnstage,
+        }
+    }
+
+    /// The RPC this state is waiting for, if it is an in-flight state.
+    pub fn in_flight_call(&self) -> Option<CsiCall> {
+        match self {
+            Self::Created
+            | Self::NodeReady { .. }
+            | Self::VolReady { .. }
+            | Self::Published { .. } => None,
+            Self::ControllerPublishing => Some(CsiCall::ControllerPublish),
+            Self::ControllerUnpublishing => Some(CsiCall::ControllerUnpublish),
+            Self::NodeStaging { .. } => Some(CsiCall::NodeStage),
+            Self::NodeUnstaging { .. } => Some(CsiCall::NodeUnstage),
+            Self::NodePublishing { .. } => Some(CsiCall::NodePublish),
+            Self::NodeUnpublishing { .. } => Some(CsiCall::NodeUnpublish),
+        }
+    }
+
+    /// Whether an RPC may be in progress or half-done.
+    pub fn is_in_flight(&self) -> bool {
+        self.in_flight_call().is_some()
+    }
+
+    /// Whether the goal is reached exactly.
+    pub fn is_at(&self, goal: Goal) -> bool {
+        self.next_step(goal, &PluginCaps::default()).is_none()
+    }
+
+    /// The boot in which staging happened (or may have), for states past `NodeReady`.
+    pub fn boot_id(&self) -> Option<&BootId> {
+        match self {
+            Self::Created
+            | Self::ControllerPublishing
+            | Self::NodeReady { .. }
+            | Self::ControllerUnpublishing => None,
+            Self::NodeStaging { boot_id, .. }
+            | Self::VolReady { boot_id, .. }
+            | Self::NodePublishing { boot_id, .. }
+            | Self::Published { boot_id, .. }
+            | Self::NodeUnpublishing { boot_id, .. }
+            | Self::NodeUnstaging { boot_id, .. } => Some(boot_id),
+        }
+    }
+
+    /// ControllerPublishVolume's `publish_context`, in states where the volume is attached.
+    pub fn publish_context(&self) -> Option<&Context> {
+        match self {
+            Self::Created | Self::ControllerPublishing | Self::ControllerUnpublishing => None,
+            Self::NodeReady { publish_context }
+            | Self::NodeStaging {
+                publish_context, ..
+            }
+            | Self::VolReady {
+                publish_context, ..
+            }
+            | Self::NodePublishing {
+                publish_context, ..
+            }
+            | Self::Published {
+                publish_context, ..
+            }
+            | Self::NodeUnpublishing {
+                publish_context, ..
+            }
+            | Self::NodeUnstaging {
+                publish_context, ..
+            } => Some(publish_context),
+        }
+    }
+
+    /// Whether `call` may begin from this state (the guard of [`VolumeState::begin`]).
+    pub fn can_begin(&self, call: CsiCall) -> bool {
+        // The transition table, one row per state, columns in `CsiCall::ALL` order:
+        //                                  CPub   CUnpub NStage NUnstg NPub   NUnpub
+        let row: [bool; 6] = match self {
+            Self::Created =>
+            /*                */
+            {
+                [true, false, false, false, false, false]
+            }
+            Self::ControllerPublishing =>
+            /*   */
+            {
+                [true, true, false, false, false, false]
+            }
+            Self::NodeReady { .. } =>
+            /*       */
+            {
+                [false, true, true, false, false, false]
+            }
+            Self::ControllerUnpublishing =>
+            /* */
+            {
+                [false, true, false, false, false, false]
+            }
+            Self::NodeStaging { .. } =>
+            /*     */
+            {
+                [false, false, true, true, false, false]
+            }
+            Self::VolReady { .. } =>
+            /*        */
+            {
+                [false, false, false, true, true, false]
+            }
+            Self::NodePublishing { .. } =>
+            /*  */
+            {
+                [false, false, false, false, true, true]
+            }
+            Self::Published { .. } =>
+            /*       */
+            {
+                [false, false, false, false, false, true]
+            }
+            Self::NodeUnpublishing { .. } =>
+            /**/
+            {
+                [false, false, false, false, false, true]
+            }
+            Self::NodeUnstaging { .. } =>
+            /*   */
+            {
+                [false, false, false, true, false, false]
+            }
+        };
+        let column = match call {
+            CsiCall::ControllerPublish => 0,
+            CsiCall::ControllerUnpublish => 1,
+            CsiCall::NodeStage => 2,
+            CsiCall::NodeUnstage => 3,
+            CsiCall::NodePublish => 4,
+            CsiCall::NodeUnpublish => 5,
+        };
+        row[column]
+    }
+
+    /// The next move from this state towards `goal`, or `None` when it is reached.
+    ///
+    /// In-flight states are finished in the direction of the goal if the interrupted call
+    /// points there (re-drive) and undone otherwise; an interrupted undo is always completed
+    /// first (Mesos's rule).
+    pub fn next_step(&self, goal: Goal, caps: &PluginCaps) -> Option<Step> {
+        use CsiCall as C;
+        use Goal as G;
+        let call = match (self, goal) {
+            (Self::Created, G::Created) => return None,
+            (Self::Created, G::NodeReady | G::VolReady | G::Published) => C::ControllerPublish,
+            (Self::ControllerPublishing, G::Created) => C::ControllerUnpublish,
+            (Self::ControllerPublishing, G::NodeReady | G::VolReady | G::Published) => {
+                C::ControllerPublish
+            }
+            (Self::NodeReady { .. }, G::Created) => C::ControllerUnpublish,
+            (Self::NodeReady { .. }, G::NodeReady) => return None,
+            (Self::NodeReady { .. }, G::VolReady | G::Published) => C::NodeStage,
+            (
+                Self::ControllerUnpublishing,
+                G::Created | G::NodeReady | G::VolReady | G::Published,
+            ) => C::ControllerUnpublish,
+            (Self::NodeStaging { .. }, G::Created | G::NodeReady) => C::NodeUnstage,
+            (Self::NodeStaging { .. }, G::VolReady | G::Published) => C::NodeStage,
+            (Self::VolReady { .. }, G::Created | G::NodeReady) => C::NodeUnstage,
+            (Self::VolReady { .. }, G::VolReady) => return None,
+            (Self::VolReady { .. }, G::Published) => C::NodePublish,
+            (
+                Self::NodeUnstaging { .. },
+                G::Created | G::NodeReady | G::VolReady | G::Published,
+            ) => C::NodeUnstage,
+            (Self::NodePublishing { .. }, G::Created | G::NodeReady | G::VolReady) => {
+                C::NodeUnpublish
+            }
+            (Self::NodePublishing { .. }, G::Published) => C::NodePublish,
+            (Self::Published { .. }, G::Created | G::NodeReady | G::VolReady) => C::NodeUnpublish,
+            (Self::Published { .. }, G::Published) => return None,
+            (
+                Self::NodeUnpublishing { .. },
+                G::Created | G::NodeReady | G::VolReady | G::Published,
+            ) => C::NodeUnpublish,
+        };
+        Some(if call.is_supported(caps) {
+            Step::Call(call)
+        } else {
+            Step::Skip(call)
+        })
+    }
+
+    /// Enters the in-flight state of `call`. `now` is the boot in which the RPC will be
+    /// sent (recorded when staging starts). The result must be durable before the RPC is sent.
+    pub fn begin(&self, call: CsiCall, now: &BootId) -> Result<VolumeState, TransitionError> {
+        if !self.can_begin(call) {
+            return Err(TransitionError::CannotStart {
+                call,
+                state: self.name(),
+            });
+        }
+        let pc = || self.publish_context().cloned().unwrap_or_default();
+        let boot = || self.boot_id().cloned().unwrap_or_else(|| now.clone());
+        Ok(match call {
+            CsiCall::ControllerPublish => Self::ControllerPublishing,
+            CsiCall::ControllerUnpublish => Self::ControllerUnpublishing,
+            CsiCall::NodeStage => Self::NodeStaging {
+                boot_id: boot(),
+                publish_context: pc(),
+            },
+            CsiCall::NodeUnstage => Self::NodeUnstaging {
+                boot_id: boot(),
+                publish_context: pc(),
+            },
+            CsiCall::NodePublish => Self::NodePublishing {
+                boot_id: boot(),
+                publish_context: pc(),
+            },
+            CsiCall::NodeUnpublish => Self::NodeUnpublishing {
+                boot_id: boot(),
+                publish_context: pc(),
+            },
+        })
+    }
+
+    /// Settles the in-flight state of `call` after the RPC returned.
+    pub fn finish(
+        &self,
+        call: CsiCall,
+        outcome: CallOutcome,
+    ) -> Result<VolumeState, TransitionError> {
+        if self.in_flight_call() != Some(call) {
+            return Err(TransitionError::NotInFlight {
+                call,
+                state: self.name(),
+            });
+        }
+        use CallOutcome::{Failed, Succeeded};
+        use OnCallFail::{RollBack, StayInFlight};
+        let node = |boot_id: &BootId, publish_context: &Context| {
+            (boot_id.clone(), publish_context.clone())
+        };
+        Ok(match (self, outcome) {
+            (Self::ControllerPublishing, Succeeded { publish_context }) => {
+                Self::NodeReady { publish_context }
+            }
+            (Self::ControllerPublishing, Failed(RollBack)) => Self::Created,
+            (Self::ControllerUnpublishing, Succeeded { .. }) => Self::Created,
+            (
+                Self::NodeStaging {
+                    boot_id,
+                    publish_context,
+                },
+                Succeeded { .. },
+            ) => {
+                let (boot_id, publish_context) = node(boot_id, publish_context);
+                Self::VolReady {
+                    boot_id,
+                    publish_context,
+                }
+            }
+            (
+                Self::NodeStaging {
+                    publish_context, ..
+                },
+                Failed(RollBack),
+            )
+            | (
+                Self::NodeUnstaging {
+                    publish_context, ..
+                },
+                Succeeded { .. },
+            ) => Self::NodeReady {
+                publish_context: publish_context.clone(),
+            },
+            (
+                Self::NodePublishing {
+                    boot_id,
+                    publish_context,
+                },
+                Succeeded { .. },
+            ) => {
+                let (boot_id, publish_context) = node(boot_id, publish_context);
+                Self::Published {
+                    boot_id,
+                    publish_context,
+                }
+            }
+            (
+                Self::NodePublishing {
+                    boot_id,
+                    publish_context,
+                },
+                Failed(RollBack),
+            )
+            | (
+                Self::NodeUnpublishing {
+                    boot_id,
+                    publish_context,
+                },
+                Succeeded { .. },
+            ) => {
+                let (boot_id, publish_context) = node(boot_id, publish_context);
+                Self::VolReady {
+                    boot_id,
+                    publish_context,
+                }
+            }
+            // Undo calls stay in flight even under `RollBack` (see `OnCallFail::RollBack`).
+            (
+                Self::ControllerUnpublishing
+                | Self::NodeUnstaging { .. }
+                | Self::NodeUnpublishing { .. },
+                Failed(RollBack),
+            )
+            | (
+                Self::ControllerPublishing
+                | Self::ControllerUnpublishing
+                | Self::NodeStaging { .. }
+                | Self::NodeUnstaging { .. }
+                | Self::NodePublishing { .. }
+                | Self::NodeUnpublishing { .. },
+                Failed(StayInFlight),
+            ) => self.clone(),
+            // Excluded by the in-flight check above.
+            (
+                Self::Created
+                | Self::NodeReady { .. }
+                | Self::VolReady { .. }
+                | Self::Published { .. },
+                Succeeded { .. } | Failed(RollBack | StayInFlight),
+            ) => {
+                return Err(TransitionError::NotInFlight {
+                    call,
+                    state: self.name(),
+                });
+            }
+        })
+    }
+
+    /// Applies `call` in memory because the plugin lacks its capability (no RPC, nothing
+    /// to persist first). `now` becomes the boot id of a no-op staging.
+    pub fn skip(&self, call: CsiCall, now: &BootId) -> Result<VolumeState, TransitionError> {
+        let started = self.begin(call, now)?;
+        let done = started.finish(call, CallOutcome::ok())?;
+        Ok(match (call, done) {
+            // A no-op stage happens now, whatever boot an earlier attempt was made in.
+            (
+                CsiCall::NodeStage,
+                Self::VolReady {
+                    publish_context, ..
+                },
+            ) => Self::VolReady {
+                boot_id: now.clone(),
+                publish_context,
+            },
+            (_, done) => done,
+        })
+    }
+
+    /// Applies in-memory no-ops towards `goal` and returns the state to continue from and
+    /// the next RPC to send (`None`: the goal is reached).
+    pub fn next_call(
+        &self,
+        goal: Goal,
+        caps: &PluginCaps,
+        now: &BootId,
+    ) -> (VolumeState, Option<CsiCall>) {
+        let mut state = self.clone();
+        // Each skip moves one step along a chain of at most eight transitions; the bound
+        // only guards against a planning bug turning into a hang.
+        for _ in 0..16 {
+            match state.next_step(goal, caps) {
+                None => return (state, None),
+                Some(Step::Call(call)) => return (state, Some(call)),
+                Some(Step::Skip(call)) => match state.skip(call, now) {
+                    Ok(next) => state = next,
+                    Err(_) => return (state, Some(call)),
+                },
+            }
+        }
+        let call = state.next_step(goal, caps).map(|s| match s {
+            Step::Call(c) | Step::Skip(c) => c,
+        });
+        (state, call)
+    }
+
+    /// The state valid in boot `now`, and the interrupted RPC to re-drive.
+    ///
+    /// A boot id other than `now` means every mount is gone: staged and published states
+    /// (and their in-flight states) return to `NodeReady`. Otherwise an in-flight state
+    /// re-drives its own RPC (all are idempotent), which completes an interrupted step or
+    /// finishes an interrupted undo.
+    pub fn recover(&self, now: &BootId) -> (VolumeState, Option<CsiCall>) {
+        if let (Some(boot), Some(pc)) = (self.boot_id(), self.publish_context())
+            && boot != now
+        {
+            return (
+                Self::NodeReady {
+                    publish_context: pc.clone(),
+                },
+                None,
+            );
+        }
+        (self.clone(), self.in_flight_call())
+    }
+}
+
+/// One tracked volume: the record the store keeps under kind `volume`, key = volume id.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeRecord {
+    /// Plugin-assigned id.
+    pub id: VolumeId,
+    /// The CreateVolume name it was created with (slrp uses the operation UUID), so that a
+    /// replayed CreateVolume that returns this id is recognised as the same volume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// How the volume is used.
+    pub spec: VolumeSpec,
+    /// Where it is in its lifecycle.
+    pub state: VolumeState,
+    /// Set once the volume was published; it stays set (also across reboots, when the
+    /// volume is published again during recovery) until the volume is deleted.
+    #[serde(default)]
+    pub node_publish_required: bool,
+}
+
+impl Record for VolumeRecord {
+    const KIND: Kind = Kind::VOLUME;
+    fn key(&self) -> String {
+        self.id.as_str().to_owned()
+    }
+}
+
+impl VolumeRecord {
+    /// A newly created (or newly validated) volume.
+    pub fn created(id: VolumeId, name: Option<String>, spec: VolumeSpec) -> Self {
+        Self {
+            id,
+            name,
+            spec,
+            state: VolumeState::Created,
+            node_publish_required: false,
+        }
+    }
+
+    fn with_state(&self, state: VolumeState) -> Self {
+        Self {
+            state,
+            ..self.clone()
+        }
+    }
+
+    /// [`VolumeState::next_call`] on this record.
+    pub fn next_call(
+        &self,
+        goal: Goal,
+        caps: &PluginCaps,
+        now: &BootId,
+    ) -> (Self, Option<CsiCall>) {
+        let (state, call) = self.state.next_call(goal, caps, now);
+        (self.with_state(state), call)
+    }
+
+    /// [`VolumeState::begin`] on this record.
+    pub fn begin(&self, call: CsiCall, now: &BootId) -> Result<Self, TransitionError> {
+        Ok(self.with_state(self.state.begin(call, now)?))
+    }
+
+    /// [`VolumeState::finish`] on this record; a successful publish sets
+    /// `node_publish_required`.
+    pub fn finish(&self, call: CsiCall, outcome: CallOutcome) -> Result<Self, TransitionError> {
+        let published =
+            call == CsiCall::NodePublish && matches!(outcome, CallOutcome::Succeeded { .. });
+        let mut next = self.with_state(self.state.finish(call, outcome)?);
+        next.node_publish_required |= published;
+        Ok(next)
+    }
+
+    /// [`VolumeState::recover`] on this record.
+    pub fn recover(&self, now: &BootId) -> (Self, Option<CsiCall>) {
+        let (state, call) = self.state.recover(now);
+        (self.with_state(state), call)
+    }
+
+    /// The goal recovery must reach before the provider reports ready: a volume that was
+    /// ever published must be published again (Mesos republishes them so persistent-volume
+    /// cleanup can run later).
+    pub fn recovery_goal(&self) -> Option<Goal> {
+        self.node_publish_required.then_some(Goal::Published)
+    }
+}
