@@ -102,8 +102,16 @@ impl AttemptError {
         rpc: CsiRpc,
         version: Option<CsiVersion>,
         endpoint: &CsiEndpoint,
+        timeout: Duration,
     ) -> CsiError {
         match self {
+            // tonic enforces the `grpc-timeout` we send and reports its expiry as
+            // CANCELLED; it is our deadline, so report it as one (retried like
+            // DEADLINE_EXCEEDED).
+            Self::Status(s) if is_local_timeout(&s) => CsiError::Timeout {
+                rpc,
+                after: timeout,
+            },
             Self::Status(s) => CsiError::Rpc {
                 rpc,
                 code: s.code(),
@@ -120,6 +128,21 @@ impl AttemptError {
             },
         }
     }
+}
+
+/// Whether `status` is tonic's report of the client-side deadline expiring.
+fn is_local_timeout(status: &tonic::Status) -> bool {
+    if status.code() != Code::Cancelled {
+        return false;
+    }
+    let mut source = std::error::Error::source(status);
+    while let Some(err) = source {
+        if err.is::<tonic::TimeoutExpired>() {
+            return true;
+        }
+        source = err.source();
+    }
+    false
 }
 
 impl From<tonic::Status> for AttemptError {
@@ -635,7 +658,7 @@ impl CsiClient {
             }
             Ok(Err(e)) => {
                 guard.finish(Outcome::Failed);
-                let err = e.into_csi(rpc, version, &self.inner.endpoint);
+                let err = e.into_csi(rpc, version, &self.inner.endpoint, timeout);
                 tracing::debug!(%rpc, endpoint = %self.inner.endpoint, error = %err, "CSI call failed");
                 Err(err)
             }
