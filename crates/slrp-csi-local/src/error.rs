@@ -1,0 +1,201 @@
+//! Errors of the plugin's domain layer and their mapping to gRPC status codes.
+//!
+//! Every variant names the CSI error condition it stands for, so the v0/v1 adapters never
+//! choose a code themselves: [`VolumeError::code`] is the single table from condition to
+//! code, written after the per-RPC error tables of the CSI spec.
+
+use std::path::PathBuf;
+
+use crate::host::HostError;
+use crate::store::StoreError;
+
+/// Why a plugin operation failed. `Display` names this layer only; causes are in `source()`.
+#[derive(Debug, thiserror::Error)]
+pub enum VolumeError {
+    /// A request field is missing or malformed (CSI: INVALID_ARGUMENT).
+    #[error("invalid {field}: {reason}")]
+    InvalidArgument {
+        /// The request field at fault, as named in the CSI spec.
+        field: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// No volume has this id (CSI: NOT_FOUND).
+    #[error("volume {volume_id:?} does not exist")]
+    VolumeNotFound {
+        /// The id from the request.
+        volume_id: String,
+    },
+    /// The volume exists but not at the path the request names (CSI: NOT_FOUND).
+    #[error("volume {volume_id} is not available at {path}")]
+    PathNotFound {
+        /// The volume.
+        volume_id: String,
+        /// The path from the request.
+        path: PathBuf,
+    },
+    /// A volume or publication exists with incompatible arguments (CSI: ALREADY_EXISTS).
+    #[error("{what}")]
+    AlreadyExists {
+        /// What conflicts, for the status message.
+        what: String,
+    },
+    /// The requested size cannot be provided (CSI: OUT_OF_RANGE).
+    #[error("capacity out of range: {reason}")]
+    OutOfRange {
+        /// Why.
+        reason: String,
+    },
+    /// The volume is in a state that does not allow the call (CSI: FAILED_PRECONDITION).
+    #[error("{reason}")]
+    FailedPrecondition {
+        /// Why.
+        reason: String,
+    },
+    /// A `starting_token` was not issued by this plugin (CSI: ABORTED).
+    #[error("invalid starting_token {token:?}")]
+    InvalidToken {
+        /// The token from the request.
+        token: String,
+    },
+    /// The node already holds `max_volumes_per_node` staged volumes (CSI: RESOURCE_EXHAUSTED).
+    #[error("node already has {limit} staged volumes")]
+    TooManyVolumes {
+        /// The configured limit.
+        limit: u64,
+    },
+    /// Reading or writing the plugin's own metadata failed (INTERNAL).
+    #[error("metadata of volume {volume_id}")]
+    Store {
+        /// The volume whose record was being written.
+        volume_id: String,
+        /// The cause.
+        #[source]
+        source: StoreError,
+    },
+    /// A host operation (mount, loop device, mkfs, file system call) failed (INTERNAL).
+    #[error("{action} for volume {volume_id}")]
+    Host {
+        /// What the plugin was doing.
+        action: &'static str,
+        /// The volume concerned.
+        volume_id: String,
+        /// The cause.
+        #[source]
+        source: HostError,
+    },
+}
+
+impl VolumeError {
+    /// The gRPC code the CSI spec prescribes for this condition.
+    pub fn code(&self) -> tonic::Code {
+        match self {
+            Self::InvalidArgument { .. } => tonic::Code::InvalidArgument,
+            Self::VolumeNotFound { .. } | Self::PathNotFound { .. } => tonic::Code::NotFound,
+            Self::AlreadyExists { .. } => tonic::Code::AlreadyExists,
+            Self::OutOfRange { .. } => tonic::Code::OutOfRange,
+            Self::FailedPrecondition { .. } => tonic::Code::FailedPrecondition,
+            Self::InvalidToken { .. } => tonic::Code::Aborted,
+            Self::TooManyVolumes { .. } => tonic::Code::ResourceExhausted,
+            Self::Store { .. } | Self::Host { .. } => tonic::Code::Internal,
+        }
+    }
+
+    pub(crate) fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
+        Self::InvalidArgument {
+            field,
+            reason: reason.into(),
+        }
+    }
+
+    pub(crate) fn precondition(reason: impl Into<String>) -> Self {
+        Self::FailedPrecondition {
+            reason: reason.into(),
+        }
+    }
+
+    pub(crate) fn host(action: &'static str, volume_id: &str, source: HostError) -> Self {
+        Self::Host {
+            action,
+            volume_id: volume_id.to_owned(),
+            source,
+        }
+    }
+
+    pub(crate) fn store(volume_id: &str, source: StoreError) -> Self {
+        Self::Store {
+            volume_id: volume_id.to_owned(),
+            source,
+        }
+    }
+}
+
+/// Renders an error with its whole `source()` chain, `a: b: c`, for status messages and logs.
+pub(crate) fn chain(err: &dyn std::error::Error) -> String {
+    let mut out = err.to_string();
+    let mut cur = err.source();
+    while let Some(e) = cur {
+        out.push_str(": ");
+        out.push_str(&e.to_string());
+        cur = e.source();
+    }
+    out
+}
+
+impl From<VolumeError> for tonic::Status {
+    fn from(err: VolumeError) -> Self {
+        let code = err.code();
+        if code == tonic::Code::Internal {
+            tracing::error!(error = %chain(&err), "request failed");
+        }
+        tonic::Status::new(code, chain(&err))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_follow_the_csi_tables() {
+        assert_eq!(
+            VolumeError::invalid("volume_id", "empty").code(),
+            tonic::Code::InvalidArgument
+        );
+        assert_eq!(
+            VolumeError::VolumeNotFound {
+                volume_id: "x".into()
+            }
+            .code(),
+            tonic::Code::NotFound
+        );
+        assert_eq!(
+            VolumeError::InvalidToken { token: "t".into() }.code(),
+            tonic::Code::Aborted
+        );
+        assert_eq!(
+            VolumeError::OutOfRange { reason: "r".into() }.code(),
+            tonic::Code::OutOfRange
+        );
+    }
+
+    #[test]
+    fn status_message_carries_the_chain() {
+        let err = VolumeError::host(
+            "attaching loop device",
+            "vol-1",
+            HostError::Io {
+                op: "open",
+                path: PathBuf::from("/x"),
+                source: std::io::Error::from(std::io::ErrorKind::NotFound),
+            },
+        );
+        let status = tonic::Status::from(err);
+        assert_eq!(status.code(), tonic::Code::Internal);
+        assert!(
+            status
+                .message()
+                .starts_with("attaching loop device for volume vol-1: open /x")
+        );
+    }
+}

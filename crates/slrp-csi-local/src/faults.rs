@@ -1,0 +1,324 @@
+//! Fault injection for tests of the plugin's users (off unless `--faults-file` is given).
+//!
+//! The file holds a JSON array of rules (see `docs/csi-local.md`). It is read on every RPC,
+//! so tests change faults by rewriting it. A rule with `times` is decremented *in the file*
+//! (atomic rewrite) before it acts, so the count survives the plugin's own crash: an
+//! `exit` rule with `times: 1` crashes the plugin once, not on every restart.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::chain;
+use crate::store;
+
+/// Every RPC name of CSI v0 and v1 services, as in the service definitions.
+const RPC_NAMES: &[&str] = &[
+    "GetPluginInfo",
+    "GetPluginCapabilities",
+    "Probe",
+    "CreateVolume",
+    "DeleteVolume",
+    "ControllerPublishVolume",
+    "ControllerUnpublishVolume",
+    "ValidateVolumeCapabilities",
+    "ListVolumes",
+    "GetCapacity",
+    "ControllerGetCapabilities",
+    "CreateSnapshot",
+    "DeleteSnapshot",
+    "ListSnapshots",
+    "GetSnapshot",
+    "ControllerExpandVolume",
+    "ControllerGetVolume",
+    "ControllerModifyVolume",
+    "NodeStageVolume",
+    "NodeUnstageVolume",
+    "NodePublishVolume",
+    "NodeUnpublishVolume",
+    "NodeGetVolumeStats",
+    "NodeExpandVolume",
+    "NodeGetCapabilities",
+    "NodeGetInfo",
+    "NodeGetId",
+];
+
+/// One rule of the faults file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Rule {
+    rpc: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    delay_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    fail: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    message: Option<String>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    exit: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    times: Option<u64>,
+}
+
+/// What to do with an RPC.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fault {
+    /// Handle it normally after `delay`.
+    Proceed {
+        /// Sleep first.
+        delay: Option<Duration>,
+    },
+    /// Fail it with this status after `delay`.
+    Fail {
+        /// Sleep first.
+        delay: Option<Duration>,
+        /// Status code.
+        code: tonic::Code,
+        /// Status message.
+        message: String,
+    },
+    /// Exit the process (status 1) after `delay`, without replying.
+    Exit {
+        /// Sleep first.
+        delay: Option<Duration>,
+    },
+}
+
+/// Parses a gRPC code name as written in the gRPC spec (`UNAVAILABLE`, `NOT_FOUND`, ...).
+pub fn parse_code(name: &str) -> Option<tonic::Code> {
+    use tonic::Code;
+    Some(match name {
+        "OK" => Code::Ok,
+        "CANCELLED" => Code::Cancelled,
+        "UNKNOWN" => Code::Unknown,
+        "INVALID_ARGUMENT" => Code::InvalidArgument,
+        "DEADLINE_EXCEEDED" => Code::DeadlineExceeded,
+        "NOT_FOUND" => Code::NotFound,
+        "ALREADY_EXISTS" => Code::AlreadyExists,
+        "PERMISSION_DENIED" => Code::PermissionDenied,
+        "RESOURCE_EXHAUSTED" => Code::ResourceExhausted,
+        "FAILED_PRECONDITION" => Code::FailedPrecondition,
+        "ABORTED" => Code::Aborted,
+        "OUT_OF_RANGE" => Code::OutOfRange,
+        "UNIMPLEMENTED" => Code::Unimplemented,
+        "INTERNAL" => Code::Internal,
+        "UNAVAILABLE" => Code::Unavailable,
+        "DATA_LOSS" => Code::DataLoss,
+        "UNAUTHENTICATED" => Code::Unauthenticated,
+        _ => return None,
+    })
+}
+
+/// Why a faults file was ignored.
+#[derive(Debug, thiserror::Error)]
+enum RulesError {
+    #[error("not a JSON array of rules")]
+    Json(#[source] serde_json::Error),
+    #[error("rule {index}: {reason}")]
+    Rule { index: usize, reason: String },
+}
+
+fn parse_rules(data: &[u8]) -> Result<Vec<Rule>, RulesError> {
+    let rules: Vec<Rule> = serde_json::from_slice(data).map_err(RulesError::Json)?;
+    for (index, r) in rules.iter().enumerate() {
+        let bad = |reason: String| RulesError::Rule { index, reason };
+        if r.rpc != "*" && !RPC_NAMES.contains(&r.rpc.as_str()) {
+            return Err(bad(format!("unknown rpc {:?}", r.rpc)));
+        }
+        if let Some(f) = &r.fail {
+            match parse_code(f) {
+                None => return Err(bad(format!("unknown gRPC code {f:?}"))),
+                Some(tonic::Code::Ok) => return Err(bad("fail cannot be OK".to_owned())),
+                Some(_) => {}
+            }
+        }
+        if r.fail.is_some() && r.exit {
+            return Err(bad("fail and exit exclude each other".to_owned()));
+        }
+        if r.fail.is_none() && !r.exit && r.delay_ms.is_none() {
+            return Err(bad("no action: give delay_ms, fail or exit".to_owned()));
+        }
+    }
+    Ok(rules)
+}
+
+/// The fault-injection source. Cheap to share behind an `Arc`.
+#[derive(Debug)]
+pub struct Faults {
+    path: Option<PathBuf>,
+    /// Serializes read-decrement-rewrite so concurrent RPCs never lose a count, and
+    /// remembers the last malformed content so it is logged once, not per RPC.
+    last_bad: Mutex<Option<Vec<u8>>>,
+}
+
+impl Faults {
+    /// Faults from `path`, or none.
+    pub fn new(path: Option<PathBuf>) -> Self {
+        Self {
+            path,
+            last_bad: Mutex::new(None),
+        }
+    }
+
+    /// Decides what to do with a call of `rpc`, consuming one use of a counted rule.
+    /// Blocking (reads and may rewrite the file).
+    pub fn take(&self, rpc: &str) -> Fault {
+        let proceed = Fault::Proceed { delay: None };
+        let Some(path) = &self.path else {
+            return proceed;
+        };
+        let mut last_bad = self
+            .last_bad
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let data = match std::fs::read(path) {
+            Ok(d) => d,
+            // No file means no faults: tests create it when they want some.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return proceed,
+            Err(e) => {
+                tracing::error!(path = %path.display(), error = %e, "cannot read faults file; no faults injected");
+                return proceed;
+            }
+        };
+        let mut rules = match parse_rules(&data) {
+            Ok(r) => r,
+            Err(e) => {
+                if last_bad.as_deref() != Some(data.as_slice()) {
+                    tracing::error!(path = %path.display(), error = %chain(&e), "ignoring malformed faults file");
+                    *last_bad = Some(data);
+                }
+                return proceed;
+            }
+        };
+        let Some(idx) = rules
+            .iter()
+            .position(|r| (r.rpc == "*" || r.rpc == rpc) && r.times.is_none_or(|t| t > 0))
+        else {
+            return proceed;
+        };
+        let rule = rules[idx].clone();
+        if let Some(t) = rule.times {
+            if t <= 1 {
+                rules.remove(idx);
+            } else {
+                rules[idx].times = Some(t - 1);
+            }
+            if let Err(e) = rewrite(path, &rules) {
+                // Acting without recording the use could repeat a crash forever.
+                tracing::error!(path = %path.display(), error = %chain(&e), "cannot update faults file; rule not applied");
+                return proceed;
+            }
+        }
+        tracing::info!(rpc, rule = ?rule, "injecting fault");
+        let delay = rule.delay_ms.map(Duration::from_millis);
+        if rule.exit {
+            return Fault::Exit { delay };
+        }
+        match rule.fail.as_deref().and_then(parse_code) {
+            Some(code) => Fault::Fail {
+                delay,
+                code,
+                message: rule
+                    .message
+                    .unwrap_or_else(|| format!("injected fault for {rpc}")),
+            },
+            None => Fault::Proceed { delay },
+        }
+    }
+}
+
+fn rewrite(path: &Path, rules: &[Rule]) -> Result<(), store::StoreError> {
+    let data = serde_json::to_vec_pretty(rules).map_err(|source| store::StoreError::Decode {
+        path: path.to_owned(),
+        source,
+    })?;
+    store::write_atomic(path, &data)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn faults(content: &str) -> (tempfile::TempDir, PathBuf, Faults) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("faults.json");
+        std::fs::write(&path, content).unwrap();
+        let f = Faults::new(Some(path.clone()));
+        (dir, path, f)
+    }
+
+    #[test]
+    fn counted_rules_are_decremented_in_the_file() {
+        let (_d, path, f) = faults(
+            r#"[{"rpc":"CreateVolume","fail":"UNAVAILABLE","times":2},{"rpc":"*","delay_ms":5}]"#,
+        );
+        let fail = Fault::Fail {
+            delay: None,
+            code: tonic::Code::Unavailable,
+            message: "injected fault for CreateVolume".into(),
+        };
+        assert_eq!(f.take("CreateVolume"), fail);
+        let left: Vec<Rule> = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        assert_eq!(left[0].times, Some(1));
+        assert_eq!(f.take("CreateVolume"), fail);
+        let delayed = Fault::Proceed {
+            delay: Some(Duration::from_millis(5)),
+        };
+        assert_eq!(f.take("CreateVolume"), delayed);
+        assert_eq!(f.take("Probe"), delayed);
+        let left: Vec<Rule> = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        assert_eq!(left.len(), 1);
+    }
+
+    #[test]
+    fn first_matching_rule_wins_and_exit_is_reported() {
+        let (_d, _p, f) = faults(
+            r#"[{"rpc":"NodeStageVolume","exit":true,"delay_ms":1},{"rpc":"NodeStageVolume","fail":"INTERNAL","message":"boom"}]"#,
+        );
+        assert_eq!(
+            f.take("NodeStageVolume"),
+            Fault::Exit {
+                delay: Some(Duration::from_millis(1))
+            }
+        );
+        assert_eq!(f.take("Probe"), Fault::Proceed { delay: None });
+    }
+
+    #[test]
+    fn malformed_or_missing_files_inject_nothing() {
+        for bad in [
+            "{",
+            r#"{"rpc":"Probe"}"#,
+            r#"[{"rpc":"Prob","fail":"INTERNAL"}]"#,
+            r#"[{"rpc":"Probe","fail":"EXPLODED"}]"#,
+            r#"[{"rpc":"Probe","fail":"OK"}]"#,
+            r#"[{"rpc":"Probe"}]"#,
+            r#"[{"rpc":"Probe","fail":"INTERNAL","exit":true}]"#,
+            r#"[{"rpc":"Probe","fail":"INTERNAL","colour":1}]"#,
+        ] {
+            let (_d, _p, f) = faults(bad);
+            assert_eq!(f.take("Probe"), Fault::Proceed { delay: None }, "{bad}");
+        }
+        let f = Faults::new(Some(PathBuf::from("/nonexistent/faults.json")));
+        assert_eq!(f.take("Probe"), Fault::Proceed { delay: None });
+        assert_eq!(
+            Faults::new(None).take("Probe"),
+            Fault::Proceed { delay: None }
+        );
+    }
+
+    #[test]
+    fn every_grpc_code_name_parses() {
+        for (name, code) in [
+            ("UNAVAILABLE", tonic::Code::Unavailable),
+            ("DEADLINE_EXCEEDED", tonic::Code::DeadlineExceeded),
+            ("RESOURCE_EXHAUSTED", tonic::Code::ResourceExhausted),
+            ("UNAUTHENTICATED", tonic::Code::Unauthenticated),
+        ] {
+            assert_eq!(parse_code(name), Some(code));
+        }
+        assert_eq!(parse_code("unavailable"), None);
+    }
+}

@@ -1,0 +1,57 @@
+//! slrp's bundled CSI plugin: node-local volumes backed by directories or loop devices.
+//!
+//! # Overview
+//! `slrp-csi-local` serves the CSI Identity, Controller and Node services over a unix
+//! socket, as `csi.v1` or (with `--csi-version v0`) as `csi.v0`. Volumes come from pools
+//! configured on the command line and are either a directory (`dir`, MOUNT access) or a
+//! sparse image file attached as a loop device (`loop`, MOUNT with ext4/xfs or BLOCK).
+//! Fault injection (`--faults-file`) lets the provider's tests make RPCs slow, fail or crash
+//! the plugin. `docs/csi-local.md` describes the behaviour per RPC and the on-disk layout.
+//!
+//! # Layout
+//! - [`config`]: command line ([`Args`]) and validated [`Config`];
+//! - [`plugin`]: the version-agnostic core ([`Plugin`]), all CSI rules and error codes;
+//! - [`types`]: the core's request and response types;
+//! - [`host`]: mounts, loop devices, mkfs behind the [`Host`] trait ([`RealHost`]);
+//! - `store`: crash-safe per-volume records and the root lock;
+//! - `ids`: volume id, import name and CO path validation;
+//! - [`faults`]: the fault-injection rules file;
+//! - `csi`: thin v0 and v1 tonic adapters;
+//! - [`server`]: socket handling and shutdown; [`shutdown_signal`].
+//!
+//! # Invariants
+//! - No request string becomes a path component unless it passed the id check (ids are
+//!   `[A-Za-z0-9._-]`, at most 128 bytes, not starting with a dot); volume names never do.
+//!   CO paths must be absolute without `..`.
+//! - A volume record is durable before the storage it describes exists and removed only
+//!   after that storage is gone; interrupted creations are rolled back at start, so a crash
+//!   at any point leaves no half-created volume visible.
+//! - A loop volume is formatted at most once (recorded in its metadata); an image that
+//!   already carries a file system is never formatted.
+//! - One process per root (`flock` on `<root>/lock`).
+//!
+//! # Limitations
+//! - `dir` volumes are not size-limited: their size is accounted against the pool only.
+//! - No snapshots, cloning, ControllerPublish, topology or multi-node access modes.
+//! - External tools (`losetup`, `mkfs`, `mount`, `resize2fs`, `xfs_growfs`) run without a
+//!   timeout; a hung tool blocks requests for that volume.
+
+pub mod config;
+mod csi;
+pub mod error;
+pub mod faults;
+pub mod host;
+mod ids;
+pub mod plugin;
+pub mod server;
+mod signal;
+mod store;
+pub mod types;
+
+pub use config::{Args, Config, CsiVersion};
+pub use error::VolumeError;
+pub use host::{Host, RealHost};
+pub use plugin::Plugin;
+pub use server::{ServeError, serve, serve_with};
+pub use signal::shutdown_signal;
+pub use store::StoreError;

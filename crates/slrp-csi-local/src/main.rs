@@ -1,0 +1,45 @@
+//! `slrp-csi-local`: parse, configure, serve until SIGTERM/SIGINT.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use slrp_csi_local::{Args, Config};
+
+/// sysexits' EX_USAGE: the command line or environment is wrong.
+const EX_USAGE: u8 = 64;
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let config = match Config::try_from(Args::parse()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("slrp-csi-local: {:#}", anyhow::Error::from(e));
+            return ExitCode::from(EX_USAGE);
+        }
+    };
+    match run(config) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = format!("{e:#}"), "slrp-csi-local failed");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(config: Config) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let shutdown = slrp_csi_local::shutdown_signal()?;
+        slrp_csi_local::serve(config, shutdown).await?;
+        Ok(())
+    })
+}

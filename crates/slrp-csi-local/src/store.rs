@@ -1,0 +1,398 @@
+//! Crash-safe per-volume metadata under `<root>/meta/` and the root lock.
+//!
+//! One JSON file per volume, `<id>.json`, replaced atomically: write `<id>.json.tmp` →
+//! fsync → rename over `<id>.json` → fsync the directory. A reader therefore sees either the
+//! old or the new record, never a torn one, and a record that `put` returned for survives a
+//! crash. Leftover `.tmp` files are the debris of a crash mid-write and are removed on open.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use nix::fcntl::{Flock, FlockArg};
+use serde::{Deserialize, Serialize};
+
+use crate::ids;
+
+/// Current record format; bumped on incompatible changes.
+const FORMAT: u32 = 1;
+/// A record larger than this is corrupt, not a volume.
+const MAX_RECORD_BYTES: u64 = 1 << 20;
+
+/// How a volume came to exist.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Origin {
+    /// Created by CreateVolume; its backing lives under `<root>/volumes/`.
+    Created,
+    /// Placed by an operator under `<root>/import/`.
+    Imported,
+}
+
+/// Storage behind a volume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Backend {
+    /// A directory; MOUNT access only; size accounted, not enforced.
+    Dir,
+    /// A sparse image file attached as a loop device.
+    Loop,
+}
+
+impl Backend {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Dir => "dir",
+            Self::Loop => "loop",
+        }
+    }
+}
+
+/// Access type the volume was created for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Access {
+    /// A mounted file system.
+    Mount,
+    /// The raw block device.
+    Block,
+}
+
+/// Lifecycle of the volume's backing storage (two-phase create and delete).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Phase {
+    /// Intent written, backing maybe partly allocated; rolled back on start.
+    Creating,
+    /// Usable.
+    Ready,
+    /// Deletion started; finished on start.
+    Deleting,
+}
+
+/// Where and how the volume is staged on this node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Staged {
+    /// The CO's staging path.
+    pub(crate) path: PathBuf,
+    /// `fs_type` and mount flags the stage was done with (empty for block).
+    pub(crate) fs_type: String,
+    pub(crate) mount_flags: Vec<String>,
+}
+
+/// One publication of the volume.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Published {
+    /// The CO's target path.
+    pub(crate) target: PathBuf,
+    /// Whether it was published read-only.
+    pub(crate) readonly: bool,
+    /// Mount flags requested at publish time.
+    pub(crate) mount_flags: Vec<String>,
+}
+
+/// Everything the plugin knows about one volume; the unit of durability.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct VolumeRecord {
+    pub(crate) format: u32,
+    pub(crate) id: String,
+    /// The CO's name (CreateVolume idempotency key); never used in paths.
+    pub(crate) name: String,
+    pub(crate) origin: Origin,
+    pub(crate) backend: Backend,
+    pub(crate) access: Access,
+    /// File system of a loop MOUNT volume (`None`: detect at stage, imported images).
+    pub(crate) fs_type: Option<String>,
+    /// Pool the capacity is accounted against (`None` for imported volumes).
+    pub(crate) pool: Option<String>,
+    pub(crate) capacity_bytes: u64,
+    /// CreateVolume parameters, for idempotency checks.
+    pub(crate) parameters: BTreeMap<String, String>,
+    pub(crate) phase: Phase,
+    /// Set once mkfs succeeded, so a restart never formats the volume again.
+    pub(crate) formatted: bool,
+    pub(crate) staged: Option<Staged>,
+    pub(crate) published: Vec<Published>,
+}
+
+impl VolumeRecord {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        id: String,
+        name: String,
+        origin: Origin,
+        backend: Backend,
+        access: Access,
+        fs_type: Option<String>,
+        pool: Option<String>,
+        capacity_bytes: u64,
+        parameters: BTreeMap<String, String>,
+    ) -> Self {
+        Self {
+            format: FORMAT,
+            id,
+            name,
+            origin,
+            backend,
+            access,
+            fs_type,
+            pool,
+            capacity_bytes,
+            parameters,
+            phase: Phase::Creating,
+            formatted: false,
+            staged: None,
+            published: Vec::new(),
+        }
+    }
+}
+
+/// Failure of a metadata or lock operation.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// A file system call failed.
+    #[error("{op} {path}")]
+    Io {
+        /// The call.
+        op: &'static str,
+        /// Its path.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// A record does not decode.
+    #[error("decoding {path}")]
+    Decode {
+        /// The record file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A record is from a newer format or names a different id than its file.
+    #[error("record {path} is not a format-{FORMAT} record of its own id")]
+    Incompatible {
+        /// The record file.
+        path: PathBuf,
+    },
+    /// Another process holds the root.
+    #[error("root {path} is in use by another slrp-csi-local process")]
+    Locked {
+        /// The lock file.
+        path: PathBuf,
+    },
+}
+
+fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> StoreError + 'a {
+    move |source| StoreError::Io {
+        op,
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// Writes `data` to `path` atomically and durably (see the module docs).
+pub(crate) fn write_atomic(path: &Path, data: &[u8]) -> Result<(), StoreError> {
+    let dir = path.parent().unwrap_or(Path::new("/"));
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    // A crash may have left a tmp file behind; it holds nothing we need.
+    match fs::remove_file(&tmp) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io_err("removing", &tmp)(e)),
+    }
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&tmp)
+        .map_err(io_err("creating", &tmp))?;
+    f.write_all(data).map_err(io_err("writing", &tmp))?;
+    f.sync_all().map_err(io_err("fsyncing", &tmp))?;
+    drop(f);
+    fs::rename(&tmp, path).map_err(io_err("renaming over", path))?;
+    sync_dir(dir)
+}
+
+/// Makes a directory entry change (create, rename, unlink) durable.
+pub(crate) fn sync_dir(dir: &Path) -> Result<(), StoreError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err("fsyncing directory", dir))
+}
+
+/// The `<root>/meta` directory.
+#[derive(Debug)]
+pub(crate) struct MetaStore {
+    dir: PathBuf,
+}
+
+impl MetaStore {
+    /// Opens (creating) the metadata directory and loads every record.
+    ///
+    /// Unreadable records are returned as errors next to the good ones, so one corrupt
+    /// file does not hide the other volumes.
+    pub(crate) fn open(
+        dir: PathBuf,
+    ) -> Result<(Self, Vec<VolumeRecord>, Vec<StoreError>), StoreError> {
+        fs::create_dir_all(&dir).map_err(io_err("creating", &dir))?;
+        let mut records = Vec::new();
+        let mut bad = Vec::new();
+        for entry in fs::read_dir(&dir).map_err(io_err("listing", &dir))? {
+            let entry = entry.map_err(io_err("listing", &dir))?;
+            let path = entry.path();
+            let Some(fname) = path.file_name().and_then(|n| n.to_str()) else {
+                continue;
+            };
+            if fname.ends_with(".json.tmp") {
+                fs::remove_file(&path).map_err(io_err("removing", &path))?;
+                continue;
+            }
+            let Some(id) = fname.strip_suffix(".json") else {
+                continue;
+            };
+            match load(&path, id) {
+                Ok(r) => records.push(r),
+                Err(e) => bad.push(e),
+            }
+        }
+        records.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok((Self { dir }, records, bad))
+    }
+
+    fn path(&self, id: &str) -> PathBuf {
+        debug_assert!(ids::is_valid_volume_id(id));
+        self.dir.join(format!("{id}.json"))
+    }
+
+    /// Durably replaces the record of `rec.id`.
+    pub(crate) fn put(&self, rec: &VolumeRecord) -> Result<(), StoreError> {
+        let path = self.path(&rec.id);
+        let data = serde_json::to_vec_pretty(rec).map_err(|source| StoreError::Decode {
+            path: path.clone(),
+            source,
+        })?;
+        write_atomic(&path, &data)
+    }
+
+    /// Durably removes the record of `id` (absent is fine).
+    pub(crate) fn remove(&self, id: &str) -> Result<(), StoreError> {
+        let path = self.path(id);
+        match fs::remove_file(&path) {
+            Ok(()) => sync_dir(&self.dir),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io_err("removing", &path)(e)),
+        }
+    }
+}
+
+fn load(path: &Path, id: &str) -> Result<VolumeRecord, StoreError> {
+    let len = fs::metadata(path).map_err(io_err("reading", path))?.len();
+    if len > MAX_RECORD_BYTES {
+        return Err(StoreError::Incompatible {
+            path: path.to_owned(),
+        });
+    }
+    let data = fs::read(path).map_err(io_err("reading", path))?;
+    let rec: VolumeRecord = serde_json::from_slice(&data).map_err(|source| StoreError::Decode {
+        path: path.to_owned(),
+        source,
+    })?;
+    if rec.format != FORMAT || rec.id != id || !ids::is_valid_volume_id(id) {
+        return Err(StoreError::Incompatible {
+            path: path.to_owned(),
+        });
+    }
+    Ok(rec)
+}
+
+/// Exclusive `flock` on `<root>/lock`, held for the life of the plugin so two processes
+/// never manage the same volumes. The kernel drops it when the process dies, even on kill -9.
+#[derive(Debug)]
+pub(crate) struct RootLock {
+    _lock: Flock<File>,
+}
+
+impl RootLock {
+    pub(crate) fn acquire(root: &Path) -> Result<Self, StoreError> {
+        let path = root.join("lock");
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(io_err("opening", &path))?;
+        let lock = Flock::lock(file, FlockArg::LockExclusiveNonblock)
+            .map_err(|_| StoreError::Locked { path: path.clone() })?;
+        Ok(Self { _lock: lock })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(id: &str) -> VolumeRecord {
+        VolumeRecord::new(
+            id.into(),
+            format!("name of {id}"),
+            Origin::Created,
+            Backend::Dir,
+            Access::Mount,
+            None,
+            Some("default".into()),
+            1 << 20,
+            BTreeMap::new(),
+        )
+    }
+
+    #[test]
+    fn put_load_remove_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = dir.path().join("meta");
+        let (store, recs, bad) = MetaStore::open(meta.clone()).unwrap();
+        assert!(recs.is_empty() && bad.is_empty());
+        let mut a = record("vol-a");
+        store.put(&a).unwrap();
+        a.phase = Phase::Ready;
+        store.put(&a).unwrap();
+        store.put(&record("vol-b")).unwrap();
+        let (store, recs, _) = MetaStore::open(meta.clone()).unwrap();
+        assert_eq!(recs.len(), 2);
+        assert_eq!(recs[0], a);
+        store.remove("vol-b").unwrap();
+        store.remove("vol-b").unwrap();
+        let (_, recs, _) = MetaStore::open(meta).unwrap();
+        assert_eq!(recs, vec![a]);
+    }
+
+    #[test]
+    fn crash_debris_and_corrupt_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = dir.path().join("meta");
+        fs::create_dir_all(&meta).unwrap();
+        fs::write(meta.join("vol-x.json.tmp"), b"{half").unwrap();
+        fs::write(meta.join("vol-y.json"), b"not json").unwrap();
+        let other = record("vol-other");
+        fs::write(meta.join("vol-z.json"), serde_json::to_vec(&other).unwrap()).unwrap();
+        let (_, recs, bad) = MetaStore::open(meta.clone()).unwrap();
+        assert!(recs.is_empty());
+        assert_eq!(bad.len(), 2);
+        assert!(!meta.join("vol-x.json.tmp").exists());
+    }
+
+    #[test]
+    fn root_lock_is_exclusive() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = RootLock::acquire(dir.path()).unwrap();
+        assert!(matches!(
+            RootLock::acquire(dir.path()),
+            Err(StoreError::Locked { .. })
+        ));
+        drop(first);
+        RootLock::acquire(dir.path()).unwrap();
+    }
+}

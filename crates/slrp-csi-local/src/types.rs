@@ -1,0 +1,199 @@
+//! Version-agnostic request and response types of the plugin core.
+//!
+//! The v0 and v1 adapters convert their protobuf messages into these (rejecting malformed
+//! ones with INVALID_ARGUMENT), so [`crate::Plugin`] never sees a CSI package.
+
+use std::collections::{BTreeMap, HashMap};
+
+/// How a volume is accessed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AccessType {
+    /// A mounted file system.
+    Mount {
+        /// Requested file system type; empty means the plugin's default.
+        fs_type: String,
+        /// Extra mount options.
+        mount_flags: Vec<String>,
+    },
+    /// The raw block device.
+    Block,
+}
+
+/// CSI access modes (the union of v0 and v1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccessMode {
+    /// One node, read-write.
+    SingleNodeWriter,
+    /// One node, read-only.
+    SingleNodeReaderOnly,
+    /// One node, one writer (CSI 1.5+).
+    SingleNodeSingleWriter,
+    /// One node, many writers (CSI 1.5+).
+    SingleNodeMultiWriter,
+    /// Many nodes, read-only.
+    MultiNodeReaderOnly,
+    /// Many nodes, one writer.
+    MultiNodeSingleWriter,
+    /// Many nodes, many writers.
+    MultiNodeMultiWriter,
+}
+
+impl AccessMode {
+    /// Whether a node-local volume can honour the mode. Multi-node modes need shared
+    /// storage; SINGLE_NODE_MULTI_WRITER would need the node capability of that name, which
+    /// the plugin does not advertise.
+    pub fn is_supported(self) -> bool {
+        matches!(
+            self,
+            Self::SingleNodeWriter | Self::SingleNodeReaderOnly | Self::SingleNodeSingleWriter
+        )
+    }
+}
+
+/// A volume capability: access type plus access mode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Capability {
+    /// Mount or block.
+    pub access: AccessType,
+    /// Access mode.
+    pub mode: AccessMode,
+}
+
+/// A CSI capacity range; 0 means unset, as on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CapacityRange {
+    /// Minimum size.
+    pub required_bytes: i64,
+    /// Maximum size.
+    pub limit_bytes: i64,
+}
+
+/// CreateVolume arguments.
+#[derive(Debug, Clone, Default)]
+pub struct CreateVolume {
+    /// The CO's idempotency key.
+    pub name: String,
+    /// Requested size.
+    pub capacity_range: Option<CapacityRange>,
+    /// Requested capabilities.
+    pub capabilities: Vec<Capability>,
+    /// Plugin parameters (`pool`, `backend`).
+    pub parameters: HashMap<String, String>,
+    /// Whether a content source (snapshot or volume) was given; unsupported.
+    pub has_content_source: bool,
+}
+
+/// A volume as CreateVolume and ListVolumes report it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeInfo {
+    /// Volume id.
+    pub volume_id: String,
+    /// Size in bytes (0 = unknown).
+    pub capacity_bytes: i64,
+    /// Volume context handed back to the node calls.
+    pub volume_context: HashMap<String, String>,
+}
+
+/// One ListVolumes page.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumePage {
+    /// The volumes of this page.
+    pub entries: Vec<VolumeInfo>,
+    /// Token for the next page; empty at the end.
+    pub next_token: String,
+}
+
+/// GetCapacity answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CapacityInfo {
+    /// Bytes still available in the pool.
+    pub available_capacity: i64,
+    /// Largest volume that can be created now.
+    pub maximum_volume_size: Option<i64>,
+    /// Smallest volume of the backend.
+    pub minimum_volume_size: Option<i64>,
+}
+
+/// ValidateVolumeCapabilities answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Validation {
+    /// All capabilities and parameters are supported.
+    Confirmed {
+        /// The volume's context.
+        volume_context: HashMap<String, String>,
+        /// The volume's parameters.
+        parameters: HashMap<String, String>,
+    },
+    /// Something is not supported; the message says what.
+    Unconfirmed(String),
+}
+
+/// NodeStageVolume arguments.
+#[derive(Debug, Clone)]
+pub struct StageVolume {
+    /// Volume id.
+    pub volume_id: String,
+    /// The CO's staging path.
+    pub staging_target_path: String,
+    /// Requested capability.
+    pub capability: Capability,
+}
+
+/// NodePublishVolume arguments.
+#[derive(Debug, Clone)]
+pub struct PublishVolume {
+    /// Volume id.
+    pub volume_id: String,
+    /// Where the volume was staged.
+    pub staging_target_path: String,
+    /// Where to publish it.
+    pub target_path: String,
+    /// Requested capability.
+    pub capability: Capability,
+    /// Publish read-only.
+    pub readonly: bool,
+}
+
+/// Unit of a [`Usage`] figure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UsageUnit {
+    /// Bytes.
+    Bytes,
+    /// Inodes.
+    Inodes,
+}
+
+/// One usage figure of NodeGetVolumeStats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    /// Unit.
+    pub unit: UsageUnit,
+    /// Total.
+    pub total: i64,
+    /// In use.
+    pub used: i64,
+    /// Available.
+    pub available: i64,
+}
+
+/// Health of a volume as the node sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Condition {
+    /// Whether something is wrong.
+    pub abnormal: bool,
+    /// What, or "ok".
+    pub message: String,
+}
+
+/// NodeGetVolumeStats answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeStats {
+    /// Usage figures.
+    pub usage: Vec<Usage>,
+    /// Condition.
+    pub condition: Condition,
+}
+
+pub(crate) fn to_hash(m: &BTreeMap<String, String>) -> HashMap<String, String> {
+    m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+}

@@ -1,0 +1,312 @@
+//! Harness for tests that run the real `slrp-csi-local` binary on a socket in a tempdir.
+//!
+//! [`TestPlugin`] owns the tempdir, the child process and everything the plugin may have
+//! mounted or attached there; its `Drop` kills the child and unmounts/detaches whatever is
+//! left, so a failing test leaks no mounts or loop devices.
+
+#![allow(
+    dead_code,
+    unreachable_pub,
+    missing_docs,
+    clippy::unwrap_used,
+    clippy::expect_used
+)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use slrp_proto::csi::{v0, v1};
+use tonic::transport::{Channel, Endpoint};
+
+pub const MIB: i64 = 1 << 20;
+
+/// Whether this process may mount and attach loop devices; prints why not.
+pub fn can_mount(test: &str) -> bool {
+    if nix::unistd::geteuid().is_root() {
+        true
+    } else {
+        eprintln!("skipping {test}: needs root for mounts and loop devices");
+        false
+    }
+}
+
+/// Whether the effective capability set holds CAP_SYS_RESOURCE (bit 24).
+pub fn has_cap_sys_resource() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        })
+        .is_some_and(|caps| caps & (1 << 24) != 0)
+}
+
+pub fn has_tool(tool: &str) -> bool {
+    ["/sbin", "/usr/sbin", "/bin", "/usr/bin"]
+        .iter()
+        .any(|d| Path::new(d).join(tool).exists())
+}
+
+pub struct TestPlugin {
+    pub dir: tempfile::TempDir,
+    pub socket: PathBuf,
+    pub root: PathBuf,
+    pub faults: PathBuf,
+    pub args: Vec<String>,
+    pub child: Option<Child>,
+}
+
+impl TestPlugin {
+    /// Starts the plugin with extra command-line arguments and waits until Probe answers.
+    pub async fn start(extra: &[&str]) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("csil")
+            .tempdir_in("/tmp")
+            .expect("tempdir");
+        let socket = dir.path().join("csi.sock");
+        let root = dir.path().join("root");
+        let faults = dir.path().join("faults.json");
+        let mut p = Self {
+            socket,
+            root,
+            faults,
+            args: extra.iter().map(|s| (*s).to_owned()).collect(),
+            child: None,
+            dir,
+        };
+        p.spawn().await;
+        p
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    pub fn path_str(&self, rel: &str) -> String {
+        self.path(rel).display().to_string()
+    }
+
+    pub async fn spawn(&mut self) {
+        assert!(self.child.is_none(), "already running");
+        let child = Command::new(env!("CARGO_BIN_EXE_slrp-csi-local"))
+            .arg("--endpoint")
+            .arg(format!("unix://{}", self.socket.display()))
+            .arg("--root")
+            .arg(&self.root)
+            .arg("--node-id")
+            .arg("test-node")
+            .arg("--faults-file")
+            .arg(&self.faults)
+            .args(&self.args)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("spawning slrp-csi-local");
+        self.child = Some(child);
+        self.wait_ready().await;
+    }
+
+    /// Waits for the socket and a successful Probe (bounded: the test fails, not hangs).
+    async fn wait_ready(&mut self) {
+        for _ in 0..200 {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                panic!("plugin exited during start: {status}");
+            }
+            if self.socket.exists()
+                && let Ok(ch) = self.channel().await
+            {
+                {
+                    // Either package: the plugin answers only the one it serves.
+                    let v1_ok = v1::identity_client::IdentityClient::new(ch.clone())
+                        .probe(v1::ProbeRequest {})
+                        .await
+                        .is_ok();
+                    let v0_ok = v0::identity_client::IdentityClient::new(ch)
+                        .probe(v0::ProbeRequest {})
+                        .await
+                        .is_ok();
+                    if v1_ok || v0_ok {
+                        return;
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("plugin did not become ready");
+    }
+
+    pub async fn channel(&self) -> Result<Channel, tonic::transport::Error> {
+        Endpoint::from_shared(format!("unix://{}", self.socket.display()))?
+            .connect()
+            .await
+    }
+
+    pub async fn v1(&self) -> V1 {
+        let ch = self.channel().await.expect("connect");
+        V1 {
+            identity: v1::identity_client::IdentityClient::new(ch.clone()),
+            controller: v1::controller_client::ControllerClient::new(ch.clone()),
+            node: v1::node_client::NodeClient::new(ch),
+        }
+    }
+
+    pub async fn v0(&self) -> V0 {
+        let ch = self.channel().await.expect("connect");
+        V0 {
+            identity: v0::identity_client::IdentityClient::new(ch.clone()),
+            controller: v0::controller_client::ControllerClient::new(ch.clone()),
+            node: v0::node_client::NodeClient::new(ch),
+        }
+    }
+
+    /// kill -9 and wait.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// kill -9, then start again on the same root and socket.
+    pub async fn crash_and_restart(&mut self) {
+        self.kill();
+        self.spawn().await;
+    }
+
+    /// Waits (bounded) for the child to exit on its own and returns its status.
+    pub async fn wait_exit(&mut self) -> std::process::ExitStatus {
+        for _ in 0..200 {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                self.child = None;
+                return status;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("plugin did not exit");
+    }
+
+    pub fn write_faults(&self, json: &str) {
+        std::fs::write(&self.faults, json).expect("writing faults file");
+    }
+
+    /// Mount points under this test's directory, deepest first.
+    pub fn mounts_here(&self) -> Vec<PathBuf> {
+        let base = std::fs::canonicalize(self.dir.path()).unwrap_or(self.dir.path().to_owned());
+        let mut v: Vec<PathBuf> = procfs::process::Process::myself()
+            .and_then(|p| p.mountinfo())
+            .map(|m| {
+                m.into_iter()
+                    .map(|i| i.mount_point)
+                    .filter(|p| p.starts_with(&base))
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+        v
+    }
+
+    /// Loop devices backed by files under this test's directory.
+    pub fn loops_here(&self) -> Vec<String> {
+        let out = Command::new("losetup")
+            .args(["-l", "-n", "-O", "NAME,BACK-FILE"])
+            .output();
+        let Ok(out) = out else { return Vec::new() };
+        let base = self.dir.path().display().to_string();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| {
+                let mut it = l.split_whitespace();
+                let dev = it.next()?;
+                let file = it.next()?;
+                file.starts_with(&base).then(|| dev.to_owned())
+            })
+            .collect()
+    }
+}
+
+impl Drop for TestPlugin {
+    fn drop(&mut self) {
+        self.kill();
+        for m in self.mounts_here() {
+            let _ = nix::mount::umount2(&m, nix::mount::MntFlags::MNT_DETACH);
+        }
+        for dev in self.loops_here() {
+            let _ = Command::new("losetup").args(["-d", &dev]).status();
+        }
+    }
+}
+
+pub struct V1 {
+    pub identity: v1::identity_client::IdentityClient<Channel>,
+    pub controller: v1::controller_client::ControllerClient<Channel>,
+    pub node: v1::node_client::NodeClient<Channel>,
+}
+
+pub struct V0 {
+    pub identity: v0::identity_client::IdentityClient<Channel>,
+    pub controller: v0::controller_client::ControllerClient<Channel>,
+    pub node: v0::node_client::NodeClient<Channel>,
+}
+
+pub fn mount_cap(fs_type: &str) -> v1::VolumeCapability {
+    use v1::volume_capability::{AccessMode, AccessType, MountVolume, access_mode::Mode};
+    v1::VolumeCapability {
+        access_mode: Some(AccessMode {
+            mode: Mode::SingleNodeWriter as i32,
+        }),
+        access_type: Some(AccessType::Mount(MountVolume {
+            fs_type: fs_type.to_owned(),
+            ..Default::default()
+        })),
+    }
+}
+
+pub fn block_cap() -> v1::VolumeCapability {
+    use v1::volume_capability::{AccessMode, AccessType, BlockVolume, access_mode::Mode};
+    v1::VolumeCapability {
+        access_mode: Some(AccessMode {
+            mode: Mode::SingleNodeWriter as i32,
+        }),
+        access_type: Some(AccessType::Block(BlockVolume {})),
+    }
+}
+
+pub fn create_req(
+    name: &str,
+    bytes: i64,
+    cap: v1::VolumeCapability,
+    params: &[(&str, &str)],
+) -> v1::CreateVolumeRequest {
+    v1::CreateVolumeRequest {
+        name: name.to_owned(),
+        capacity_range: Some(v1::CapacityRange {
+            required_bytes: bytes,
+            limit_bytes: 0,
+        }),
+        volume_capabilities: vec![cap],
+        parameters: params
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+        ..Default::default()
+    }
+}
+
+/// Asserts a call failed with `code`.
+#[track_caller]
+pub fn assert_code<T: std::fmt::Debug>(res: Result<T, tonic::Status>, code: tonic::Code) {
+    match res {
+        Ok(v) => panic!("expected {code:?}, got Ok({v:?})"),
+        Err(s) => assert_eq!(s.code(), code, "message: {}", s.message()),
+    }
+}
