@@ -112,6 +112,14 @@ impl AttemptError {
                 rpc,
                 after: timeout,
             },
+            // A connection that breaks mid-call (plugin crashed or restarted) comes back
+            // from tonic as UNKNOWN "transport error"; gRPC C++ (and so Mesos) sees
+            // UNAVAILABLE there, which is what the retry policy is written against.
+            Self::Status(s) if is_transport_failure(&s) => CsiError::Rpc {
+                rpc,
+                code: Code::Unavailable,
+                source: s,
+            },
             Self::Status(s) => CsiError::Rpc {
                 rpc,
                 code: s.code(),
@@ -138,6 +146,21 @@ fn is_local_timeout(status: &tonic::Status) -> bool {
     let mut source = std::error::Error::source(status);
     while let Some(err) = source {
         if err.is::<tonic::TimeoutExpired>() {
+            return true;
+        }
+        source = err.source();
+    }
+    false
+}
+
+/// Whether `status` reports a broken transport rather than an answer from the plugin.
+fn is_transport_failure(status: &tonic::Status) -> bool {
+    if status.code() != Code::Unknown {
+        return false;
+    }
+    let mut source = std::error::Error::source(status);
+    while let Some(err) = source {
+        if err.is::<tonic::transport::Error>() {
             return true;
         }
         source = err.source();

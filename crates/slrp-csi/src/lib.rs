@@ -49,3 +49,6 @@ pub use error::{CsiError, CsiRpc, RetryClass};
 pub use metrics::CsiMetrics;
 pub use retry::{Backoff, Jitter, RetryConfig, RetryPolicy, retry};
 pub use types::*;
+
+/// gRPC status codes, as used by [`RetryPolicy::retry_on`] and [`CsiError::code`].
+pub use tonic::Code;
