@@ -16,6 +16,7 @@ pub type StringMap = BTreeMap<String, String>;
 
 /// Which CSI package a plugin serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum CsiVersion {
     /// `csi.v0` (spec 0.2 and 0.3).
     V0,
