@@ -1,0 +1,710 @@
+//! [`CsiClient`]: the version-agnostic client the rest of slrp uses.
+
+use std::future::Future;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tonic::Code;
+use tonic::transport::Channel;
+
+use crate::endpoint::{CsiEndpoint, SocketAlias, is_too_long, lazy_channel};
+use crate::error::{CsiError, CsiRpc, RetryClass};
+use crate::metrics::{CsiMetrics, Outcome};
+use crate::retry::{RetryConfig, retry};
+use crate::types::*;
+use crate::{v0, v1};
+
+/// Default per-RPC deadline (Mesos: 60 s, spec §4.2).
+pub const DEFAULT_RPC_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Which CSI version to speak.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum VersionSelect {
+    /// Probe `csi.v1`, then `csi.v0` on `UNIMPLEMENTED` (Mesos, spec §4.1.5).
+    #[default]
+    Auto,
+    /// Speak this version without probing for it.
+    Force(CsiVersion),
+}
+
+/// Client settings.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Version selection.
+    pub version: VersionSelect,
+    /// Deadline of every RPC attempt (sent as `grpc-timeout` and enforced locally).
+    pub rpc_timeout: Duration,
+    /// Retry policies per RPC.
+    pub retry: RetryConfig,
+    /// Fires on shutdown: in-flight calls and retry waits stop at once with
+    /// [`CsiError::Cancelled`].
+    pub cancel: CancellationToken,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        Self {
+            version: VersionSelect::Auto,
+            rpc_timeout: DEFAULT_RPC_TIMEOUT,
+            retry: RetryConfig::default(),
+            cancel: CancellationToken::new(),
+        }
+    }
+}
+
+impl ClientConfig {
+    /// Sets the version selection.
+    #[must_use]
+    pub fn version(mut self, v: VersionSelect) -> Self {
+        self.version = v;
+        self
+    }
+
+    /// Sets the per-RPC deadline.
+    #[must_use]
+    pub fn rpc_timeout(mut self, t: Duration) -> Self {
+        self.rpc_timeout = t;
+        self
+    }
+
+    /// Sets the retry policies.
+    #[must_use]
+    pub fn retry(mut self, r: RetryConfig) -> Self {
+        self.retry = r;
+        self
+    }
+
+    /// Sets the cancellation token.
+    #[must_use]
+    pub fn cancel(mut self, c: CancellationToken) -> Self {
+        self.cancel = c;
+        self
+    }
+}
+
+/// Failure of one attempt inside a backend, before it is tied to an RPC name.
+#[derive(Debug)]
+pub(crate) enum AttemptError {
+    Status(tonic::Status),
+    Unsupported(&'static str),
+    InvalidResponse(String),
+    UnknownVersion,
+}
+
+impl AttemptError {
+    pub(crate) fn invalid(what: &str) -> Self {
+        Self::InvalidResponse(what.to_owned())
+    }
+
+    fn into_csi(
+        self,
+        rpc: CsiRpc,
+        version: Option<CsiVersion>,
+        endpoint: &CsiEndpoint,
+        timeout: Duration,
+    ) -> CsiError {
+        match self {
+            // tonic enforces the `grpc-timeout` we send and reports its expiry as
+            // CANCELLED; it is our deadline, so report it as one (retried like
+            // DEADLINE_EXCEEDED).
+            Self::Status(s) if is_local_timeout(&s) => CsiError::Timeout {
+                rpc,
+                after: timeout,
+            },
+            // A connection that breaks mid-call (plugin crashed or restarted) comes back
+            // from tonic as UNKNOWN "transport error"; gRPC C++ (and so Mesos) sees
+            // UNAVAILABLE there, which is what the retry policy is written against.
+            Self::Status(s) if is_transport_failure(&s) => CsiError::Rpc {
+                rpc,
+                code: Code::Unavailable,
+                source: s,
+            },
+            Self::Status(s) => CsiError::Rpc {
+                rpc,
+                code: s.code(),
+                source: s,
+            },
+            Self::Unsupported(what) => CsiError::Unsupported {
+                rpc,
+                version: version.unwrap_or(CsiVersion::V0),
+                what,
+            },
+            Self::InvalidResponse(what) => CsiError::InvalidResponse { rpc, what },
+            Self::UnknownVersion => CsiError::UnknownVersion {
+                endpoint: endpoint.to_string(),
+            },
+        }
+    }
+}
+
+/// Whether `status` is tonic's report of the client-side deadline expiring.
+fn is_local_timeout(status: &tonic::Status) -> bool {
+    if status.code() != Code::Cancelled {
+        return false;
+    }
+    let mut source = std::error::Error::source(status);
+    while let Some(err) = source {
+        if err.is::<tonic::TimeoutExpired>() {
+            return true;
+        }
+        source = err.source();
+    }
+    false
+}
+
+/// Whether `status` reports a broken transport rather than an answer from the plugin.
+fn is_transport_failure(status: &tonic::Status) -> bool {
+    if status.code() != Code::Unknown {
+        return false;
+    }
+    let mut source = std::error::Error::source(status);
+    while let Some(err) = source {
+        if err.is::<tonic::transport::Error>() {
+            return true;
+        }
+        source = err.source();
+    }
+    false
+}
+
+impl From<tonic::Status> for AttemptError {
+    fn from(s: tonic::Status) -> Self {
+        Self::Status(s)
+    }
+}
+
+/// A CSI client bound to one plugin endpoint. Cheap to clone; clones share the
+/// connection, the detected version and the metrics.
+///
+/// The connection is made lazily and re-made after failures, always to the same socket
+/// path, so a supervised plugin that restarts is reached again without a new client.
+#[derive(Debug, Clone)]
+pub struct CsiClient {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    endpoint: CsiEndpoint,
+    channel: Channel,
+    /// Fixed by the first successful probe (or by configuration); never changes after.
+    version: OnceLock<CsiVersion>,
+    config: ClientConfig,
+    metrics: CsiMetrics,
+    /// Keeps the short symlink of an over-long socket path alive as long as the client.
+    _alias: Option<SocketAlias>,
+}
+
+impl CsiClient {
+    /// A client for `endpoint`. Nothing is dialled yet.
+    ///
+    /// # Errors
+    /// [`CsiError::SocketAlias`] if the socket path is longer than `sun_path` and the
+    /// short alias cannot be created.
+    pub fn new(
+        endpoint: CsiEndpoint,
+        config: ClientConfig,
+        metrics: CsiMetrics,
+    ) -> Result<Self, CsiError> {
+        let (dial, alias) = if is_too_long(endpoint.path()) {
+            let alias = SocketAlias::create(endpoint.path())?;
+            (alias.path().to_owned(), Some(alias))
+        } else {
+            (endpoint.path().to_owned(), None)
+        };
+        let version = OnceLock::new();
+        if let VersionSelect::Force(v) = config.version {
+            let _ = version.set(v);
+        }
+        Ok(Self {
+            inner: Arc::new(Inner {
+                endpoint,
+                channel: lazy_channel(dial),
+                version,
+                config,
+                metrics,
+                _alias: alias,
+            }),
+        })
+    }
+
+    /// The plugin's endpoint.
+    pub fn endpoint(&self) -> &CsiEndpoint {
+        &self.inner.endpoint
+    }
+
+    /// The metrics this client records into.
+    pub fn metrics(&self) -> &CsiMetrics {
+        &self.inner.metrics
+    }
+
+    /// The version, if already known (forced or detected).
+    pub fn known_version(&self) -> Option<CsiVersion> {
+        self.inner.version.get().copied()
+    }
+
+    /// The plugin's CSI version, probing for it if not yet known.
+    ///
+    /// # Errors
+    /// As [`CsiClient::probe`].
+    pub async fn version(&self) -> Result<CsiVersion, CsiError> {
+        match self.known_version() {
+            Some(v) => Ok(v),
+            None => Ok(self.probe().await?.version),
+        }
+    }
+
+    /// `Probe`. While the version is unknown this is the detection sequence (v1, then v0
+    /// on `UNIMPLEMENTED`), counted as one attempt; its first success fixes the version.
+    ///
+    /// # Errors
+    /// [`CsiError::UnknownVersion`] if both versions are `UNIMPLEMENTED`; otherwise the
+    /// failure of the probe.
+    pub async fn probe(&self) -> Result<ProbeResult, CsiError> {
+        let known = self.known_version();
+        let (version, ready) = self
+            .call(CsiRpc::Probe, known, |ch, _, t| async move {
+                match known {
+                    Some(CsiVersion::V1) => Ok((CsiVersion::V1, v1::probe(ch, t).await?)),
+                    Some(CsiVersion::V0) => Ok((CsiVersion::V0, v0::probe(ch, t).await?)),
+                    None => detect(ch, t).await,
+                }
+            })
+            .await?;
+        // A concurrent detection may have won; both saw the same plugin.
+        let _ = self.inner.version.set(version);
+        Ok(ProbeResult { version, ready })
+    }
+
+    /// `GetPluginInfo`.
+    ///
+    /// # Errors
+    /// The RPC's failure, classified (see [`CsiError::retry_class`]).
+    pub async fn plugin_info(&self) -> Result<PluginInfo, CsiError> {
+        self.versioned(CsiRpc::GetPluginInfo, |ch, v, t| async move {
+            match v {
+                CsiVersion::V1 => v1::plugin_info(ch, t).await,
+                CsiVersion::V0 => v0::plugin_info(ch, t).await,
+            }
+        })
+        .await
+    }
+
+    /// `GetPluginCapabilities`.
+    ///
+    /// # Errors
+    /// The RPC's failure.
+    pub async fn plugin_capabilities(&self) -> Result<PluginCapabilities, CsiError> {
+        self.versioned(CsiRpc::GetPluginCapabilities, |ch, v, t| async move {
+            match v {
+                CsiVersion::V1 => v1::plugin_capabilities(ch, t).await,
+                CsiVersion::V0 => v0::plugin_capabilities(ch, t).await,
+            }
+        })
+        .await
+    }
+
+    /// `ControllerGetCapabilities`.
+    ///
+    /// # Errors
+    /// The RPC's failure.
+    pub async fn controller_capabilities(&self) -> Result<ControllerCapabilities, CsiError> {
+        self.versioned(CsiRpc::ControllerGetCapabilities, |ch, v, t| async move {
+            match v {
+                CsiVersion::V1 => v1::controller_capabilities(ch, t).await,
+                CsiVersion::V0 => v0::controller_capabilities(ch, t).await,
+            }
+        })
+        .await
+    }
+
+    /// `NodeGetCapabilities`.
+    ///
+    /// # Errors
+    /// The RPC's failure.
+    pub async fn node_capabilities(&self) -> Result<NodeCapabilities, CsiError> {
+        self.versioned(CsiRpc::NodeGetCapabilities, |ch, v, t| async move {
+            match v {
+                CsiVersion::V1 => v1::node_capabilities(ch, t).await,
+                CsiVersion::V0 => v0::node_capabilities(ch, t).await,
+            }
+        })
+        .await
+    }
+
+    /// `NodeGetInfo`; for v0 plugins without it (CSI 0.2), `NodeGetId`.
+    ///
+    /// # Errors
+    /// The RPC's failure.
+    pub async fn node_info(&self) -> Result<NodeInfo, CsiError> {
+        self.versioned(CsiRpc::NodeGetInfo, |ch, v, t| async move {
+            match v {
+                CsiVersion::V1 => v1::node_info(ch, t).await,
+                CsiVersion::V0 => v0::node_info(ch, t).await,
+            }
+        })
+        .await
+    }
+
+    /// `CreateVolume` (retried by default on `DEADLINE_EXCEEDED`/`UNAVAILABLE`).
+    ///
+    /// # Errors
+    /// [`CsiError::InvalidRequest`] for an empty name; otherwise the RPC's failure after
+    /// the retry policy gave up.
+    pub async fn create_volume(&self, req: &CreateVolumeRequest) -> Result<Volume, CsiError> {
+        if req.name.is_empty() {
+            return Err(CsiError::InvalidRequest {
+                rpc: CsiRpc::CreateVolume,
+                what: "the volume name is empty".to_owned(),
+            });
+        }
+        self.versioned(CsiRpc::CreateVolume, |ch, v, t| async move {
+            match v {
+                CsiVersion::V1 => v1::create_volume(ch, t, req).await,
+                CsiVersion::V0 => v0::create_volume(ch, t, req).await,
+            }
+        })
+        .await
+    }
+
+    /// `DeleteVolume` (retried by default). A `NOT_FOUND` answer is returned as an error
+    /// whose [`CsiError::retry_class`] is [`RetryClass::AlreadyDone`].
+    ///
+    /// # Errors
+    /// The RPC's failure after the retry policy gave up.
+    pub async fn delete_volume(&self, id: &VolumeId, secrets: &Secrets) -> Result<(), CsiError> {
+        self.versioned(CsiRpc::DeleteVolume, |ch, v, t| async move {
+            match v {
+                CsiVersion::V1 => v1::delete_volume(ch, t, id, secrets).await,
+                CsiVersion::V0 => v0::delete_volume(ch, t, id, secrets).await,
+            }
+        })
+        .await
+    }
+
+    /// `ControllerPublishVolume`; returns the publish context.
+    ///
+    /// # Errors
+    /// The RPC's failure.
+    pub async fn controller_publish(
+        &self,
+        req: &ControllerPublishRequest,
+    ) -> Result<StringMap, CsiError> {
+        self.versioned(CsiRpc::ControllerPublishVolume, |ch, v, t| async move {
+            match v {
+                CsiVersion::V1 => v1::controller_publish(ch, t, req).await,
+                CsiVersion::V0 => v0::controller_publish(ch, t, req).await,
+            }
+        })
+        .await
+    }
+
+    /// `ControllerUnpublishVolume`.
+    ///
+    /// # Errors
+    /// The RPC's failure.
+    pub async fn controller_unpublish(&self, id: &VolumeId, node_id: &str) -> Result<(), CsiError> {
+        self.versioned(CsiRpc::ControllerUnpublishVolume, |ch, v, t| async move {
+            match v {
+                CsiVersion::V1 => v1::controller_unpublish(ch, t, id, node_id).await,
+                CsiVersion::V0 => v0::controller_unpublish(ch, t, id, node_id).await,
+            }
+        })
+        .await
+    }
+
+    /// `ValidateVolumeCapabilities`.
+    ///
+    /// # Errors
+    /// The RPC's failure.
+    pub async fn validate(&self, req: &ValidateRequest) -> Result<Validation, CsiError> {
+        self.versioned(CsiRpc::ValidateVolumeCapabilities, |ch, v, t| async move {
+            match v {
+                CsiVersion::V1 => v1::validate(ch, t, req).await,
+                CsiVersion::V0 => v0::validate(ch, t, req).await,
+            }
+        })
+        .await
+    }
+
+    /// One page of `ListVolumes`. `max_entries` 0 lets the plugin choose.
+    ///
+    /// # Errors
+    /// [`CsiError::InvalidRequest`] for a negative `max_entries`; otherwise the RPC's
+    /// failure.
+    pub async fn list_volumes_page(
+        &self,
+        max_entries: i32,
+        starting_token: Option<&str>,
+    ) -> Result<VolumePage, CsiError> {
+        if max_entries < 0 {
+            return Err(CsiError::InvalidRequest {
+                rpc: CsiRpc::ListVolumes,
+                what: format!("max_entries {max_entries} is negative"),
+            });
+        }
+        self.versioned(CsiRpc::ListVolumes, |ch, v, t| async move {
+            match v {
+                CsiVersion::V1 => v1::list_volumes(ch, t, max_entries, starting_token).await,
+                CsiVersion::V0 => v0::list_volumes(ch, t, max_entries, starting_token).await,
+            }
+        })
+        .await
+    }
+
+    /// All volumes, following `next_token` with pages of `page_size` (0 = plugin's choice).
+    ///
+    /// # Errors
+    /// A page's failure, or [`CsiError::InvalidResponse`] if the plugin hands out a token
+    /// it already gave (which would loop forever).
+    pub async fn list_volumes(&self, page_size: i32) -> Result<Vec<Volume>, CsiError> {
+        let mut all = Vec::new();
+        let mut token: Option<String> = None;
+        let mut seen = std::collections::HashSet::new();
+        loop {
+            let page = self.list_volumes_page(page_size, token.as_deref()).await?;
+            all.extend(page.volumes);
+            match page.next_token {
+                None => return Ok(all),
+                Some(next) => {
+                    if !seen.insert(next.clone()) {
+                        return Err(CsiError::InvalidResponse {
+                            rpc: CsiRpc::ListVolumes,
+                            what: format!("next_token {next:?} repeats an earlier token"),
+                        });
+                    }
+                    token = Some(next);
+                }
+            }
+        }
+    }
+
+    /// `GetCapacity` for volumes with `capabilities` and `parameters`.
+    ///
+    /// # Errors
+    /// The RPC's failure.
+    pub async fn capacity(
+        &self,
+        capabilities: &[VolumeCapability],
+        parameters: &StringMap,
+    ) -> Result<Capacity, CsiError> {
+        self.versioned(CsiRpc::GetCapacity, |ch, v, t| async move {
+            match v {
+                CsiVersion::V1 => v1::capacity(ch, t, capabilities, parameters).await,
+                CsiVersion::V0 => v0::capacity(ch, t, capabilities, parameters).await,
+            }
+        })
+        .await
+    }
+
+    /// `ControllerExpandVolume` (v1 only).
+    ///
+    /// # Errors
+    /// [`CsiError::Unsupported`] for v0 plugins; otherwise the RPC's failure.
+    pub async fn controller_expand(
+        &self,
+        id: &VolumeId,
+        required_bytes: i64,
+        capability: Option<&VolumeCapability>,
+    ) -> Result<ControllerExpansion, CsiError> {
+        self.versioned(CsiRpc::ControllerExpandVolume, |ch, v, t| async move {
+            match v {
+                CsiVersion::V1 => {
+                    v1::controller_expand(ch, t, id, required_bytes, capability).await
+                }
+                CsiVersion::V0 => Err(AttemptError::Unsupported("volume expansion")),
+            }
+        })
+        .await
+    }
+
+    /// `NodeStageVolume`.
+    ///
+    /// # Errors
+    /// The RPC's failure.
+    pub async fn node_stage(&self, req: &NodeStageRequest) -> Result<(), CsiError> {
+        self.versioned(CsiRpc::NodeStageVolume, |ch, v, t| async move {
+            match v {
+                CsiVersion::V1 => v1::node_stage(ch, t, req).await,
+                CsiVersion::V0 => v0::node_stage(ch, t, req).await,
+            }
+        })
+        .await
+    }
+
+    /// `NodeUnstageVolume`.
+    ///
+    /// # Errors
+    /// The RPC's failure (`NOT_FOUND` classifies as [`RetryClass::AlreadyDone`]).
+    pub async fn node_unstage(&self, id: &VolumeId, staging_path: &str) -> Result<(), CsiError> {
+        self.versioned(CsiRpc::NodeUnstageVolume, |ch, v, t| async move {
+            match v {
+                CsiVersion::V1 => v1::node_unstage(ch, t, id, staging_path).await,
+                CsiVersion::V0 => v0::node_unstage(ch, t, id, staging_path).await,
+            }
+        })
+        .await
+    }
+
+    /// `NodePublishVolume`.
+    ///
+    /// # Errors
+    /// The RPC's failure.
+    pub async fn node_publish(&self, req: &NodePublishRequest) -> Result<(), CsiError> {
+        self.versioned(CsiRpc::NodePublishVolume, |ch, v, t| async move {
+            match v {
+                CsiVersion::V1 => v1::node_publish(ch, t, req).await,
+                CsiVersion::V0 => v0::node_publish(ch, t, req).await,
+            }
+        })
+        .await
+    }
+
+    /// `NodeUnpublishVolume`.
+    ///
+    /// # Errors
+    /// The RPC's failure (`NOT_FOUND` classifies as [`RetryClass::AlreadyDone`]).
+    pub async fn node_unpublish(&self, id: &VolumeId, target_path: &str) -> Result<(), CsiError> {
+        self.versioned(CsiRpc::NodeUnpublishVolume, |ch, v, t| async move {
+            match v {
+                CsiVersion::V1 => v1::node_unpublish(ch, t, id, target_path).await,
+                CsiVersion::V0 => v0::node_unpublish(ch, t, id, target_path).await,
+            }
+        })
+        .await
+    }
+
+    /// `NodeGetVolumeStats` (v1 only).
+    ///
+    /// # Errors
+    /// [`CsiError::Unsupported`] for v0 plugins; otherwise the RPC's failure.
+    pub async fn node_stats(
+        &self,
+        id: &VolumeId,
+        volume_path: &str,
+    ) -> Result<VolumeStats, CsiError> {
+        self.versioned(CsiRpc::NodeGetVolumeStats, |ch, v, t| async move {
+            match v {
+                CsiVersion::V1 => v1::node_stats(ch, t, id, volume_path).await,
+                CsiVersion::V0 => Err(AttemptError::Unsupported("volume stats")),
+            }
+        })
+        .await
+    }
+
+    /// `NodeExpandVolume` (v1 only); returns the new capacity (0 = unknown).
+    ///
+    /// # Errors
+    /// [`CsiError::Unsupported`] for v0 plugins; otherwise the RPC's failure.
+    pub async fn node_expand(
+        &self,
+        id: &VolumeId,
+        volume_path: &str,
+        required_bytes: i64,
+    ) -> Result<i64, CsiError> {
+        self.versioned(CsiRpc::NodeExpandVolume, |ch, v, t| async move {
+            match v {
+                CsiVersion::V1 => v1::node_expand(ch, t, id, volume_path, required_bytes).await,
+                CsiVersion::V0 => Err(AttemptError::Unsupported("volume expansion")),
+            }
+        })
+        .await
+    }
+
+    // === plumbing ===
+
+    /// An RPC that needs the version: detect it first, then [`CsiClient::call`].
+    async fn versioned<'a, T, F, Fut>(&'a self, rpc: CsiRpc, op: F) -> Result<T, CsiError>
+    where
+        F: Fn(Channel, CsiVersion, Duration) -> Fut + 'a,
+        Fut: Future<Output = Result<T, AttemptError>> + 'a,
+    {
+        let version = self.version().await?;
+        self.call(rpc, Some(version), move |ch, _, t| op(ch, version, t))
+            .await
+    }
+
+    /// Runs attempts of `rpc` under its retry policy (if any) and the cancellation token.
+    async fn call<T, F, Fut>(
+        &self,
+        rpc: CsiRpc,
+        version: Option<CsiVersion>,
+        op: F,
+    ) -> Result<T, CsiError>
+    where
+        F: Fn(Channel, Option<CsiVersion>, Duration) -> Fut,
+        Fut: Future<Output = Result<T, AttemptError>>,
+    {
+        let cancel = &self.inner.config.cancel;
+        let attempt = || self.attempt(rpc, version, &op);
+        let outcome = match self.inner.config.retry.policy(rpc) {
+            Some(policy) => {
+                let classify = |e: &CsiError| {
+                    if policy.retries(e) {
+                        RetryClass::Transient
+                    } else {
+                        RetryClass::Permanent
+                    }
+                };
+                let what = format!("{rpc} on {}", self.inner.endpoint);
+                retry(&what, attempt, classify, policy, cancel).await
+            }
+            None => tokio::select! {
+                biased;
+                () = cancel.cancelled() => None,
+                r = attempt() => Some(r),
+            },
+        };
+        outcome.unwrap_or(Err(CsiError::Cancelled { rpc }))
+    }
+
+    /// One attempt: metrics guard, deadline, error mapping.
+    async fn attempt<T, F, Fut>(
+        &self,
+        rpc: CsiRpc,
+        version: Option<CsiVersion>,
+        op: &F,
+    ) -> Result<T, CsiError>
+    where
+        F: Fn(Channel, Option<CsiVersion>, Duration) -> Fut,
+        Fut: Future<Output = Result<T, AttemptError>>,
+    {
+        let timeout = self.inner.config.rpc_timeout;
+        let guard = self.inner.metrics.start(rpc);
+        let result =
+            tokio::time::timeout(timeout, op(self.inner.channel.clone(), version, timeout)).await;
+        match result {
+            Ok(Ok(v)) => {
+                guard.finish(Outcome::Finished);
+                Ok(v)
+            }
+            Ok(Err(e)) => {
+                guard.finish(Outcome::Failed);
+                let err = e.into_csi(rpc, version, &self.inner.endpoint, timeout);
+                tracing::debug!(%rpc, endpoint = %self.inner.endpoint, error = %err, "CSI call failed");
+                Err(err)
+            }
+            Err(_elapsed) => {
+                guard.finish(Outcome::Failed);
+                Err(CsiError::Timeout {
+                    rpc,
+                    after: timeout,
+                })
+            }
+        }
+    }
+}
+
+/// The detection sequence of spec §4.1.5: v1 `Probe`, then v0 on `UNIMPLEMENTED`.
+async fn detect(ch: Channel, t: Duration) -> Result<(CsiVersion, bool), AttemptError> {
+    match v1::probe(ch.clone(), t).await {
+        Ok(ready) => Ok((CsiVersion::V1, ready)),
+        Err(s) if s.code() == Code::Unimplemented => match v0::probe(ch, t).await {
+            Ok(ready) => Ok((CsiVersion::V0, ready)),
+            Err(s) if s.code() == Code::Unimplemented => Err(AttemptError::UnknownVersion),
+            Err(s) => Err(s.into()),
+        },
+        Err(s) => Err(s.into()),
+    }
+}

@@ -1,0 +1,361 @@
+//! Errors of the CSI client layer and their retry classification.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tonic::Code;
+
+use crate::types::CsiVersion;
+
+/// A CSI RPC, named as in the service definition (the same names in v0 and v1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[allow(missing_docs)] // The variants are the CSI method names.
+pub enum CsiRpc {
+    GetPluginInfo,
+    GetPluginCapabilities,
+    Probe,
+    CreateVolume,
+    DeleteVolume,
+    ControllerPublishVolume,
+    ControllerUnpublishVolume,
+    ValidateVolumeCapabilities,
+    ListVolumes,
+    GetCapacity,
+    ControllerGetCapabilities,
+    ControllerExpandVolume,
+    NodeStageVolume,
+    NodeUnstageVolume,
+    NodePublishVolume,
+    NodeUnpublishVolume,
+    NodeGetVolumeStats,
+    NodeExpandVolume,
+    NodeGetCapabilities,
+    /// `NodeGetInfo`, or `NodeGetId` for CSI 0.2 plugins (counted as one RPC).
+    NodeGetInfo,
+}
+
+impl CsiRpc {
+    /// Every RPC the client issues.
+    pub const ALL: [CsiRpc; 20] = [
+        Self::GetPluginInfo,
+        Self::GetPluginCapabilities,
+        Self::Probe,
+        Self::CreateVolume,
+        Self::DeleteVolume,
+        Self::ControllerPublishVolume,
+        Self::ControllerUnpublishVolume,
+        Self::ValidateVolumeCapabilities,
+        Self::ListVolumes,
+        Self::GetCapacity,
+        Self::ControllerGetCapabilities,
+        Self::ControllerExpandVolume,
+        Self::NodeStageVolume,
+        Self::NodeUnstageVolume,
+        Self::NodePublishVolume,
+        Self::NodeUnpublishVolume,
+        Self::NodeGetVolumeStats,
+        Self::NodeExpandVolume,
+        Self::NodeGetCapabilities,
+        Self::NodeGetInfo,
+    ];
+
+    /// The CSI method name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::GetPluginInfo => "GetPluginInfo",
+            Self::GetPluginCapabilities => "GetPluginCapabilities",
+            Self::Probe => "Probe",
+            Self::CreateVolume => "CreateVolume",
+            Self::DeleteVolume => "DeleteVolume",
+            Self::ControllerPublishVolume => "ControllerPublishVolume",
+            Self::ControllerUnpublishVolume => "ControllerUnpublishVolume",
+            Self::ValidateVolumeCapabilities => "ValidateVolumeCapabilities",
+            Self::ListVolumes => "ListVolumes",
+            Self::GetCapacity => "GetCapacity",
+            Self::ControllerGetCapabilities => "ControllerGetCapabilities",
+            Self::ControllerExpandVolume => "ControllerExpandVolume",
+            Self::NodeStageVolume => "NodeStageVolume",
+            Self::NodeUnstageVolume => "NodeUnstageVolume",
+            Self::NodePublishVolume => "NodePublishVolume",
+            Self::NodeUnpublishVolume => "NodeUnpublishVolume",
+            Self::NodeGetVolumeStats => "NodeGetVolumeStats",
+            Self::NodeExpandVolume => "NodeExpandVolume",
+            Self::NodeGetCapabilities => "NodeGetCapabilities",
+            Self::NodeGetInfo => "NodeGetInfo",
+        }
+    }
+
+    /// Parses a CSI method name (exact spelling).
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|r| r.as_str() == s)
+    }
+}
+
+impl fmt::Display for CsiRpc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a caller should do about a failed call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryClass {
+    /// The same call may succeed later (plugin busy, restarting, slow).
+    Transient,
+    /// Retrying the same call cannot help.
+    Permanent,
+    /// The effect the call wanted is already in place (e.g. `DeleteVolume` → `NOT_FOUND`);
+    /// callers treat it as success.
+    AlreadyDone,
+}
+
+/// Errors of the CSI client. `Display` describes this layer only; causes are in `source()`.
+#[derive(Debug, thiserror::Error)]
+pub enum CsiError {
+    /// The endpoint string is not a usable unix socket address.
+    #[error("invalid CSI endpoint {endpoint:?}: {reason}")]
+    InvalidEndpoint {
+        /// The endpoint as given.
+        endpoint: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// Preparing a short alias for a socket path longer than `sun_path` failed.
+    #[error("creating a short alias for socket path {path}")]
+    SocketAlias {
+        /// The long socket path.
+        path: PathBuf,
+        /// The I/O failure.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The plugin answered with a gRPC error.
+    #[error("{rpc} failed with {code:?}")]
+    Rpc {
+        /// The RPC.
+        rpc: CsiRpc,
+        /// gRPC status code.
+        code: Code,
+        /// The status, including the plugin's message.
+        #[source]
+        source: tonic::Status,
+    },
+    /// No answer within the per-RPC deadline.
+    #[error("{rpc} timed out after {after:?}")]
+    Timeout {
+        /// The RPC.
+        rpc: CsiRpc,
+        /// The deadline.
+        after: Duration,
+    },
+    /// The call was cancelled by the caller (shutdown).
+    #[error("{rpc} cancelled")]
+    Cancelled {
+        /// The RPC.
+        rpc: CsiRpc,
+    },
+    /// Neither `csi.v1` nor `csi.v0` is served at the endpoint.
+    #[error(
+        "plugin at {endpoint} serves neither csi.v1 nor csi.v0 (Probe is UNIMPLEMENTED in both)"
+    )]
+    UnknownVersion {
+        /// The endpoint.
+        endpoint: String,
+    },
+    /// The request needs something the plugin's CSI version does not have.
+    #[error("{rpc} with {what} is not available in CSI {version}")]
+    Unsupported {
+        /// The RPC.
+        rpc: CsiRpc,
+        /// The plugin's version.
+        version: CsiVersion,
+        /// The missing feature.
+        what: &'static str,
+    },
+    /// The plugin's answer violates the CSI spec.
+    #[error("{rpc} returned an invalid response: {what}")]
+    InvalidResponse {
+        /// The RPC.
+        rpc: CsiRpc,
+        /// What is wrong.
+        what: String,
+    },
+    /// The request itself is invalid (caught before it is sent).
+    #[error("invalid {rpc} request: {what}")]
+    InvalidRequest {
+        /// The RPC.
+        rpc: CsiRpc,
+        /// What is wrong.
+        what: String,
+    },
+}
+
+impl CsiError {
+    /// The RPC this error belongs to, if any.
+    pub fn rpc(&self) -> Option<CsiRpc> {
+        match self {
+            Self::Rpc { rpc, .. }
+            | Self::Timeout { rpc, .. }
+            | Self::Cancelled { rpc }
+            | Self::Unsupported { rpc, .. }
+            | Self::InvalidResponse { rpc, .. }
+            | Self::InvalidRequest { rpc, .. } => Some(*rpc),
+            Self::InvalidEndpoint { .. }
+            | Self::SocketAlias { .. }
+            | Self::UnknownVersion { .. } => None,
+        }
+    }
+
+    /// The gRPC code, for errors that carry one (a local timeout counts as
+    /// `DEADLINE_EXCEEDED`, as gRPC reports an expired deadline).
+    pub fn code(&self) -> Option<Code> {
+        match self {
+            Self::Rpc { code, .. } => Some(*code),
+            Self::Timeout { .. } => Some(Code::DeadlineExceeded),
+            Self::Cancelled { .. } => Some(Code::Cancelled),
+            Self::InvalidEndpoint { .. }
+            | Self::SocketAlias { .. }
+            | Self::UnknownVersion { .. }
+            | Self::Unsupported { .. }
+            | Self::InvalidResponse { .. }
+            | Self::InvalidRequest { .. } => None,
+        }
+    }
+
+    /// Classifies the error for callers that decide between retrying, failing and
+    /// treating the call as done. This is the general classification; which transient
+    /// failures are actually retried is [`crate::RetryPolicy`]'s decision.
+    pub fn retry_class(&self) -> RetryClass {
+        match self {
+            Self::Rpc { rpc, code, .. } => classify_code(*rpc, *code),
+            Self::Timeout { .. } => RetryClass::Transient,
+            Self::Cancelled { .. }
+            | Self::InvalidEndpoint { .. }
+            | Self::SocketAlias { .. }
+            | Self::UnknownVersion { .. }
+            | Self::Unsupported { .. }
+            | Self::InvalidResponse { .. }
+            | Self::InvalidRequest { .. } => RetryClass::Permanent,
+        }
+    }
+}
+
+/// Classification of a gRPC code returned by `rpc`.
+///
+/// `NOT_FOUND` from the calls that remove something means "already removed": the CSI spec
+/// asks plugins to answer OK in that case, but some answer `NOT_FOUND`, and either way
+/// the goal is reached.
+pub fn classify_code(rpc: CsiRpc, code: Code) -> RetryClass {
+    match code {
+        Code::Unavailable | Code::DeadlineExceeded | Code::Aborted | Code::ResourceExhausted => {
+            RetryClass::Transient
+        }
+        Code::NotFound
+            if matches!(
+                rpc,
+                CsiRpc::DeleteVolume
+                    | CsiRpc::ControllerUnpublishVolume
+                    | CsiRpc::NodeUnstageVolume
+                    | CsiRpc::NodeUnpublishVolume
+            ) =>
+        {
+            RetryClass::AlreadyDone
+        }
+        Code::Ok
+        | Code::Cancelled
+        | Code::Unknown
+        | Code::InvalidArgument
+        | Code::NotFound
+        | Code::AlreadyExists
+        | Code::PermissionDenied
+        | Code::FailedPrecondition
+        | Code::OutOfRange
+        | Code::Unimplemented
+        | Code::Internal
+        | Code::DataLoss
+        | Code::Unauthenticated => RetryClass::Permanent,
+    }
+}
+
+/// Parses a gRPC code name as the gRPC spec spells it (`UNAVAILABLE`, `DEADLINE_EXCEEDED`).
+pub fn parse_code(name: &str) -> Option<Code> {
+    let code = match name {
+        "OK" => Code::Ok,
+        "CANCELLED" => Code::Cancelled,
+        "UNKNOWN" => Code::Unknown,
+        "INVALID_ARGUMENT" => Code::InvalidArgument,
+        "DEADLINE_EXCEEDED" => Code::DeadlineExceeded,
+        "NOT_FOUND" => Code::NotFound,
+        "ALREADY_EXISTS" => Code::AlreadyExists,
+        "PERMISSION_DENIED" => Code::PermissionDenied,
+        "RESOURCE_EXHAUSTED" => Code::ResourceExhausted,
+        "FAILED_PRECONDITION" => Code::FailedPrecondition,
+        "ABORTED" => Code::Aborted,
+        "OUT_OF_RANGE" => Code::OutOfRange,
+        "UNIMPLEMENTED" => Code::Unimplemented,
+        "INTERNAL" => Code::Internal,
+        "UNAVAILABLE" => Code::Unavailable,
+        "DATA_LOSS" => Code::DataLoss,
+        "UNAUTHENTICATED" => Code::Unauthenticated,
+        _ => return None,
+    };
+    Some(code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn delete_not_found_is_already_done_but_create_not_found_is_permanent() {
+        assert_eq!(
+            classify_code(CsiRpc::DeleteVolume, Code::NotFound),
+            RetryClass::AlreadyDone
+        );
+        assert_eq!(
+            classify_code(CsiRpc::NodeUnpublishVolume, Code::NotFound),
+            RetryClass::AlreadyDone
+        );
+        assert_eq!(
+            classify_code(CsiRpc::CreateVolume, Code::NotFound),
+            RetryClass::Permanent
+        );
+        assert_eq!(
+            classify_code(CsiRpc::CreateVolume, Code::Unavailable),
+            RetryClass::Transient
+        );
+        assert_eq!(
+            classify_code(CsiRpc::Probe, Code::Unimplemented),
+            RetryClass::Permanent
+        );
+    }
+
+    #[test]
+    fn rpc_names_round_trip() {
+        for rpc in CsiRpc::ALL {
+            assert_eq!(CsiRpc::parse(rpc.as_str()), Some(rpc));
+        }
+        assert_eq!(CsiRpc::parse("createvolume"), None);
+    }
+
+    #[test]
+    fn code_names_parse() {
+        assert_eq!(parse_code("UNAVAILABLE"), Some(Code::Unavailable));
+        assert_eq!(
+            parse_code("DEADLINE_EXCEEDED"),
+            Some(Code::DeadlineExceeded)
+        );
+        assert_eq!(parse_code("unavailable"), None);
+    }
+
+    #[test]
+    fn local_timeout_counts_as_deadline_exceeded() {
+        let e = CsiError::Timeout {
+            rpc: CsiRpc::CreateVolume,
+            after: Duration::from_secs(1),
+        };
+        assert_eq!(e.code(), Some(Code::DeadlineExceeded));
+        assert_eq!(e.retry_class(), RetryClass::Transient);
+    }
+}

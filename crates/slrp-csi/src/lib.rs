@@ -1,0 +1,54 @@
+//! The CSI client layer of slrp: slrp's only window onto CSI plugins.
+//!
+//! # Overview
+//! [`CsiClient`] talks to one plugin endpoint (a unix socket) and offers one typed,
+//! version-neutral API (the domain types in [`types`]). Behind it, calls go to `csi.v1`
+//! or `csi.v0` (0.2 and 0.3 plugins): the version is detected on first use by probing v1
+//! and then v0 on `UNIMPLEMENTED` (as Mesos does, spec §4.1.5) or forced by
+//! [`ClientConfig::version`]. Every attempt has a deadline ([`DEFAULT_RPC_TIMEOUT`]),
+//! is counted in [`CsiMetrics`] with Mesos's semantics, and is retried according to a
+//! per-RPC [`RetryPolicy`] (by default Mesos's: `CreateVolume` and `DeleteVolume` on
+//! `DEADLINE_EXCEEDED`/`UNAVAILABLE`, jittered exponential backoff 10 s … 10 min).
+//!
+//! # Layout
+//! - [`client`]: [`CsiClient`], [`ClientConfig`], version detection, the attempt wrapper.
+//! - [`types`]: domain types (volumes, capabilities, requests, results).
+//! - [`error`]: [`CsiError`], [`CsiRpc`], [`RetryClass`] and the code classification.
+//! - [`retry`]: backoff bounds, jitter, [`RetryPolicy`], [`RetryConfig`], the [`retry()`] loop.
+//! - [`metrics`]: [`CsiMetrics`] (pending/finished/failed/cancelled, latency).
+//! - [`endpoint`]: endpoint parsing, the `sun_path` limit and [`SocketAlias`].
+//! - [`size`]: size strings (`10GiB`, `1G`) shared by the CLI and configuration.
+//! - `v0`, `v1`: the per-version backends (private).
+//!
+//! # Invariants
+//! - Nothing outside this crate sees `tonic` or `csi.v0`/`csi.v1` types.
+//! - The version of a client never changes once detected; a plugin that later answers
+//!   with another version gets `UNIMPLEMENTED` errors, not silent re-detection.
+//! - Every attempt ends in exactly one of finished/failed/cancelled (drop guard).
+//! - Cancellation ([`ClientConfig::cancel`]) ends an attempt or a retry wait at once.
+//!
+//! # Limitations
+//! - No snapshots, topology requirements, or `ControllerGetVolume`/`ModifyVolume`.
+//! - A request that needs a v1-only feature fails with [`CsiError::Unsupported`] against a
+//!   v0 plugin instead of being degraded silently.
+//! - Retries cover whole RPCs; there is no per-plugin retry budget or circuit breaker.
+
+pub mod client;
+pub mod endpoint;
+pub mod error;
+pub mod metrics;
+pub mod retry;
+pub mod size;
+pub mod types;
+mod v0;
+mod v1;
+
+pub use client::{ClientConfig, CsiClient, DEFAULT_RPC_TIMEOUT, VersionSelect};
+pub use endpoint::{CsiEndpoint, MAX_SOCKET_PATH, SocketAlias};
+pub use error::{CsiError, CsiRpc, RetryClass};
+pub use metrics::CsiMetrics;
+pub use retry::{Backoff, Jitter, RetryConfig, RetryPolicy, retry};
+pub use types::*;
+
+/// gRPC status codes, as used by [`RetryPolicy::retry_on`] and [`CsiError::code`].
+pub use tonic::Code;

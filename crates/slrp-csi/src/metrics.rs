@@ -1,0 +1,212 @@
+//! Per-RPC metrics with Mesos's semantics (spec §9, `src/csi/metrics.cpp`).
+//!
+//! # Design
+//! Every *attempt* is counted: `pending` goes up when it starts and down when it ends, and
+//! exactly one of `finished` (OK), `failed` (gRPC error or local deadline) or `cancelled`
+//! (the future was dropped, or cancellation fired) is incremented. The outcome is recorded
+//! by a drop guard, so an attempt that is dropped half-way cannot stay pending. The probe
+//! sequence of version detection (v1, then v0) counts as one `Probe` attempt, as in Mesos.
+//!
+//! # Limitations
+//! Metric names follow Prometheus conventions (`csi_rpcs_finished_total{rpc="..."}`); the
+//! Mesos-style names (`csi_plugin/rpcs_finished`) are a mapping for the admin endpoint.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use tokio::time::Instant;
+
+use crate::error::CsiRpc;
+
+/// Label set of the per-RPC metrics.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct RpcLabels {
+    /// CSI method name.
+    pub rpc: &'static str,
+}
+
+type HistogramFamily = Family<RpcLabels, Histogram, fn() -> Histogram>;
+
+/// CSI client metrics. Cheap to clone (handles to shared atomics).
+#[derive(Debug, Clone)]
+pub struct CsiMetrics {
+    pending: Family<RpcLabels, Gauge>,
+    finished: Family<RpcLabels, Counter>,
+    failed: Family<RpcLabels, Counter>,
+    cancelled: Family<RpcLabels, Counter>,
+    latency: HistogramFamily,
+}
+
+fn latency_histogram() -> Histogram {
+    // 1 ms .. ~9 min: covers a local probe as well as a slow CreateVolume near the 60 s
+    // default deadline and retried calls' individual attempts.
+    Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+        0.001, 3.0, 13,
+    ))
+}
+
+impl Default for CsiMetrics {
+    fn default() -> Self {
+        Self {
+            pending: Family::default(),
+            finished: Family::default(),
+            failed: Family::default(),
+            cancelled: Family::default(),
+            latency: Family::new_with_constructor(latency_histogram),
+        }
+    }
+}
+
+impl CsiMetrics {
+    /// Creates the metrics and registers them under the `csi` prefix of `registry`.
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = Self::default();
+        let sub = registry.sub_registry_with_prefix("csi");
+        sub.register(
+            "rpcs_pending",
+            "CSI RPC attempts in flight",
+            m.pending.clone(),
+        );
+        sub.register(
+            "rpcs_finished",
+            "CSI RPC attempts that returned OK",
+            m.finished.clone(),
+        );
+        sub.register(
+            "rpcs_failed",
+            "CSI RPC attempts that failed (each retry counted)",
+            m.failed.clone(),
+        );
+        sub.register(
+            "rpcs_cancelled",
+            "CSI RPC attempts that were abandoned before completing",
+            m.cancelled.clone(),
+        );
+        sub.register(
+            "rpc_duration_seconds",
+            "Latency of completed CSI RPC attempts",
+            m.latency.clone(),
+        );
+        m
+    }
+
+    fn labels(rpc: CsiRpc) -> RpcLabels {
+        RpcLabels { rpc: rpc.as_str() }
+    }
+
+    /// Attempts of `rpc` in flight.
+    pub fn pending(&self, rpc: CsiRpc) -> i64 {
+        self.pending.get_or_create(&Self::labels(rpc)).get()
+    }
+
+    /// Attempts of `rpc` that returned OK.
+    pub fn finished(&self, rpc: CsiRpc) -> u64 {
+        self.finished.get_or_create(&Self::labels(rpc)).get()
+    }
+
+    /// Attempts of `rpc` that failed.
+    pub fn failed(&self, rpc: CsiRpc) -> u64 {
+        self.failed.get_or_create(&Self::labels(rpc)).get()
+    }
+
+    /// Attempts of `rpc` that were cancelled.
+    pub fn cancelled(&self, rpc: CsiRpc) -> u64 {
+        self.cancelled.get_or_create(&Self::labels(rpc)).get()
+    }
+
+    /// Sum over all RPCs of attempts that returned OK.
+    pub fn finished_total(&self) -> u64 {
+        CsiRpc::ALL.into_iter().map(|r| self.finished(r)).sum()
+    }
+
+    pub(crate) fn start(&self, rpc: CsiRpc) -> AttemptGuard {
+        self.pending.get_or_create(&Self::labels(rpc)).inc();
+        AttemptGuard {
+            metrics: self.clone(),
+            rpc,
+            started: Instant::now(),
+            outcome: None,
+        }
+    }
+}
+
+/// How an attempt ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Finished,
+    Failed,
+}
+
+/// Records one attempt; counts it as cancelled if dropped before [`AttemptGuard::finish`].
+#[derive(Debug)]
+pub(crate) struct AttemptGuard {
+    metrics: CsiMetrics,
+    rpc: CsiRpc,
+    started: Instant,
+    outcome: Option<Outcome>,
+}
+
+impl AttemptGuard {
+    pub(crate) fn finish(mut self, outcome: Outcome) {
+        self.outcome = Some(outcome);
+    }
+}
+
+impl Drop for AttemptGuard {
+    fn drop(&mut self) {
+        let labels = CsiMetrics::labels(self.rpc);
+        self.metrics.pending.get_or_create(&labels).dec();
+        match self.outcome {
+            Some(Outcome::Finished) => {
+                self.metrics.finished.get_or_create(&labels).inc();
+            }
+            Some(Outcome::Failed) => {
+                self.metrics.failed.get_or_create(&labels).inc();
+            }
+            None => {
+                self.metrics.cancelled.get_or_create(&labels).inc();
+                return;
+            }
+        }
+        self.metrics
+            .latency
+            .get_or_create(&labels)
+            .observe(self.started.elapsed().as_secs_f64());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guard_counts_exactly_one_outcome() {
+        let mut reg = Registry::default();
+        let m = CsiMetrics::register(&mut reg);
+        let g = m.start(CsiRpc::Probe);
+        assert_eq!(m.pending(CsiRpc::Probe), 1);
+        g.finish(Outcome::Finished);
+        let g = m.start(CsiRpc::Probe);
+        g.finish(Outcome::Failed);
+        let g = m.start(CsiRpc::Probe);
+        drop(g);
+        assert_eq!(m.pending(CsiRpc::Probe), 0);
+        assert_eq!(m.finished(CsiRpc::Probe), 1);
+        assert_eq!(m.failed(CsiRpc::Probe), 1);
+        assert_eq!(m.cancelled(CsiRpc::Probe), 1);
+
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &reg).unwrap();
+        assert!(
+            text.contains("csi_rpcs_finished_total{rpc=\"Probe\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("csi_rpc_duration_seconds_count{rpc=\"Probe\"} 2"),
+            "{text}"
+        );
+    }
+}

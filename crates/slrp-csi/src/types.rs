@@ -1,0 +1,458 @@
+//! Domain types of the CSI client: what the rest of slrp sees instead of `csi.v0`/`csi.v1`.
+//!
+//! Everything here is version-neutral. Fields that only one CSI version knows are either
+//! optional (`None`/empty when the plugin speaks the other version) or rejected with
+//! [`crate::CsiError::Unsupported`] when a request needs them and the plugin cannot take them.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::Serialize;
+
+/// A string map as CSI uses it (`parameters`, `volume_context`, `publish_context`).
+///
+/// Ordered so that human output and JSON are stable.
+pub type StringMap = BTreeMap<String, String>;
+
+/// Which CSI package a plugin serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CsiVersion {
+    /// `csi.v0` (spec 0.2 and 0.3).
+    V0,
+    /// `csi.v1` (spec 1.x).
+    V1,
+}
+
+impl CsiVersion {
+    /// The version as Mesos spells it (`"v0"`, `"v1"`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::V0 => "v0",
+            Self::V1 => "v1",
+        }
+    }
+}
+
+impl fmt::Display for CsiVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Identifier a plugin assigned to a volume (`Volume.volume_id`, v0 `Volume.id`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(transparent)]
+pub struct VolumeId(String);
+
+impl VolumeId {
+    /// Wraps a plugin-assigned id.
+    pub fn new(id: impl Into<String>) -> Self {
+        Self(id.into())
+    }
+
+    /// The id as sent on the wire.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for VolumeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<String> for VolumeId {
+    fn from(s: String) -> Self {
+        Self(s)
+    }
+}
+
+impl From<&str> for VolumeId {
+    fn from(s: &str) -> Self {
+        Self(s.to_owned())
+    }
+}
+
+/// Secrets passed to a plugin (`secrets`, v0 `*_secrets`).
+///
+/// `Debug` never shows the values, so a request can be logged with `?req`.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Secrets(StringMap);
+
+impl Secrets {
+    /// Wraps a map of secret values.
+    pub fn new(map: StringMap) -> Self {
+        Self(map)
+    }
+
+    /// Whether there are no secrets.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub(crate) fn to_proto(&self) -> std::collections::HashMap<String, String> {
+        self.0.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+    }
+}
+
+impl fmt::Debug for Secrets {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Keys are not secret and help debugging; values are.
+        f.debug_map()
+            .entries(self.0.keys().map(|k| (k, "<redacted>")))
+            .finish()
+    }
+}
+
+/// `GetPluginInfo` result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PluginInfo {
+    /// Plugin name (domain notation in v1, reverse-domain in v0).
+    pub name: String,
+    /// Vendor version string.
+    pub vendor_version: String,
+    /// Opaque vendor data.
+    pub manifest: StringMap,
+}
+
+/// `GetPluginCapabilities` result.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct PluginCapabilities {
+    /// `CONTROLLER_SERVICE`.
+    pub controller_service: bool,
+    /// `VOLUME_ACCESSIBILITY_CONSTRAINTS` (v0 `ACCESSIBILITY_CONSTRAINTS`).
+    pub accessibility_constraints: bool,
+    /// `GROUP_CONTROLLER_SERVICE` (v1 only).
+    pub group_controller_service: bool,
+    /// Volume expansion `ONLINE` (v1 only).
+    pub expansion_online: bool,
+    /// Volume expansion `OFFLINE` (v1 only).
+    pub expansion_offline: bool,
+}
+
+/// `ControllerGetCapabilities` result. Unknown capability values are ignored (spec §4.4).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct ControllerCapabilities {
+    /// `CREATE_DELETE_VOLUME`.
+    pub create_delete_volume: bool,
+    /// `PUBLISH_UNPUBLISH_VOLUME`.
+    pub publish_unpublish_volume: bool,
+    /// `LIST_VOLUMES`.
+    pub list_volumes: bool,
+    /// `GET_CAPACITY`.
+    pub get_capacity: bool,
+    /// `CREATE_DELETE_SNAPSHOT`.
+    pub create_delete_snapshot: bool,
+    /// `LIST_SNAPSHOTS`.
+    pub list_snapshots: bool,
+    /// `CLONE_VOLUME` (v1 only).
+    pub clone_volume: bool,
+    /// `PUBLISH_READONLY` (v1 only).
+    pub publish_readonly: bool,
+    /// `EXPAND_VOLUME` (v1 only).
+    pub expand_volume: bool,
+}
+
+/// `NodeGetCapabilities` result.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct NodeCapabilities {
+    /// `STAGE_UNSTAGE_VOLUME`.
+    pub stage_unstage_volume: bool,
+    /// `GET_VOLUME_STATS` (v1 only).
+    pub get_volume_stats: bool,
+    /// `EXPAND_VOLUME` (v1 only).
+    pub expand_volume: bool,
+}
+
+/// `NodeGetInfo` result (v0 0.2 plugins: from `NodeGetId`, with the other fields empty).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NodeInfo {
+    /// Node id to pass to `ControllerPublishVolume`.
+    pub node_id: String,
+    /// Maximum number of volumes on this node; 0 = no limit reported.
+    pub max_volumes_per_node: i64,
+    /// Topology segments of this node, if reported.
+    pub accessible_topology: Option<StringMap>,
+}
+
+/// CSI access mode. The two `SingleNode*` single/multi-writer modes exist only in v1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum AccessMode {
+    /// `SINGLE_NODE_WRITER`.
+    SingleNodeWriter,
+    /// `SINGLE_NODE_READER_ONLY`.
+    SingleNodeReaderOnly,
+    /// `MULTI_NODE_READER_ONLY`.
+    MultiNodeReaderOnly,
+    /// `MULTI_NODE_SINGLE_WRITER`.
+    MultiNodeSingleWriter,
+    /// `MULTI_NODE_MULTI_WRITER`.
+    MultiNodeMultiWriter,
+    /// `SINGLE_NODE_SINGLE_WRITER` (v1 only).
+    SingleNodeSingleWriter,
+    /// `SINGLE_NODE_MULTI_WRITER` (v1 only).
+    SingleNodeMultiWriter,
+}
+
+impl AccessMode {
+    /// All modes, for parsers and help texts.
+    pub const ALL: [AccessMode; 7] = [
+        Self::SingleNodeWriter,
+        Self::SingleNodeReaderOnly,
+        Self::MultiNodeReaderOnly,
+        Self::MultiNodeSingleWriter,
+        Self::MultiNodeMultiWriter,
+        Self::SingleNodeSingleWriter,
+        Self::SingleNodeMultiWriter,
+    ];
+
+    /// The CSI enum name, e.g. `SINGLE_NODE_WRITER`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::SingleNodeWriter => "SINGLE_NODE_WRITER",
+            Self::SingleNodeReaderOnly => "SINGLE_NODE_READER_ONLY",
+            Self::MultiNodeReaderOnly => "MULTI_NODE_READER_ONLY",
+            Self::MultiNodeSingleWriter => "MULTI_NODE_SINGLE_WRITER",
+            Self::MultiNodeMultiWriter => "MULTI_NODE_MULTI_WRITER",
+            Self::SingleNodeSingleWriter => "SINGLE_NODE_SINGLE_WRITER",
+            Self::SingleNodeMultiWriter => "SINGLE_NODE_MULTI_WRITER",
+        }
+    }
+
+    /// Parses a CSI enum name, case-insensitively; `-` may stand for `_`.
+    pub fn parse(s: &str) -> Option<Self> {
+        let norm = s.trim().to_ascii_uppercase().replace('-', "_");
+        Self::ALL.into_iter().find(|m| m.as_str() == norm)
+    }
+}
+
+impl fmt::Display for AccessMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How a volume is accessed: as a raw block device or as a mounted filesystem.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AccessType {
+    /// `BlockVolume`.
+    Block,
+    /// `MountVolume`.
+    Mount {
+        /// Filesystem type; empty = plugin default.
+        fs_type: String,
+        /// Mount flags.
+        mount_flags: Vec<String>,
+    },
+}
+
+/// `VolumeCapability`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct VolumeCapability {
+    /// Block or mount.
+    pub access_type: AccessType,
+    /// Access mode.
+    pub access_mode: AccessMode,
+}
+
+impl VolumeCapability {
+    /// A mount capability with the plugin's default filesystem, single-node writer.
+    pub fn mount_default() -> Self {
+        Self {
+            access_type: AccessType::Mount {
+                fs_type: String::new(),
+                mount_flags: Vec::new(),
+            },
+            access_mode: AccessMode::SingleNodeWriter,
+        }
+    }
+
+    /// A block capability, single-node writer.
+    pub fn block() -> Self {
+        Self {
+            access_type: AccessType::Block,
+            access_mode: AccessMode::SingleNodeWriter,
+        }
+    }
+}
+
+/// A CSI volume as returned by `CreateVolume` and `ListVolumes`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Volume {
+    /// Plugin-assigned id.
+    pub volume_id: VolumeId,
+    /// Capacity in bytes; 0 = unknown.
+    pub capacity_bytes: i64,
+    /// Opaque context to pass back on later calls (v0 `attributes`).
+    pub volume_context: StringMap,
+}
+
+/// `CreateVolume` request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreateVolumeRequest {
+    /// Idempotency name (Mesos: the operation UUID).
+    pub name: String,
+    /// `capacity_range.required_bytes`; 0 = unset.
+    pub required_bytes: i64,
+    /// `capacity_range.limit_bytes`; 0 = unset.
+    pub limit_bytes: i64,
+    /// Requested capabilities.
+    pub capabilities: Vec<VolumeCapability>,
+    /// Opaque plugin parameters.
+    pub parameters: StringMap,
+    /// Secrets for the call.
+    pub secrets: Secrets,
+}
+
+/// One page of `ListVolumes`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct VolumePage {
+    /// Volumes on this page.
+    pub volumes: Vec<Volume>,
+    /// Token for the next page; `None` on the last page.
+    pub next_token: Option<String>,
+}
+
+/// `GetCapacity` result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Capacity {
+    /// Bytes available for new volumes with the given capability and parameters.
+    pub available_bytes: i64,
+    /// Largest single volume the plugin could create, if reported (v1 only).
+    pub maximum_volume_size: Option<i64>,
+}
+
+/// `ValidateVolumeCapabilities` request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValidateRequest {
+    /// Volume to check.
+    pub volume_id: VolumeId,
+    /// Capabilities to confirm.
+    pub capabilities: Vec<VolumeCapability>,
+    /// Volume context from `CreateVolume`.
+    pub volume_context: StringMap,
+    /// Creation parameters (v1 only; ignored with a warning for v0, as Mesos does).
+    pub parameters: StringMap,
+}
+
+/// `ValidateVolumeCapabilities` outcome.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Validation {
+    /// v1: `confirmed` is set; v0: `supported` is true.
+    pub confirmed: bool,
+    /// Plugin's explanation, if any.
+    pub message: String,
+}
+
+/// `ControllerPublishVolume` request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControllerPublishRequest {
+    /// Volume to attach.
+    pub volume_id: VolumeId,
+    /// Node from `NodeGetInfo`.
+    pub node_id: String,
+    /// Capability the volume will be used with.
+    pub capability: VolumeCapability,
+    /// Publish read-only.
+    pub readonly: bool,
+    /// Volume context from `CreateVolume`.
+    pub volume_context: StringMap,
+    /// Secrets for the call.
+    pub secrets: Secrets,
+}
+
+/// `NodeStageVolume` request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeStageRequest {
+    /// Volume to stage.
+    pub volume_id: VolumeId,
+    /// `publish_context` from `ControllerPublishVolume` (v0 `publish_info`).
+    pub publish_context: StringMap,
+    /// Global staging path.
+    pub staging_target_path: String,
+    /// Capability the volume will be used with.
+    pub capability: VolumeCapability,
+    /// Volume context from `CreateVolume`.
+    pub volume_context: StringMap,
+    /// Secrets for the call.
+    pub secrets: Secrets,
+}
+
+/// `NodePublishVolume` request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodePublishRequest {
+    /// Volume to publish.
+    pub volume_id: VolumeId,
+    /// `publish_context` from `ControllerPublishVolume`.
+    pub publish_context: StringMap,
+    /// Staging path, iff the node has `STAGE_UNSTAGE_VOLUME`.
+    pub staging_target_path: Option<String>,
+    /// Where the volume must appear.
+    pub target_path: String,
+    /// Capability the volume will be used with.
+    pub capability: VolumeCapability,
+    /// Publish read-only.
+    pub readonly: bool,
+    /// Volume context from `CreateVolume`.
+    pub volume_context: StringMap,
+    /// Secrets for the call.
+    pub secrets: Secrets,
+}
+
+/// Unit of a [`VolumeUsage`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UsageUnit {
+    /// The plugin did not say.
+    Unknown,
+    /// Bytes.
+    Bytes,
+    /// Inodes.
+    Inodes,
+}
+
+/// One entry of `NodeGetVolumeStats`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct VolumeUsage {
+    /// What is counted.
+    pub unit: UsageUnit,
+    /// Available amount.
+    pub available: i64,
+    /// Total amount.
+    pub total: i64,
+    /// Used amount.
+    pub used: i64,
+}
+
+/// `NodeGetVolumeStats` result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct VolumeStats {
+    /// Usage entries.
+    pub usage: Vec<VolumeUsage>,
+    /// `volume_condition.abnormal`, if reported.
+    pub abnormal: Option<bool>,
+    /// `volume_condition.message`, if reported.
+    pub condition_message: Option<String>,
+}
+
+/// `ControllerExpandVolume` result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ControllerExpansion {
+    /// New capacity.
+    pub capacity_bytes: i64,
+    /// Whether `NodeExpandVolume` must follow.
+    pub node_expansion_required: bool,
+}
+
+/// Outcome of `Probe`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ProbeResult {
+    /// The version that answered.
+    pub version: CsiVersion,
+    /// `ready`; an unset field means ready (CSI spec, `ProbeResponse`).
+    pub ready: bool,
+}

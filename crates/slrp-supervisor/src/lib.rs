@@ -1,0 +1,49 @@
+//! Supervision of managed CSI plugins (Mesos's service manager and container daemon,
+//! spec §4.1, without containers: plugins run as local processes).
+//!
+//! # Overview
+//! [`deployment_from_info`] turns a Mesos `CSIPluginInfo` into either a managed
+//! [`PluginSpec`] (containers slrp launches) or unmanaged endpoints. For a managed plugin,
+//! [`Supervisor::start`] launches each container's command with `CSI_ENDPOINT=unix://…`
+//! in its own process group, waits for its socket, probes it until ready (through a
+//! [`ReadinessCheck`]; [`CsiProbe`] in production), health-probes it, restarts it with
+//! jittered exponential backoff on exit or sustained probe failure, and stops it with
+//! SIGTERM then SIGKILL. Plugins left running by a previous slrp are adopted or stopped.
+//!
+//! # Layout
+//! - [`spec`]: `CSIPluginInfo` → [`PluginDeployment`] (service assignment, commands, ids).
+//! - [`supervisor`]: [`Supervisor`], [`SupervisorHandle`], [`SupervisorConfig`], workers.
+//! - [`process`]: process groups, identity by pid + start time, the no-leak guard.
+//! - [`readiness`]: [`ReadinessCheck`] and [`CsiProbe`].
+//! - [`metrics`]: terminations by cause, restarts, readiness, adoptions.
+//!
+//! # Invariants
+//! - A plugin process never outlives its supervisor unless explicitly detached: stop,
+//!   cancel, handle drop and task drop all end in a signal to its process group.
+//! - At most one copy of a container runs: leftovers are adopted or stopped before any
+//!   launch, and a launch is recorded (fsync'd) before it is probed.
+//! - Socket paths handed to plugins fit in `sun_path`: they live in a short temporary
+//!   directory that the container directory links to as `endpoint`.
+//!
+//! # Limitations
+//! - No container isolation (`ContainerInfo`, resources and `user` are ignored); the
+//!   plugin inherits slrp's environment plus the configured variables.
+//! - Secret environment variables must be `VALUE` secrets; references are rejected.
+//! - An adopted plugin's exit is noticed by polling `/proc` (`adopt_poll`), and its exit
+//!   status is unknown.
+
+pub mod metrics;
+pub mod process;
+pub mod readiness;
+pub mod spec;
+pub mod supervisor;
+
+pub use metrics::{SupervisorMetrics, TerminationCause};
+pub use readiness::{CheckFuture, CsiProbe, Readiness, ReadinessCheck};
+pub use spec::{
+    ContainerSpec, LaunchCommand, PluginDeployment, PluginSpec, Service, SpecError,
+    deployment_from_info,
+};
+pub use supervisor::{
+    ContainerState, Supervisor, SupervisorConfig, SupervisorError, SupervisorHandle,
+};

@@ -1,0 +1,273 @@
+//! Plugin processes: launching, identifying (pid + start time), stopping, never leaking.
+//!
+//! # Design
+//! Every plugin runs as the leader of its own process group, so a stop reaches whatever it
+//! forked (a shell wrapper, Python workers). A process is identified by its pid *and* its
+//! start time from `/proc/<pid>/stat`, so a recycled pid is never mistaken for the plugin.
+//! [`PluginProcess`] is either our child or a process adopted from a previous slrp run;
+//! dropping it SIGKILLs the group unless it was explicitly detached.
+//!
+//! # Limitations
+//! After the group leader exits, members it left behind are killed by group id; if the
+//! kernel had already recycled that id for a new group in between (which needs the whole
+//! old group to be gone), the kill finds nothing to do rather than a wrong target.
+
+use std::fs::File;
+use std::io;
+use std::path::Path;
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use serde::{Deserialize, Serialize};
+use tokio::process::{Child, Command};
+
+use crate::spec::LaunchCommand;
+
+/// Identity of a process that survives pid reuse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessId {
+    /// The pid (and process group id: plugins lead their own group).
+    pub pid: i32,
+    /// `starttime` from `/proc/<pid>/stat`, in clock ticks since boot.
+    pub start_time: u64,
+}
+
+/// Liveness of a recorded process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Liveness {
+    /// Running, and it is the same process (start time matches).
+    Alive,
+    /// Gone, a zombie, or the pid now belongs to another process.
+    Gone,
+}
+
+/// Reads `(state, starttime)` of `pid` from `/proc/<pid>/stat`.
+fn stat(pid: i32) -> io::Result<(char, u64)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    parse_stat(&text)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "malformed /proc stat"))
+}
+
+/// Parses `/proc/<pid>/stat`. The command name (field 2) may contain spaces and
+/// parentheses, so fields are counted from the *last* `)`.
+fn parse_stat(text: &str) -> Option<(char, u64)> {
+    let rest = &text[text.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    // Fields after the name start at field 3 (state); starttime is field 22.
+    let start_time = fields.nth(22 - 4)?.parse().ok()?;
+    Some((state, start_time))
+}
+
+/// The identity of a running process.
+pub(crate) fn identify(pid: i32) -> io::Result<ProcessId> {
+    let (_, start_time) = stat(pid)?;
+    Ok(ProcessId { pid, start_time })
+}
+
+pub(crate) fn liveness(id: ProcessId) -> Liveness {
+    match stat(id.pid) {
+        Ok((state, start)) if start == id.start_time && state != 'Z' && state != 'X' => {
+            Liveness::Alive
+        }
+        Ok(_) | Err(_) => Liveness::Gone,
+    }
+}
+
+fn signal_group(pid: i32, sig: Signal) {
+    // ESRCH (nothing left in the group) is the normal outcome after an exit.
+    let _ = killpg(Pid::from_raw(pid), sig);
+}
+
+/// How a plugin process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitInfo {
+    /// Our child exited with this status.
+    Status(ExitStatus),
+    /// An adopted process disappeared (its status went to its real parent).
+    Vanished,
+}
+
+impl std::fmt::Display for ExitInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Status(s) => write!(f, "{s}"),
+            Self::Vanished => f.write_str("adopted process exited"),
+        }
+    }
+}
+
+#[derive(Debug)]
+enum Kind {
+    Child(Child),
+    Adopted { poll: Duration },
+}
+
+/// A running plugin process (group leader). Killed with its group on drop unless
+/// [`PluginProcess::detach`]ed.
+#[derive(Debug)]
+pub struct PluginProcess {
+    id: ProcessId,
+    kind: Kind,
+    /// Set once the process is known to have ended (and, for a child, been reaped).
+    exited: Option<ExitInfo>,
+    detached: bool,
+}
+
+impl PluginProcess {
+    /// Starts `cmd` in its own process group with `CSI_ENDPOINT` (and the extra `env`) set,
+    /// stdout/stderr appended to the given files and the working directory `cwd`.
+    pub(crate) fn spawn(
+        cmd: &LaunchCommand,
+        extra_env: &[(String, String)],
+        cwd: &Path,
+        stdout: File,
+        stderr: File,
+    ) -> io::Result<Self> {
+        let mut c = if cmd.shell {
+            let mut c = Command::new("/bin/sh");
+            c.arg("-c").arg(&cmd.value);
+            c
+        } else {
+            let mut c = Command::new(&cmd.value);
+            if let Some((argv0, rest)) = cmd.arguments.split_first() {
+                c.arg0(argv0).args(rest);
+            }
+            c
+        };
+        c.envs(cmd.env.iter().map(|(k, v)| (k, v)))
+            .envs(extra_env.iter().map(|(k, v)| (k, v)))
+            .current_dir(cwd)
+            .stdin(Stdio::null())
+            .stdout(stdout)
+            .stderr(stderr)
+            .process_group(0)
+            // Our Drop kills the whole group; tokio's kill_on_drop would hit the leader only.
+            .kill_on_drop(false);
+        let child = c.spawn()?;
+        let pid = child
+            .id()
+            .and_then(|p| i32::try_from(p).ok())
+            .ok_or_else(|| io::Error::other("spawned child has no pid"))?;
+        // A child that already died has no stat; its start time cannot matter then.
+        let start_time = identify(pid).map(|i| i.start_time).unwrap_or(0);
+        Ok(Self {
+            id: ProcessId { pid, start_time },
+            kind: Kind::Child(child),
+            exited: None,
+            detached: false,
+        })
+    }
+
+    /// Takes over a process left running by a previous slrp. Its exit is noticed by
+    /// polling `/proc` every `poll`, because it is not our child.
+    pub(crate) fn adopt(id: ProcessId, poll: Duration) -> Self {
+        Self {
+            id,
+            kind: Kind::Adopted { poll },
+            exited: None,
+            detached: false,
+        }
+    }
+
+    /// Its identity.
+    pub fn id(&self) -> ProcessId {
+        self.id
+    }
+
+    /// Whether it was adopted rather than launched by this supervisor.
+    pub fn is_adopted(&self) -> bool {
+        matches!(self.kind, Kind::Adopted { .. })
+    }
+
+    /// Waits until the process ends. Afterwards, leftovers of its group are killed.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future loses nothing; call again to keep waiting.
+    pub async fn wait(&mut self) -> ExitInfo {
+        if let Some(e) = self.exited {
+            return e;
+        }
+        let info = match &mut self.kind {
+            Kind::Child(child) => match child.wait().await {
+                Ok(status) => ExitInfo::Status(status),
+                // wait() fails only if the child was already reaped elsewhere.
+                Err(_) => ExitInfo::Vanished,
+            },
+            Kind::Adopted { poll } => {
+                while liveness(self.id) == Liveness::Alive {
+                    tokio::time::sleep(*poll).await;
+                }
+                ExitInfo::Vanished
+            }
+        };
+        self.exited = Some(info);
+        signal_group(self.id.pid, Signal::SIGKILL);
+        info
+    }
+
+    /// Stops the process: SIGTERM to its group, then SIGKILL after `grace`, then waits.
+    /// Returns how it ended and whether SIGKILL was needed.
+    pub async fn stop(&mut self, grace: Duration) -> (ExitInfo, bool) {
+        if let Some(e) = self.exited {
+            return (e, false);
+        }
+        signal_group(self.id.pid, Signal::SIGTERM);
+        if let Ok(info) = tokio::time::timeout(grace, self.wait()).await {
+            return (info, false);
+        }
+        signal_group(self.id.pid, Signal::SIGKILL);
+        (self.wait().await, true)
+    }
+
+    /// Leaves the process running and forgets it (for a hand-over to the next slrp, which
+    /// adopts it through its pid record). A child is then reaped by tokio's orphan handling.
+    pub fn detach(mut self) {
+        self.detached = true;
+    }
+}
+
+impl Drop for PluginProcess {
+    fn drop(&mut self) {
+        if !self.detached && self.exited.is_none() {
+            // The no-leak guarantee: whatever path dropped us, the plugin goes with us.
+            // Only signal if the pid still names the same process.
+            if liveness(self.id) == Liveness::Alive {
+                signal_group(self.id.pid, Signal::SIGKILL);
+            }
+        }
+    }
+}
+
+/// Stops a process that is not ours (a leftover from a previous slrp run) by pid: SIGTERM
+/// to its group, SIGKILL after `grace`, polling `/proc` every `poll`.
+pub(crate) async fn stop_foreign(id: ProcessId, grace: Duration, poll: Duration) -> bool {
+    let mut p = PluginProcess::adopt(id, poll);
+    let (_, killed) = p.stop(grace).await;
+    killed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_parsing_counts_from_the_last_parenthesis() {
+        let line = "1234 (weird) name)) S 1 1234 1234 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
+        assert_eq!(parse_stat(line), Some(('S', 987_654)));
+        assert_eq!(parse_stat("garbage"), None);
+    }
+
+    #[test]
+    fn own_process_is_alive_and_a_wrong_start_time_is_gone() {
+        let me = identify(i32::try_from(std::process::id()).unwrap()).unwrap();
+        assert_eq!(liveness(me), Liveness::Alive);
+        let impostor = ProcessId {
+            start_time: me.start_time + 1,
+            ..me
+        };
+        assert_eq!(liveness(impostor), Liveness::Gone);
+    }
+}

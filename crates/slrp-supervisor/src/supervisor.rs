@@ -1,0 +1,757 @@
+//! The supervisor: one worker task per plugin container, and the handle that owns them.
+//!
+//! # Lifecycle of a container (one worker)
+//! ```text
+//!  launch (or adopt) ─► wait for socket ─► probe until ready ─► Ready ─► health probes
+//!       ▲                     │ timeout          │ timeout       │ exit / N failed probes
+//!       │                     ▼                  ▼               ▼
+//!       └──── backoff ◄──── terminated (cause counted, pid record and socket removed)
+//! ```
+//! The n-th consecutive failure waits `restart_backoff` (jittered, capped); a run that
+//! stayed ready for `healthy_reset` resets the count, so a crash after a long healthy
+//! period restarts quickly while a crash loop slows down (Mesos relaunches at once).
+//!
+//! # Shutdown protocol
+//! [`SupervisorHandle::shutdown`] cancels every worker; each sends SIGTERM to its plugin's
+//! process group, SIGKILL after `stop_grace`, waits for it, and removes its pid record,
+//! socket and socket directory. Dropping the handle cancels the workers the same way; if
+//! the runtime itself goes away, dropping a worker SIGKILLs its plugin group.
+//! [`SupervisorHandle::detach`] instead leaves the plugins running with their records in
+//! place, for a next slrp process to adopt.
+//!
+//! # Restart of slrp (adoption)
+//! Each launch writes `pid.json` (pid, start time, config hash) into the container's
+//! directory. [`Supervisor::start`] reads them first: a live process with the recorded
+//! start time and the current config hash is adopted (watched by polling `/proc`, since
+//! it is not our child); any other live one is stopped before anything is launched, so
+//! there are never two copies.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use slrp_csi::CsiEndpoint;
+use slrp_csi::endpoint::is_too_long;
+use slrp_csi::retry::{Backoff, Jitter, JitterRng};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::metrics::{SupervisorMetrics, TerminationCause};
+use crate::process::{self, Liveness, PluginProcess, ProcessId};
+use crate::readiness::{Readiness, ReadinessCheck};
+use crate::spec::{ContainerSpec, PluginSpec, Service, is_safe_component};
+
+/// Supervisor settings. Defaults follow Mesos where Mesos has a number.
+#[derive(Debug, Clone)]
+pub struct SupervisorConfig {
+    /// Per-container directories (pid records, logs, endpoint symlinks) live under
+    /// `<runtime_dir>/containers/`. Must persist across slrp restarts for adoption.
+    pub runtime_dir: PathBuf,
+    /// Where short socket directories are created (`slrp-csi-XXXXXX`); the system temp
+    /// directory by default. Sockets cannot live under long paths (`sun_path`).
+    pub socket_base: PathBuf,
+    /// How long to wait for the socket to appear (Mesos: 1 min).
+    pub socket_timeout: Duration,
+    /// How often to look for the socket (Mesos: 10 ms).
+    pub socket_poll: Duration,
+    /// How long to keep probing a started plugin until it is ready.
+    pub ready_timeout: Duration,
+    /// Pause between start-up probes.
+    pub ready_probe_interval: Duration,
+    /// Deadline of one probe.
+    pub probe_timeout: Duration,
+    /// Period of health probes once ready.
+    pub health_interval: Duration,
+    /// Consecutive failed health probes that make a plugin unhealthy (restarted).
+    pub unhealthy_after: u32,
+    /// Restart backoff bounds.
+    pub restart_backoff: Backoff,
+    /// Restart jitter.
+    pub restart_jitter: Jitter,
+    /// A run that stayed ready this long resets the backoff.
+    pub healthy_reset: Duration,
+    /// Time between SIGTERM and SIGKILL when stopping.
+    pub stop_grace: Duration,
+    /// How often an adopted process (not our child) is checked for exit.
+    pub adopt_poll: Duration,
+    /// Exported to node-service containers as `MESOS_AGENT_ID`, as Mesos does.
+    pub agent_id: Option<String>,
+}
+
+impl SupervisorConfig {
+    /// Defaults with the given runtime directory.
+    pub fn new(runtime_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            runtime_dir: runtime_dir.into(),
+            socket_base: std::env::temp_dir(),
+            socket_timeout: Duration::from_secs(60),
+            socket_poll: Duration::from_millis(10),
+            ready_timeout: Duration::from_secs(60),
+            ready_probe_interval: Duration::from_millis(500),
+            probe_timeout: Duration::from_secs(10),
+            health_interval: Duration::from_secs(10),
+            unhealthy_after: 3,
+            // 1 s doubling to 1 min: fast enough for a crash, slow enough not to spin.
+            restart_backoff: Backoff::new(Duration::from_secs(1), Duration::from_secs(60))
+                .unwrap_or(Backoff::MESOS),
+            restart_jitter: Jitter::Full,
+            healthy_reset: Duration::from_secs(60),
+            stop_grace: Duration::from_secs(10),
+            adopt_poll: Duration::from_millis(500),
+            agent_id: None,
+        }
+    }
+}
+
+/// Errors of the supervisor.
+#[derive(Debug, thiserror::Error)]
+pub enum SupervisorError {
+    /// A file or directory operation failed.
+    #[error("{action} {path}")]
+    Io {
+        /// What was being done.
+        action: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// The failure.
+        #[source]
+        source: io::Error,
+    },
+    /// The plugin has no container for the service.
+    #[error("no container serves {0:?}")]
+    NoService(Service),
+    /// The container did not become ready in time.
+    #[error("container {container} not ready after {after:?} (state {state:?})")]
+    NotReady {
+        /// Container id.
+        container: String,
+        /// How long we waited.
+        after: Duration,
+        /// Its state at that moment.
+        state: ContainerState,
+    },
+    /// The supervisor was stopped.
+    #[error("container {container} is stopped")]
+    Stopped {
+        /// Container id.
+        container: String,
+    },
+}
+
+fn io_err(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> SupervisorError {
+    let path = path.to_owned();
+    move |source| SupervisorError::Io {
+        action,
+        path,
+        source,
+    }
+}
+
+/// Observable state of one container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ContainerState {
+    /// Launched (or adopted), waiting for socket and readiness. `launch` counts launches.
+    Starting {
+        /// 1 for the first launch.
+        launch: u32,
+    },
+    /// Ready and being health-probed.
+    Ready {
+        /// Its pid.
+        pid: i32,
+    },
+    /// Terminated; the next launch follows after `delay`.
+    BackingOff {
+        /// The wait before the next launch.
+        delay: Duration,
+        /// Consecutive failures so far (resets after a healthy period).
+        failures: u32,
+    },
+    /// Stopped for good (shutdown or detach).
+    Stopped,
+}
+
+/// What is recorded about a launched plugin, for adoption after a restart of slrp.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct PidRecord {
+    process: ProcessId,
+    config_hash: String,
+}
+
+const RECORD: &str = "pid.json";
+const ENDPOINT_LINK: &str = "endpoint";
+const SOCKET: &str = "endpoint.sock";
+const SOCKET_DIR_PREFIX: &str = "slrp-csi-";
+
+fn read_record(dir: &Path) -> Option<PidRecord> {
+    let text = std::fs::read(dir.join(RECORD)).ok()?;
+    match serde_json::from_slice(&text) {
+        Ok(r) => Some(r),
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), error = %e, "ignoring unreadable pid record");
+            None
+        }
+    }
+}
+
+fn write_record(dir: &Path, record: &PidRecord) -> io::Result<()> {
+    use std::io::Write;
+    let tmp = dir.join("pid.json.tmp");
+    let bytes = serde_json::to_vec(record).map_err(io::Error::other)?;
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(&bytes)?;
+    // Durable before rename: a record lost in a crash would let a second copy start.
+    f.sync_all()?;
+    std::fs::rename(&tmp, dir.join(RECORD))
+}
+
+fn remove_if_exists(path: &Path) -> io::Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        Ok(()) | Err(_) => Ok(()),
+    }
+}
+
+/// The short socket directory of a container, reusing the one its `endpoint` symlink
+/// points at (an adopted plugin listens there), else creating a fresh one (Mesos style).
+fn endpoint_dir(container_dir: &Path, base: &Path) -> io::Result<PathBuf> {
+    let link = container_dir.join(ENDPOINT_LINK);
+    match std::fs::read_link(&link) {
+        Ok(target) if target.is_dir() => return Ok(target),
+        Ok(_) => std::fs::remove_file(&link)?,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let dir = tempfile::Builder::new()
+        .prefix(SOCKET_DIR_PREFIX)
+        .tempdir_in(base)?
+        .keep();
+    std::os::unix::fs::symlink(&dir, &link)?;
+    Ok(dir)
+}
+
+/// Removes the short socket directory a container's `endpoint` link points at (only if
+/// it looks like one of ours), then the link.
+fn remove_endpoint_dir(container_dir: &Path) {
+    let link = container_dir.join(ENDPOINT_LINK);
+    if let Ok(target) = std::fs::read_link(&link) {
+        let ours = target
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with(SOCKET_DIR_PREFIX));
+        if ours {
+            let _ = std::fs::remove_dir_all(&target);
+        }
+    }
+    let _ = std::fs::remove_file(&link);
+}
+
+/// Entry point; see the module docs.
+#[derive(Debug)]
+pub struct Supervisor;
+
+impl Supervisor {
+    /// Recovers leftovers of a previous run, then starts supervising every container of
+    /// `spec`. Returns once workers are spawned; use [`SupervisorHandle::wait_ready`].
+    ///
+    /// # Errors
+    /// [`SupervisorError::Io`] if the runtime or socket directories cannot be prepared.
+    pub async fn start(
+        spec: PluginSpec,
+        cfg: SupervisorConfig,
+        readiness: Arc<dyn ReadinessCheck>,
+        metrics: SupervisorMetrics,
+        cancel: CancellationToken,
+    ) -> Result<SupervisorHandle, SupervisorError> {
+        let cfg = Arc::new(cfg);
+        let root = cfg.runtime_dir.join("containers");
+        std::fs::create_dir_all(&root).map_err(io_err("creating", &root))?;
+        let mut adopted = recover(&root, &spec, &cfg, &metrics).await?;
+
+        let detach = CancellationToken::new();
+        let mut containers = Vec::new();
+        let mut tasks = Vec::new();
+        for c in &spec.containers {
+            let dir = root.join(&c.id);
+            std::fs::create_dir_all(&dir).map_err(io_err("creating", &dir))?;
+            let sock_dir = endpoint_dir(&dir, &cfg.socket_base)
+                .map_err(io_err("preparing socket directory for", &dir))?;
+            let socket = sock_dir.join(SOCKET);
+            if is_too_long(&socket) {
+                return Err(SupervisorError::Io {
+                    action: "using socket path (longer than sun_path allows; set a shorter socket_base)",
+                    path: socket,
+                    source: io::Error::from(io::ErrorKind::InvalidInput),
+                });
+            }
+            let adopted_proc = adopted.remove(&c.id);
+            if let Some(p) = &adopted_proc {
+                metrics.adopted(&c.id);
+                tracing::info!(container = %c.id, pid = p.id().pid, "adopted plugin left running by a previous slrp");
+            }
+            let (state_tx, state_rx) = watch::channel(ContainerState::Starting { launch: 1 });
+            let worker = Worker {
+                spec: c.clone(),
+                dir,
+                socket: socket.clone(),
+                cfg: cfg.clone(),
+                readiness: readiness.clone(),
+                metrics: metrics.clone(),
+                state: state_tx,
+                cancel: cancel.clone(),
+                detach: detach.clone(),
+                adopted: adopted_proc,
+            };
+            let span = tracing::info_span!(parent: None, "plugin", container = %c.id);
+            tasks.push(tokio::spawn(worker.run().instrument(span)));
+            containers.push(ContainerEntry {
+                id: c.id.clone(),
+                services: c.services.clone(),
+                socket,
+                state: state_rx,
+            });
+        }
+        Ok(SupervisorHandle {
+            spec,
+            containers,
+            tasks,
+            cancel,
+            detach,
+        })
+    }
+}
+
+/// Reads pid records of a previous run: adopts matching live plugins, stops the others,
+/// and removes directories of containers no longer configured.
+async fn recover(
+    root: &Path,
+    spec: &PluginSpec,
+    cfg: &SupervisorConfig,
+    metrics: &SupervisorMetrics,
+) -> Result<std::collections::HashMap<String, PluginProcess>, SupervisorError> {
+    let mut adopted = std::collections::HashMap::new();
+    let entries = std::fs::read_dir(root).map_err(io_err("listing", root))?;
+    for entry in entries {
+        let entry = entry.map_err(io_err("listing", root))?;
+        let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+            continue;
+        };
+        if !is_safe_component(&name) {
+            continue;
+        }
+        let dir = entry.path();
+        let current = spec.containers.iter().find(|c| c.id == name);
+        if let Some(rec) = read_record(&dir) {
+            let live = process::liveness(rec.process) == Liveness::Alive;
+            let matches = current.is_some_and(|c| c.config_hash() == rec.config_hash);
+            if live && matches {
+                adopted.insert(
+                    name.clone(),
+                    PluginProcess::adopt(rec.process, cfg.adopt_poll),
+                );
+                continue;
+            }
+            if live {
+                tracing::info!(container = %name, pid = rec.process.pid, "stopping plugin left by a previous slrp with a different configuration");
+                process::stop_foreign(rec.process, cfg.stop_grace, cfg.adopt_poll).await;
+                metrics.terminated(&name, TerminationCause::Stopped);
+            }
+            let _ = remove_if_exists(&dir.join(RECORD));
+        }
+        if current.is_none() {
+            remove_endpoint_dir(&dir);
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+    Ok(adopted)
+}
+
+#[derive(Debug)]
+struct ContainerEntry {
+    id: String,
+    services: Vec<Service>,
+    socket: PathBuf,
+    state: watch::Receiver<ContainerState>,
+}
+
+/// Owner of a running supervisor. Dropping it cancels the workers (plugins are stopped).
+#[derive(Debug)]
+pub struct SupervisorHandle {
+    spec: PluginSpec,
+    containers: Vec<ContainerEntry>,
+    /// Worker tasks; joined by `shutdown`/`detach` so callers know plugins are gone.
+    tasks: Vec<JoinHandle<()>>,
+    /// Stops workers and their plugins.
+    cancel: CancellationToken,
+    /// Stops workers but leaves plugins running (hand-over to a next slrp).
+    detach: CancellationToken,
+}
+
+impl SupervisorHandle {
+    fn entry(&self, service: Service) -> Result<&ContainerEntry, SupervisorError> {
+        self.spec
+            .container_for(service)
+            .and_then(|i| self.containers.get(i))
+            .ok_or(SupervisorError::NoService(service))
+    }
+
+    /// The (stable) endpoint of the container serving `service`. The same path is used
+    /// across plugin restarts, so a `CsiClient` made from it stays valid.
+    ///
+    /// # Errors
+    /// [`SupervisorError::NoService`] if no container serves `service`.
+    pub fn endpoint(&self, service: Service) -> Result<CsiEndpoint, SupervisorError> {
+        let e = self.entry(service)?;
+        CsiEndpoint::from_path(&e.socket).map_err(|err| SupervisorError::Io {
+            action: "using socket path",
+            path: e.socket.clone(),
+            source: io::Error::other(err),
+        })
+    }
+
+    /// The current state of the container serving `service`.
+    ///
+    /// # Errors
+    /// [`SupervisorError::NoService`] if no container serves `service`.
+    pub fn state(&self, service: Service) -> Result<ContainerState, SupervisorError> {
+        Ok(self.entry(service)?.state.borrow().clone())
+    }
+
+    /// A receiver of state changes of the container serving `service`.
+    ///
+    /// # Errors
+    /// [`SupervisorError::NoService`] if no container serves `service`.
+    pub fn watch(
+        &self,
+        service: Service,
+    ) -> Result<watch::Receiver<ContainerState>, SupervisorError> {
+        Ok(self.entry(service)?.state.clone())
+    }
+
+    /// Ids and services of all containers.
+    pub fn containers(&self) -> Vec<(String, Vec<Service>)> {
+        self.containers
+            .iter()
+            .map(|c| (c.id.clone(), c.services.clone()))
+            .collect()
+    }
+
+    /// Waits until the container serving `service` is ready, for at most `timeout`.
+    ///
+    /// # Errors
+    /// [`SupervisorError::NotReady`] on timeout, [`SupervisorError::Stopped`] if the
+    /// supervisor stopped, [`SupervisorError::NoService`] if nothing serves `service`.
+    pub async fn wait_ready(
+        &self,
+        service: Service,
+        timeout: Duration,
+    ) -> Result<CsiEndpoint, SupervisorError> {
+        let entry = self.entry(service)?;
+        let mut rx = entry.state.clone();
+        let wait =
+            rx.wait_for(|s| matches!(s, ContainerState::Ready { .. } | ContainerState::Stopped));
+        match tokio::time::timeout(timeout, wait).await {
+            Ok(Ok(s)) if matches!(*s, ContainerState::Ready { .. }) => self.endpoint(service),
+            Ok(Ok(_) | Err(_)) => Err(SupervisorError::Stopped {
+                container: entry.id.clone(),
+            }),
+            Err(_) => Err(SupervisorError::NotReady {
+                container: entry.id.clone(),
+                after: timeout,
+                state: entry.state.borrow().clone(),
+            }),
+        }
+    }
+
+    /// Stops every plugin (SIGTERM, SIGKILL after the grace period) and waits for it.
+    pub async fn shutdown(mut self) {
+        self.cancel.cancel();
+        join(&mut self.tasks).await;
+    }
+
+    /// Stops supervising but leaves the plugins running, with their pid records, for the
+    /// next slrp process to adopt.
+    pub async fn detach(mut self) {
+        self.detach.cancel();
+        join(&mut self.tasks).await;
+    }
+}
+
+async fn join(tasks: &mut Vec<JoinHandle<()>>) {
+    for t in tasks.drain(..) {
+        if let Err(e) = t.await
+            && e.is_panic()
+        {
+            tracing::error!(error = %e, "plugin worker panicked");
+        }
+    }
+}
+
+impl Drop for SupervisorHandle {
+    fn drop(&mut self) {
+        if !self.detach.is_cancelled() {
+            self.cancel.cancel();
+        }
+    }
+}
+
+/// Owns one container's process and drives its lifecycle.
+struct Worker {
+    spec: ContainerSpec,
+    dir: PathBuf,
+    socket: PathBuf,
+    cfg: Arc<SupervisorConfig>,
+    readiness: Arc<dyn ReadinessCheck>,
+    metrics: SupervisorMetrics,
+    state: watch::Sender<ContainerState>,
+    cancel: CancellationToken,
+    detach: CancellationToken,
+    adopted: Option<PluginProcess>,
+}
+
+enum Phase {
+    Cancelled,
+    Detached,
+    Ended(TerminationCause, String),
+}
+
+impl Worker {
+    async fn run(mut self) {
+        let mut jitter = JitterRng::new(self.cfg.restart_jitter);
+        let mut failures: u32 = 0;
+        let mut launches: u32 = 0;
+        loop {
+            let mut proc = match self.adopted.take() {
+                Some(p) => p,
+                None => {
+                    if launches > 0 {
+                        self.metrics.restarted(&self.spec.id);
+                    }
+                    launches = launches.saturating_add(1);
+                    match self.launch() {
+                        Ok(p) => p,
+                        Err(e) => {
+                            tracing::error!(error = %e, "launching plugin failed");
+                            self.metrics
+                                .terminated(&self.spec.id, TerminationCause::LaunchFailed);
+                            failures = failures.saturating_add(1);
+                            if self.backoff(failures, &mut jitter).await {
+                                continue;
+                            }
+                            return;
+                        }
+                    }
+                }
+            };
+            self.state.send_replace(ContainerState::Starting {
+                launch: launches.max(1),
+            });
+            let phase = self.supervise(&mut proc, &mut failures).await;
+            match phase {
+                Phase::Cancelled => {
+                    let (exit, killed) = proc.stop(self.cfg.stop_grace).await;
+                    tracing::info!(%exit, killed, "plugin stopped");
+                    self.metrics
+                        .terminated(&self.spec.id, TerminationCause::Stopped);
+                    self.cleanup();
+                    remove_endpoint_dir(&self.dir);
+                    self.state.send_replace(ContainerState::Stopped);
+                    return;
+                }
+                Phase::Detached => {
+                    tracing::info!(
+                        pid = proc.id().pid,
+                        "leaving plugin running for the next slrp"
+                    );
+                    proc.detach();
+                    self.state.send_replace(ContainerState::Stopped);
+                    return;
+                }
+                Phase::Ended(cause, why) => {
+                    tracing::warn!(cause = cause.as_str(), %why, stderr_tail = %self.stderr_tail(), "plugin terminated");
+                    self.metrics.terminated(&self.spec.id, cause);
+                    drop(proc);
+                    self.cleanup();
+                    failures = failures.saturating_add(1);
+                    if !self.backoff(failures, &mut jitter).await {
+                        self.state.send_replace(ContainerState::Stopped);
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Start-up and health monitoring of one run; resets `failures` after a healthy period.
+    async fn supervise(&self, proc: &mut PluginProcess, failures: &mut u32) -> Phase {
+        let ready = tokio::select! {
+            () = self.cancel.cancelled() => return Phase::Cancelled,
+            () = self.detach.cancelled() => return Phase::Detached,
+            exit = proc.wait() => {
+                return Phase::Ended(TerminationCause::Exited, format!("exited during start-up: {exit}"));
+            }
+            r = self.wait_ready() => r,
+        };
+        if let Err(why) = ready {
+            let (exit, _) = proc.stop(self.cfg.stop_grace).await;
+            return Phase::Ended(
+                TerminationCause::StartTimeout,
+                format!("{why} (then {exit})"),
+            );
+        }
+        tracing::info!(
+            pid = proc.id().pid,
+            adopted = proc.is_adopted(),
+            "plugin ready"
+        );
+        self.state
+            .send_replace(ContainerState::Ready { pid: proc.id().pid });
+        self.metrics.set_ready(&self.spec.id, true);
+        let ready_at = Instant::now();
+        let phase = self.monitor(proc).await;
+        self.metrics.set_ready(&self.spec.id, false);
+        if ready_at.elapsed() >= self.cfg.healthy_reset {
+            *failures = 0;
+        }
+        phase
+    }
+
+    async fn monitor(&self, proc: &mut PluginProcess) -> Phase {
+        let period = self.cfg.health_interval;
+        let mut tick = tokio::time::interval_at(Instant::now() + period, period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut bad: u32 = 0;
+        loop {
+            tokio::select! {
+                () = self.cancel.cancelled() => return Phase::Cancelled,
+                () = self.detach.cancelled() => return Phase::Detached,
+                exit = proc.wait() => return Phase::Ended(TerminationCause::Exited, exit.to_string()),
+                _ = tick.tick() => {
+                    let r = self.check().await;
+                    if r == Readiness::Ready {
+                        bad = 0;
+                        continue;
+                    }
+                    bad = bad.saturating_add(1);
+                    tracing::warn!(result = ?r, consecutive = bad, "health probe failed");
+                    if bad >= self.cfg.unhealthy_after {
+                        let (exit, killed) = proc.stop(self.cfg.stop_grace).await;
+                        return Phase::Ended(
+                            TerminationCause::Unhealthy,
+                            format!("{bad} failed health probes, last {r:?}; stopped ({exit}, sigkill {killed})"),
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    async fn check(&self) -> Readiness {
+        match tokio::time::timeout(self.cfg.probe_timeout, self.readiness.check(&self.socket)).await
+        {
+            Ok(r) => r,
+            Err(_) => Readiness::Failed(format!(
+                "probe timed out after {:?}",
+                self.cfg.probe_timeout
+            )),
+        }
+    }
+
+    /// Waits for the socket, then probes until ready (spec §4.1.5, plus honouring `ready`).
+    async fn wait_ready(&self) -> Result<(), String> {
+        let deadline = Instant::now() + self.cfg.socket_timeout;
+        while !tokio::fs::try_exists(&self.socket).await.unwrap_or(false) {
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "timed out waiting for endpoint {} after {:?}",
+                    self.socket.display(),
+                    self.cfg.socket_timeout
+                ));
+            }
+            tokio::time::sleep(self.cfg.socket_poll).await;
+        }
+        let deadline = Instant::now() + self.cfg.ready_timeout;
+        loop {
+            let r = self.check().await;
+            if r == Readiness::Ready {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "not ready after {:?}: {r:?}",
+                    self.cfg.ready_timeout
+                ));
+            }
+            tokio::time::sleep(self.cfg.ready_probe_interval).await;
+        }
+    }
+
+    fn launch(&self) -> io::Result<PluginProcess> {
+        // A stale socket from a previous run would make the wait succeed too early, and
+        // some plugins refuse to start when it exists.
+        remove_if_exists(&self.socket)?;
+        let open = |name: &str| {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(self.dir.join(name))
+        };
+        let mut env = vec![(
+            "CSI_ENDPOINT".to_owned(),
+            format!("unix://{}", self.socket.display()),
+        )];
+        if let Some(agent) = &self.cfg.agent_id
+            && self.spec.services.contains(&Service::Node)
+        {
+            env.push(("MESOS_AGENT_ID".to_owned(), agent.clone()));
+        }
+        let p = PluginProcess::spawn(
+            &self.spec.command,
+            &env,
+            &self.dir,
+            open("stdout.log")?,
+            open("stderr.log")?,
+        )?;
+        write_record(
+            &self.dir,
+            &PidRecord {
+                process: p.id(),
+                config_hash: self.spec.config_hash(),
+            },
+        )?;
+        tracing::info!(pid = p.id().pid, socket = %self.socket.display(), "plugin launched");
+        Ok(p)
+    }
+
+    fn cleanup(&self) {
+        let _ = remove_if_exists(&self.dir.join(RECORD));
+        let _ = remove_if_exists(&self.socket);
+    }
+
+    /// Waits before the next launch; false if cancelled or detached meanwhile.
+    async fn backoff(&self, failures: u32, jitter: &mut JitterRng) -> bool {
+        let delay = self.cfg.restart_backoff.delay(failures, jitter);
+        self.state
+            .send_replace(ContainerState::BackingOff { delay, failures });
+        tokio::select! {
+            () = self.cancel.cancelled() => false,
+            () = self.detach.cancelled() => false,
+            () = tokio::time::sleep(delay) => true,
+        }
+    }
+
+    /// The last lines of the plugin's stderr log, as evidence in termination logs.
+    fn stderr_tail(&self) -> String {
+        const TAIL: usize = 1024;
+        let Ok(bytes) = std::fs::read(self.dir.join("stderr.log")) else {
+            return String::new();
+        };
+        let start = bytes.len().saturating_sub(TAIL);
+        String::from_utf8_lossy(&bytes[start..]).trim().to_owned()
+    }
+}

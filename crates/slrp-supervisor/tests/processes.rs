@@ -1,0 +1,500 @@
+//! The supervisor with real child processes (`/bin/sh` scripts) and a file-based
+//! readiness check: launch, environment, readiness, restart backoff, health restarts,
+//! SIGKILL escalation, no leaks, adoption after a restart of slrp.
+
+// An integration-test crate: all of it is test code (the lints target library code).
+#![allow(
+    clippy::tests_outside_test_module,
+    clippy::unwrap_used,
+    clippy::expect_used
+)]
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::registry::Registry;
+use slrp_csi::{Backoff, Jitter};
+use slrp_proto::mesos::v1 as mesos;
+use slrp_supervisor::*;
+use tokio_util::sync::CancellationToken;
+
+/// Ready iff the socket path exists (the scripts `touch` it) and no `sick` file is next
+/// to it.
+struct FileReadiness;
+
+impl ReadinessCheck for FileReadiness {
+    fn check<'a>(&'a self, socket: &'a Path) -> CheckFuture<'a> {
+        Box::pin(async move {
+            let sick = socket.parent().unwrap().join("sick");
+            if sick.exists() {
+                Readiness::Failed("sick".into())
+            } else if socket.exists() {
+                Readiness::Ready
+            } else {
+                Readiness::Failed("no socket".into())
+            }
+        })
+    }
+}
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn spec(cmd: &str) -> PluginSpec {
+    spec_with(mesos::CommandInfo {
+        value: Some(cmd.to_owned()),
+        ..Default::default()
+    })
+}
+
+fn spec_with(command: mesos::CommandInfo) -> PluginSpec {
+    let info = mesos::CsiPluginInfo {
+        r#type: "io.slrp.test".into(),
+        name: Some("p".into()),
+        containers: vec![mesos::CsiPluginContainerInfo {
+            services: vec![
+                mesos::csi_plugin_container_info::Service::ControllerService as i32,
+                mesos::csi_plugin_container_info::Service::NodeService as i32,
+            ],
+            command: Some(command),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    match deployment_from_info(&info).unwrap() {
+        PluginDeployment::Managed(s) => s,
+        PluginDeployment::Unmanaged { .. } => panic!("managed expected"),
+    }
+}
+
+struct Env {
+    dir: tempfile::TempDir,
+    metrics: SupervisorMetrics,
+}
+
+impl Env {
+    fn new() -> Self {
+        Self {
+            dir: tempfile::tempdir().unwrap(),
+            metrics: SupervisorMetrics::register(&mut Registry::default()),
+        }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn config(&self) -> SupervisorConfig {
+        let mut c = SupervisorConfig::new(self.path("run"));
+        c.socket_base = self.dir.path().to_owned();
+        c.socket_poll = Duration::from_millis(5);
+        c.ready_probe_interval = Duration::from_millis(20);
+        c.health_interval = Duration::from_millis(50);
+        c.unhealthy_after = 2;
+        c.restart_backoff =
+            Backoff::new(Duration::from_millis(100), Duration::from_millis(400)).unwrap();
+        c.restart_jitter = Jitter::None;
+        c.stop_grace = Duration::from_millis(500);
+        c.adopt_poll = Duration::from_millis(20);
+        c
+    }
+
+    async fn start(&self, spec: PluginSpec, cfg: SupervisorConfig) -> SupervisorHandle {
+        Supervisor::start(
+            spec,
+            cfg,
+            Arc::new(FileReadiness),
+            self.metrics.clone(),
+            CancellationToken::new(),
+        )
+        .await
+        .unwrap()
+    }
+}
+
+/// Whether a process with this pid exists and is not a zombie.
+fn running(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => {
+            let state = s[s.rfind(')').unwrap() + 2..].chars().next().unwrap();
+            state != 'Z' && state != 'X'
+        }
+        Err(_) => false,
+    }
+}
+
+async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !f() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn ready_pid(h: &SupervisorHandle) -> i32 {
+    match h.state(Service::Node).unwrap() {
+        ContainerState::Ready { pid } => pid,
+        other => panic!("not ready: {other:?}"),
+    }
+}
+
+/// The script's common prefix: the socket path from CSI_ENDPOINT.
+const SOCK: &str = r#"S="${CSI_ENDPOINT#unix://}";"#;
+
+#[tokio::test]
+async fn launches_with_csi_endpoint_and_environment_then_stops_cleanly() {
+    let env = Env::new();
+    let out = env.path("out");
+    let mut cmd = mesos::CommandInfo {
+        value: Some(format!(
+            r#"{SOCK} echo "$CSI_ENDPOINT|$GREETING|$MESOS_AGENT_ID" > {}; touch "$S"; exec sleep 1000"#,
+            out.display()
+        )),
+        ..Default::default()
+    };
+    cmd.environment = Some(mesos::Environment {
+        variables: vec![mesos::environment::Variable {
+            name: "GREETING".into(),
+            value: Some("hello".into()),
+            ..Default::default()
+        }],
+    });
+    let mut cfg = env.config();
+    cfg.agent_id = Some("agent-1".into());
+    let h = env.start(spec_with(cmd), cfg).await;
+    let ep = h.wait_ready(Service::Node, WAIT).await.unwrap();
+    assert_eq!(h.endpoint(Service::Controller).unwrap(), ep);
+    let pid = ready_pid(&h);
+    assert!(running(pid));
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(text.trim(), format!("{}|hello|agent-1", ep.uri()));
+    // The long-lived container directory links to the short socket directory.
+    let cdir = env.path("run/containers/io-slrp-test-p--CONTROLLER_SERVICE-NODE_SERVICE");
+    assert_eq!(
+        std::fs::read_link(cdir.join("endpoint")).unwrap(),
+        ep.path().parent().unwrap()
+    );
+    assert!(cdir.join("pid.json").exists());
+
+    h.shutdown().await;
+    assert!(!running(pid), "plugin survived shutdown");
+    assert!(!ep.path().exists(), "socket left behind");
+    assert!(!cdir.join("pid.json").exists(), "pid record left behind");
+}
+
+#[tokio::test]
+async fn argv_commands_run_without_a_shell() {
+    let env = Env::new();
+    let argv0 = env.path("argv0");
+    let cmd = mesos::CommandInfo {
+        shell: Some(false),
+        value: Some("/bin/sh".into()),
+        arguments: vec![
+            "my-plugin".into(),
+            "-c".into(),
+            format!(
+                r#"{SOCK} echo "$0" > {}; touch "$S"; exec sleep 1000"#,
+                argv0.display()
+            ),
+        ],
+        ..Default::default()
+    };
+    let h = env.start(spec_with(cmd), env.config()).await;
+    h.wait_ready(Service::Node, WAIT).await.unwrap();
+    assert_eq!(std::fs::read_to_string(&argv0).unwrap().trim(), "my-plugin");
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn crash_loop_backs_off_exponentially_up_to_the_cap() {
+    let env = Env::new();
+    let launches = env.path("launches");
+    let h = env
+        .start(
+            spec(&format!(
+                r#"{SOCK} echo x >> {}; touch "$S"; sleep 0.05; exit 3"#,
+                launches.display()
+            )),
+            env.config(),
+        )
+        .await;
+    let mut rx = h.watch(Service::Node).unwrap();
+    let mut delays = Vec::new();
+    while delays.len() < 5 {
+        rx.changed().await.unwrap();
+        if let ContainerState::BackingOff { delay, .. } = *rx.borrow_and_update() {
+            delays.push(delay.as_millis());
+        }
+    }
+    // 100 ms doubling, capped at 400 ms; jitter off.
+    assert_eq!(delays, vec![100, 200, 400, 400, 400]);
+    let id = &h.containers()[0].0;
+    assert!(env.metrics.terminations(id, TerminationCause::Exited) >= 5);
+    assert!(env.metrics.restarts(id) >= 4);
+    h.shutdown().await;
+    let n = std::fs::read_to_string(&launches).unwrap().lines().count();
+    assert!(n >= 5, "{n} launches");
+}
+
+#[tokio::test]
+async fn backoff_resets_after_a_healthy_period() {
+    let env = Env::new();
+    let mut cfg = env.config();
+    cfg.healthy_reset = Duration::from_millis(100);
+    // Each run stays ready well past `healthy_reset` before it exits.
+    let h = env
+        .start(
+            spec(&format!(r#"{SOCK} touch "$S"; sleep 0.4; exit 1"#)),
+            cfg,
+        )
+        .await;
+    let mut rx = h.watch(Service::Node).unwrap();
+    let mut seen = Vec::new();
+    while seen.len() < 3 {
+        rx.changed().await.unwrap();
+        if let ContainerState::BackingOff { delay, failures } = *rx.borrow_and_update() {
+            seen.push((delay.as_millis(), failures));
+        }
+    }
+    assert_eq!(seen, vec![(100, 1), (100, 1), (100, 1)]);
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn unhealthy_plugin_is_restarted_and_recovers() {
+    let env = Env::new();
+    let h = env
+        .start(
+            spec(&format!(r#"{SOCK} touch "$S"; exec sleep 1000"#)),
+            env.config(),
+        )
+        .await;
+    let ep = h.wait_ready(Service::Node, WAIT).await.unwrap();
+    let first = ready_pid(&h);
+    let sick = ep.path().parent().unwrap().join("sick");
+    std::fs::write(&sick, b"").unwrap();
+    let id = h.containers()[0].0.clone();
+    let m = env.metrics.clone();
+    eventually("unhealthy termination", || {
+        m.terminations(&id, TerminationCause::Unhealthy) == 1
+    })
+    .await;
+    assert!(!running(first), "unhealthy plugin not stopped");
+    std::fs::remove_file(&sick).unwrap();
+    h.wait_ready(Service::Node, WAIT).await.unwrap();
+    let second = ready_pid(&h);
+    assert_ne!(first, second);
+    h.shutdown().await;
+    assert!(!running(second));
+}
+
+#[tokio::test]
+async fn missing_socket_is_a_start_timeout() {
+    let env = Env::new();
+    let mut cfg = env.config();
+    cfg.socket_timeout = Duration::from_millis(200);
+    let h = env.start(spec("exec sleep 1000"), cfg).await;
+    let id = h.containers()[0].0.clone();
+    let m = env.metrics.clone();
+    eventually("start timeout", || {
+        m.terminations(&id, TerminationCause::StartTimeout) >= 1
+    })
+    .await;
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn stop_escalates_to_sigkill_and_takes_the_whole_group() {
+    let env = Env::new();
+    let child_pid = env.path("child.pid");
+    // Ignores SIGTERM (inherited by its background child) so only SIGKILL works.
+    let h = env
+        .start(
+            spec(&format!(
+                r#"{SOCK} trap '' TERM; sleep 1000 & echo $! > {}; touch "$S"; wait"#,
+                child_pid.display()
+            )),
+            env.config(),
+        )
+        .await;
+    h.wait_ready(Service::Node, WAIT).await.unwrap();
+    let leader = ready_pid(&h);
+    let child: i32 = std::fs::read_to_string(&child_pid)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(running(leader) && running(child));
+    h.shutdown().await;
+    assert!(!running(leader), "leader survived");
+    eventually("grandchild killed", || !running(child)).await;
+}
+
+#[test]
+fn dropping_the_runtime_kills_the_plugin() {
+    let env = Env::new();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let pid = rt.block_on(async {
+        let h = env
+            .start(
+                spec(&format!(r#"{SOCK} touch "$S"; exec sleep 1000"#)),
+                env.config(),
+            )
+            .await;
+        h.wait_ready(Service::Node, WAIT).await.unwrap();
+        let pid = ready_pid(&h);
+        // Leak the handle so nothing shuts down in an orderly way.
+        std::mem::forget(h);
+        pid
+    });
+    assert!(running(pid));
+    drop(rt);
+    // SIGKILL was sent synchronously by the worker's drop; the zombie is reaped by init
+    // or stays ours until the test process ends, both of which `running` treats as gone.
+    let deadline = std::time::Duration::from_secs(5);
+    let start = std::time::SystemTime::now();
+    while running(pid) {
+        assert!(start.elapsed().unwrap() < deadline, "plugin leaked");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[tokio::test]
+async fn restarted_supervisor_adopts_a_matching_plugin_instead_of_launching_another() {
+    let env = Env::new();
+    let launches = env.path("launches");
+    let cmd = format!(
+        r#"{SOCK} echo x >> {}; touch "$S"; exec sleep 1000"#,
+        launches.display()
+    );
+    let first = env.start(spec(&cmd), env.config()).await;
+    let ep1 = first.wait_ready(Service::Node, WAIT).await.unwrap();
+    let pid = ready_pid(&first);
+    first.detach().await;
+    assert!(running(pid), "detach must leave the plugin running");
+
+    let second = env.start(spec(&cmd), env.config()).await;
+    let ep2 = second.wait_ready(Service::Node, WAIT).await.unwrap();
+    assert_eq!(ready_pid(&second), pid, "a second copy was launched");
+    assert_eq!(ep1, ep2, "the adopted plugin keeps its socket");
+    let id = second.containers()[0].0.clone();
+    assert_eq!(env.metrics.adoptions(&id), 1);
+    assert_eq!(
+        std::fs::read_to_string(&launches).unwrap().lines().count(),
+        1
+    );
+
+    // An adopted plugin that dies is noticed (by polling) and relaunched.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let m = env.metrics.clone();
+    eventually("adopted exit noticed", || {
+        m.terminations(&id, TerminationCause::Exited) == 1
+    })
+    .await;
+    second.wait_ready(Service::Node, WAIT).await.unwrap();
+    let relaunched = ready_pid(&second);
+    assert_ne!(relaunched, pid);
+    second.shutdown().await;
+    assert!(!running(relaunched));
+}
+
+#[tokio::test]
+async fn restarted_supervisor_stops_a_plugin_with_an_outdated_configuration() {
+    let env = Env::new();
+    let old = env
+        .start(
+            spec(&format!(r#"{SOCK} touch "$S"; exec sleep 1000"#)),
+            env.config(),
+        )
+        .await;
+    old.wait_ready(Service::Node, WAIT).await.unwrap();
+    let old_pid = ready_pid(&old);
+    old.detach().await;
+
+    let new = env
+        .start(
+            spec(&format!(r#"{SOCK} touch "$S"; exec sleep 999"#)),
+            env.config(),
+        )
+        .await;
+    // The old copy is gone before the new one is launched.
+    assert!(!running(old_pid), "outdated plugin still running");
+    new.wait_ready(Service::Node, WAIT).await.unwrap();
+    let new_pid = ready_pid(&new);
+    assert_ne!(new_pid, old_pid);
+    let id = new.containers()[0].0.clone();
+    assert_eq!(env.metrics.terminations(&id, TerminationCause::Stopped), 1);
+    new.shutdown().await;
+}
+
+#[tokio::test]
+async fn leftover_of_a_removed_container_is_stopped_and_its_directory_removed() {
+    let env = Env::new();
+    let old = env
+        .start(
+            spec(&format!(r#"{SOCK} touch "$S"; exec sleep 1000"#)),
+            env.config(),
+        )
+        .await;
+    old.wait_ready(Service::Node, WAIT).await.unwrap();
+    let old_pid = ready_pid(&old);
+    let old_id = old.containers()[0].0.clone();
+    old.detach().await;
+
+    // A different plugin name means a different container id.
+    let info = mesos::CsiPluginInfo {
+        r#type: "io.slrp.test".into(),
+        name: Some("other".into()),
+        containers: vec![mesos::CsiPluginContainerInfo {
+            services: vec![mesos::csi_plugin_container_info::Service::NodeService as i32],
+            command: Some(mesos::CommandInfo {
+                value: Some(format!(r#"{SOCK} touch "$S"; exec sleep 1000"#)),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let PluginDeployment::Managed(spec2) = deployment_from_info(&info).unwrap() else {
+        panic!()
+    };
+    let new = env.start(spec2, env.config()).await;
+    assert!(!running(old_pid));
+    assert!(!env.path("run/containers").join(&old_id).exists());
+    new.wait_ready(Service::Node, WAIT).await.unwrap();
+    new.shutdown().await;
+}
+
+#[tokio::test]
+async fn long_runtime_directory_gets_a_short_socket() {
+    let env = Env::new();
+    let mut cfg = env.config();
+    let mut long = env.path("run");
+    for _ in 0..5 {
+        long.push("a-quite-long-directory-name-for-testing");
+    }
+    cfg.runtime_dir = long.clone();
+    let h = env
+        .start(spec(&format!(r#"{SOCK} touch "$S"; exec sleep 1000"#)), cfg)
+        .await;
+    let ep = h.wait_ready(Service::Node, WAIT).await.unwrap();
+    assert!(ep.path().as_os_str().len() <= slrp_csi::MAX_SOCKET_PATH);
+    let cdir = long.join("containers").join(&h.containers()[0].0);
+    let via_link = cdir.join("endpoint").join("endpoint.sock");
+    assert!(via_link.as_os_str().len() > slrp_csi::MAX_SOCKET_PATH);
+    assert!(
+        via_link.exists(),
+        "the long path must reach the socket through the link"
+    );
+    h.shutdown().await;
+}

@@ -1,0 +1,10 @@
+//! `slrp`: the daemon and operator CLI. Parsing and dispatch only; logic lives in modules.
+
+mod cli;
+mod csi_cmd;
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    cli::main()
+}
