@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use crate::csi_cmd;
+use crate::{csi_cmd, inspect_cmd};
 
 /// `EX_USAGE` from sysexits.h: the command line was wrong.
 pub(crate) const EX_USAGE: u8 = 64;
@@ -22,6 +22,8 @@ struct Cli {
 enum Command {
     /// Talk to a CSI plugin directly (an operator's CSI client).
     Csi(csi_cmd::CsiArgs),
+    /// Print the provider's durable state, read-only (safe while the daemon runs).
+    Inspect(inspect_cmd::InspectArgs),
 }
 
 /// A command-line error found after parsing (bad size, bad key=value...): exit 64.
@@ -65,6 +67,7 @@ pub(crate) fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Csi(args) => csi_cmd::run(args).await,
+            Command::Inspect(args) => inspect_cmd::run(&args),
         }
     });
     match result {

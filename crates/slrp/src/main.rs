@@ -2,6 +2,7 @@
 
 mod cli;
 mod csi_cmd;
+mod inspect_cmd;
 
 use std::process::ExitCode;
 

@@ -1,0 +1,102 @@
+//! `slrp inspect`: read-only, complete, and loud about damage.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use serde::{Deserialize, Serialize};
+use slrp_store::{Kind, Record, Store};
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Vol {
+    id: String,
+    state: String,
+}
+
+impl Record for Vol {
+    const KIND: Kind = Kind::VOLUME;
+    fn key(&self) -> String {
+        self.id.clone()
+    }
+}
+
+fn slrp(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_slrp"))
+        .args(args)
+        .output()
+        .expect("running slrp")
+}
+
+fn seed(dir: &Path, records: &[(&str, &str)]) {
+    let store = Store::open(dir).unwrap();
+    let mut tx = store.transaction();
+    for (id, state) in records {
+        tx.put(&Vol {
+            id: (*id).to_owned(),
+            state: (*state).to_owned(),
+        })
+        .unwrap();
+    }
+    tx.commit_blocking().unwrap();
+}
+
+#[test]
+fn prints_every_record_as_json_and_human_text() {
+    let dir = tempfile::tempdir().unwrap();
+    seed(dir.path(), &[("vol-a", "PUBLISHED"), ("vol-b", "CREATED")]);
+    let state_dir = dir.path().to_str().unwrap();
+
+    let out = slrp(&["inspect", "--state-dir", state_dir, "--json"]);
+    assert!(out.status.success(), "{out:?}");
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["records"]["volume"]["vol-a"]["state"], "PUBLISHED");
+    assert_eq!(json["records"]["volume"]["vol-b"]["state"], "CREATED");
+    assert_eq!(json["corrupt"], serde_json::json!([]));
+
+    let out = slrp(&["inspect", "--state-dir", state_dir]);
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("records: 2, corrupt: 0"), "{text}");
+    assert!(text.contains("vol-a"), "{text}");
+}
+
+#[test]
+fn corrupt_records_are_listed_and_the_exit_status_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    seed(
+        dir.path(),
+        &[("good", "CREATED"), ("victim", "MARKER_STATE_QQQ")],
+    );
+    let db = dir.path().join("state.db");
+    let mut bytes = std::fs::read(&db).unwrap();
+    let at = bytes
+        .windows(16)
+        .position(|w| w == b"MARKER_STATE_QQQ")
+        .expect("record value in the database file");
+    bytes[at + 2] ^= 0x01;
+    std::fs::write(&db, &bytes).unwrap();
+
+    let out = slrp(&[
+        "inspect",
+        "--state-dir",
+        dir.path().to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["corrupt"][0]["key"], "victim");
+    assert!(json["records"]["volume"].get("victim").is_none());
+    assert_eq!(json["records"]["volume"]["good"]["state"], "CREATED");
+}
+
+#[test]
+fn a_missing_state_dir_is_an_error_and_is_not_created() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nope");
+    let out = slrp(&["inspect", "--state-dir", missing.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.contains("inspecting the state in"), "{err}");
+    assert!(!missing.exists());
+}
