@@ -21,7 +21,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Talk to a CSI plugin directly (an operator's CSI client).
-    Csi(csi_cmd::CsiArgs),
+    Csi(Box<csi_cmd::CsiArgs>),
     /// Print the provider's durable state, read-only (safe while the daemon runs).
     Inspect(inspect_cmd::InspectArgs),
 }
@@ -66,7 +66,7 @@ pub(crate) fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Csi(args) => csi_cmd::run(args).await,
+            Command::Csi(args) => csi_cmd::run(*args).await,
             Command::Inspect(args) => inspect_cmd::run(&args),
         }
     });
