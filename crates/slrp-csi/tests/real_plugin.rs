@@ -9,12 +9,10 @@
     clippy::expect_used
 )]
 
-mod plugin_bin;
-
 use std::time::Duration;
 
-use plugin_bin::Plugin;
 use slrp_csi::*;
+use slrp_test_support::Plugin;
 
 fn client(p: &Plugin, cfg: ClientConfig) -> CsiClient {
     CsiClient::new(

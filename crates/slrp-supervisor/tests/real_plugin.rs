@@ -9,15 +9,13 @@
     clippy::expect_used
 )]
 
-mod plugin_bin;
-
 use std::path::PathBuf;
 use std::time::Duration;
 
-use plugin_bin::{csi_local_bin, sh_quote};
 use slrp_csi::{Backoff, ClientConfig, CsiClient, CsiMetrics, CsiVersion, Jitter};
 use slrp_proto::mesos::v1 as mesos;
 use slrp_supervisor::*;
+use slrp_test_support::{csi_local_bin, sh_quote};
 use tokio_util::sync::CancellationToken;
 
 const WAIT: Duration = Duration::from_secs(30);

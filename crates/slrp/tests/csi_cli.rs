@@ -7,11 +7,9 @@
     clippy::expect_used
 )]
 
-mod plugin_bin;
-
 use std::process::Output;
 
-use plugin_bin::Plugin;
+use slrp_test_support::Plugin;
 
 fn slrp(p: &Plugin, args: &[&str]) -> Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_slrp"))

@@ -1,25 +1,38 @@
-//! Runs the real `slrp-csi-local` plugin binary for tests (a copy of this helper lives in
-//! each crate's tests that need it, since test-only code cannot be shared as a library
-//! without a test-support crate).
+//! Test harness shared by slrp's crates. A dev-dependency only: nothing here ships.
+//!
+//! # Overview
+//! Integration tests across the workspace drive the real bundled plugin,
+//! `slrp-csi-local`, as a child process. This crate finds (or builds) its binary and runs
+//! it in a private temporary directory with a fault-injection file, so every test gets its
+//! own plugin, socket and volumes.
+//!
+//! # Invariants
+//! A [`Plugin`] kills its process when dropped; its directory is removed with it.
+//!
+//! # Limitations
+//! Setup failures panic: that is what a test harness should do.
 
-// Test-only helper module: panicking on setup failures is the point.
-#![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// Path of the plugin binary: `$SLRP_CSI_LOCAL_BIN`, else next to this test's target dir
-/// (built by `cargo nextest run --workspace`; built here with cargo if absent).
+/// Path of the `slrp-csi-local` binary: `$SLRP_CSI_LOCAL_BIN`, else beside the running
+/// test's target directory (`cargo nextest run --workspace` builds it; if it is absent it
+/// is built here with cargo).
+///
+/// # Panics
+/// If the binary cannot be found or built.
 pub fn csi_local_bin() -> PathBuf {
     if let Some(p) = std::env::var_os("SLRP_CSI_LOCAL_BIN") {
         return p.into();
     }
     let exe = std::env::current_exe().unwrap();
+    // target/<profile>/deps/<test binary> → target/<profile>/slrp-csi-local
     let bin = exe
         .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
+        .and_then(Path::parent)
+        .expect("test binaries live in target/<profile>/deps")
         .join("slrp-csi-local");
     if !bin.exists() {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
@@ -33,17 +46,25 @@ pub fn csi_local_bin() -> PathBuf {
     bin
 }
 
-/// A running plugin in its own tempdir; killed on drop.
+/// A running `slrp-csi-local` in its own temporary directory; killed on drop.
+#[derive(Debug)]
 pub struct Plugin {
+    /// The directory holding the socket, the plugin root (`root/`) and the faults file.
     pub dir: tempfile::TempDir,
+    /// The plugin's unix socket.
     pub socket: PathBuf,
+    /// The fault-injection file the plugin re-reads on every RPC.
     pub faults: PathBuf,
+    /// The plugin process.
     pub child: tokio::process::Child,
 }
 
 impl Plugin {
-    /// Starts the plugin speaking `version` ("v1" or "v0") with an (initially empty)
-    /// faults file, and waits for its socket.
+    /// Starts the plugin speaking `version` (`"v1"` or `"v0"`) with an empty faults file,
+    /// and waits for its socket.
+    ///
+    /// # Panics
+    /// If the plugin cannot be started or its socket does not appear within 20 s.
     pub async fn start(version: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("csi.sock");
@@ -71,17 +92,29 @@ impl Plugin {
         }
     }
 
+    /// Replaces the fault rules atomically (the plugin never sees a half-written file).
+    ///
+    /// # Panics
+    /// On I/O errors.
     pub fn set_faults(&self, json: &str) {
         let tmp = self.faults.with_extension("tmp");
         std::fs::write(&tmp, json).unwrap();
         std::fs::rename(&tmp, &self.faults).unwrap();
     }
 
+    /// The fault rules as they are now (counted rules are decremented by the plugin).
+    ///
+    /// # Panics
+    /// On I/O errors or if the file is not JSON.
     pub fn faults_left(&self) -> serde_json::Value {
         serde_json::from_slice(&std::fs::read(&self.faults).unwrap()).unwrap()
     }
 }
 
+/// Waits until `socket` exists, for at most 20 s (a hang guard, not a timing assertion).
+///
+/// # Panics
+/// If it never appears.
 pub async fn wait_for(socket: &Path) {
     for _ in 0..2000 {
         if socket.exists() {
@@ -90,4 +123,10 @@ pub async fn wait_for(socket: &Path) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     panic!("socket {} never appeared", socket.display());
+}
+
+/// Quotes `s` for `/bin/sh`.
+#[must_use]
+pub fn sh_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
 }
