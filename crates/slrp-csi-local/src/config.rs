@@ -2,6 +2,9 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::tool::DEFAULT_TOOL_TIMEOUT;
 
 /// Default root directory for volumes and metadata.
 pub const DEFAULT_ROOT: &str = "/var/lib/slrp-csi-local";
@@ -51,6 +54,10 @@ pub struct Args {
     /// JSON fault-injection rules for tests (off unless given).
     #[arg(long, env = "SLRP_CSI_LOCAL_FAULTS")]
     pub faults_file: Option<PathBuf>,
+    /// Longest an external tool (losetup, mkfs, mount, resize2fs, ...) may run before it is
+    /// killed and the request fails with DEADLINE_EXCEEDED, e.g. `2m`, `90s` (default 2m).
+    #[arg(long, env = "SLRP_CSI_LOCAL_TOOL_TIMEOUT")]
+    pub tool_timeout: Option<String>,
 }
 
 /// Validated plugin configuration.
@@ -72,6 +79,8 @@ pub struct Config {
     pub max_volumes_per_node: u64,
     /// Fault-injection rules file.
     pub faults_file: Option<PathBuf>,
+    /// Bound on one external tool run.
+    pub tool_timeout: Duration,
 }
 
 /// A configuration value that cannot be used.
@@ -100,6 +109,9 @@ pub enum ConfigError {
     /// The node id is empty or too long.
     #[error("node id {0:?} must be 1 to 128 bytes")]
     NodeId(String),
+    /// `--tool-timeout` is not a positive duration.
+    #[error("--tool-timeout {0:?} must be a positive duration (examples: 2m, 90s, 500ms)")]
+    ToolTimeout(String),
     /// The host name could not be read for the default node id.
     #[error("reading the host name for the default node id")]
     HostName(#[source] nix::Error),
@@ -197,6 +209,13 @@ impl TryFrom<Args> for Config {
         if node_id.is_empty() || node_id.len() > 128 {
             return Err(ConfigError::NodeId(node_id));
         }
+        let tool_timeout = match &args.tool_timeout {
+            None => DEFAULT_TOOL_TIMEOUT,
+            Some(text) => humantime::parse_duration(text.trim())
+                .ok()
+                .filter(|d| !d.is_zero())
+                .ok_or_else(|| ConfigError::ToolTimeout(text.clone()))?,
+        };
         Ok(Self {
             endpoint,
             root: args.root,
@@ -206,6 +225,7 @@ impl TryFrom<Args> for Config {
             max_volume_size,
             max_volumes_per_node: args.max_volumes_per_node,
             faults_file: args.faults_file,
+            tool_timeout,
         })
     }
 }
@@ -251,6 +271,38 @@ mod tests {
         assert_eq!(cfg.pools.get(DEFAULT_POOL), Some(&DEFAULT_POOL_SIZE));
         assert_eq!(cfg.root, PathBuf::from(DEFAULT_ROOT));
         assert_eq!(cfg.csi_version, CsiVersion::V1);
+        assert_eq!(cfg.tool_timeout, DEFAULT_TOOL_TIMEOUT);
+    }
+
+    #[test]
+    fn tool_timeout_is_a_positive_duration() {
+        let parse = |t: &str| {
+            let flag = format!("--tool-timeout={t}");
+            let argv = [
+                "x",
+                "--endpoint",
+                "/s.sock",
+                "--node-id",
+                "n",
+                flag.as_str(),
+            ];
+            Config::try_from(Args::try_parse_from(argv).unwrap())
+        };
+        assert_eq!(parse("90s").unwrap().tool_timeout, Duration::from_secs(90));
+        assert_eq!(
+            parse("1m 30s").unwrap().tool_timeout,
+            Duration::from_secs(90)
+        );
+        assert_eq!(
+            parse("200ms").unwrap().tool_timeout,
+            Duration::from_millis(200)
+        );
+        for bad in ["0s", "soon", "-5s", ""] {
+            assert!(
+                matches!(parse(bad), Err(ConfigError::ToolTimeout(_))),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]

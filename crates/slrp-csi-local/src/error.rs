@@ -73,7 +73,8 @@ pub enum VolumeError {
         #[source]
         source: StoreError,
     },
-    /// A host operation (mount, loop device, mkfs, file system call) failed (INTERNAL).
+    /// A host operation (mount, loop device, mkfs, file system call) failed (INTERNAL; an
+    /// external tool that timed out: DEADLINE_EXCEEDED, see [`VolumeError::code`]).
     #[error("{action} for volume {volume_id}")]
     Host {
         /// What the plugin was doing.
@@ -88,8 +89,18 @@ pub enum VolumeError {
 
 impl VolumeError {
     /// The gRPC code the CSI spec prescribes for this condition.
+    ///
+    /// The spec has no row for a plugin-side timeout. A tool killed by the tool timeout is
+    /// DEADLINE_EXCEEDED: gRPC's code for "did not finish in time, the state may have
+    /// changed", which COs retry (Mesos retries it and UNAVAILABLE; Kubernetes sidecars
+    /// treat it as "operation may still be in progress"). A retry is safe because every
+    /// node operation is idempotent and an interrupted mkfs is redone, not adopted.
     pub fn code(&self) -> tonic::Code {
         match self {
+            Self::Host {
+                source: HostError::Timeout(_),
+                ..
+            } => tonic::Code::DeadlineExceeded,
             Self::InvalidArgument { .. } => tonic::Code::InvalidArgument,
             Self::VolumeNotFound { .. } | Self::PathNotFound { .. } => tonic::Code::NotFound,
             Self::AlreadyExists { .. } => tonic::Code::AlreadyExists,
@@ -145,8 +156,12 @@ pub(crate) fn chain(err: &dyn std::error::Error) -> String {
 impl From<VolumeError> for tonic::Status {
     fn from(err: VolumeError) -> Self {
         let code = err.code();
-        if code == tonic::Code::Internal {
-            tracing::error!(error = %chain(&err), "request failed");
+        match code {
+            tonic::Code::Internal => tracing::error!(error = %chain(&err), "request failed"),
+            tonic::Code::DeadlineExceeded => {
+                tracing::warn!(error = %chain(&err), "request timed out; the CO may retry");
+            }
+            _ => {}
         }
         tonic::Status::new(code, chain(&err))
     }
@@ -177,6 +192,34 @@ mod tests {
             VolumeError::OutOfRange { reason: "r".into() }.code(),
             tonic::Code::OutOfRange
         );
+    }
+
+    #[test]
+    fn tool_timeouts_are_retryable() {
+        let timeout = VolumeError::host(
+            "formatting",
+            "vol-1",
+            HostError::Timeout(Box::new(crate::host::ToolTimeout {
+                command: "mkfs.ext4 /dev/loop0".into(),
+                after: std::time::Duration::from_secs(120),
+                stderr: "Discarding device blocks".into(),
+            })),
+        );
+        assert_eq!(timeout.code(), tonic::Code::DeadlineExceeded);
+        let status = tonic::Status::from(timeout);
+        assert_eq!(
+            status.message(),
+            "formatting for volume vol-1: mkfs.ext4 /dev/loop0 did not finish within 120s and was killed; stderr: Discarding device blocks"
+        );
+        let failed = VolumeError::host(
+            "formatting",
+            "vol-1",
+            HostError::Output {
+                command: "mkfs.xfs".into(),
+                output: String::new(),
+            },
+        );
+        assert_eq!(failed.code(), tonic::Code::Internal);
     }
 
     #[test]

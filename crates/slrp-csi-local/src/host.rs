@@ -2,15 +2,18 @@
 //! [`Host`] trait so the volume logic can be unit tested without root.
 //!
 //! [`RealHost`] uses `mount(2)`/`umount2(2)` through nix for bind mounts, and the standard
-//! tools for the rest: `losetup`, `blkid`, `mkfs.<fs>`, `mount`, `resize2fs`, `xfs_growfs`.
+//! tools for the rest: `losetup`, `blkid`, `mkfs.<fs>`, `mount`, `resize2fs`, `xfs_growfs`,
+//! each run through a [`ToolRunner`] with a timeout (see [`crate::tool`]).
 //! Mount points are read from `/proc/self/mountinfo`, never guessed from the directory.
 
 use std::ffi::OsStr;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::time::Duration;
 
 use nix::mount::{MntFlags, MsFlags};
+
+use crate::tool::ToolRunner;
 
 /// A failed host operation, with the evidence needed to debug it.
 #[derive(Debug, thiserror::Error)]
@@ -45,6 +48,24 @@ pub enum HostError {
         /// The tail of its standard error.
         stderr: String,
     },
+    /// A tool did not finish within the tool timeout; it was killed with its process group.
+    /// (Boxed: this error travels inside every `VolumeError`.)
+    #[error(
+        "{} did not finish within {:?} and was killed; stderr: {}",
+        .0.command,
+        .0.after,
+        .0.stderr
+    )]
+    Timeout(Box<ToolTimeout>),
+    /// Waiting for a tool or reading its output failed.
+    #[error("waiting for {command}")]
+    Wait {
+        /// The command line.
+        command: String,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
     /// A tool printed something unexpected.
     #[error("unexpected output from {command}: {output:?}")]
     Output {
@@ -53,6 +74,17 @@ pub enum HostError {
         /// What it printed.
         output: String,
     },
+}
+
+/// The evidence of a tool that timed out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolTimeout {
+    /// The command line.
+    pub command: String,
+    /// The timeout.
+    pub after: Duration,
+    /// The tail of what it wrote to standard error before it was killed.
+    pub stderr: String,
 }
 
 /// File system statistics of a mounted path (`statvfs`).
@@ -96,8 +128,9 @@ pub trait Host: Send + Sync + 'static {
     fn loop_refresh_size(&self, device: &Path) -> Result<(), HostError>;
     /// The file system type found on `device`, if any.
     fn probe_fs(&self, device: &Path) -> Result<Option<String>, HostError>;
-    /// Creates a file system on `device`.
-    fn mkfs(&self, device: &Path, fs_type: &str) -> Result<(), HostError>;
+    /// Creates a file system on `device`. With `force`, a file system signature already on
+    /// the device does not stop the tool (used only to redo an interrupted mkfs of our own).
+    fn mkfs(&self, device: &Path, fs_type: &str, force: bool) -> Result<(), HostError>;
     /// Grows the file system on `device`, mounted at `mount_point`, to the device size.
     fn grow_fs(&self, device: &Path, mount_point: &Path, fs_type: &str) -> Result<(), HostError>;
     /// `statvfs` of a path.
@@ -108,52 +141,24 @@ pub trait Host: Send + Sync + 'static {
 
 /// The real host.
 #[derive(Debug, Default, Clone)]
-pub struct RealHost;
-
-fn run<I, S>(program: &str, args: I) -> Result<String, HostError>
-where
-    I: IntoIterator<Item = S>,
-    S: AsRef<OsStr>,
-{
-    let args: Vec<_> = args.into_iter().map(|a| a.as_ref().to_owned()).collect();
-    let command = std::iter::once(program.to_owned())
-        .chain(args.iter().map(|a| a.to_string_lossy().into_owned()))
-        .collect::<Vec<_>>()
-        .join(" ");
-    tracing::debug!(%command, "running");
-    let out = Command::new(program)
-        .args(&args)
-        .env("LC_ALL", "C")
-        .output()
-        .map_err(|source| HostError::Spawn {
-            program: program.to_owned(),
-            source,
-        })?;
-    if !out.status.success() {
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        let tail: String = stderr
-            .trim()
-            .chars()
-            .rev()
-            .take(1000)
-            .collect::<Vec<_>>()
-            .into_iter()
-            .rev()
-            .collect();
-        return Err(HostError::Command {
-            command,
-            status: out.status,
-            stderr: tail,
-        });
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+pub struct RealHost {
+    tools: ToolRunner,
 }
 
-fn find_in_path(program: &str) -> bool {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain(["/sbin", "/usr/sbin"].map(PathBuf::from))
-        .any(|d| d.join(program).is_file())
+impl RealHost {
+    /// A host running tools through `tools`.
+    #[must_use]
+    pub fn new(tools: ToolRunner) -> Self {
+        Self { tools }
+    }
+
+    fn run<I, S>(&self, program: &str, args: I) -> Result<String, HostError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        self.tools.run(program, args)
+    }
 }
 
 impl Host for RealHost {
@@ -207,7 +212,7 @@ impl Host for RealHost {
             args.extend([OsStr::new("-o"), OsStr::new(&joined)]);
         }
         args.extend([device.as_os_str(), target.as_os_str()]);
-        run("mount", args).map(drop)
+        self.run("mount", args).map(drop)
     }
 
     fn unmount_all(&self, target: &Path) -> Result<(), HostError> {
@@ -254,7 +259,7 @@ impl Host for RealHost {
     }
 
     fn loop_devices_of(&self, file: &Path) -> Result<Vec<PathBuf>, HostError> {
-        let out = run("losetup", [OsStr::new("-j"), file.as_os_str()])?;
+        let out = self.run("losetup", [OsStr::new("-j"), file.as_os_str()])?;
         // Lines look like "/dev/loop3: [2049]:1234 (/path/file)".
         Ok(out
             .lines()
@@ -265,7 +270,7 @@ impl Host for RealHost {
     }
 
     fn loop_attach(&self, file: &Path) -> Result<PathBuf, HostError> {
-        let out = run(
+        let out = self.run(
             "losetup",
             [OsStr::new("--find"), OsStr::new("--show"), file.as_os_str()],
         )?;
@@ -280,11 +285,13 @@ impl Host for RealHost {
     }
 
     fn loop_detach(&self, device: &Path) -> Result<(), HostError> {
-        run("losetup", [OsStr::new("-d"), device.as_os_str()]).map(drop)
+        self.run("losetup", [OsStr::new("-d"), device.as_os_str()])
+            .map(drop)
     }
 
     fn loop_refresh_size(&self, device: &Path) -> Result<(), HostError> {
-        run("losetup", [OsStr::new("-c"), device.as_os_str()]).map(drop)
+        self.run("losetup", [OsStr::new("-c"), device.as_os_str()])
+            .map(drop)
     }
 
     fn probe_fs(&self, device: &Path) -> Result<Option<String>, HostError> {
@@ -296,7 +303,7 @@ impl Host for RealHost {
             OsStr::new("TYPE"),
             device.as_os_str(),
         ];
-        match run("blkid", args) {
+        match self.run("blkid", args) {
             Ok(out) => {
                 let t = out.trim();
                 Ok((!t.is_empty()).then(|| t.to_owned()))
@@ -307,25 +314,32 @@ impl Host for RealHost {
         }
     }
 
-    fn mkfs(&self, device: &Path, fs_type: &str) -> Result<(), HostError> {
+    fn mkfs(&self, device: &Path, fs_type: &str, force: bool) -> Result<(), HostError> {
         let program = format!("mkfs.{fs_type}");
         let mut args: Vec<&OsStr> = Vec::new();
         match fs_type {
-            // Discarding a fresh sparse file only costs time.
+            // Discarding a fresh sparse file only costs time. mke2fs needs -F anyway for a
+            // non-partition device; it only formats what blkid found empty (or, with
+            // `force`, our own interrupted attempt).
             "ext4" | "ext3" | "ext2" => {
                 args.extend(["-q", "-F", "-E", "nodiscard"].map(OsStr::new))
             }
-            "xfs" => args.extend(["-q", "-K"].map(OsStr::new)),
+            "xfs" => {
+                args.extend(["-q", "-K"].map(OsStr::new));
+                if force {
+                    args.push(OsStr::new("-f"));
+                }
+            }
             _ => {}
         }
         args.push(device.as_os_str());
-        run(&program, args).map(drop)
+        self.run(&program, args).map(drop)
     }
 
     fn grow_fs(&self, device: &Path, mount_point: &Path, fs_type: &str) -> Result<(), HostError> {
         match fs_type {
-            "xfs" => run("xfs_growfs", [mount_point.as_os_str()]).map(drop),
-            _ => run("resize2fs", [device.as_os_str()]).map(drop),
+            "xfs" => self.run("xfs_growfs", [mount_point.as_os_str()]).map(drop),
+            _ => self.run("resize2fs", [device.as_os_str()]).map(drop),
         }
     }
 
@@ -348,7 +362,7 @@ impl Host for RealHost {
     }
 
     fn has_mkfs(&self, fs_type: &str) -> bool {
-        find_in_path(&format!("mkfs.{fs_type}"))
+        self.tools.find(&format!("mkfs.{fs_type}")).is_some()
     }
 }
 
@@ -369,6 +383,10 @@ pub(crate) mod fake {
         /// Devices with a file system.
         pub(crate) formatted: BTreeMap<PathBuf, String>,
         pub(crate) mkfs_calls: usize,
+        /// The `force` argument of every mkfs call.
+        pub(crate) mkfs_forced: Vec<bool>,
+        /// How many coming mkfs calls time out, leaving a partial signature behind.
+        pub(crate) mkfs_timeouts: usize,
         next_loop: usize,
     }
 
@@ -429,11 +447,28 @@ pub(crate) mod fake {
             let file = s.loops.get(device).cloned().unwrap_or_default();
             Ok(s.formatted.get(&file).cloned())
         }
-        fn mkfs(&self, device: &Path, fs_type: &str) -> Result<(), HostError> {
+        fn mkfs(&self, device: &Path, fs_type: &str, force: bool) -> Result<(), HostError> {
             let mut s = self.state.lock().unwrap();
             let file = s.loops.get(device).cloned().unwrap_or_default();
-            s.formatted.insert(file, fs_type.to_owned());
             s.mkfs_calls += 1;
+            s.mkfs_forced.push(force);
+            if s.mkfs_timeouts > 0 {
+                // Like a killed mkfs.xfs: a signature is on disk, the file system is not.
+                s.mkfs_timeouts -= 1;
+                s.formatted.insert(file, format!("partial-{fs_type}"));
+                return Err(HostError::Timeout(Box::new(ToolTimeout {
+                    command: format!("mkfs.{fs_type} {}", device.display()),
+                    after: Duration::from_millis(1),
+                    stderr: String::new(),
+                })));
+            }
+            if s.formatted.contains_key(&file) && !force {
+                return Err(HostError::Output {
+                    command: format!("mkfs.{fs_type} {}", device.display()),
+                    output: "appears to contain an existing filesystem".to_owned(),
+                });
+            }
+            s.formatted.insert(file, fs_type.to_owned());
             Ok(())
         }
         fn grow_fs(&self, _d: &Path, _m: &Path, _f: &str) -> Result<(), HostError> {

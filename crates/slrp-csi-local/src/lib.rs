@@ -13,6 +13,8 @@
 //! - [`plugin`]: the version-agnostic core ([`Plugin`]), all CSI rules and error codes;
 //! - [`types`]: the core's request and response types;
 //! - [`host`]: mounts, loop devices, mkfs behind the [`Host`] trait ([`RealHost`]);
+//! - [`tool`]: running external tools with a timeout, killing their process group
+//!   ([`ToolRunner`]);
 //! - `store`: crash-safe per-volume records and the root lock;
 //! - `ids`: volume id, import name and CO path validation;
 //! - [`faults`]: the fault-injection rules file;
@@ -27,14 +29,19 @@
 //!   after that storage is gone; interrupted creations are rolled back at start, so a crash
 //!   at any point leaves no half-created volume visible.
 //! - A loop volume is formatted at most once (recorded in its metadata); an image that
-//!   already carries a file system is never formatted.
+//!   already carries a file system is never formatted. An mkfs records its intent first, so
+//!   one that was interrupted is redone (forced) rather than its partial result adopted.
+//! - Every external tool runs under `--tool-timeout` in its own process group; on timeout
+//!   the group is killed and the request fails with DEADLINE_EXCEEDED. No tool outlives
+//!   the call that started it (except one stuck in uninterruptible I/O, which is reaped in
+//!   the background once it dies).
 //! - One process per root (`flock` on `<root>/lock`).
 //!
 //! # Limitations
 //! - `dir` volumes are not size-limited: their size is accounted against the pool only.
 //! - No snapshots, cloning, ControllerPublish, topology or multi-node access modes.
-//! - External tools (`losetup`, `mkfs`, `mount`, `resize2fs`, `xfs_growfs`) run without a
-//!   timeout; a hung tool blocks requests for that volume.
+//! - A tool stuck in uninterruptible I/O ignores SIGKILL: the request returns after the
+//!   timeout, but the device may stay busy until the kernel lets the process go.
 
 pub mod config;
 mod csi;
@@ -46,6 +53,7 @@ pub mod plugin;
 pub mod server;
 mod signal;
 mod store;
+pub mod tool;
 pub mod types;
 
 pub use config::{Args, Config, CsiVersion};
@@ -55,3 +63,4 @@ pub use plugin::Plugin;
 pub use server::{ServeError, serve, serve_with};
 pub use signal::shutdown_signal;
 pub use store::StoreError;
+pub use tool::ToolRunner;

@@ -1124,7 +1124,15 @@ impl<H: Host> Plugin<H> {
 
     /// Makes sure the device carries a file system, formatting only a volume never
     /// formatted before. Returns the file system type.
+    ///
+    /// An mkfs that was interrupted (tool timeout, plugin crash) left `formatting` set; it is
+    /// redone with `force`, whatever blkid finds: a killed mkfs.xfs leaves a signature that
+    /// blkid reports as xfs but that neither mounts nor lets a plain mkfs.xfs run.
     fn ensure_formatted(&self, rec: &mut VolumeRecord, dev: &Path) -> Result<String, VolumeError> {
+        if !rec.formatted && rec.formatting {
+            tracing::warn!(volume_id = %rec.id, "an earlier mkfs of this volume did not complete; formatting again");
+            return self.format(rec, dev, true);
+        }
         let host = |e| VolumeError::host("preparing file system", &rec.id, e);
         let found = self.host.probe_fs(dev).map_err(host)?;
         match (found, rec.formatted) {
@@ -1141,18 +1149,31 @@ impl<H: Host> Plugin<H> {
                 rec.id,
                 dev.display()
             ))),
-            (None, false) => {
-                let fs = rec.fs_type.clone().unwrap_or_else(|| "ext4".to_owned());
-                self.host
-                    .mkfs(dev, &fs)
-                    .map_err(|e| VolumeError::host("formatting", &rec.id, e))?;
-                rec.formatted = true;
-                rec.fs_type = Some(fs.clone());
-                self.save(rec.clone())?;
-                tracing::info!(volume_id = %rec.id, fs_type = %fs, "formatted volume");
-                Ok(fs)
-            }
+            (None, false) => self.format(rec, dev, false),
         }
+    }
+
+    /// Runs mkfs with its intent recorded first (see [`VolumeRecord::formatting`]).
+    fn format(
+        &self,
+        rec: &mut VolumeRecord,
+        dev: &Path,
+        force: bool,
+    ) -> Result<String, VolumeError> {
+        let fs = rec.fs_type.clone().unwrap_or_else(|| "ext4".to_owned());
+        if !rec.formatting {
+            rec.formatting = true;
+            self.save(rec.clone())?;
+        }
+        self.host
+            .mkfs(dev, &fs, force)
+            .map_err(|e| VolumeError::host("formatting", &rec.id, e))?;
+        rec.formatted = true;
+        rec.formatting = false;
+        rec.fs_type = Some(fs.clone());
+        self.save(rec.clone())?;
+        tracing::info!(volume_id = %rec.id, fs_type = %fs, "formatted volume");
+        Ok(fs)
     }
 
     fn ensure_dir(path: &Path, volume_id: &str) -> Result<(), VolumeError> {
@@ -1677,6 +1698,7 @@ mod tests {
             max_volume_size: None,
             max_volumes_per_node: 0,
             faults_file: None,
+            tool_timeout: crate::tool::DEFAULT_TOOL_TIMEOUT,
         }
     }
 
@@ -1957,6 +1979,47 @@ mod tests {
         p.unstage_volume(&v.volume_id, &staging).unwrap();
         p.delete_volume(&v.volume_id).unwrap();
         assert!(lock(&p.host.state).mounts.is_empty());
+    }
+
+    /// An mkfs killed by the tool timeout leaves its intent recorded: the stage fails with
+    /// DEADLINE_EXCEEDED and is undone, and every retry (in the same process, then after a
+    /// restart) formats again with force instead of adopting the partial signature the
+    /// killed mkfs left; once mkfs succeeded, later stages never format again.
+    #[test]
+    fn interrupted_mkfs_is_redone_not_adopted() {
+        let dir = tempfile::tempdir().unwrap();
+        let staging = dir.path().join("staging").display().to_string();
+        let mut r = create("l", 16 << 20, mount_cap());
+        r.parameters.insert("backend".into(), "loop".into());
+        let host_state;
+        let st;
+        {
+            let p = open(dir.path(), 1 << 30);
+            let id = p.create_volume(&r).unwrap().volume_id;
+            st = StageVolume {
+                volume_id: id,
+                staging_target_path: staging.clone(),
+                capability: mount_cap(),
+            };
+            lock(&p.host.state).mkfs_timeouts = 2;
+            for _ in 0..2 {
+                let err = p.stage_volume(&st).unwrap_err();
+                assert_eq!(err.code(), tonic::Code::DeadlineExceeded, "{err}");
+            }
+            let s = lock(&p.host.state);
+            assert_eq!(s.mkfs_forced, [false, true]);
+            assert!(s.mounts.is_empty() && s.loops.is_empty(), "{s:?}");
+            assert_eq!(s.formatted.values().collect::<Vec<_>>(), ["partial-ext4"]);
+            host_state = s.formatted.clone();
+        }
+        let p = open(dir.path(), 1 << 30);
+        lock(&p.host.state).formatted = host_state;
+        p.stage_volume(&st).unwrap();
+        p.unstage_volume(&st.volume_id, &staging).unwrap();
+        p.stage_volume(&st).unwrap();
+        let s = lock(&p.host.state);
+        assert_eq!(s.mkfs_forced, [true]);
+        assert_eq!(s.formatted.values().collect::<Vec<_>>(), ["ext4"]);
     }
 
     #[test]

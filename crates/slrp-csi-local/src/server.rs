@@ -23,6 +23,7 @@ use crate::csi::{Shared, v0::CsiV0, v1::CsiV1};
 use crate::faults::Faults;
 use crate::host::{Host, RealHost};
 use crate::plugin::{OpenError, Plugin};
+use crate::tool::ToolRunner;
 
 /// How long in-flight RPCs may run after shutdown is requested.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -79,7 +80,8 @@ fn clear_stale_socket(path: &Path) -> Result<(), ServeError> {
 /// # Errors
 /// See [`ServeError`].
 pub async fn serve(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), ServeError> {
-    serve_with(config, RealHost, shutdown).await
+    let host = RealHost::new(ToolRunner::from_env(config.tool_timeout));
+    serve_with(config, host, shutdown).await
 }
 
 /// [`serve`] with a chosen [`Host`].

@@ -112,6 +112,12 @@ pub(crate) struct VolumeRecord {
     pub(crate) phase: Phase,
     /// Set once mkfs succeeded, so a restart never formats the volume again.
     pub(crate) formatted: bool,
+    /// Set durably just before mkfs starts on a device that blkid found empty, cleared when
+    /// `formatted` is set. Found set, it means an mkfs of ours was interrupted (timeout,
+    /// crash): any signature on the device is that attempt's partial work, which a forced
+    /// mkfs may overwrite. Absent in records written before it existed.
+    #[serde(default)]
+    pub(crate) formatting: bool,
     pub(crate) staged: Option<Staged>,
     pub(crate) published: Vec<Published>,
 }
@@ -142,6 +148,7 @@ impl VolumeRecord {
             parameters,
             phase: Phase::Creating,
             formatted: false,
+            formatting: false,
             staged: None,
             published: Vec::new(),
         }

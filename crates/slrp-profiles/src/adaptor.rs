@@ -270,6 +270,7 @@ impl ProfileAdaptorWorker {
         let worker = Self {
             fetcher: Arc::new(Fetcher::new(
                 config.source,
+                config.ca_file,
                 config.fetch_timeout,
                 config.max_document_bytes,
             )),

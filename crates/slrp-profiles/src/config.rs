@@ -21,8 +21,11 @@ pub const DEFAULT_MAX_DOCUMENT_BYTES: usize = 4 << 20;
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProfilesConfigFile {
-    /// Absolute path, `file://` or `http://` URI of the profile document.
+    /// Absolute path, `file://`, `http://` or `https://` URI of the profile document.
     pub uri: Option<String>,
+    /// PEM bundle of the CA certificates that an `https://` source must chain to; replaces
+    /// the system trust store. Absolute path.
+    pub ca_file: Option<PathBuf>,
     /// An inline profile document (same format), as a table or as a JSON string.
     pub inline: Option<serde_json::Value>,
     /// How long after a fetch completes the next one starts; absent = fetch once.
@@ -54,6 +57,9 @@ pub struct ProfilesConfig {
     pub max_document_bytes: usize,
     /// Persisted last good table; `None` = not persisted.
     pub state_file: Option<PathBuf>,
+    /// For an `https://` source: the PEM bundle of trusted CA certificates, used *instead
+    /// of* the system trust store; `None` = the system store. Ignored for other sources.
+    pub ca_file: Option<PathBuf>,
 }
 
 impl ProfilesConfig {
@@ -67,6 +73,7 @@ impl ProfilesConfig {
             fetch_timeout: DEFAULT_FETCH_TIMEOUT,
             max_document_bytes: DEFAULT_MAX_DOCUMENT_BYTES,
             state_file: None,
+            ca_file: None,
         }
     }
 
@@ -104,6 +111,13 @@ impl ProfilesConfig {
         self.state_file = Some(path.into());
         self
     }
+
+    /// Trusts only the CA certificates in this PEM bundle for an `https://` source.
+    #[must_use]
+    pub fn ca_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.ca_file = Some(path.into());
+        self
+    }
 }
 
 /// A configuration problem, found before anything starts.
@@ -118,17 +132,21 @@ pub enum ConfigError {
     /// `uri` is empty.
     #[error("profiles: 'uri' is empty")]
     EmptyUri,
-    /// A scheme other than file and http.
-    #[error("profiles: 'uri' must use a supported scheme (file or http), not '{scheme}'")]
+    /// A scheme other than file, http and https.
+    #[error("profiles: 'uri' must use a supported scheme (file, http or https), not '{scheme}'")]
     UnsupportedScheme {
         /// The scheme found.
         scheme: String,
     },
-    /// `https://` needs TLS, which slrp does not carry.
-    #[error(
-        "profiles: 'uri' uses https, which slrp does not support; serve the document over http on a trusted network or use a local file"
-    )]
-    HttpsUnsupported,
+    /// `ca_file` with a source that is not `https://`.
+    #[error("profiles: 'ca_file' is only meaningful with an https:// 'uri'")]
+    CaFileWithoutHttps,
+    /// `ca_file` is a relative path.
+    #[error("profiles: 'ca_file' must be an absolute path, got {path}")]
+    CaFileRelative {
+        /// The path given.
+        path: PathBuf,
+    },
     /// A relative file path.
     #[error("profiles: 'uri' to a file must be an absolute path, got {path}")]
     RelativePath {
@@ -229,6 +247,17 @@ impl TryFrom<ProfilesConfigFile> for ProfilesConfig {
                 .ok_or(ConfigError::BadDocumentLimit)?;
         }
         cfg.state_file = raw.state_file;
+        if let Some(path) = raw.ca_file {
+            // Caught here rather than ignored: a ca_file next to an http:// uri means the
+            // operator believes the fetch is authenticated when it is not.
+            if !cfg.source.is_https() {
+                return Err(ConfigError::CaFileWithoutHttps);
+            }
+            if !path.is_absolute() {
+                return Err(ConfigError::CaFileRelative { path });
+            }
+            cfg.ca_file = Some(path);
+        }
         Ok(cfg)
     }
 }
@@ -268,6 +297,8 @@ pub fn parse_duration(field: &'static str, value: &str) -> Result<Duration, Conf
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use super::*;
 
     fn raw(toml_text: &str) -> ProfilesConfigFile {
@@ -310,6 +341,18 @@ mod tests {
         assert_eq!(cfg.fetch_timeout, Duration::from_secs(3));
         assert_eq!(cfg.max_document_bytes, 1024);
         assert!(cfg.state_file.is_some());
+        assert!(cfg.ca_file.is_none());
+
+        let cfg = ProfilesConfig::try_from(raw(r#"
+            uri = "https://profiles.example/p.json"
+            ca_file = "/etc/slrp/profiles-ca.pem"
+            "#))
+        .unwrap();
+        assert!(cfg.source.is_https());
+        assert_eq!(
+            cfg.ca_file.as_deref(),
+            Some(Path::new("/etc/slrp/profiles-ca.pem"))
+        );
     }
 
     #[test]
@@ -359,6 +402,14 @@ mod tests {
         assert!(matches!(
             err("uri = \"/x\"\nmax_document_bytes = 0"),
             ConfigError::BadDocumentLimit
+        ));
+        assert!(matches!(
+            err("uri = \"http://host/p\"\nca_file = \"/etc/ca.pem\""),
+            ConfigError::CaFileWithoutHttps
+        ));
+        assert!(matches!(
+            err("uri = \"https://host/p\"\nca_file = \"ca.pem\""),
+            ConfigError::CaFileRelative { .. }
         ));
         assert!(toml::from_str::<ProfilesConfigFile>("url = \"/x\"").is_err());
     }

@@ -4,7 +4,9 @@
 //! A disk profile maps a name ("fast", "gold") to a CSI volume capability and `CreateVolume`
 //! parameters; providers expose one storage pool per profile. Profiles come from a document
 //! in the format of Mesos's URI disk profile adaptor (`DiskProfileMapping` in JSON), read from
-//! a local file, an `http://` URL, or inline from slrp's own configuration. The adaptor polls
+//! a local file, an `http://` or `https://` URL, or inline from slrp's own configuration.
+//! HTTPS uses rustls (ring provider) and verifies the server against the system trust store,
+//! or only against a configured `ca_file` bundle. The adaptor polls
 //! the source, validates what it gets, enforces Mesos's rule that a profile never changes
 //! meaning under its name, and tells each provider which profiles apply to it, selected by
 //! provider type and name or by CSI plugin type.
@@ -38,7 +40,8 @@
 //! - [`document`]: the JSON format, validation, and the domain types ([`ProfileInfo`],
 //!   [`Manifest`], [`Selector`], [`ProviderKey`]).
 //! - [`table`]: the pure table of every profile ever seen and the update rules.
-//! - [`source`]: where documents come from and how they are fetched.
+//! - [`source`]: where documents come from and how they are fetched (file, HTTP, HTTPS with
+//!   its trust roots).
 //! - [`config`]: raw and validated configuration, duration parsing.
 //! - [`adaptor`]: the worker task and its handle (subscribe, translate, poll, status).
 //! - [`metrics`]: the adaptor's prometheus metrics.
@@ -54,7 +57,10 @@
 //!   at most `max_random_wait` late.
 //!
 //! # Limitations
-//! - No `https://` (no TLS stack in slrp); such URIs are refused at configuration time.
+//! - HTTPS: server authentication only (no client certificates), no proxies, no redirects.
+//!   The trust roots are loaded on the first https fetch and kept once that succeeds, so a
+//!   replaced `ca_file` takes effect at the next restart (a missing or broken one is retried
+//!   on every poll).
 //! - A capability with neither `mount` nor `block` is accepted, as in Mesos; the plugin will
 //!   reject volumes created with it.
 //! - A failed state file write is reported but not fatal: the running adaptor is unaffected,
@@ -79,5 +85,5 @@ pub use document::{
 };
 pub use metrics::Metrics;
 pub use persist::PersistError;
-pub use source::{FetchError, ProfileSource};
+pub use source::{FetchError, ProfileSource, TlsSetupError};
 pub use table::{ProfileTable, TranslateError};

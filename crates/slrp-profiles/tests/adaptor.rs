@@ -20,7 +20,7 @@ use axum::{Router, extract::State, http::StatusCode, routing::get};
 use prometheus_client::registry::Registry;
 use slrp_profiles::{
     DocumentError, FetchError, Metrics, PollOutcome, ProfileAdaptorHandle, ProfileSource,
-    ProfileView, ProfilesConfig, ProviderKey, TranslateError, UpdateError, spawn,
+    ProfileView, ProfilesConfig, ProviderKey, TlsSetupError, TranslateError, UpdateError, spawn,
 };
 use slrp_proto::mesos::v1::volume::source::csi_volume::volume_capability::{
     AccessType, access_mode::Mode,
@@ -769,4 +769,276 @@ async fn worker_stops_when_handles_are_dropped() {
     );
     drop(handle);
     tokio::time::timeout(GUARD, task).await.unwrap().unwrap();
+}
+
+// === HTTPS: a server on 127.0.0.1:0 with certificates made at test time ===
+
+/// A certificate authority made for one test.
+struct TestCa {
+    issuer: rcgen::CertifiedIssuer<'static, rcgen::KeyPair>,
+}
+
+impl TestCa {
+    fn new(name: &str) -> Self {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        params.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::DigitalSignature,
+        ];
+        let key = rcgen::KeyPair::generate().unwrap();
+        Self {
+            issuer: rcgen::CertifiedIssuer::self_signed(params, key).unwrap(),
+        }
+    }
+
+    /// Writes the CA certificate as a PEM bundle.
+    fn write_pem(&self, path: &Path) {
+        std::fs::write(path, self.issuer.pem()).unwrap();
+    }
+
+    /// A server configuration presenting a certificate for 127.0.0.1 signed by this CA.
+    fn server_config(&self) -> Arc<rustls::ServerConfig> {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()])
+            .unwrap()
+            .signed_by(&key, &self.issuer)
+            .unwrap();
+        let key = rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into());
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        Arc::new(
+            rustls::ServerConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_no_client_auth()
+                .with_single_cert(vec![cert.der().clone()], key)
+                .unwrap(),
+        )
+    }
+}
+
+/// Serves a fixed body on every path over TLS. One request per connection, so a swapped
+/// certificate is seen by the very next fetch (no pooled session survives).
+struct TlsServer {
+    url: String,
+    tls: Arc<Mutex<Arc<rustls::ServerConfig>>>,
+    shutdown: CancellationToken,
+    task: Option<JoinHandle<()>>,
+}
+
+impl TlsServer {
+    async fn start(tls: Arc<rustls::ServerConfig>, body: &str) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("https://{}", listener.local_addr().unwrap());
+        let tls = Arc::new(Mutex::new(tls));
+        let shutdown = CancellationToken::new();
+        let (stop, current, body) = (shutdown.clone(), Arc::clone(&tls), body.to_owned());
+        let task = tokio::spawn(async move {
+            // Dropping the set when the loop ends aborts open connections.
+            let mut connections = tokio::task::JoinSet::new();
+            loop {
+                let tcp = tokio::select! {
+                    () = stop.cancelled() => break,
+                    accepted = listener.accept() => accepted.unwrap().0,
+                };
+                let acceptor =
+                    tokio_rustls::TlsAcceptor::from(Arc::clone(&current.lock().unwrap()));
+                let body = bytes::Bytes::from(body.clone());
+                connections.spawn(async move {
+                    // Refused handshakes are what some tests provoke; nothing to serve then.
+                    let Ok(stream) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let service = hyper::service::service_fn(move |_request| {
+                        let body = body.clone();
+                        async move {
+                            Ok::<_, std::convert::Infallible>(hyper::Response::new(
+                                http_body_util::Full::new(body),
+                            ))
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .keep_alive(false)
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Self {
+            url,
+            tls,
+            shutdown,
+            task: Some(task),
+        }
+    }
+
+    fn source(&self) -> ProfileSource {
+        ProfileSource::parse_uri(&format!("{}/profiles?token=hunter2", self.url)).unwrap()
+    }
+
+    fn present(&self, tls: Arc<rustls::ServerConfig>) {
+        *self.tls.lock().unwrap() = tls;
+    }
+}
+
+impl Drop for TlsServer {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+    }
+}
+
+fn tls_failure(e: &UpdateError) -> &rustls::Error {
+    match e {
+        UpdateError::Fetch(FetchError::Tls { source, .. }) => source,
+        other => panic!("expected a TLS failure, got {other:?}"),
+    }
+}
+
+/// An https source whose server certificate chains to the CA in `ca_file` is fetched; when
+/// the server starts presenting a certificate from another CA, the fetch fails with a TLS
+/// error naming the cause, the last good mapping stays, and the query string (a token)
+/// appears nowhere.
+#[tokio::test]
+async fn fetch_from_https_with_private_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("slrp test CA");
+    let ca_file = dir.path().join("ca.pem");
+    ca.write_pem(&ca_file);
+    let server = TlsServer::start(
+        ca.server_config(),
+        &doc(&[("profile", "SINGLE_NODE_WRITER")]),
+    )
+    .await;
+    let adaptor = Running::start(ProfilesConfig::new(server.source()).ca_file(&ca_file));
+    let mut rx = adaptor.handle.subscribe(key()).await.unwrap();
+    assert_eq!(
+        names(&wait_view(&mut rx, |v| !v.is_empty()).await),
+        ["profile"]
+    );
+    adaptor.handle.translate("profile", &key()).await.unwrap();
+
+    server.present(TestCa::new("someone else").server_config());
+    let e = failed(adaptor.handle.poll_now().await.unwrap());
+    assert_eq!(
+        tls_failure(&e),
+        &rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer)
+    );
+    let status = adaptor.handle.status().await.unwrap();
+    let last_error = status.last_error.as_deref().unwrap();
+    assert!(
+        last_error.contains(&format!(
+            "TLS handshake with {}/profiles?<redacted> failed",
+            server.url
+        )) && last_error.contains("invalid peer certificate"),
+        "{last_error}"
+    );
+    assert!(!format!("{e:?} {status:?}").contains("hunter2"));
+    assert!(!rx.has_changed().unwrap(), "watchers saw no change");
+    adaptor.handle.translate("profile", &key()).await.unwrap();
+
+    // Trusted again: fetches resume.
+    server.present(ca.server_config());
+    applied(adaptor.handle.poll_now().await.unwrap());
+    assert!(
+        adaptor
+            .metrics_text()
+            .contains("profiles_fetches_failed_total 1")
+    );
+    adaptor.stop().await;
+}
+
+/// Without `ca_file` the system trust store decides, and it does not know a test CA.
+#[tokio::test]
+async fn https_without_ca_file_uses_the_system_store() {
+    let ca = TestCa::new("slrp test CA");
+    let server = TlsServer::start(ca.server_config(), &doc(&[])).await;
+    let adaptor = Running::start(ProfilesConfig::new(server.source()));
+    let e = failed(adaptor.handle.poll_now().await.unwrap());
+    if rustls_native_certs::load_native_certs().certs.is_empty() {
+        // A machine without ca-certificates: the setup error says what to do.
+        assert!(
+            matches!(
+                &*e,
+                UpdateError::Fetch(FetchError::TlsSetup {
+                    source: TlsSetupError::NoSystemRoots { .. },
+                    ..
+                })
+            ),
+            "{e:?}"
+        );
+    } else {
+        assert_eq!(
+            tls_failure(&e),
+            &rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer)
+        );
+    }
+    adaptor.stop().await;
+}
+
+/// A missing `ca_file` is a fetch failure naming the file, retried on every poll: once the
+/// file appears, the next fetch works without a restart.
+#[tokio::test]
+async fn missing_ca_file_is_reported_and_retried() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("slrp test CA");
+    let ca_file = dir.path().join("ca.pem");
+    let server = TlsServer::start(
+        ca.server_config(),
+        &doc(&[("profile", "SINGLE_NODE_WRITER")]),
+    )
+    .await;
+    let adaptor = Running::start(ProfilesConfig::new(server.source()).ca_file(&ca_file));
+    let e = failed(adaptor.handle.poll_now().await.unwrap());
+    assert!(
+        matches!(
+            &*e,
+            UpdateError::Fetch(FetchError::TlsSetup {
+                source: TlsSetupError::ReadCaFile { path, .. },
+                ..
+            }) if *path == ca_file
+        ),
+        "{e:?}"
+    );
+
+    std::fs::write(&ca_file, "not a certificate\n").unwrap();
+    let e = failed(adaptor.handle.poll_now().await.unwrap());
+    assert!(
+        matches!(
+            &*e,
+            UpdateError::Fetch(FetchError::TlsSetup {
+                source: TlsSetupError::NoCertificates { .. },
+                ..
+            })
+        ),
+        "{e:?}"
+    );
+
+    ca.write_pem(&ca_file);
+    let (added, _, _) = applied(adaptor.handle.poll_now().await.unwrap());
+    assert_eq!(added, set(&["profile"]));
+    adaptor.stop().await;
+}
+
+/// An https URL pointing at a plain-http server fails the handshake; it is never fetched in
+/// clear text.
+#[tokio::test]
+async fn https_to_a_plain_http_server_fails_the_handshake() {
+    let server = TestServer::start(&doc(&[("profile", "SINGLE_NODE_WRITER")])).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("ca.pem");
+    TestCa::new("slrp test CA").write_pem(&ca_file);
+    let url = server.url.replacen("http://", "https://", 1);
+    let source = ProfileSource::parse_uri(&format!("{url}/profiles")).unwrap();
+    let adaptor = Running::start(ProfilesConfig::new(source).ca_file(&ca_file));
+    let e = failed(adaptor.handle.poll_now().await.unwrap());
+    tls_failure(&e);
+    assert!(adaptor.handle.status().await.unwrap().profiles.is_empty());
+    adaptor.stop().await;
+    server.shut_down().await;
 }

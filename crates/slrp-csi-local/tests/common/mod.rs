@@ -55,12 +55,19 @@ pub struct TestPlugin {
     pub root: PathBuf,
     pub faults: PathBuf,
     pub args: Vec<String>,
+    /// Extra environment for the plugin (e.g. a `PATH` with fake tools first).
+    pub env: Vec<(String, String)>,
     pub child: Option<Child>,
 }
 
 impl TestPlugin {
     /// Starts the plugin with extra command-line arguments and waits until Probe answers.
     pub async fn start(extra: &[&str]) -> Self {
+        Self::start_with_env(extra, &[]).await
+    }
+
+    /// [`TestPlugin::start`] with extra environment variables.
+    pub async fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("csil")
             .tempdir_in("/tmp")
@@ -73,6 +80,10 @@ impl TestPlugin {
             root,
             faults,
             args: extra.iter().map(|s| (*s).to_owned()).collect(),
+            env: env
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
             child: None,
             dir,
         };
@@ -101,6 +112,7 @@ impl TestPlugin {
             .arg(&self.faults)
             .args(&self.args)
             .env("RUST_LOG", "info")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .spawn()
             .expect("spawning slrp-csi-local");
