@@ -6,7 +6,7 @@
 //! The kernel resolves symlinks in the path *after* the address is copied in, so a short
 //! symlink pointing at the long path works for `connect`. Two directions:
 //! - connecting to a plugin whose socket has a long path: [`SocketAlias`] makes
-//!   `/tmp/slrp-csi-XXXXXX/endpoint.sock -> <long path>` for the life of the client;
+//!   `/tmp/slrp-csi-<random>/endpoint.sock -> <long path>` for the life of the client;
 //! - a plugin that must *bind* under a long directory: the supervisor gives it a short path
 //!   and puts a symlink in the long place (see `slrp-supervisor`, as Mesos does).
 
@@ -104,7 +104,7 @@ pub struct SocketAlias {
 }
 
 impl SocketAlias {
-    /// Creates `<tmp>/slrp-csi-XXXXXX/endpoint.sock -> target` under the system temp dir
+    /// Creates `<tmp>/slrp-csi-<random>/endpoint.sock -> target` under the system temp dir
     /// (`$TMPDIR`, default `/tmp`).
     ///
     /// # Errors

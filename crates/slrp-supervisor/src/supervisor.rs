@@ -52,7 +52,7 @@ pub struct SupervisorConfig {
     /// Per-container directories (pid records, logs, endpoint symlinks) live under
     /// `<runtime_dir>/containers/`. Must persist across slrp restarts for adoption.
     pub runtime_dir: PathBuf,
-    /// Where short socket directories are created (`slrp-csi-XXXXXX`); the system temp
+    /// Where short socket directories are created (`slrp-csi-<random>`); the system temp
     /// directory by default. Sockets cannot live under long paths (`sun_path`).
     pub socket_base: PathBuf,
     /// How long to wait for the socket to appear (Mesos: 1 min).
