@@ -12,7 +12,12 @@ pub mod state;
 
 pub use paths::{MountPaths, PathError, decode_volume_id, encode_volume_id};
 pub use state::{
-    AccessMode, AccessType, BootId, CallOutcome, Context, CsiCall, Goal, OnCallFail, PluginCaps,
-    SecretRef, StateName, Step, TransitionError, VolumeCapability, VolumeId, VolumeRecord,
-    VolumeSpec, VolumeState,
+    BootId, CallOutcome, CsiCall, Goal, OnCallFail, SecretRef, StateName, Step, TransitionError,
+    VolumeRecord, VolumeSpec, VolumeState,
+};
+
+// The CSI domain types live in `slrp-csi` (one definition each); re-exported because the
+// state machine's API is written in them.
+pub use slrp_csi::{
+    AccessMode, AccessType, CsiCapabilities, StringMap, VolumeCapability, VolumeId,
 };
