@@ -454,6 +454,8 @@ fn record_serde_round_trip_every_state() {
             spec: spec(),
             state: state.clone(),
             node_publish_required: true,
+            capacity_bytes: 1 << 30,
+            deleting: false,
         };
         let json = serde_json::to_value(&rec).unwrap();
         assert_eq!(json["state"]["state"], state.name().as_str());

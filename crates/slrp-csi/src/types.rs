@@ -92,6 +92,12 @@ impl Secrets {
         self.0.is_empty()
     }
 
+    /// The secret values, for transports and fakes that must send or check them. Never
+    /// log the result.
+    pub fn expose(&self) -> &StringMap {
+        &self.0
+    }
+
     pub(crate) fn to_proto(&self) -> std::collections::HashMap<String, String> {
         self.0.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
     }

@@ -797,9 +797,17 @@ pub struct VolumeRecord {
     /// Where it is in its lifecycle.
     pub state: VolumeState,
     /// Set once the volume was published; it stays set (also across reboots, when the
-    /// volume is published again during recovery) until the volume is deleted.
+    /// volume is published again during recovery) until the volume is explicitly
+    /// unpublished or deleted.
     #[serde(default)]
     pub node_publish_required: bool,
+    /// Capacity in bytes as the plugin reported it (or as requested when it did not).
+    #[serde(default)]
+    pub capacity_bytes: i64,
+    /// A deletion was requested: written before the first step of the deletion, so that
+    /// recovery finishes it instead of publishing the volume again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub deleting: bool,
 }
 
 impl Record for VolumeRecord {
@@ -818,6 +826,8 @@ impl VolumeRecord {
             spec,
             state: VolumeState::Created,
             node_publish_required: false,
+            capacity_bytes: 0,
+            deleting: false,
         }
     }
 
