@@ -33,8 +33,10 @@
 //! # Recovery
 //!
 //! At start the worker loads every record and intent, then:
-//! 1. maps each record to the current boot ([`VolumeRecord::recover`]: a changed boot id
-//!    returns staged and published volumes to NODE_READY);
+//! 1. maps each record to the current boot ([`VolumeRecord::recover`]): after a reboot
+//!    (changed boot id) a staged or published volume is walked back to NODE_READY through
+//!    NodeUnpublish/NodeUnstage (idempotent; they clear what the plugin still records
+//!    of mounts the reboot removed) and published again if it must be;
 //! 2. in the same boot, compares PUBLISHED/VOL_READY with the mount table: a published
 //!    volume whose target is not mounted re-drives NodePublish; a volume that is not
 //!    published but whose target is mounted re-drives NodeUnpublish;
@@ -588,6 +590,10 @@ enum RecoveryGoal {
     Reach(Goal),
     /// Publish again: must succeed before the manager is ready.
     Republish,
+    /// Back to NODE_READY after a reboot, then (if required) publish again.
+    AfterReboot {
+        republish: bool,
+    },
     Delete,
 }
 
@@ -802,10 +808,16 @@ impl<C: CsiVolumes> Worker<C> {
         let mut jobs = Vec::new();
         for stored in records {
             let (mut rec, _) = stored.recover(&cfg.boot_id);
-            if rec.state != stored.state {
+            let rebooted = rec.state != stored.state;
+            if rebooted {
                 report.rebooted += 1;
-            }
-            if let Ok(mounts) = &mounts
+                // The mounts are gone, but the plugin may still hold its own record of
+                // the staging or publication (slrp-csi-local does): undo them through
+                // the plugin (idempotent in CSI) instead of only forgetting them.
+                if let Some(state) = undo_after_reboot(&stored.state, &cfg.boot_id) {
+                    rec.state = state;
+                }
+            } else if let Ok(mounts) = &mounts
                 && reconcile_mounts(&mut rec, cfg, mounts)
             {
                 report.mount_mismatches += 1;
@@ -813,7 +825,14 @@ impl<C: CsiVolumes> Worker<C> {
             if rec != stored {
                 changed.push(rec.clone());
             }
-            if let Some(goal) = recovery_goal(&rec) {
+            let goal = if rebooted && !rec.deleting {
+                Some(RecoveryGoal::AfterReboot {
+                    republish: rec.node_publish_required,
+                })
+            } else {
+                recovery_goal(&rec)
+            };
+            if let Some(goal) = goal {
                 jobs.push((Key::Volume(rec.id.clone()), Job::Recover { goal }));
             }
             if let Some(name) = &rec.name {
@@ -1037,6 +1056,31 @@ impl<C: CsiVolumes> Worker<C> {
     }
 }
 
+/// After a reboot: the in-flight undo state that cleans up what the plugin may still
+/// record for a volume that was staged or published in an earlier boot.
+fn undo_after_reboot(stored: &VolumeState, now: &BootId) -> Option<VolumeState> {
+    let publish_context = stored.publish_context()?.clone();
+    let boot_id = now.clone();
+    match stored {
+        VolumeState::Published { .. }
+        | VolumeState::NodePublishing { .. }
+        | VolumeState::NodeUnpublishing { .. } => Some(VolumeState::NodeUnpublishing {
+            boot_id,
+            publish_context,
+        }),
+        VolumeState::VolReady { .. }
+        | VolumeState::NodeStaging { .. }
+        | VolumeState::NodeUnstaging { .. } => Some(VolumeState::NodeUnstaging {
+            boot_id,
+            publish_context,
+        }),
+        VolumeState::Created
+        | VolumeState::ControllerPublishing
+        | VolumeState::NodeReady { .. }
+        | VolumeState::ControllerUnpublishing => None,
+    }
+}
+
 /// The goal recovery drives a (recovered) record to, if any.
 fn recovery_goal(rec: &VolumeRecord) -> Option<RecoveryGoal> {
     if rec.deleting {
@@ -1180,7 +1224,10 @@ impl<C: CsiVolumes> Ctx<C> {
             }
             Job::Recover { goal } => {
                 let (result, change) = self.recover(&key, goal, record).await;
-                let required = goal == RecoveryGoal::Republish;
+                let required = matches!(
+                    goal,
+                    RecoveryGoal::Republish | RecoveryGoal::AfterReboot { republish: true }
+                );
                 let summary = recovery_summary(&result, required);
                 let (_, fatal) = settle::<()>(None, result.map(|_| ()));
                 (
@@ -1727,6 +1774,13 @@ impl<C: CsiVolumes> Ctx<C> {
             },
             RecoveryGoal::Republish => {
                 let result = self.drive(&mut rec, Goal::Published).await;
+                (result, Change::Put(Box::new(rec)))
+            }
+            RecoveryGoal::AfterReboot { republish } => {
+                let mut result = self.drive(&mut rec, Goal::NodeReady).await;
+                if result.is_ok() && republish {
+                    result = self.drive(&mut rec, Goal::Published).await;
+                }
                 (result, Change::Put(Box::new(rec)))
             }
             RecoveryGoal::Reach(goal) => {
