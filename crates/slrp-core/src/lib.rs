@@ -4,13 +4,17 @@
 //!
 //! The core is split into a pure part (state machines that take a state and return the
 //! next one plus what to do, without I/O) and drivers that do the I/O, having made the
-//! intent durable first (conventions §4.6). This crate currently holds the volume state
-//! machine; the volume manager that drives it through CSI comes with the CSI client layer.
+//! intent durable first (conventions §4.6). This crate holds the volume state machine and
+//! the volume manager that drives it through CSI (`slrp_csi::CsiVolumes`) with the state
+//! in `slrp_store`. See `docs/state-machines.md` and `docs/volume-manager.md`.
 //!
 //! # Layout
 //!
 //! - [`volume`]: [`volume::state`] (the pure volume state machine and the durable
-//!   [`volume::VolumeRecord`]) and [`volume::paths`] (volume id ↔ mount directory).
+//!   [`volume::VolumeRecord`]), [`volume::paths`] (volume id ↔ mount directory),
+//!   [`volume::manager`] (handle + worker: per-volume lanes, the durable driver loop,
+//!   create/delete/publish/unpublish/validate/list/capacity, recovery), [`volume::host`]
+//!   (boot id, mount table, secrets) and [`volume::error`].
 //!
 //! # Invariants
 //!
@@ -19,10 +23,17 @@
 //! - Matches on state and call enums have no wildcard arms (the lint below), so a new
 //!   variant breaks compilation wherever it matters.
 //! - No volume id maps to a path outside its mount root.
+//! - An in-flight state (and a CreateVolume intent) is durable before its RPC is sent; the
+//!   manager's in-memory records always equal what is durable.
+//! - One job per volume at a time; a caller hears an answer only after the state change
+//!   it implies is applied.
 //!
 //! # Limitations
 //!
-//! - The volume manager (async driver, recovery, per-volume serialization) is not here yet.
+//! - No persistent-volume content cleanup before DeleteVolume (Mesos wipes the target of
+//!   volumes that were published); the provider layer must do it if it needs it.
+//! - No metrics yet (volumes by state, job latency).
+//! - Readiness reports a failed republish; retrying recovery is the caller's decision.
 
 #![warn(clippy::wildcard_enum_match_arm)]
 

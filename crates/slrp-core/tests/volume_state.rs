@@ -5,7 +5,9 @@
 use std::collections::BTreeMap;
 
 use slrp_core::volume::state::*;
-use slrp_core::volume::{AccessMode, AccessType};
+use slrp_core::volume::{
+    AccessMode, AccessType, CsiCapabilities, StringMap, VolumeCapability, VolumeId,
+};
 
 use CsiCall::{
     ControllerPublish as CP, ControllerUnpublish as CU, NodePublish as NP, NodeStage as NS,
@@ -23,7 +25,7 @@ fn boot(n: u8) -> BootId {
     BootId::new(format!("boot-{n}"))
 }
 
-fn pc() -> Context {
+fn pc() -> StringMap {
     BTreeMap::from([("device".to_owned(), "/dev/x".to_owned())])
 }
 
@@ -64,23 +66,22 @@ fn samples() -> Vec<VolumeState> {
     ]
 }
 
-fn all_caps() -> Vec<PluginCaps> {
+fn all_caps() -> Vec<CsiCapabilities> {
     let mut v = Vec::new();
-    for controller_publish_unpublish in [false, true] {
-        for node_stage_unstage in [false, true] {
-            v.push(PluginCaps {
-                controller_publish_unpublish,
-                node_stage_unstage,
-            });
+    for controller_publish in [false, true] {
+        for node_stage in [false, true] {
+            v.push(CsiCapabilities::with_publish_stage(
+                controller_publish,
+                node_stage,
+            ));
         }
     }
     v
 }
 
-const FULL: PluginCaps = PluginCaps {
-    controller_publish_unpublish: true,
-    node_stage_unstage: true,
-};
+fn full() -> CsiCapabilities {
+    CsiCapabilities::with_publish_stage(true, true)
+}
 
 /// Next call by state, for goals Created, NodeReady, VolReady, Published (Mesos §4.6).
 const PLAN: &[(StateName, [Option<CsiCall>; 4])] = &[
@@ -210,12 +211,11 @@ fn every_state_converges_to_every_goal() {
                     state.name()
                 );
                 if goal >= Goal::NodeReady {
-                    let want =
-                        if caps.controller_publish_unpublish || start.publish_context().is_some() {
-                            Some(pc())
-                        } else {
-                            Some(Context::new())
-                        };
+                    let want = if caps.controller_publish() || start.publish_context().is_some() {
+                        Some(pc())
+                    } else {
+                        Some(StringMap::new())
+                    };
                     assert_eq!(
                         state.publish_context().cloned(),
                         want,
@@ -230,7 +230,7 @@ fn every_state_converges_to_every_goal() {
 
 #[test]
 fn without_capabilities_only_node_publish_is_sent() {
-    let none = PluginCaps::default();
+    let none = CsiCapabilities::default();
     let (state, call) = VolumeState::Created.next_call(Goal::Published, &none, &boot(3));
     assert_eq!(call, Some(NP));
     // The no-op stage recorded the current boot.
@@ -238,7 +238,7 @@ fn without_capabilities_only_node_publish_is_sent() {
         state,
         VolumeState::VolReady {
             boot_id: boot(3),
-            publish_context: Context::new()
+            publish_context: StringMap::new()
         }
     );
     let (state, call) = state.next_call(Goal::Created, &none, &boot(3));
@@ -414,7 +414,7 @@ fn spec() -> VolumeSpec {
 
 #[test]
 fn record_publish_sets_node_publish_required_and_reboot_republishes() {
-    let caps = FULL;
+    let caps = full();
     let now = boot(1);
     let mut rec = VolumeRecord::created(VolumeId::new("v1"), Some("op-uuid".into()), spec());
     assert_eq!(rec.recovery_goal(), None);
@@ -454,6 +454,8 @@ fn record_serde_round_trip_every_state() {
             spec: spec(),
             state: state.clone(),
             node_publish_required: true,
+            capacity_bytes: 1 << 30,
+            deleting: false,
         };
         let json = serde_json::to_value(&rec).unwrap();
         assert_eq!(json["state"]["state"], state.name().as_str());
@@ -468,7 +470,7 @@ fn record_serde_round_trip_every_state() {
     // Absent optional fields default.
     let minimal = serde_json::json!({
         "id": "v", "state": {"state": "CREATED"},
-        "spec": {"capability": {"access_type": {"type": "block"}, "access_mode": "SINGLE_NODE_WRITER"}}
+        "spec": {"capability": {"access_type": "block", "access_mode": "SINGLE_NODE_WRITER"}}
     });
     let rec: VolumeRecord = serde_json::from_value(minimal).unwrap();
     assert_eq!(rec.state, VolumeState::Created);

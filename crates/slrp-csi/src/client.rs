@@ -333,6 +333,27 @@ impl CsiClient {
         .await
     }
 
+    /// Every capability set the volume manager plans with: plugin capabilities, then
+    /// controller capabilities if the plugin runs `CONTROLLER_SERVICE` (all false
+    /// otherwise, spec §4.4), then node capabilities.
+    ///
+    /// # Errors
+    /// The first failing RPC.
+    pub async fn capabilities(&self) -> Result<CsiCapabilities, CsiError> {
+        let plugin = self.plugin_capabilities().await?;
+        let controller = if plugin.controller_service {
+            self.controller_capabilities().await?
+        } else {
+            ControllerCapabilities::default()
+        };
+        let node = self.node_capabilities().await?;
+        Ok(CsiCapabilities {
+            plugin,
+            controller,
+            node,
+        })
+    }
+
     /// `NodeGetInfo`; for v0 plugins without it (CSI 0.2), `NodeGetId`.
     ///
     /// # Errors

@@ -192,6 +192,16 @@ pub enum CsiError {
 }
 
 impl CsiError {
+    /// An answer from the plugin with gRPC `code` and `message`, as fakes and tests
+    /// produce it (the real client builds these from the transport).
+    pub fn status(rpc: CsiRpc, code: Code, message: impl Into<String>) -> Self {
+        Self::Rpc {
+            rpc,
+            code,
+            source: tonic::Status::new(code, message),
+        }
+    }
+
     /// The RPC this error belongs to, if any.
     pub fn rpc(&self) -> Option<CsiRpc> {
         match self {

@@ -17,6 +17,7 @@
 //! - [`retry`]: backoff bounds, jitter, [`RetryPolicy`], [`RetryConfig`], the [`retry()`] loop.
 //! - [`metrics`]: [`CsiMetrics`] (pending/finished/failed/cancelled, latency).
 //! - [`endpoint`]: endpoint parsing, the `sun_path` limit and [`SocketAlias`].
+//! - [`volumes`]: [`CsiVolumes`], the trait the volume manager is generic over.
 //! - [`size`]: size strings (`10GiB`, `1G`) shared by the CLI and configuration.
 //! - `v0`, `v1`: the per-version backends (private).
 //!
@@ -42,6 +43,7 @@ pub mod size;
 pub mod types;
 mod v0;
 mod v1;
+pub mod volumes;
 
 pub use client::{ClientConfig, CsiClient, DEFAULT_RPC_TIMEOUT, VersionSelect};
 pub use endpoint::{CsiEndpoint, MAX_SOCKET_PATH, SocketAlias};
@@ -49,6 +51,7 @@ pub use error::{CsiError, CsiRpc, RetryClass};
 pub use metrics::CsiMetrics;
 pub use retry::{Backoff, Jitter, RetryConfig, RetryPolicy, retry};
 pub use types::*;
+pub use volumes::CsiVolumes;
 
 /// gRPC status codes, as used by [`RetryPolicy::retry_on`] and [`CsiError::code`].
 pub use tonic::Code;

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// A string map as CSI uses it (`parameters`, `volume_context`, `publish_context`).
 ///
@@ -41,7 +41,7 @@ impl fmt::Display for CsiVersion {
 }
 
 /// Identifier a plugin assigned to a volume (`Volume.volume_id`, v0 `Volume.id`).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct VolumeId(String);
 
@@ -92,6 +92,12 @@ impl Secrets {
         self.0.is_empty()
     }
 
+    /// The secret values, for transports and fakes that must send or check them. Never
+    /// log the result.
+    pub fn expose(&self) -> &StringMap {
+        &self.0
+    }
+
     pub(crate) fn to_proto(&self) -> std::collections::HashMap<String, String> {
         self.0.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
     }
@@ -118,7 +124,8 @@ pub struct PluginInfo {
 }
 
 /// `GetPluginCapabilities` result.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct PluginCapabilities {
     /// `CONTROLLER_SERVICE`.
     pub controller_service: bool,
@@ -133,7 +140,8 @@ pub struct PluginCapabilities {
 }
 
 /// `ControllerGetCapabilities` result. Unknown capability values are ignored (spec §4.4).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct ControllerCapabilities {
     /// `CREATE_DELETE_VOLUME`.
     pub create_delete_volume: bool,
@@ -156,7 +164,8 @@ pub struct ControllerCapabilities {
 }
 
 /// `NodeGetCapabilities` result.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct NodeCapabilities {
     /// `STAGE_UNSTAGE_VOLUME`.
     pub stage_unstage_volume: bool,
@@ -164,6 +173,43 @@ pub struct NodeCapabilities {
     pub get_volume_stats: bool,
     /// `EXPAND_VOLUME` (v1 only).
     pub expand_volume: bool,
+}
+
+/// Everything a plugin says it can do: what the volume manager plans its transitions
+/// with (spec §4.4). Services the plugin does not run report all-false.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CsiCapabilities {
+    /// `GetPluginCapabilities`.
+    pub plugin: PluginCapabilities,
+    /// `ControllerGetCapabilities` (all false without `CONTROLLER_SERVICE`).
+    pub controller: ControllerCapabilities,
+    /// `NodeGetCapabilities`.
+    pub node: NodeCapabilities,
+}
+
+impl CsiCapabilities {
+    /// Whether `ControllerPublishVolume`/`ControllerUnpublishVolume` are served
+    /// (`PUBLISH_UNPUBLISH_VOLUME`); without it attach/detach are in-memory no-ops.
+    pub fn controller_publish(&self) -> bool {
+        self.controller.publish_unpublish_volume
+    }
+
+    /// Whether `NodeStageVolume`/`NodeUnstageVolume` are served (`STAGE_UNSTAGE_VOLUME`);
+    /// without it stage/unstage are in-memory no-ops and no staging path is sent.
+    pub fn node_stage(&self) -> bool {
+        self.node.stage_unstage_volume
+    }
+
+    /// A set with only the two bits that decide volume transitions, the rest false
+    /// (for planning and tests).
+    #[must_use]
+    pub fn with_publish_stage(controller_publish: bool, node_stage: bool) -> Self {
+        let mut caps = Self::default();
+        caps.controller.publish_unpublish_volume = controller_publish;
+        caps.node.stage_unstage_volume = node_stage;
+        caps
+    }
 }
 
 /// `NodeGetInfo` result (v0 0.2 plugins: from `NodeGetId`, with the other fields empty).
@@ -178,7 +224,7 @@ pub struct NodeInfo {
 }
 
 /// CSI access mode. The two `SingleNode*` single/multi-writer modes exist only in v1.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum AccessMode {
     /// `SINGLE_NODE_WRITER`.
@@ -236,7 +282,7 @@ impl fmt::Display for AccessMode {
 }
 
 /// How a volume is accessed: as a raw block device or as a mounted filesystem.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AccessType {
     /// `BlockVolume`.
@@ -244,14 +290,16 @@ pub enum AccessType {
     /// `MountVolume`.
     Mount {
         /// Filesystem type; empty = plugin default.
+        #[serde(default)]
         fs_type: String,
         /// Mount flags.
+        #[serde(default)]
         mount_flags: Vec<String>,
     },
 }
 
 /// `VolumeCapability`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct VolumeCapability {
     /// Block or mount.
     pub access_type: AccessType,

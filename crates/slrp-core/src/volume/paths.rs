@@ -14,7 +14,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::state::VolumeId;
+use slrp_csi::VolumeId;
 
 /// Longest file name Linux accepts (`NAME_MAX`).
 const NAME_MAX: usize = 255;

@@ -17,34 +17,8 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
+use slrp_csi::{CsiCapabilities, CsiRpc, StringMap, VolumeCapability, VolumeId};
 use slrp_store::{Kind, Record};
-
-/// A CSI string map (`parameters`, `volume_context`, `publish_context`), ordered so that
-/// comparisons and JSON are stable.
-pub type Context = BTreeMap<String, String>;
-
-/// Identifier a plugin assigned to a volume.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct VolumeId(String);
-
-impl VolumeId {
-    /// Wraps a plugin-assigned id.
-    pub fn new(id: impl Into<String>) -> Self {
-        Self(id.into())
-    }
-
-    /// The id as sent on the wire.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for VolumeId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
 
 /// The kernel's boot id (`/proc/sys/kernel/random/boot_id`): mounts and stagings made in
 /// one boot are gone in the next.
@@ -70,61 +44,6 @@ impl fmt::Display for BootId {
     }
 }
 
-/// The capabilities that decide which transitions need an RPC.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub struct PluginCaps {
-    /// Controller capability `PUBLISH_UNPUBLISH_VOLUME`.
-    pub controller_publish_unpublish: bool,
-    /// Node capability `STAGE_UNSTAGE_VOLUME`.
-    pub node_stage_unstage: bool,
-}
-
-/// CSI access mode.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum AccessMode {
-    /// `SINGLE_NODE_WRITER`.
-    SingleNodeWriter,
-    /// `SINGLE_NODE_READER_ONLY`.
-    SingleNodeReaderOnly,
-    /// `MULTI_NODE_READER_ONLY`.
-    MultiNodeReaderOnly,
-    /// `MULTI_NODE_SINGLE_WRITER`.
-    MultiNodeSingleWriter,
-    /// `MULTI_NODE_MULTI_WRITER`.
-    MultiNodeMultiWriter,
-    /// `SINGLE_NODE_SINGLE_WRITER` (CSI v1 only).
-    SingleNodeSingleWriter,
-    /// `SINGLE_NODE_MULTI_WRITER` (CSI v1 only).
-    SingleNodeMultiWriter,
-}
-
-/// Block device or mounted filesystem.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum AccessType {
-    /// Raw block device.
-    Block,
-    /// Mounted filesystem.
-    Mount {
-        /// Filesystem type; empty = plugin default.
-        #[serde(default)]
-        fs_type: String,
-        /// Mount flags.
-        #[serde(default)]
-        mount_flags: Vec<String>,
-    },
-}
-
-/// A CSI `VolumeCapability`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct VolumeCapability {
-    /// Block or mount.
-    pub access_type: AccessType,
-    /// Access mode.
-    pub access_mode: AccessMode,
-}
-
 /// Where a secret comes from: a reference resolved when the RPC is built. Secret *values*
 /// are never part of a record, so they never reach the disk or `slrp inspect`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -142,10 +61,10 @@ pub struct VolumeSpec {
     pub capability: VolumeCapability,
     /// CreateVolume parameters (from the profile).
     #[serde(default)]
-    pub parameters: Context,
+    pub parameters: StringMap,
     /// Volume context returned by CreateVolume (or given for a pre-existing volume).
     #[serde(default)]
-    pub volume_context: Context,
+    pub volume_context: StringMap,
     /// Publish read-only (ControllerPublish and NodePublish `readonly`).
     #[serde(default)]
     pub readonly: bool,
@@ -178,7 +97,7 @@ pub enum VolumeState {
     #[serde(rename = "NODE_READY")]
     NodeReady {
         /// ControllerPublishVolume's `publish_context`.
-        publish_context: Context,
+        publish_context: StringMap,
     },
     /// ControllerUnpublishVolume in flight.
     #[serde(rename = "CONTROLLER_UNPUBLISH")]
@@ -189,7 +108,7 @@ pub enum VolumeState {
         /// Boot in which the RPC was sent.
         boot_id: BootId,
         /// ControllerPublishVolume's `publish_context`.
-        publish_context: Context,
+        publish_context: StringMap,
     },
     /// Staged at the staging path (or the plugin needs no staging).
     #[serde(rename = "VOL_READY")]
@@ -197,7 +116,7 @@ pub enum VolumeState {
         /// Boot in which staging happened.
         boot_id: BootId,
         /// ControllerPublishVolume's `publish_context`.
-        publish_context: Context,
+        publish_context: StringMap,
     },
     /// NodePublishVolume in flight.
     #[serde(rename = "NODE_PUBLISH")]
@@ -205,7 +124,7 @@ pub enum VolumeState {
         /// Boot in which staging happened.
         boot_id: BootId,
         /// ControllerPublishVolume's `publish_context`.
-        publish_context: Context,
+        publish_context: StringMap,
     },
     /// Published at the target path.
     #[serde(rename = "PUBLISHED")]
@@ -213,7 +132,7 @@ pub enum VolumeState {
         /// Boot in which staging happened.
         boot_id: BootId,
         /// ControllerPublishVolume's `publish_context`.
-        publish_context: Context,
+        publish_context: StringMap,
     },
     /// NodeUnpublishVolume in flight.
     #[serde(rename = "NODE_UNPUBLISH")]
@@ -221,7 +140,7 @@ pub enum VolumeState {
         /// Boot in which staging happened.
         boot_id: BootId,
         /// ControllerPublishVolume's `publish_context`.
-        publish_context: Context,
+        publish_context: StringMap,
     },
     /// NodeUnstageVolume in flight.
     #[serde(rename = "NODE_UNSTAGE")]
@@ -229,7 +148,7 @@ pub enum VolumeState {
         /// Boot in which staging happened.
         boot_id: BootId,
         /// ControllerPublishVolume's `publish_context`.
-        publish_context: Context,
+        publish_context: StringMap,
     },
 }
 
@@ -340,25 +259,28 @@ impl CsiCall {
         Self::NodeUnpublish,
     ];
 
-    /// The CSI RPC name.
-    pub fn rpc_name(self) -> &'static str {
+    /// The CSI RPC.
+    pub fn rpc(self) -> CsiRpc {
         match self {
-            Self::ControllerPublish => "ControllerPublishVolume",
-            Self::ControllerUnpublish => "ControllerUnpublishVolume",
-            Self::NodeStage => "NodeStageVolume",
-            Self::NodeUnstage => "NodeUnstageVolume",
-            Self::NodePublish => "NodePublishVolume",
-            Self::NodeUnpublish => "NodeUnpublishVolume",
+            Self::ControllerPublish => CsiRpc::ControllerPublishVolume,
+            Self::ControllerUnpublish => CsiRpc::ControllerUnpublishVolume,
+            Self::NodeStage => CsiRpc::NodeStageVolume,
+            Self::NodeUnstage => CsiRpc::NodeUnstageVolume,
+            Self::NodePublish => CsiRpc::NodePublishVolume,
+            Self::NodeUnpublish => CsiRpc::NodeUnpublishVolume,
         }
     }
 
+    /// The CSI RPC name.
+    pub fn rpc_name(self) -> &'static str {
+        self.rpc().as_str()
+    }
+
     /// Whether the plugin serves this RPC; without it the transition is an in-memory no-op.
-    pub fn is_supported(self, caps: &PluginCaps) -> bool {
+    pub fn is_supported(self, caps: &CsiCapabilities) -> bool {
         match self {
-            Self::ControllerPublish | Self::ControllerUnpublish => {
-                caps.controller_publish_unpublish
-            }
-            Self::NodeStage | Self::NodeUnstage => caps.node_stage_unstage,
+            Self::ControllerPublish | Self::ControllerUnpublish => caps.controller_publish(),
+            Self::NodeStage | Self::NodeUnstage => caps.node_stage(),
             Self::NodePublish | Self::NodeUnpublish => true,
         }
     }
@@ -408,7 +330,7 @@ pub enum CallOutcome {
     /// every other call.
     Succeeded {
         /// ControllerPublishVolume's `publish_context`.
-        publish_context: Context,
+        publish_context: StringMap,
     },
     /// It failed; the policy says what that means for the state.
     Failed(OnCallFail),
@@ -418,7 +340,7 @@ impl CallOutcome {
     /// Success with no result data.
     pub fn ok() -> Self {
         Self::Succeeded {
-            publish_context: Context::new(),
+            publish_context: StringMap::new(),
         }
     }
 }
@@ -484,7 +406,7 @@ impl VolumeState {
 
     /// Whether the goal is reached exactly.
     pub fn is_at(&self, goal: Goal) -> bool {
-        self.next_step(goal, &PluginCaps::default()).is_none()
+        self.next_step(goal, &CsiCapabilities::default()).is_none()
     }
 
     /// The boot in which staging happened (or may have), for states past `NodeReady`.
@@ -504,7 +426,7 @@ impl VolumeState {
     }
 
     /// ControllerPublishVolume's `publish_context`, in states where the volume is attached.
-    pub fn publish_context(&self) -> Option<&Context> {
+    pub fn publish_context(&self) -> Option<&StringMap> {
         match self {
             Self::Created | Self::ControllerPublishing | Self::ControllerUnpublishing => None,
             Self::NodeReady { publish_context }
@@ -601,7 +523,7 @@ impl VolumeState {
     /// In-flight states are finished in the direction of the goal if the interrupted call
     /// points there (re-drive) and undone otherwise; an interrupted undo is always completed
     /// first (Mesos's rule).
-    pub fn next_step(&self, goal: Goal, caps: &PluginCaps) -> Option<Step> {
+    pub fn next_step(&self, goal: Goal, caps: &CsiCapabilities) -> Option<Step> {
         use CsiCall as C;
         use Goal as G;
         let call = match (self, goal) {
@@ -692,7 +614,7 @@ impl VolumeState {
         }
         use CallOutcome::{Failed, Succeeded};
         use OnCallFail::{RollBack, StayInFlight};
-        let node = |boot_id: &BootId, publish_context: &Context| {
+        let node = |boot_id: &BootId, publish_context: &StringMap| {
             (boot_id.clone(), publish_context.clone())
         };
         Ok(match (self, outcome) {
@@ -818,7 +740,7 @@ impl VolumeState {
     pub fn next_call(
         &self,
         goal: Goal,
-        caps: &PluginCaps,
+        caps: &CsiCapabilities,
         now: &BootId,
     ) -> (VolumeState, Option<CsiCall>) {
         let mut state = self.clone();
@@ -875,9 +797,17 @@ pub struct VolumeRecord {
     /// Where it is in its lifecycle.
     pub state: VolumeState,
     /// Set once the volume was published; it stays set (also across reboots, when the
-    /// volume is published again during recovery) until the volume is deleted.
+    /// volume is published again during recovery) until the volume is explicitly
+    /// unpublished or deleted.
     #[serde(default)]
     pub node_publish_required: bool,
+    /// Capacity in bytes as the plugin reported it (or as requested when it did not).
+    #[serde(default)]
+    pub capacity_bytes: i64,
+    /// A deletion was requested: written before the first step of the deletion, so that
+    /// recovery finishes it instead of publishing the volume again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub deleting: bool,
 }
 
 impl Record for VolumeRecord {
@@ -896,6 +826,8 @@ impl VolumeRecord {
             spec,
             state: VolumeState::Created,
             node_publish_required: false,
+            capacity_bytes: 0,
+            deleting: false,
         }
     }
 
@@ -910,7 +842,7 @@ impl VolumeRecord {
     pub fn next_call(
         &self,
         goal: Goal,
-        caps: &PluginCaps,
+        caps: &CsiCapabilities,
         now: &BootId,
     ) -> (Self, Option<CsiCall>) {
         let (state, call) = self.state.next_call(goal, caps, now);

@@ -1,0 +1,247 @@
+//! Crash tests: every durability step and every CSI call of every volume operation is a
+//! crash point. For each operation, each fail point and each hit count `k`, the manager
+//! is made to die at the `k`-th evaluation of that point (the store's fail points poison
+//! the store like a dying process; the manager's own stop it before or after the RPC).
+//! Then a fresh manager recovers from the same state directory, the caller retries the
+//! operation (as the provider replays an unfinished operation), and the test checks:
+//!
+//! - recovery leaves no in-flight state, no unfinished deletion and no CreateVolume intent;
+//! - the operation converges to its goal;
+//! - nothing leaked: the plugin's volumes are exactly the tracked ones;
+//! - nothing was created twice: the plugin created exactly one volume.
+//!
+//! The enumeration stops for a point once the operation completes without reaching its
+//! `k`-th evaluation, so every reachable crash point is covered, whatever the number of
+//! commits and calls an operation makes. Fail-point configuration is process-global:
+//! nextest runs each test in its own process.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::collections::BTreeSet;
+
+use slrp_core::volume::manager::failpoints as vfp;
+use slrp_core::volume::*;
+use slrp_csi::CsiRpc;
+use slrp_store::failpoints as sfp;
+use support::*;
+
+const POINTS: [&str; 5] = [
+    sfp::BATCH_START,
+    sfp::BEFORE_COMMIT,
+    sfp::AFTER_COMMIT,
+    vfp::BEFORE_CALL,
+    vfp::AFTER_CALL,
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    Create,
+    Publish,
+    Unpublish,
+    Delete,
+}
+
+const NAME: &str = "op-uuid-1";
+
+/// Brings the volume into the state the operation starts from; returns its id.
+async fn setup(op: Op, handle: &VolumeManagerHandle) -> Option<VolumeId> {
+    if op == Op::Create {
+        return None;
+    }
+    let v = handle.create(create_req(NAME)).await.unwrap();
+    if matches!(op, Op::Unpublish | Op::Delete) {
+        handle.publish(&v.id).await.unwrap();
+    }
+    Some(v.id)
+}
+
+async fn run(
+    op: Op,
+    handle: &VolumeManagerHandle,
+    id: Option<&VolumeId>,
+) -> Result<(), VolumeError> {
+    match op {
+        Op::Create => handle.create(create_req(NAME)).await.map(|_| ()),
+        Op::Publish => handle.publish(id.unwrap()).await.map(|_| ()),
+        Op::Unpublish => handle.unpublish(id.unwrap()).await,
+        Op::Delete => handle.delete(id.unwrap()).await.map(|_| ()),
+    }
+}
+
+/// The id the operation is about (created by recovery if the crash hit a create).
+fn the_id(h: &Harness) -> Option<VolumeId> {
+    h.fake.ids().into_iter().next()
+}
+
+async fn check_converged(op: Op, h: &Harness, m: &Running, what: &str) {
+    let recs = m.handle.volumes().await.unwrap();
+    let tracked: BTreeSet<VolumeId> = recs.iter().map(|r| r.id.clone()).collect();
+    let plugin: BTreeSet<VolumeId> = h.fake.ids().into_iter().collect();
+    assert_eq!(tracked, plugin, "{what}: tracked vs plugin (leak)");
+    assert_eq!(h.fake.st().created, 1, "{what}: created exactly once");
+    let want = match op {
+        Op::Create => Some(StateName::Created),
+        Op::Publish => Some(StateName::Published),
+        Op::Unpublish => Some(StateName::NodeReady),
+        Op::Delete => None,
+    };
+    match want {
+        None => assert!(recs.is_empty(), "{what}: deleted"),
+        Some(state) => {
+            assert_eq!(recs.len(), 1, "{what}");
+            assert_eq!(recs[0].state.name(), state, "{what}");
+            let fv = h.fake.volume(&recs[0].id).unwrap();
+            assert_eq!(
+                fv.published.is_some(),
+                state == StateName::Published,
+                "{what}"
+            );
+            assert_eq!(
+                fv.staged.is_some(),
+                state == StateName::Published,
+                "{what}: staged"
+            );
+            assert_eq!(
+                recs[0].node_publish_required,
+                state == StateName::Published,
+                "{what}"
+            );
+        }
+    }
+}
+
+async fn crash_everywhere(op: Op) {
+    let mut crashes = 0;
+    for point in POINTS {
+        for k in 0.. {
+            let what = format!("{op:?}, crash at {point} #{}", k + 1);
+            let h = Harness::new(FakeCsi::full());
+            let m = h.start();
+            within(m.handle.ready()).await.unwrap();
+            let id = setup(op, &m.handle).await;
+            fail::cfg(point, &format!("{k}*off->1*return->off")).unwrap();
+            let result = within(run(op, &m.handle, id.as_ref())).await;
+            fail::remove(point);
+            if result.is_ok() {
+                // The operation needs fewer than k+1 evaluations of this point: done.
+                m.stop().await.unwrap();
+                check_after_restart(op, &h, &what, false).await;
+                break;
+            }
+            crashes += 1;
+            assert!(
+                matches!(result, Err(VolumeError::Stopped)),
+                "{what}: {result:?}"
+            );
+            let died = m.died().await;
+            assert!(died.is_err(), "{what}: the manager must stop");
+            check_after_restart(op, &h, &what, true).await;
+            assert!(k < 50, "{what}: runaway enumeration");
+        }
+    }
+    // Every operation has at least two commits and one call: something was crashed.
+    assert!(
+        crashes >= POINTS.len(),
+        "{op:?}: only {crashes} crash points"
+    );
+    eprintln!("{op:?}: {crashes} crash points recovered");
+}
+
+async fn check_after_restart(op: Op, h: &Harness, what: &str, crashed: bool) {
+    let m = h.start();
+    let report = within(m.handle.ready()).await.unwrap();
+    let recs = m.handle.volumes().await.unwrap();
+    for r in &recs {
+        assert!(
+            !r.state.is_in_flight(),
+            "{what}: {:?} after recovery",
+            r.state
+        );
+        assert!(!r.deleting, "{what}: deletion left unfinished");
+        // With nothing in flight, the record describes the plugin exactly.
+        let fv = h
+            .fake
+            .volume(&r.id)
+            .expect("tracked volume exists in the plugin");
+        let s = r.state.name();
+        assert_eq!(
+            fv.published.is_some(),
+            s == StateName::Published,
+            "{what}: {s}"
+        );
+        assert_eq!(
+            fv.staged.is_some(),
+            matches!(s, StateName::VolReady | StateName::Published),
+            "{what}: {s}"
+        );
+        assert_eq!(
+            fv.controller_published,
+            s != StateName::Created,
+            "{what}: {s}"
+        );
+    }
+    // Nothing the plugin has is unknown to the state, even before the caller retries.
+    let plugin: BTreeSet<VolumeId> = h.fake.ids().into_iter().collect();
+    let tracked: BTreeSet<VolumeId> = recs.iter().map(|r| r.id.clone()).collect();
+    assert_eq!(plugin, tracked, "{what}: leak after recovery");
+    // Retry the operation, as the provider replays an operation it has no result for.
+    if crashed {
+        let id = the_id(h).or_else(|| recs.first().map(|r| r.id.clone()));
+        match (op, id) {
+            (Op::Delete, None) => {} // deleted by recovery already
+            (Op::Delete, Some(id)) => {
+                m.handle.delete(&id).await.unwrap();
+            }
+            (_, id) => within(run(op, &m.handle, id.as_ref())).await.unwrap(),
+        }
+    }
+    check_converged(op, h, &m, what).await;
+    let _ = report;
+    m.stop().await.unwrap();
+    assert!(h.stored_intents().is_empty(), "{what}: intent left");
+}
+
+#[tokio::test]
+async fn crash_anywhere_in_create() {
+    crash_everywhere(Op::Create).await;
+}
+
+#[tokio::test]
+async fn crash_anywhere_in_publish() {
+    crash_everywhere(Op::Publish).await;
+}
+
+#[tokio::test]
+async fn crash_anywhere_in_unpublish() {
+    crash_everywhere(Op::Unpublish).await;
+}
+
+#[tokio::test]
+async fn crash_anywhere_in_delete() {
+    crash_everywhere(Op::Delete).await;
+}
+
+/// A crash while CreateVolume's answer is lost *and* the caller never retries: recovery
+/// alone must track the volume (no leak), created once.
+#[tokio::test]
+async fn crash_after_create_without_a_retry_tracks_the_volume() {
+    let h = Harness::new(FakeCsi::full());
+    let m = h.start();
+    within(m.handle.ready()).await.unwrap();
+    fail::cfg(vfp::AFTER_CALL, "1*return->off").unwrap();
+    assert!(m.handle.create(create_req(NAME)).await.is_err());
+    fail::remove(vfp::AFTER_CALL);
+    assert!(m.died().await.is_err());
+    assert_eq!(h.stored_intents().len(), 1);
+    let m = h.start();
+    let r = within(m.handle.ready()).await.unwrap();
+    assert_eq!(r.intents, 1);
+    let recs = m.handle.volumes().await.unwrap();
+    assert_eq!(recs.len(), 1);
+    assert_eq!(h.fake.ids(), vec![recs[0].id.clone()]);
+    assert_eq!(h.fake.calls(CsiRpc::CreateVolume), 2);
+    assert_eq!(h.fake.st().created, 1);
+    m.stop().await.unwrap();
+}

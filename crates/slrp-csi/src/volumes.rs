@@ -1,0 +1,178 @@
+//! [`CsiVolumes`]: the CSI calls the volume manager makes, as a trait, so the manager is
+//! generic over the transport and can run against an in-memory fake plugin in tests
+//! (conventions §4.8 rule 3). [`CsiClient`] is the real implementation.
+
+use std::future::Future;
+
+use crate::client::CsiClient;
+use crate::error::CsiError;
+use crate::types::{
+    Capacity, ControllerPublishRequest, CreateVolumeRequest, NodePublishRequest, NodeStageRequest,
+    Secrets, StringMap, ValidateRequest, Validation, Volume, VolumeCapability, VolumeId,
+    VolumePage,
+};
+
+/// Volume lifecycle RPCs of one plugin (controller and node services).
+///
+/// Every method has the contract of the [`CsiClient`] method of the same name: deadlines
+/// and retries are the implementation's business, errors are classified
+/// [`CsiError`]s, and `NOT_FOUND` from the calls that remove something comes back as an
+/// error whose [`CsiError::retry_class`] is [`crate::RetryClass::AlreadyDone`].
+pub trait CsiVolumes: Send + Sync + 'static {
+    /// `CreateVolume` (idempotent by `req.name`).
+    fn create_volume(
+        &self,
+        req: &CreateVolumeRequest,
+    ) -> impl Future<Output = Result<Volume, CsiError>> + Send;
+
+    /// `DeleteVolume`.
+    fn delete_volume(
+        &self,
+        id: &VolumeId,
+        secrets: &Secrets,
+    ) -> impl Future<Output = Result<(), CsiError>> + Send;
+
+    /// `ValidateVolumeCapabilities`.
+    fn validate(
+        &self,
+        req: &ValidateRequest,
+    ) -> impl Future<Output = Result<Validation, CsiError>> + Send;
+
+    /// One page of `ListVolumes` (`max_entries` 0 = the plugin's choice).
+    fn list_volumes_page(
+        &self,
+        max_entries: i32,
+        starting_token: Option<&str>,
+    ) -> impl Future<Output = Result<VolumePage, CsiError>> + Send;
+
+    /// `GetCapacity` for volumes with `capabilities` and `parameters`.
+    fn capacity(
+        &self,
+        capabilities: &[VolumeCapability],
+        parameters: &StringMap,
+    ) -> impl Future<Output = Result<Capacity, CsiError>> + Send;
+
+    /// `ControllerPublishVolume`; returns the publish context.
+    fn controller_publish(
+        &self,
+        req: &ControllerPublishRequest,
+    ) -> impl Future<Output = Result<StringMap, CsiError>> + Send;
+
+    /// `ControllerUnpublishVolume`.
+    fn controller_unpublish(
+        &self,
+        id: &VolumeId,
+        node_id: &str,
+    ) -> impl Future<Output = Result<(), CsiError>> + Send;
+
+    /// `NodeStageVolume`.
+    fn node_stage(
+        &self,
+        req: &NodeStageRequest,
+    ) -> impl Future<Output = Result<(), CsiError>> + Send;
+
+    /// `NodeUnstageVolume`.
+    fn node_unstage(
+        &self,
+        id: &VolumeId,
+        staging_path: &str,
+    ) -> impl Future<Output = Result<(), CsiError>> + Send;
+
+    /// `NodePublishVolume`.
+    fn node_publish(
+        &self,
+        req: &NodePublishRequest,
+    ) -> impl Future<Output = Result<(), CsiError>> + Send;
+
+    /// `NodeUnpublishVolume`.
+    fn node_unpublish(
+        &self,
+        id: &VolumeId,
+        target_path: &str,
+    ) -> impl Future<Output = Result<(), CsiError>> + Send;
+}
+
+impl CsiVolumes for CsiClient {
+    fn create_volume(
+        &self,
+        req: &CreateVolumeRequest,
+    ) -> impl Future<Output = Result<Volume, CsiError>> + Send {
+        CsiClient::create_volume(self, req)
+    }
+
+    fn delete_volume(
+        &self,
+        id: &VolumeId,
+        secrets: &Secrets,
+    ) -> impl Future<Output = Result<(), CsiError>> + Send {
+        CsiClient::delete_volume(self, id, secrets)
+    }
+
+    fn validate(
+        &self,
+        req: &ValidateRequest,
+    ) -> impl Future<Output = Result<Validation, CsiError>> + Send {
+        CsiClient::validate(self, req)
+    }
+
+    fn list_volumes_page(
+        &self,
+        max_entries: i32,
+        starting_token: Option<&str>,
+    ) -> impl Future<Output = Result<VolumePage, CsiError>> + Send {
+        CsiClient::list_volumes_page(self, max_entries, starting_token)
+    }
+
+    fn capacity(
+        &self,
+        capabilities: &[VolumeCapability],
+        parameters: &StringMap,
+    ) -> impl Future<Output = Result<Capacity, CsiError>> + Send {
+        CsiClient::capacity(self, capabilities, parameters)
+    }
+
+    fn controller_publish(
+        &self,
+        req: &ControllerPublishRequest,
+    ) -> impl Future<Output = Result<StringMap, CsiError>> + Send {
+        CsiClient::controller_publish(self, req)
+    }
+
+    fn controller_unpublish(
+        &self,
+        id: &VolumeId,
+        node_id: &str,
+    ) -> impl Future<Output = Result<(), CsiError>> + Send {
+        CsiClient::controller_unpublish(self, id, node_id)
+    }
+
+    fn node_stage(
+        &self,
+        req: &NodeStageRequest,
+    ) -> impl Future<Output = Result<(), CsiError>> + Send {
+        CsiClient::node_stage(self, req)
+    }
+
+    fn node_unstage(
+        &self,
+        id: &VolumeId,
+        staging_path: &str,
+    ) -> impl Future<Output = Result<(), CsiError>> + Send {
+        CsiClient::node_unstage(self, id, staging_path)
+    }
+
+    fn node_publish(
+        &self,
+        req: &NodePublishRequest,
+    ) -> impl Future<Output = Result<(), CsiError>> + Send {
+        CsiClient::node_publish(self, req)
+    }
+
+    fn node_unpublish(
+        &self,
+        id: &VolumeId,
+        target_path: &str,
+    ) -> impl Future<Output = Result<(), CsiError>> + Send {
+        CsiClient::node_unpublish(self, id, target_path)
+    }
+}
