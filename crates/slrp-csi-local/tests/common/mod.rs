@@ -57,6 +57,9 @@ pub struct TestPlugin {
     pub args: Vec<String>,
     /// Extra environment for the plugin (e.g. a `PATH` with fake tools first).
     pub env: Vec<(String, String)>,
+    /// When set, the plugin's stderr (its log) is appended to this file instead of the
+    /// test's own stderr, so a test can read what the plugin logged.
+    pub stderr_log: Option<PathBuf>,
     pub child: Option<Child>,
 }
 
@@ -68,6 +71,15 @@ impl TestPlugin {
 
     /// [`TestPlugin::start`] with extra environment variables.
     pub async fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::start_full(extra, env, false).await
+    }
+
+    /// [`TestPlugin::start_with_env`], with the plugin's log captured in [`TestPlugin::log`].
+    pub async fn start_logged(extra: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::start_full(extra, env, true).await
+    }
+
+    async fn start_full(extra: &[&str], env: &[(&str, &str)], logged: bool) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("csil")
             .tempdir_in("/tmp")
@@ -84,6 +96,7 @@ impl TestPlugin {
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
+            stderr_log: logged.then(|| dir.path().join("plugin.log")),
             child: None,
             dir,
         };
@@ -99,8 +112,26 @@ impl TestPlugin {
         self.path(rel).display().to_string()
     }
 
+    /// What the plugin logged so far (empty unless started with [`TestPlugin::start_logged`]).
+    pub fn log(&self) -> String {
+        self.stderr_log
+            .as_ref()
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .unwrap_or_default()
+    }
+
     pub async fn spawn(&mut self) {
         assert!(self.child.is_none(), "already running");
+        let stderr = match &self.stderr_log {
+            Some(p) => Stdio::from(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(p)
+                    .expect("opening the plugin log"),
+            ),
+            None => Stdio::inherit(),
+        };
         let child = Command::new(env!("CARGO_BIN_EXE_slrp-csi-local"))
             .arg("--endpoint")
             .arg(format!("unix://{}", self.socket.display()))
@@ -114,6 +145,7 @@ impl TestPlugin {
             .env("RUST_LOG", "info")
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .expect("spawning slrp-csi-local");
         self.child = Some(child);
