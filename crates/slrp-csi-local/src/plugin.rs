@@ -2108,7 +2108,10 @@ mod tests {
             )
             .unwrap();
         assert_eq!((size, node), (32 << 20, true));
-        assert_eq!(p.node_expand_volume(&id, &staging, None, None).unwrap(), 32 << 20);
+        assert_eq!(
+            p.node_expand_volume(&id, &staging, None, None).unwrap(),
+            32 << 20
+        );
         assert_eq!(
             p.controller_expand_volume(
                 &id,

@@ -121,10 +121,7 @@ impl Sanity {
     }
 
     /// CreateVolume that registers the volume for cleanup, like csi-sanity's `Resources`.
-    async fn create(
-        &mut self,
-        req: v1::CreateVolumeRequest,
-    ) -> Result<v1::Volume, tonic::Status> {
+    async fn create(&mut self, req: v1::CreateVolumeRequest) -> Result<v1::Volume, tonic::Status> {
         let v = self
             .c
             .controller
@@ -170,7 +167,10 @@ impl Sanity {
     }
 
     async fn stage_and_publish(&mut self, v: &v1::Volume) {
-        let (stage, publish) = (self.stage_req(v, self.snw()), self.publish_req(v, self.snw()));
+        let (stage, publish) = (
+            self.stage_req(v, self.snw()),
+            self.publish_req(v, self.snw()),
+        );
         self.c.node.node_stage_volume(stage).await.unwrap();
         self.c.node.node_publish_volume(publish).await.unwrap();
     }
@@ -212,7 +212,8 @@ impl Sanity {
                 .unwrap_or_else(|s| panic!("cleanup: DeleteVolume {id}: {s:?}"));
         }
         assert!(self.p.mounts_here().is_empty(), "cleanup left mounts");
-        assert!(self.p.loops_here().is_empty(), "cleanup left loop devices");
+        let loops = self.p.loops_after_release().await;
+        assert!(loops.is_empty(), "cleanup left loop devices: {loops:?}");
     }
 }
 
@@ -239,14 +240,13 @@ fn flavour_runs(test: &str, flavour: Flavour) -> bool {
 async fn sanity_identity_get_plugin_capabilities() {
     use v1::plugin_capability::{Type, service, volume_expansion};
     let s = Sanity::start().await;
-    let res = s
-        .c
-        .identity
-        .clone()
-        .get_plugin_capabilities(v1::GetPluginCapabilitiesRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let res =
+        s.c.identity
+            .clone()
+            .get_plugin_capabilities(v1::GetPluginCapabilitiesRequest {})
+            .await
+            .unwrap()
+            .into_inner();
     for cap in res.capabilities {
         match cap.r#type {
             Some(Type::Service(svc)) => assert!(matches!(
@@ -270,14 +270,13 @@ async fn sanity_identity_get_plugin_capabilities() {
 #[tokio::test]
 async fn sanity_identity_probe() {
     let s = Sanity::start().await;
-    let res = s
-        .c
-        .identity
-        .clone()
-        .probe(v1::ProbeRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let res =
+        s.c.identity
+            .clone()
+            .probe(v1::ProbeRequest {})
+            .await
+            .unwrap()
+            .into_inner();
     assert_eq!(res.ready, Some(true));
     s.cleanup().await;
 }
@@ -297,14 +296,13 @@ fn sanity_name_ok(name: &str) -> bool {
 #[tokio::test]
 async fn sanity_identity_get_plugin_info() {
     let s = Sanity::start().await;
-    let res = s
-        .c
-        .identity
-        .clone()
-        .get_plugin_info(v1::GetPluginInfoRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let res =
+        s.c.identity
+            .clone()
+            .get_plugin_info(v1::GetPluginInfoRequest {})
+            .await
+            .unwrap()
+            .into_inner();
     assert!(sanity_name_ok(&res.name), "{}", res.name);
     assert!(!res.vendor_version.is_empty());
     assert!(!sanity_name_ok("1bad") && !sanity_name_ok("bad.") && !sanity_name_ok("x"));
@@ -317,14 +315,13 @@ async fn sanity_identity_get_plugin_info() {
 #[tokio::test]
 async fn sanity_controller_get_capabilities() {
     let s = Sanity::start().await;
-    let res = s
-        .c
-        .controller
-        .clone()
-        .controller_get_capabilities(v1::ControllerGetCapabilitiesRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let res =
+        s.c.controller
+            .clone()
+            .controller_get_capabilities(v1::ControllerGetCapabilitiesRequest {})
+            .await
+            .unwrap()
+            .into_inner();
     assert!(!res.capabilities.is_empty());
     for cap in res.capabilities {
         let Some(v1::controller_service_capability::Type::Rpc(rpc)) = cap.r#type else {
@@ -344,14 +341,13 @@ async fn sanity_controller_get_capabilities() {
 #[tokio::test]
 async fn sanity_get_capacity_no_optional_values() {
     let s = Sanity::start().await;
-    let res = s
-        .c
-        .controller
-        .clone()
-        .get_capacity(v1::GetCapacityRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
+    let res =
+        s.c.controller
+            .clone()
+            .get_capacity(v1::GetCapacityRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
     assert!(res.available_capacity >= 0);
     assert!(res.maximum_volume_size.unwrap_or(0) >= 0);
     assert!(res.minimum_volume_size.unwrap_or(0) >= 0);
@@ -364,13 +360,12 @@ async fn sanity_get_capacity_no_optional_values() {
 async fn sanity_list_volumes_no_optional_values() {
     let mut s = Sanity::start().await;
     s.must_create("sanity-list").await;
-    let res = s
-        .c
-        .controller
-        .list_volumes(v1::ListVolumesRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
+    let res =
+        s.c.controller
+            .list_volumes(v1::ListVolumesRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
     assert_eq!(res.entries.len(), 1);
     for e in &res.entries {
         assert!(!e.volume.as_ref().unwrap().volume_id.is_empty());
@@ -396,16 +391,15 @@ async fn sanity_list_volumes_invalid_starting_token() {
 }
 
 async fn list_ids(s: &mut Sanity, max_entries: i32, token: &str) -> (Vec<String>, String) {
-    let res = s
-        .c
-        .controller
-        .list_volumes(v1::ListVolumesRequest {
-            max_entries,
-            starting_token: token.into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let res =
+        s.c.controller
+            .list_volumes(v1::ListVolumesRequest {
+                max_entries,
+                starting_token: token.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
     (
         res.entries
             .into_iter()
@@ -665,17 +659,16 @@ async fn sanity_validate_no_capabilities() {
 async fn sanity_validate_appropriate_values() {
     let mut s = Sanity::start().await;
     let v = s.must_create("sanity-controller-validate").await;
-    let res = s
-        .c
-        .controller
-        .validate_volume_capabilities(v1::ValidateVolumeCapabilitiesRequest {
-            volume_id: v.volume_id,
-            volume_capabilities: vec![s.snw()],
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let res =
+        s.c.controller
+            .validate_volume_capabilities(v1::ValidateVolumeCapabilitiesRequest {
+                volume_id: v.volume_id,
+                volume_capabilities: vec![s.snw()],
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
     let confirmed = res.confirmed.expect("a supported capability is confirmed");
     assert_eq!(confirmed.volume_capabilities, vec![s.snw()]);
     s.cleanup().await;
@@ -778,13 +771,12 @@ async fn sanity_controller_expand_works() {
 #[tokio::test]
 async fn sanity_node_get_capabilities() {
     let mut s = Sanity::start().await;
-    let res = s
-        .c
-        .node
-        .node_get_capabilities(v1::NodeGetCapabilitiesRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let res =
+        s.c.node
+            .node_get_capabilities(v1::NodeGetCapabilitiesRequest {})
+            .await
+            .unwrap()
+            .into_inner();
     assert!(!res.capabilities.is_empty());
     for cap in res.capabilities {
         let Some(v1::node_service_capability::Type::Rpc(rpc)) = cap.r#type else {
@@ -799,13 +791,12 @@ async fn sanity_node_get_capabilities() {
 #[tokio::test]
 async fn sanity_node_get_info() {
     let mut s = Sanity::start().await;
-    let res = s
-        .c
-        .node
-        .node_get_info(v1::NodeGetInfoRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let res =
+        s.c.node
+            .node_get_info(v1::NodeGetInfoRequest {})
+            .await
+            .unwrap()
+            .into_inner();
     assert!(!res.node_id.is_empty());
     assert!(res.max_volumes_per_node >= 0);
     // No VOLUME_ACCESSIBILITY_CONSTRAINTS, so no topology.
@@ -851,7 +842,10 @@ async fn sanity_node_publish_no_capability() {
         target_path: s.target(),
         ..Default::default()
     };
-    code_is(s.c.node.node_publish_volume(req).await, Code::InvalidArgument);
+    code_is(
+        s.c.node.node_publish_volume(req).await,
+        Code::InvalidArgument,
+    );
     s.cleanup().await;
 }
 
@@ -925,7 +919,10 @@ async fn node_unpublish_removes_target(flavour: Flavour) {
     let v = s.must_create("sanity-node-unpublish-volume").await;
     s.stage_and_publish(&v).await;
     let target = s.target();
-    assert!(std::path::Path::new(&target).exists(), "target created by the plugin");
+    assert!(
+        std::path::Path::new(&target).exists(),
+        "target created by the plugin"
+    );
     s.c.node
         .node_unpublish_volume(v1::NodeUnpublishVolumeRequest {
             volume_id: v.volume_id.clone(),
@@ -1109,7 +1106,10 @@ async fn sanity_node_expand_no_volume_id() {
         volume_capability: Some(s.snw()),
         ..Default::default()
     };
-    code_is(s.c.node.node_expand_volume(req).await, Code::InvalidArgument);
+    code_is(
+        s.c.node.node_expand_volume(req).await,
+        Code::InvalidArgument,
+    );
     s.cleanup().await;
 }
 
@@ -1123,7 +1123,10 @@ async fn sanity_node_expand_no_volume_path() {
         volume_capability: Some(s.snw()),
         ..Default::default()
     };
-    code_is(s.c.node.node_expand_volume(req).await, Code::InvalidArgument);
+    code_is(
+        s.c.node.node_expand_volume(req).await,
+        Code::InvalidArgument,
+    );
     s.cleanup().await;
 }
 
@@ -1159,21 +1162,20 @@ async fn node_expand_after_publish(flavour: Flavour) {
     let v = s.must_create("sanity-node-expand-volume").await;
     assert_eq!(controller_expand(&mut s, &v, false).await, EXPAND_SIZE);
     s.stage_and_publish(&v).await;
-    let res = s
-        .c
-        .node
-        .node_expand_volume(v1::NodeExpandVolumeRequest {
-            volume_id: v.volume_id.clone(),
-            volume_path: s.target(),
-            capacity_range: Some(v1::CapacityRange {
-                required_bytes: EXPAND_SIZE,
-                limit_bytes: 0,
-            }),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let res =
+        s.c.node
+            .node_expand_volume(v1::NodeExpandVolumeRequest {
+                volume_id: v.volume_id.clone(),
+                volume_path: s.target(),
+                capacity_range: Some(v1::CapacityRange {
+                    required_bytes: EXPAND_SIZE,
+                    limit_bytes: 0,
+                }),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
     assert_eq!(res.capacity_bytes, EXPAND_SIZE);
     s.cleanup().await;
 }
@@ -1202,13 +1204,12 @@ async fn node_full(flavour: Flavour, count: usize) {
         return;
     }
     let mut s = Sanity::start_with(flavour).await;
-    let info = s
-        .c
-        .node
-        .node_get_info(v1::NodeGetInfoRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let info =
+        s.c.node
+            .node_get_info(v1::NodeGetInfoRequest {})
+            .await
+            .unwrap()
+            .into_inner();
     assert!(!info.node_id.is_empty());
     let v = s.must_create(&format!("sanity-node-full-{count}")).await;
     for _ in 0..count {
@@ -1223,17 +1224,16 @@ async fn node_full(flavour: Flavour, count: usize) {
             .await
             .unwrap();
     }
-    let stats = s
-        .c
-        .node
-        .node_get_volume_stats(v1::NodeGetVolumeStatsRequest {
-            volume_id: v.volume_id.clone(),
-            volume_path: s.target(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let stats =
+        s.c.node
+            .node_get_volume_stats(v1::NodeGetVolumeStatsRequest {
+                volume_id: v.volume_id.clone(),
+                volume_path: s.target(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
     assert!(!stats.usage.is_empty());
     for u in &stats.usage {
         assert!(u.total >= 0 && u.used >= 0 && u.available >= 0, "{u:?}");
@@ -1324,7 +1324,8 @@ async fn sanity_skipped_capabilities_answer_unimplemented() {
         Code::Unimplemented,
     );
     code_is(
-        ctl.list_snapshots(v1::ListSnapshotsRequest::default()).await,
+        ctl.list_snapshots(v1::ListSnapshotsRequest::default())
+            .await,
         Code::Unimplemented,
     );
     code_is(
@@ -1371,7 +1372,14 @@ async fn sanity_skipped_capabilities_answer_unimplemented() {
 #[tokio::test]
 async fn spec_create_volume_name_characters() {
     let mut s = Sanity::start().await;
-    for bad in ["nul\u{0}x", "bell\u{7}", "vt\u{b}", "esc\u{1b}[0m", "del\u{7f}", "c1\u{85}"] {
+    for bad in [
+        "nul\u{0}x",
+        "bell\u{7}",
+        "vt\u{b}",
+        "esc\u{1b}[0m",
+        "del\u{7f}",
+        "c1\u{85}",
+    ] {
         let req = s.create_req(bad);
         code_is(s.create(req).await, Code::InvalidArgument);
     }
@@ -1422,7 +1430,10 @@ async fn spec_capacity_range_semantics() {
         sized("loop-limit", 0, (9 << 20) + 7, &[("backend", "loop")]),
     ];
     let bad = [
-        (sized("inverted", 5 << 20, 3 << 20, &[]), Code::InvalidArgument),
+        (
+            sized("inverted", 5 << 20, 3 << 20, &[]),
+            Code::InvalidArgument,
+        ),
         (sized("negative", -1, 0, &[]), Code::InvalidArgument),
         (sized("negative-limit", 0, -1, &[]), Code::InvalidArgument),
         // ext4 needs 8 MiB; a 1 MiB limit cannot be honoured.
@@ -1443,8 +1454,16 @@ async fn spec_capacity_range_semantics() {
         sizes.push(v.capacity_bytes);
     }
     assert_eq!(sizes[0], 1 << 30, "no range: the documented default");
-    assert_eq!(sizes[1], 100 << 20, "limit only: the default capped by the limit");
-    assert_eq!(sizes[3], (8 << 20) + 4096, "loop sizes are whole 4 KiB blocks");
+    assert_eq!(
+        sizes[1],
+        100 << 20,
+        "limit only: the default capped by the limit"
+    );
+    assert_eq!(
+        sizes[3],
+        (8 << 20) + 4096,
+        "loop sizes are whole 4 KiB blocks"
+    );
     assert_eq!(sizes[4], 9 << 20, "rounded down to stay within the limit");
     for (r, code) in bad {
         code_is(s.create(r).await, code);
@@ -1474,32 +1493,30 @@ async fn spec_validate_confirms_only_matching_context_and_parameters() {
         }
     };
     let params = HashMap::from([("pool".to_owned(), "default".to_owned())]);
-    let ok = s
-        .c
-        .controller
-        .validate_volume_capabilities(validate(
-            v.volume_context.clone(),
-            params.clone(),
-            vec![s.snw()],
-        ))
-        .await
-        .unwrap()
-        .into_inner()
-        .confirmed
-        .expect("matching context and parameters are confirmed");
+    let ok =
+        s.c.controller
+            .validate_volume_capabilities(validate(
+                v.volume_context.clone(),
+                params.clone(),
+                vec![s.snw()],
+            ))
+            .await
+            .unwrap()
+            .into_inner()
+            .confirmed
+            .expect("matching context and parameters are confirmed");
     assert_eq!(ok.volume_context, v.volume_context);
     assert_eq!(ok.parameters, params);
     assert_eq!(ok.volume_capabilities, vec![s.snw()]);
     // Nothing optional given: nothing optional echoed.
-    let bare = s
-        .c
-        .controller
-        .validate_volume_capabilities(validate(HashMap::new(), HashMap::new(), vec![s.snw()]))
-        .await
-        .unwrap()
-        .into_inner()
-        .confirmed
-        .unwrap();
+    let bare =
+        s.c.controller
+            .validate_volume_capabilities(validate(HashMap::new(), HashMap::new(), vec![s.snw()]))
+            .await
+            .unwrap()
+            .into_inner()
+            .confirmed
+            .unwrap();
     assert!(bare.volume_context.is_empty() && bare.parameters.is_empty());
 
     let mut wrong_ctx = v.volume_context.clone();
@@ -1517,13 +1534,12 @@ async fn spec_validate_confirms_only_matching_context_and_parameters() {
         mutable,
         validate(HashMap::new(), HashMap::new(), vec![s.snw(), multi]),
     ] {
-        let res = s
-            .c
-            .controller
-            .validate_volume_capabilities(req)
-            .await
-            .unwrap()
-            .into_inner();
+        let res =
+            s.c.controller
+                .validate_volume_capabilities(req)
+                .await
+                .unwrap()
+                .into_inner();
         assert!(res.confirmed.is_none(), "{res:?}");
         assert!(!res.message.is_empty());
     }
@@ -1617,13 +1633,12 @@ async fn spec_node_expand_capability_and_range() {
         s.c.node.node_expand_volume(expand(None, 2 * SIZE, 0)).await,
         Code::OutOfRange,
     );
-    let res = s
-        .c
-        .node
-        .node_expand_volume(expand(Some(s.snw()), SIZE / 2, 0))
-        .await
-        .unwrap()
-        .into_inner();
+    let res =
+        s.c.node
+            .node_expand_volume(expand(Some(s.snw()), SIZE / 2, 0))
+            .await
+            .unwrap()
+            .into_inner();
     assert_eq!(res.capacity_bytes, SIZE);
     s.cleanup().await;
 }
@@ -1673,7 +1688,11 @@ async fn spec_volume_context_never_changes() {
     for v in [&import, &created] {
         s.stage_and_publish(v).await;
         let after = contexts(&mut s).await;
-        assert_eq!(after, before, "staging {} changed a volume context", v.volume_id);
+        assert_eq!(
+            after, before,
+            "staging {} changed a volume context",
+            v.volume_id
+        );
         s.cleanup_node(v).await;
     }
     s.cleanup().await;
@@ -1721,8 +1740,7 @@ async fn spec_secrets_and_mount_flags_never_leak() {
         .volume
         .unwrap();
     let mut messages = Vec::new();
-    if can_mount("spec_secrets_and_mount_flags_never_leak (mount part)") && has_tool("mkfs.ext4")
-    {
+    if can_mount("spec_secrets_and_mount_flags_never_leak (mount part)") && has_tool("mkfs.ext4") {
         let mut cap = mount_cap("");
         if let Some(v1::volume_capability::AccessType::Mount(m)) = &mut cap.access_type {
             m.mount_flags = vec![FLAG.to_owned()];
@@ -1760,7 +1778,10 @@ async fn spec_secrets_and_mount_flags_never_leak() {
         .await
         .unwrap();
     let log = p.log();
-    assert!(log.contains("deleted volume"), "the log was captured: {log}");
+    assert!(
+        log.contains("deleted volume"),
+        "the log was captured: {log}"
+    );
     for text in messages.iter().chain(std::iter::once(&log)) {
         assert!(!text.contains(SECRET), "secret leaked: {text}");
         assert!(!text.contains(FLAG), "mount flag leaked: {text}");

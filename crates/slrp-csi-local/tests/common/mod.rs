@@ -259,6 +259,20 @@ impl TestPlugin {
         v
     }
 
+    /// Loop devices still backed by files here after waiting (bounded, a hang guard) for
+    /// detached ones to go: `losetup -d` on a device that someone else has open (udev
+    /// probing it after a change) only marks it for release on last close, so a device the
+    /// plugin detached can linger for a moment.
+    pub async fn loops_after_release(&self) -> Vec<String> {
+        for _ in 0..100 {
+            if self.loops_here().is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.loops_here()
+    }
+
     /// Loop devices backed by files under this test's directory.
     pub fn loops_here(&self) -> Vec<String> {
         let out = Command::new("losetup")
