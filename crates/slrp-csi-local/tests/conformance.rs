@@ -1782,6 +1782,7 @@ async fn spec_secrets_and_mount_flags_never_leak() {
         log.contains("deleted volume"),
         "the log was captured: {log}"
     );
+    assert!(log.contains("TRACE"), "logging was at its most verbose");
     for text in messages.iter().chain(std::iter::once(&log)) {
         assert!(!text.contains(SECRET), "secret leaked: {text}");
         assert!(!text.contains(FLAG), "mount flag leaked: {text}");
