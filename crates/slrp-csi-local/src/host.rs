@@ -208,11 +208,16 @@ impl Host for RealHost {
             args.extend([OsStr::new("-t"), OsStr::new(t)]);
         }
         let joined = options.join(",");
+        let mut redacted = Vec::new();
         if !options.is_empty() {
-            args.extend([OsStr::new("-o"), OsStr::new(&joined)]);
+            args.push(OsStr::new("-o"));
+            // CSI: mount_flags MAY contain sensitive information and must not leak, so
+            // they never appear in logs or status messages.
+            redacted.push(args.len());
+            args.push(OsStr::new(&joined));
         }
         args.extend([device.as_os_str(), target.as_os_str()]);
-        self.run("mount", args).map(drop)
+        self.tools.run_redacted("mount", args, &redacted).map(drop)
     }
 
     fn unmount_all(&self, target: &Path) -> Result<(), HostError> {

@@ -36,6 +36,12 @@
 //!   the call that started it (except one stuck in uninterruptible I/O, which is reaped in
 //!   the background once it dies).
 //! - One process per root (`flock` on `<root>/lock`).
+//! - A volume's context never changes (CSI: "SHALL NOT be mutable"): it holds only facts
+//!   fixed at creation.
+//! - CSI secrets are ignored and requests never logged; mount flags (which may carry
+//!   secrets) appear in no log line or status message (`ToolRunner::run_redacted`).
+//! - Error codes follow the CSI spec's tables and csi-sanity's expectations;
+//!   `docs/csi-local.md` ("Conformance") maps every csi-sanity case to its test.
 //!
 //! # Limitations
 //! - `dir` volumes are not size-limited: their size is accounted against the pool only.

@@ -31,7 +31,6 @@ use crate::store::{
 use crate::types::{
     AccessMode, AccessType, Capability, CapacityInfo, CapacityRange, Condition, CreateVolume,
     PublishVolume, StageVolume, Usage, UsageUnit, Validation, VolumeInfo, VolumePage, VolumeStats,
-    to_hash,
 };
 
 /// Size of a volume created without a capacity range.
@@ -183,6 +182,11 @@ fn io_host<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> Ho
 
 fn to_i64(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// The control characters CSI bans from volume names (all but tab, LF and CR).
+fn is_banned_name_char(c: char) -> bool {
+    matches!(c, '\u{0}'..='\u{8}' | '\u{b}' | '\u{c}' | '\u{e}'..='\u{1f}' | '\u{7f}'..='\u{9f}')
 }
 
 fn round_up(v: u64, g: u64) -> u64 {
@@ -460,7 +464,10 @@ impl<H: Host> Plugin<H> {
         if let Some(p) = &rec.pool {
             ctx.insert("pool".to_owned(), p.clone());
         }
-        if let Some(fs) = &rec.fs_type {
+        // The context must never change for a volume (CSI: "SHALL NOT be mutable"). An
+        // import's file system type is only learnt at its first stage, so only volumes
+        // created here, whose type is fixed at creation, report it.
+        if let (Origin::Created, Some(fs)) = (rec.origin, &rec.fs_type) {
             ctx.insert("fs_type".to_owned(), fs.clone());
         }
         VolumeInfo {
@@ -686,6 +693,12 @@ impl<H: Host> Plugin<H> {
                 format!("is longer than {MAX_NAME_LEN} bytes"),
             ));
         }
+        if let Some(c) = req.name.chars().find(|&c| is_banned_name_char(c)) {
+            return Err(VolumeError::invalid(
+                "name",
+                format!("contains the control character U+{:04X}", u32::from(c)),
+            ));
+        }
         if req.capabilities.is_empty() {
             return Err(VolumeError::invalid("volume_capabilities", "is empty"));
         }
@@ -897,7 +910,8 @@ impl<H: Host> Plugin<H> {
         }
     }
 
-    /// ValidateVolumeCapabilities.
+    /// ValidateVolumeCapabilities: `Confirmed` only if every capability fits the volume and
+    /// the `volume_context` and `parameters` given (if any) are the volume's own.
     ///
     /// # Errors
     /// INVALID_ARGUMENT for missing fields, NOT_FOUND for an unknown volume.
@@ -905,6 +919,7 @@ impl<H: Host> Plugin<H> {
         &self,
         volume_id: &str,
         capabilities: &[Capability],
+        volume_context: &HashMap<String, String>,
         parameters: &HashMap<String, String>,
     ) -> Result<Validation, VolumeError> {
         if volume_id.is_empty() {
@@ -919,6 +934,11 @@ impl<H: Host> Plugin<H> {
                 return Ok(Validation::Unconfirmed(why));
             }
         }
+        if !volume_context.is_empty() && *volume_context != self.info(&rec).volume_context {
+            return Ok(Validation::Unconfirmed(format!(
+                "volume_context differs from the context of volume {volume_id}"
+            )));
+        }
         let theirs: BTreeMap<_, _> = parameters
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
@@ -928,10 +948,7 @@ impl<H: Host> Plugin<H> {
                 "parameters differ from those the volume was created with".to_owned(),
             ));
         }
-        Ok(Validation::Confirmed {
-            volume_context: self.info(&rec).volume_context,
-            parameters: to_hash(&rec.parameters),
-        })
+        Ok(Validation::Confirmed)
     }
 
     /// ListVolumes with pagination. Tokens name the first id of the next page, so deleting
@@ -1518,6 +1535,13 @@ impl<H: Host> Plugin<H> {
         Ok(())
     }
 
+    /// The volume and one of its recorded staging or target paths, for the calls that name
+    /// a volume by a path it is available at.
+    ///
+    /// Only an empty path is INVALID_ARGUMENT. Any other path that is not one of the
+    /// volume's is NOT_FOUND, even a relative or malformed one: the volume does not exist
+    /// there (the CSI row for these calls), and csi-sanity sends `some/path` expecting
+    /// NOT_FOUND. Such a path is only compared with the records, never used.
     fn node_record_at(
         &self,
         volume_id: &str,
@@ -1526,15 +1550,19 @@ impl<H: Host> Plugin<H> {
         if volume_id.is_empty() {
             return Err(VolumeError::invalid("volume_id", "is empty"));
         }
-        let path = Self::node_path("volume_path", volume_path)?;
+        if volume_path.is_empty() {
+            return Err(VolumeError::invalid("volume_path", "is empty"));
+        }
         let rec = self.lookup(volume_id)?;
+        let not_here = || VolumeError::PathNotFound {
+            volume_id: volume_id.to_owned(),
+            path: PathBuf::from(volume_path),
+        };
+        let path = ids::co_path(volume_path).map_err(|_| not_here())?;
         let known = rec.staged.as_ref().is_some_and(|s| s.path == path)
             || rec.published.iter().any(|p| p.target == path);
         if !known || !path.exists() {
-            return Err(VolumeError::PathNotFound {
-                volume_id: volume_id.to_owned(),
-                path,
-            });
+            return Err(not_here());
         }
         Ok((rec, path))
     }
@@ -1636,21 +1664,35 @@ impl<H: Host> Plugin<H> {
     /// NodeExpandVolume: lets the loop device and file system use the grown image.
     ///
     /// # Errors
-    /// INVALID_ARGUMENT, NOT_FOUND, OUT_OF_RANGE (more than ControllerExpandVolume granted),
-    /// FAILED_PRECONDITION (not staged).
+    /// INVALID_ARGUMENT (also for a capability the volume does not serve), NOT_FOUND,
+    /// OUT_OF_RANGE (more than ControllerExpandVolume granted, or a limit below the
+    /// current size), FAILED_PRECONDITION (not staged).
     pub fn node_expand_volume(
         &self,
         volume_id: &str,
         volume_path: &str,
         range: Option<CapacityRange>,
+        capability: Option<&Capability>,
     ) -> Result<u64, VolumeError> {
-        let (req, _) = Self::check_range(range)?;
+        let (req, lim) = Self::check_range(range)?;
         let _v = self.busy.lock(volume_id);
         let (rec, _path) = self.node_record_at(volume_id, volume_path)?;
+        if let Some(cap) = capability {
+            Self::compatible(&rec, cap)
+                .map_err(|r| VolumeError::invalid("volume_capability", r))?;
+        }
         if req > rec.capacity_bytes {
             return Err(VolumeError::OutOfRange {
                 reason: format!(
                     "required_bytes {req} exceeds the volume's {} bytes; call ControllerExpandVolume first",
+                    rec.capacity_bytes
+                ),
+            });
+        }
+        if lim > 0 && lim < rec.capacity_bytes {
+            return Err(VolumeError::OutOfRange {
+                reason: format!(
+                    "volume has {} bytes; shrinking to {lim} is not supported",
                     rec.capacity_bytes
                 ),
             });
@@ -2066,7 +2108,10 @@ mod tests {
             )
             .unwrap();
         assert_eq!((size, node), (32 << 20, true));
-        assert_eq!(p.node_expand_volume(&id, &staging, None).unwrap(), 32 << 20);
+        assert_eq!(
+            p.node_expand_volume(&id, &staging, None, None).unwrap(),
+            32 << 20
+        );
         assert_eq!(
             p.controller_expand_volume(
                 &id,
@@ -2139,24 +2184,37 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = open(dir.path(), 1 << 30);
         let v = p.create_volume(&create("a", 1 << 20, mount_cap())).unwrap();
-        assert!(matches!(
-            p.validate_volume_capabilities(&v.volume_id, &[mount_cap()], &HashMap::new())
+        let none = HashMap::new();
+        assert_eq!(
+            p.validate_volume_capabilities(&v.volume_id, &[mount_cap()], &none, &none)
                 .unwrap(),
-            Validation::Confirmed { .. }
+            Validation::Confirmed
+        );
+        assert_eq!(
+            p.validate_volume_capabilities(&v.volume_id, &[mount_cap()], &v.volume_context, &none)
+                .unwrap(),
+            Validation::Confirmed
+        );
+        let mut stale = v.volume_context.clone();
+        stale.insert("backend".into(), "loop".into());
+        assert!(matches!(
+            p.validate_volume_capabilities(&v.volume_id, &[mount_cap()], &stale, &none)
+                .unwrap(),
+            Validation::Unconfirmed(_)
         ));
         assert!(matches!(
-            p.validate_volume_capabilities(&v.volume_id, &[block_cap()], &HashMap::new())
+            p.validate_volume_capabilities(&v.volume_id, &[block_cap()], &none, &none)
                 .unwrap(),
             Validation::Unconfirmed(_)
         ));
         assert_eq!(
-            p.validate_volume_capabilities("vol-x", &[mount_cap()], &HashMap::new())
+            p.validate_volume_capabilities("vol-x", &[mount_cap()], &none, &none)
                 .unwrap_err()
                 .code(),
             tonic::Code::NotFound
         );
         assert_eq!(
-            p.validate_volume_capabilities(&v.volume_id, &[], &HashMap::new())
+            p.validate_volume_capabilities(&v.volume_id, &[], &none, &none)
                 .unwrap_err()
                 .code(),
             tonic::Code::InvalidArgument

@@ -112,9 +112,33 @@ impl ToolRunner {
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
     {
+        self.run_redacted(program, args, &[])
+    }
+
+    /// [`ToolRunner::run`], with the arguments at the indices in `redacted` shown as
+    /// `<redacted>` in every log line and error (they may carry secrets, e.g. mount options).
+    ///
+    /// # Errors
+    /// As [`ToolRunner::run`].
+    pub fn run_redacted<I, S>(
+        &self,
+        program: &str,
+        args: I,
+        redacted: &[usize],
+    ) -> Result<String, HostError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
         let args: Vec<OsString> = args.into_iter().map(|a| a.as_ref().to_owned()).collect();
         let command = std::iter::once(program.to_owned())
-            .chain(args.iter().map(|a| a.to_string_lossy().into_owned()))
+            .chain(args.iter().enumerate().map(|(i, a)| {
+                if redacted.contains(&i) {
+                    "<redacted>".to_owned()
+                } else {
+                    a.to_string_lossy().into_owned()
+                }
+            }))
             .collect::<Vec<_>>()
             .join(" ");
         let spawn_err = |source| HostError::Spawn {
@@ -414,6 +438,26 @@ mod tests {
         assert_eq!(status.code(), Some(3));
         assert!(stderr.ends_with("the real reason"), "{stderr}");
         assert!(stderr.chars().count() <= STDERR_TAIL);
+    }
+
+    #[test]
+    fn redacted_arguments_reach_the_tool_but_not_the_error() {
+        let dir = tempfile::tempdir().unwrap();
+        write_script(dir.path(), "leaky", "echo \"got $2\" > \"$3\"; exit 1");
+        let seen = dir.path().join("seen");
+        let seen_arg = seen.display().to_string();
+        let err = runner(dir.path(), Duration::from_secs(30))
+            .run_redacted("leaky", ["-o", "password=hunter2", &seen_arg], &[1])
+            .unwrap_err();
+        let HostError::Command { command, .. } = &err else {
+            panic!("{err:?}");
+        };
+        assert_eq!(command, &format!("leaky -o <redacted> {seen_arg}"));
+        assert!(!crate::error::chain(&err).contains("hunter2"));
+        assert_eq!(
+            std::fs::read_to_string(&seen).unwrap(),
+            "got password=hunter2\n"
+        );
     }
 
     #[test]

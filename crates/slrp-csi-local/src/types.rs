@@ -3,7 +3,7 @@
 //! The v0 and v1 adapters convert their protobuf messages into these (rejecting malformed
 //! ones with INVALID_ARGUMENT), so [`crate::Plugin`] never sees a CSI package.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 /// How a volume is accessed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -117,14 +117,10 @@ pub struct CapacityInfo {
 /// ValidateVolumeCapabilities answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Validation {
-    /// All capabilities and parameters are supported.
-    Confirmed {
-        /// The volume's context.
-        volume_context: HashMap<String, String>,
-        /// The volume's parameters.
-        parameters: HashMap<String, String>,
-    },
-    /// Something is not supported; the message says what.
+    /// All capabilities are supported and the context and parameters given are the
+    /// volume's own; the adapters echo what the request carried.
+    Confirmed,
+    /// Something is not supported or does not match; the message says what.
     Unconfirmed(String),
 }
 
@@ -192,8 +188,4 @@ pub struct VolumeStats {
     pub usage: Vec<Usage>,
     /// Condition.
     pub condition: Condition,
-}
-
-pub(crate) fn to_hash(m: &BTreeMap<String, String>) -> HashMap<String, String> {
-    m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
 }

@@ -140,11 +140,8 @@ async fn lifecycle_v1(
         "mounts left: {:?}",
         p.mounts_here()
     );
-    assert!(
-        p.loops_here().is_empty(),
-        "loop devices left: {:?}",
-        p.loops_here()
-    );
+    let loops = p.loops_after_release().await;
+    assert!(loops.is_empty(), "loop devices left: {loops:?}");
 
     // Stage and publish again: the data is still there (a loop volume is not reformatted).
     c.node.node_stage_volume(stage).await.unwrap();
@@ -187,7 +184,7 @@ async fn lifecycle_v1(
         .into_inner();
     assert!(listed.entries.is_empty());
     assert!(p.mounts_here().is_empty());
-    assert!(p.loops_here().is_empty());
+    assert!(p.loops_after_release().await.is_empty());
     let leftovers: Vec<_> = ["root/volumes/dir", "root/volumes/loop"]
         .iter()
         .flat_map(|d| std::fs::read_dir(p.path(d)).unwrap())
@@ -559,5 +556,5 @@ async fn v0_lifecycle_with_restart() {
             .unwrap();
     }
     assert!(p.mounts_here().is_empty());
-    assert!(p.loops_here().is_empty());
+    assert!(p.loops_after_release().await.is_empty());
 }

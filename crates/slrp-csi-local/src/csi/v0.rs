@@ -186,14 +186,16 @@ impl<H: Host> Controller for CsiV0<H> {
         let r = req.into_inner();
         empty_id("volume_id", &r.volume_id)?;
         let cs = caps("volume_capabilities", &r.volume_capabilities)?;
-        let id = r.volume_id;
-        // v0 has no parameters in this call; attributes are the volume's own context.
+        let (id, attributes) = (r.volume_id, r.volume_attributes);
+        // v0 has no parameters in this call; its attributes are v1's volume context.
         let outcome = self
             .0
-            .run(move |p| p.validate_volume_capabilities(&id, &cs, &Default::default()))
+            .run(move |p| {
+                p.validate_volume_capabilities(&id, &cs, &attributes, &Default::default())
+            })
             .await?;
         let resp = match outcome {
-            Validation::Confirmed { .. } => csi::ValidateVolumeCapabilitiesResponse {
+            Validation::Confirmed => csi::ValidateVolumeCapabilitiesResponse {
                 supported: true,
                 message: String::new(),
             },

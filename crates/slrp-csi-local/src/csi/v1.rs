@@ -140,6 +140,11 @@ impl<H: Host> Controller for CsiV1<H> {
         if r.name.is_empty() {
             return Err(Status::invalid_argument("invalid name: is empty"));
         }
+        if !r.mutable_parameters.is_empty() {
+            return Err(Status::invalid_argument(
+                "invalid mutable_parameters: not supported (the plugin has no MODIFY_VOLUME capability)",
+            ));
+        }
         let domain = types::CreateVolume {
             name: r.name,
             capacity_range: r
@@ -193,20 +198,30 @@ impl<H: Host> Controller for CsiV1<H> {
         let r = req.into_inner();
         empty_id("volume_id", &r.volume_id)?;
         let cs = caps("volume_capabilities", &r.volume_capabilities)?;
-        let (id, params) = (r.volume_id, r.parameters.clone());
+        let (id, ctx, params) = (
+            r.volume_id.clone(),
+            r.volume_context.clone(),
+            r.parameters.clone(),
+        );
         let outcome = self
             .0
-            .run(move |p| p.validate_volume_capabilities(&id, &cs, &params))
+            .run(move |p| p.validate_volume_capabilities(&id, &cs, &ctx, &params))
             .await?;
         let resp = match outcome {
-            Validation::Confirmed {
-                volume_context,
-                parameters,
-            } => csi::ValidateVolumeCapabilitiesResponse {
+            // Without MODIFY_VOLUME no mutable parameter can be honoured.
+            Validation::Confirmed if !r.mutable_parameters.is_empty() => {
+                csi::ValidateVolumeCapabilitiesResponse {
+                    confirmed: None,
+                    message: "mutable_parameters are not supported (no MODIFY_VOLUME capability)"
+                        .to_owned(),
+                }
+            }
+            // Echo exactly what was validated, so the CO's comparison with its request holds.
+            Validation::Confirmed => csi::ValidateVolumeCapabilitiesResponse {
                 confirmed: Some(csi::validate_volume_capabilities_response::Confirmed {
-                    volume_context,
+                    volume_context: r.volume_context,
                     volume_capabilities: r.volume_capabilities,
-                    parameters,
+                    parameters: r.parameters,
                     mutable_parameters: Default::default(),
                 }),
                 message: String::new(),
@@ -458,15 +473,17 @@ impl<H: Host> Node for CsiV1<H> {
         let r = req.into_inner();
         empty_id("volume_id", &r.volume_id)?;
         empty_id("volume_path", &r.volume_path)?;
-        if let Some(c) = &r.volume_capability {
-            cap("volume_capability", c)?;
-        }
+        let c = r
+            .volume_capability
+            .as_ref()
+            .map(|c| cap("volume_capability", c))
+            .transpose()?;
         let rg = r
             .capacity_range
             .map(|c| range(c.required_bytes, c.limit_bytes));
         let size = self
             .0
-            .run(move |p| p.node_expand_volume(&r.volume_id, &r.volume_path, rg))
+            .run(move |p| p.node_expand_volume(&r.volume_id, &r.volume_path, rg, c.as_ref()))
             .await?;
         Ok(Response::new(csi::NodeExpandVolumeResponse {
             capacity_bytes: i64::try_from(size).unwrap_or(i64::MAX),

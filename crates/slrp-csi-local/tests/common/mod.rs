@@ -57,6 +57,9 @@ pub struct TestPlugin {
     pub args: Vec<String>,
     /// Extra environment for the plugin (e.g. a `PATH` with fake tools first).
     pub env: Vec<(String, String)>,
+    /// When set, the plugin's stderr (its log) is appended to this file instead of the
+    /// test's own stderr, so a test can read what the plugin logged.
+    pub stderr_log: Option<PathBuf>,
     pub child: Option<Child>,
 }
 
@@ -68,6 +71,15 @@ impl TestPlugin {
 
     /// [`TestPlugin::start`] with extra environment variables.
     pub async fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::start_full(extra, env, false).await
+    }
+
+    /// [`TestPlugin::start_with_env`], with the plugin's log captured in [`TestPlugin::log`].
+    pub async fn start_logged(extra: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::start_full(extra, env, true).await
+    }
+
+    async fn start_full(extra: &[&str], env: &[(&str, &str)], logged: bool) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("csil")
             .tempdir_in("/tmp")
@@ -84,6 +96,7 @@ impl TestPlugin {
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
+            stderr_log: logged.then(|| dir.path().join("plugin.log")),
             child: None,
             dir,
         };
@@ -99,8 +112,26 @@ impl TestPlugin {
         self.path(rel).display().to_string()
     }
 
+    /// What the plugin logged so far (empty unless started with [`TestPlugin::start_logged`]).
+    pub fn log(&self) -> String {
+        self.stderr_log
+            .as_ref()
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .unwrap_or_default()
+    }
+
     pub async fn spawn(&mut self) {
         assert!(self.child.is_none(), "already running");
+        let stderr = match &self.stderr_log {
+            Some(p) => Stdio::from(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(p)
+                    .expect("opening the plugin log"),
+            ),
+            None => Stdio::inherit(),
+        };
         let child = Command::new(env!("CARGO_BIN_EXE_slrp-csi-local"))
             .arg("--endpoint")
             .arg(format!("unix://{}", self.socket.display()))
@@ -114,6 +145,7 @@ impl TestPlugin {
             .env("RUST_LOG", "info")
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .expect("spawning slrp-csi-local");
         self.child = Some(child);
@@ -225,6 +257,20 @@ impl TestPlugin {
             .unwrap_or_default();
         v.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
         v
+    }
+
+    /// Loop devices still backed by files here after waiting (bounded, a hang guard) for
+    /// detached ones to go: `losetup -d` on a device that someone else has open (udev
+    /// probing it after a change) only marks it for release on last close, so a device the
+    /// plugin detached can linger for a moment.
+    pub async fn loops_after_release(&self) -> Vec<String> {
+        for _ in 0..100 {
+            if self.loops_here().is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.loops_here()
     }
 
     /// Loop devices backed by files under this test's directory.
