@@ -231,12 +231,20 @@ impl PluginProcess {
 
 impl Drop for PluginProcess {
     fn drop(&mut self) {
-        if !self.detached && self.exited.is_none() {
-            // The no-leak guarantee: whatever path dropped us, the plugin goes with us.
-            // Only signal if the pid still names the same process.
-            if liveness(self.id) == Liveness::Alive {
-                signal_group(self.id.pid, Signal::SIGKILL);
-            }
+        if self.detached || self.exited.is_some() {
+            return;
+        }
+        // The no-leak guarantee: whatever path dropped us, the plugin goes with us.
+        let signal = match self.kind {
+            // Our child is not reaped until `wait` returns, so even as a zombie it pins its
+            // pid and with it the group id: signalling is safe, and needed, because members
+            // the leader left behind (a crashed wrapper's workers) are still running.
+            Kind::Child(_) => true,
+            // Not our child: only signal while the pid still names the same process.
+            Kind::Adopted { .. } => liveness(self.id) == Liveness::Alive,
+        };
+        if signal {
+            signal_group(self.id.pid, Signal::SIGKILL);
         }
     }
 }
@@ -258,6 +266,64 @@ mod tests {
         let line = "1234 (weird) name)) S 1 1234 1234 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
         assert_eq!(parse_stat(line), Some(('S', 987_654)));
         assert_eq!(parse_stat("garbage"), None);
+    }
+
+    /// Kills a stray test process if an assertion fails before the code under test did.
+    struct KillOnDrop(i32);
+
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            let _ = nix::sys::signal::kill(Pid::from_raw(self.0), Signal::SIGKILL);
+        }
+    }
+
+    async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !f() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out waiting for {what}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    fn shell(script: String) -> LaunchCommand {
+        LaunchCommand {
+            shell: true,
+            value: script,
+            arguments: Vec::new(),
+            env: Vec::new(),
+        }
+    }
+
+    fn spawn_in(dir: &Path, script: String) -> PluginProcess {
+        let log = || File::create(dir.join("log")).unwrap();
+        PluginProcess::spawn(&shell(script), &[], dir, log(), log()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn drop_kills_the_group_when_the_leader_already_exited_unreaped() {
+        let dir = tempfile::tempdir().unwrap();
+        let member_pid = dir.path().join("member.pid");
+        // The leader leaves a member of its group behind and exits; nobody waits for it,
+        // so it stays a zombie (as when a worker is dropped before it noticed the exit).
+        let p = spawn_in(
+            dir.path(),
+            format!("sleep 1000 & echo $! > {}; exit 0", member_pid.display()),
+        );
+        let leader = p.id().pid;
+        eventually("leader exit", || matches!(stat(leader), Ok(('Z', _)))).await;
+        let member: i32 = std::fs::read_to_string(&member_pid)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let _guard = KillOnDrop(member);
+        let member = identify(member).unwrap();
+        assert_eq!(liveness(member), Liveness::Alive);
+        drop(p);
+        eventually("group member killed", || liveness(member) == Liveness::Gone).await;
     }
 
     #[test]
