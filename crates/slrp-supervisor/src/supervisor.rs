@@ -273,9 +273,10 @@ impl Supervisor {
         std::fs::create_dir_all(&root).map_err(io_err("creating", &root))?;
         let mut adopted = recover(&root, &spec, &cfg, &metrics).await?;
 
-        let detach = CancellationToken::new();
-        let mut containers = Vec::new();
-        let mut tasks = Vec::new();
+        // Every fallible step comes before the first worker is spawned: an error after
+        // that would return without a handle and leave running workers (and plugins)
+        // that nobody can stop.
+        let mut prepared = Vec::with_capacity(spec.containers.len());
         for c in &spec.containers {
             let dir = root.join(&c.id);
             std::fs::create_dir_all(&dir).map_err(io_err("creating", &dir))?;
@@ -289,6 +290,13 @@ impl Supervisor {
                     source: io::Error::from(io::ErrorKind::InvalidInput),
                 });
             }
+            prepared.push((dir, socket));
+        }
+
+        let detach = CancellationToken::new();
+        let mut containers = Vec::new();
+        let mut tasks = Vec::new();
+        for (c, (dir, socket)) in spec.containers.iter().zip(prepared) {
             let adopted_proc = adopted.remove(&c.id);
             if let Some(p) = &adopted_proc {
                 metrics.adopted(&c.id);

@@ -498,3 +498,65 @@ async fn long_runtime_directory_gets_a_short_socket() {
     );
     h.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_failed_start_leaves_no_plugin_running() {
+    let env = Env::new();
+    let node_pid = env.path("node.pid");
+    let container = |service: mesos::csi_plugin_container_info::Service, cmd: String| {
+        mesos::CsiPluginContainerInfo {
+            services: vec![service as i32],
+            command: Some(mesos::CommandInfo {
+                value: Some(cmd),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    };
+    let info = mesos::CsiPluginInfo {
+        r#type: "io.slrp.test".into(),
+        name: Some("split".into()),
+        containers: vec![
+            container(
+                mesos::csi_plugin_container_info::Service::NodeService,
+                format!(
+                    r#"{SOCK} echo $$ > {}; touch "$S"; exec sleep 1000"#,
+                    node_pid.display()
+                ),
+            ),
+            container(
+                mesos::csi_plugin_container_info::Service::ControllerService,
+                format!(r#"{SOCK} touch "$S"; exec sleep 1000"#),
+            ),
+        ],
+        ..Default::default()
+    };
+    let PluginDeployment::Managed(spec) = deployment_from_info(&info).unwrap() else {
+        panic!()
+    };
+    // The second container's directory cannot be created: a file is in the way.
+    let containers = env.path("run/containers");
+    std::fs::create_dir_all(&containers).unwrap();
+    std::fs::write(containers.join(&spec.containers[1].id), b"").unwrap();
+
+    let result = Supervisor::start(
+        spec,
+        env.config(),
+        Arc::new(FileReadiness),
+        env.metrics.clone(),
+        CancellationToken::new(),
+    )
+    .await;
+    assert!(result.is_err(), "start must fail");
+    // Give a worker that outlived the failed start the time to launch its plugin.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    if let Ok(text) = std::fs::read_to_string(&node_pid) {
+        let pid: i32 = text.trim().parse().unwrap();
+        let running_now = running(pid);
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        assert!(!running_now, "a failed start left a plugin running");
+    }
+}
