@@ -101,7 +101,8 @@ impl fmt::Display for CsiRpc {
 /// What a caller should do about a failed call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RetryClass {
-    /// The same call may succeed later (plugin busy, restarting, slow).
+    /// The same call may succeed later (plugin busy, restarting, slow), and its effect
+    /// may already have happened (timed out or cancelled after it was sent).
     Transient,
     /// Retrying the same call cannot help.
     Permanent,
@@ -239,9 +240,11 @@ impl CsiError {
     pub fn retry_class(&self) -> RetryClass {
         match self {
             Self::Rpc { rpc, code, .. } => classify_code(*rpc, *code),
-            Self::Timeout { .. } => RetryClass::Transient,
-            Self::Cancelled { .. }
-            | Self::InvalidEndpoint { .. }
+            // Like a timeout, a cancelled call may or may not have taken effect in the
+            // plugin; calling it Permanent would tell callers that nothing happened (the
+            // volume manager then drops its CreateVolume intent and orphans a volume).
+            Self::Timeout { .. } | Self::Cancelled { .. } => RetryClass::Transient,
+            Self::InvalidEndpoint { .. }
             | Self::SocketAlias { .. }
             | Self::UnknownVersion { .. }
             | Self::Unsupported { .. }
@@ -357,6 +360,15 @@ mod tests {
             Some(Code::DeadlineExceeded)
         );
         assert_eq!(parse_code("unavailable"), None);
+    }
+
+    #[test]
+    fn a_cancelled_call_is_not_permanent() {
+        // Its outcome is unknown: the plugin may have created the volume already.
+        let e = CsiError::Cancelled {
+            rpc: CsiRpc::CreateVolume,
+        };
+        assert_eq!(e.retry_class(), RetryClass::Transient);
     }
 
     #[test]
