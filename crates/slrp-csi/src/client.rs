@@ -11,7 +11,7 @@ use tonic::transport::Channel;
 use crate::endpoint::{CsiEndpoint, SocketAlias, is_too_long, lazy_channel};
 use crate::error::{CsiError, CsiRpc, RetryClass};
 use crate::metrics::{CsiMetrics, Outcome};
-use crate::retry::{RetryConfig, retry};
+use crate::retry::{RetryConfig, RetryPolicy, retry};
 use crate::types::*;
 use crate::{v0, v1};
 
@@ -262,9 +262,17 @@ impl CsiClient {
     /// [`CsiError::UnknownVersion`] if both versions are `UNIMPLEMENTED`; otherwise the
     /// failure of the probe.
     pub async fn probe(&self) -> Result<ProbeResult, CsiError> {
+        self.probe_under(CsiRpc::Probe).await
+    }
+
+    /// `Probe` retried under the policy of `policy_of`: detection before the first call
+    /// of an RPC is part of that call, so a plugin that is still starting does not fail a
+    /// `CreateVolume` that its own policy would have retried.
+    async fn probe_under(&self, policy_of: CsiRpc) -> Result<ProbeResult, CsiError> {
         let known = self.known_version();
+        let policy = self.inner.config.retry.policy(policy_of);
         let (version, ready) = self
-            .call(CsiRpc::Probe, known, |ch, _, t| async move {
+            .call_with(CsiRpc::Probe, policy, known, |ch, _, t| async move {
                 match known {
                     Some(CsiVersion::V1) => Ok((CsiVersion::V1, v1::probe(ch, t).await?)),
                     Some(CsiVersion::V0) => Ok((CsiVersion::V0, v0::probe(ch, t).await?)),
@@ -641,7 +649,10 @@ impl CsiClient {
         F: Fn(Channel, CsiVersion, Duration) -> Fut + 'a,
         Fut: Future<Output = Result<T, AttemptError>> + 'a,
     {
-        let version = self.version().await?;
+        let version = match self.known_version() {
+            Some(v) => v,
+            None => self.probe_under(rpc).await?.version,
+        };
         self.call(rpc, Some(version), move |ch, _, t| op(ch, version, t))
             .await
     }
@@ -657,9 +668,26 @@ impl CsiClient {
         F: Fn(Channel, Option<CsiVersion>, Duration) -> Fut,
         Fut: Future<Output = Result<T, AttemptError>>,
     {
+        self.call_with(rpc, self.inner.config.retry.policy(rpc), version, op)
+            .await
+    }
+
+    /// Runs attempts of `rpc` under `policy` (none = one attempt) and the cancellation
+    /// token.
+    async fn call_with<T, F, Fut>(
+        &self,
+        rpc: CsiRpc,
+        policy: Option<&RetryPolicy>,
+        version: Option<CsiVersion>,
+        op: F,
+    ) -> Result<T, CsiError>
+    where
+        F: Fn(Channel, Option<CsiVersion>, Duration) -> Fut,
+        Fut: Future<Output = Result<T, AttemptError>>,
+    {
         let cancel = &self.inner.config.cancel;
         let attempt = || self.attempt(rpc, version, &op);
-        let outcome = match self.inner.config.retry.policy(rpc) {
+        let outcome = match policy {
             Some(policy) => {
                 let classify = |e: &CsiError| {
                     if policy.retries(e) {

@@ -337,6 +337,46 @@ async fn create_volume_retries_unavailable_on_the_mesos_schedule() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn version_detection_before_a_retried_call_is_retried_under_its_policy() {
+    // The plugin is still starting when the first call (a CreateVolume) arrives: the
+    // probe that detects its version must be retried like the CreateVolume would be.
+    let p = FakePlugin::start(Serve::V1).await;
+    p.script.fail_times("Probe", Code::Unavailable, 2);
+    p.script.reply("Probe", pb1::ProbeResponse { ready: None });
+    p.script.reply(
+        "CreateVolume",
+        pb1::CreateVolumeResponse {
+            volume: Some(pb1::Volume {
+                volume_id: "v".into(),
+                ..Default::default()
+            }),
+        },
+    );
+    let c = client(&p, ClientConfig::default().retry(deterministic()));
+    let req = CreateVolumeRequest {
+        name: "n".into(),
+        required_bytes: 0,
+        limit_bytes: 0,
+        capabilities: vec![VolumeCapability::mount_default()],
+        parameters: StringMap::new(),
+        secrets: Secrets::default(),
+    };
+    let v = c.create_volume(&req).await.unwrap();
+    assert_eq!(v.volume_id.as_str(), "v");
+    assert_eq!(c.known_version(), Some(CsiVersion::V1));
+    assert_eq!(p.script.call_times("Probe"), vec![0, 10, 30]);
+    assert_eq!(p.script.call_times("CreateVolume"), vec![30]);
+
+    // RPCs without a retry policy still fail at once while the version is unknown.
+    let p = FakePlugin::start(Serve::V1).await;
+    p.script.fail_times("Probe", Code::Unavailable, 1);
+    let c = client(&p, ClientConfig::default().retry(deterministic()));
+    let err = c.node_info().await.unwrap_err();
+    assert_eq!(err.code(), Some(Code::Unavailable));
+    assert_eq!(p.script.call_times("Probe"), vec![0]);
+}
+
+#[tokio::test(start_paused = true)]
 async fn full_jitter_waits_stay_below_their_ceilings() {
     let p = FakePlugin::start(Serve::V1).await;
     p.script.fail_times("DeleteVolume", Code::Unavailable, 6);
