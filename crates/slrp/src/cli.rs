@@ -38,6 +38,19 @@ impl std::fmt::Display for UsageError {
 
 impl std::error::Error for UsageError {}
 
+/// Writes `text` to standard output. A reader that went away (`| head`) ends the output
+/// quietly; any other failure is an error, so that output redirected to a full disk does
+/// not look like success to a script.
+pub(crate) fn write_stdout(text: &str) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(anyhow::Error::new(e).context("writing to standard output"))
+        }
+        Ok(()) | Err(_) => Ok(()),
+    }
+}
+
 pub(crate) fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(c) => c,

@@ -33,7 +33,7 @@ pub(crate) fn run(args: &InspectArgs) -> anyhow::Result<ExitCode> {
     };
     let report = inspect::inspect(&args.state_dir)
         .with_context(|| format!("inspecting the state in {}", args.state_dir.display()))?;
-    print!("{}", report.render(format));
+    crate::cli::write_stdout(&report.render(format))?;
     Ok(if report.is_clean() {
         ExitCode::SUCCESS
     } else {

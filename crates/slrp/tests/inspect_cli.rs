@@ -100,3 +100,40 @@ fn a_missing_state_dir_is_an_error_and_is_not_created() {
     assert!(err.contains("inspecting the state in"), "{err}");
     assert!(!missing.exists());
 }
+
+fn inspect_into(dir: &Path, stdout: std::process::Stdio) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_slrp"))
+        .args(["inspect", "--state-dir", dir.to_str().unwrap()])
+        .stdout(stdout)
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .expect("running slrp")
+}
+
+#[test]
+fn a_closed_pipe_ends_the_output_quietly() {
+    // `slrp inspect | head -1` once head has exited.
+    let dir = tempfile::tempdir().unwrap();
+    seed(dir.path(), &[("vol-a", "CREATED")]);
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = inspect_into(dir.path(), writer.into());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(out.status.code(), Some(0), "{err}");
+}
+
+#[test]
+fn output_that_cannot_be_written_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    seed(dir.path(), &[("vol-a", "CREATED")]);
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let out = inspect_into(dir.path(), full.into());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("writing"), "{err}");
+}
