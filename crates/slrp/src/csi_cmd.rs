@@ -4,7 +4,6 @@
 //! types' serde form; `create-volume` prints the CSI `Volume` as
 //! `{"volume_id","capacity_bytes","volume_context"}`).
 
-use std::io::Write;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -14,7 +13,7 @@ use serde::Serialize;
 use slrp_csi::size::{format_size, parse_size};
 use slrp_csi::*;
 
-use crate::cli::UsageError;
+use crate::cli::{UsageError, write_stdout};
 
 /// `slrp csi` arguments.
 #[derive(Debug, Args)]
@@ -239,15 +238,12 @@ fn size_arg(s: &str, what: &str) -> Result<i64, UsageError> {
 
 /// Writes `value` as JSON, or `human` as text.
 fn emit<T: Serialize>(json: bool, value: &T, human: impl FnOnce() -> String) -> anyhow::Result<()> {
-    let mut out = std::io::stdout().lock();
     let text = if json {
         serde_json::to_string_pretty(value).context("encoding JSON output")?
     } else {
         human()
     };
-    // A closed pipe (`| head`) is not an error worth reporting.
-    let _ = writeln!(out, "{}", text.trim_end());
-    Ok(())
+    write_stdout(&format!("{}\n", text.trim_end()))
 }
 
 fn human_map(m: &StringMap) -> String {

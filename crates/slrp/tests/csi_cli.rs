@@ -115,3 +115,37 @@ async fn usage_errors_exit_64_and_rpc_errors_exit_1_with_the_cause() {
     assert!(err.contains("GetCapacity failed with Internal"), "{err}");
     assert!(err.contains("disk on fire"), "{err}");
 }
+
+#[tokio::test]
+async fn output_that_cannot_be_written_is_an_error() {
+    // A script redirecting `create-volume --json` to a full disk must not see success.
+    let p = Plugin::start("v1").await;
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_slrp"))
+        .arg("csi")
+        .arg("--endpoint")
+        .arg(format!("unix://{}", p.socket.display()))
+        .args(["--json", "probe"])
+        .stdout(full)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("writing"), "{err}");
+
+    // A reader that went away (`| head`) is not an error.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_slrp"))
+        .arg("csi")
+        .arg("--endpoint")
+        .arg(format!("unix://{}", p.socket.display()))
+        .args(["--json", "probe"])
+        .stdout(writer)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+}
