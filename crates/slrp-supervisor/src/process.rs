@@ -61,6 +61,14 @@ fn parse_stat(text: &str) -> Option<(char, u64)> {
     Some((state, start_time))
 }
 
+/// The id of the running kernel boot (`/proc/sys/kernel/random/boot_id`), if readable.
+pub(crate) fn boot_id() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .ok()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+}
+
 /// The identity of a running process.
 pub(crate) fn identify(pid: i32) -> io::Result<ProcessId> {
     let (_, start_time) = stat(pid)?;

@@ -20,11 +20,12 @@
 //! place, for a next slrp process to adopt.
 //!
 //! # Restart of slrp (adoption)
-//! Each launch writes `pid.json` (pid, start time, config hash) into the container's
-//! directory. [`Supervisor::start`] reads them first: a live process with the recorded
-//! start time and the current config hash is adopted (watched by polling `/proc`, since
-//! it is not our child); any other live one is stopped before anything is launched, so
-//! there are never two copies.
+//! Each launch writes `pid.json` (pid, start time, config hash, boot id) into the
+//! container's directory. [`Supervisor::start`] reads them first: a live process with the
+//! recorded start time and the current config hash is adopted (watched by polling
+//! `/proc`, since it is not our child); any other live one is stopped before anything is
+//! launched, so there are never two copies. A record from an earlier boot names no
+//! process of ours, so whatever now has its pid is left alone.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -181,6 +182,22 @@ pub enum ContainerState {
 struct PidRecord {
     process: ProcessId,
     config_hash: String,
+    /// The kernel boot the process ran in. Start times count from boot, so after a
+    /// reboot (where early services get the same pids at nearly the same times) pid and
+    /// start time alone can name an unrelated live process. Absent in records written
+    /// before it was added; those are judged by pid and start time only.
+    #[serde(default)]
+    boot_id: Option<String>,
+}
+
+impl PidRecord {
+    /// Whether the recorded process may still exist: not if it ran in another boot.
+    fn is_from_this_boot(&self, current: Option<&str>) -> bool {
+        match (self.boot_id.as_deref(), current) {
+            (Some(recorded), Some(now)) => recorded == now,
+            (None, _) | (_, None) => true,
+        }
+    }
 }
 
 const RECORD: &str = "pid.json";
@@ -343,6 +360,7 @@ async fn recover(
     metrics: &SupervisorMetrics,
 ) -> Result<std::collections::HashMap<String, PluginProcess>, SupervisorError> {
     let mut adopted = std::collections::HashMap::new();
+    let boot = process::boot_id();
     let entries = std::fs::read_dir(root).map_err(io_err("listing", root))?;
     for entry in entries {
         let entry = entry.map_err(io_err("listing", root))?;
@@ -355,7 +373,10 @@ async fn recover(
         let dir = entry.path();
         let current = spec.containers.iter().find(|c| c.id == name);
         if let Some(rec) = read_record(&dir) {
-            let live = process::liveness(rec.process) == Liveness::Alive;
+            // A process of an earlier boot is gone; whatever now has its pid is not ours
+            // to adopt or to stop.
+            let live = rec.is_from_this_boot(boot.as_deref())
+                && process::liveness(rec.process) == Liveness::Alive;
             let matches = current.is_some_and(|c| c.config_hash() == rec.config_hash);
             if live && matches {
                 adopted.insert(
@@ -730,6 +751,7 @@ impl Worker {
             &PidRecord {
                 process: p.id(),
                 config_hash: self.spec.config_hash(),
+                boot_id: process::boot_id(),
             },
         )?;
         tracing::info!(pid = p.id().pid, socket = %self.socket.display(), "plugin launched");

@@ -9,6 +9,7 @@
     clippy::expect_used
 )]
 
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -559,4 +560,60 @@ async fn a_failed_start_leaves_no_plugin_running() {
         );
         assert!(!running_now, "a failed start left a plugin running");
     }
+}
+
+/// SIGKILLs a test's bystander process group even if an assertion fails first.
+struct KillGroupOnDrop(i32);
+
+impl Drop for KillGroupOnDrop {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(self.0),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_pid_record_from_an_earlier_boot_is_neither_adopted_nor_stopped() {
+    // After a reboot, early-boot services get the same pids at nearly the same start
+    // times: a record from the previous boot can name a live, unrelated process.
+    let env = Env::new();
+    let mut bystander = std::process::Command::new("sleep")
+        .arg("1000")
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let pid = i32::try_from(bystander.id()).unwrap();
+    let _guard = KillGroupOnDrop(pid);
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let start_time: u64 = stat[stat.rfind(')').unwrap() + 2..]
+        .split_whitespace()
+        .nth(19)
+        .unwrap()
+        .parse()
+        .unwrap();
+
+    let spec = spec(&format!(r#"{SOCK} touch "$S"; exec sleep 1000"#));
+    let dir = env.path("run/containers").join(&spec.containers[0].id);
+    std::fs::create_dir_all(&dir).unwrap();
+    let record = serde_json::json!({
+        "process": { "pid": pid, "start_time": start_time },
+        "config_hash": spec.containers[0].config_hash(),
+        "boot_id": "00000000-0000-0000-0000-000000000000",
+    });
+    std::fs::write(dir.join("pid.json"), record.to_string()).unwrap();
+
+    let mut cfg = env.config();
+    cfg.socket_timeout = Duration::from_millis(200);
+    let h = env.start(spec, cfg).await;
+    h.wait_ready(Service::Node, WAIT).await.unwrap();
+    let id = h.containers()[0].0.clone();
+    assert_eq!(env.metrics.adoptions(&id), 0, "adopted a stranger");
+    assert!(running(pid), "a stranger's process was stopped");
+    assert_ne!(ready_pid(&h), pid);
+    h.shutdown().await;
+    assert!(running(pid));
+    bystander.kill().unwrap();
+    bystander.wait().unwrap();
 }
