@@ -729,7 +729,14 @@ impl CsiClient {
                 Ok(v)
             }
             Ok(Err(e)) => {
-                guard.finish(Outcome::Failed);
+                // Refused before anything was sent (the plugin's version lacks the
+                // feature): not an RPC, so not counted as one.
+                let outcome = if matches!(e, AttemptError::Unsupported(_)) {
+                    Outcome::NotSent
+                } else {
+                    Outcome::Failed
+                };
+                guard.finish(outcome);
                 let err = e.into_csi(rpc, version, &self.inner.endpoint, timeout);
                 tracing::debug!(%rpc, endpoint = %self.inner.endpoint, error = %err, "CSI call failed");
                 Err(err)

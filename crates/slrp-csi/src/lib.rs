@@ -25,7 +25,8 @@
 //! - Nothing outside this crate sees `tonic` or `csi.v0`/`csi.v1` types.
 //! - The version of a client never changes once detected; a plugin that later answers
 //!   with another version gets `UNIMPLEMENTED` errors, not silent re-detection.
-//! - Every attempt ends in exactly one of finished/failed/cancelled (drop guard).
+//! - Every attempt sent ends in exactly one of finished/failed/cancelled (drop guard);
+//!   one refused before sending (`Unsupported`) counts nowhere.
 //! - Cancellation ([`ClientConfig::cancel`]) ends an attempt or a retry wait at once.
 //!
 //! # Limitations

@@ -6,6 +6,8 @@
 //! (the future was dropped, or cancellation fired) is incremented. The outcome is recorded
 //! by a drop guard, so an attempt that is dropped half-way cannot stay pending. The probe
 //! sequence of version detection (v1, then v0) counts as one `Probe` attempt, as in Mesos.
+//! A request refused before it is sent (a v1-only feature against a v0 plugin) is no RPC
+//! and counts nowhere.
 //!
 //! # Limitations
 //! Metric names follow Prometheus conventions (`csi_rpcs_finished_total{rpc="..."}`); the
@@ -138,6 +140,8 @@ impl CsiMetrics {
 pub(crate) enum Outcome {
     Finished,
     Failed,
+    /// The request was refused locally before it was sent; only `pending` is undone.
+    NotSent,
 }
 
 /// Records one attempt; counts it as cancelled if dropped before [`AttemptGuard::finish`].
@@ -170,6 +174,7 @@ impl Drop for AttemptGuard {
                 self.metrics.cancelled.get_or_create(&labels).inc();
                 return;
             }
+            Some(Outcome::NotSent) => return,
         }
         self.metrics
             .latency
@@ -193,6 +198,8 @@ mod tests {
         g.finish(Outcome::Failed);
         let g = m.start(CsiRpc::Probe);
         drop(g);
+        let g = m.start(CsiRpc::Probe);
+        g.finish(Outcome::NotSent);
         assert_eq!(m.pending(CsiRpc::Probe), 0);
         assert_eq!(m.finished(CsiRpc::Probe), 1);
         assert_eq!(m.failed(CsiRpc::Probe), 1);

@@ -287,6 +287,20 @@ async fn v1_only_access_mode_is_rejected_for_v0_without_a_call() {
     assert!(p.script.call_names().is_empty());
     let err = c.node_stats(&VolumeId::new("x"), "/p").await.unwrap_err();
     assert!(matches!(err, CsiError::Unsupported { .. }), "{err:?}");
+    // Nothing was sent, so nothing is counted as a failed (or any other) RPC.
+    let m = c.metrics();
+    for rpc in [CsiRpc::GetCapacity, CsiRpc::NodeGetVolumeStats] {
+        assert_eq!(
+            (
+                m.pending(rpc),
+                m.finished(rpc),
+                m.failed(rpc),
+                m.cancelled(rpc)
+            ),
+            (0, 0, 0, 0),
+            "{rpc}"
+        );
+    }
 }
 
 #[tokio::test(start_paused = true)]
