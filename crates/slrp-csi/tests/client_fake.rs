@@ -35,6 +35,31 @@ fn v1_info(p: &FakePlugin) {
     );
 }
 
+/// Every `CreateVolume` succeeds with volume `v`.
+fn reply_volume_v(p: &FakePlugin) {
+    p.script.reply(
+        "CreateVolume",
+        pb1::CreateVolumeResponse {
+            volume: Some(pb1::Volume {
+                volume_id: "v".into(),
+                ..Default::default()
+            }),
+        },
+    );
+}
+
+/// A `CreateVolume` of volume `n` with nothing but a default mount capability.
+fn plain_create() -> CreateVolumeRequest {
+    CreateVolumeRequest {
+        name: "n".into(),
+        required_bytes: 0,
+        limit_bytes: 0,
+        capabilities: vec![VolumeCapability::mount_default()],
+        parameters: StringMap::new(),
+        secrets: Secrets::default(),
+    }
+}
+
 fn deterministic() -> RetryConfig {
     let policy = RetryPolicy::mesos().with_jitter(Jitter::None);
     RetryConfig::none()
@@ -309,30 +334,14 @@ async fn create_volume_retries_unavailable_on_the_mesos_schedule() {
     p.script.fail_times("CreateVolume", Code::Unavailable, 3);
     p.script
         .fail_times("CreateVolume", Code::DeadlineExceeded, 1);
-    p.script.reply(
-        "CreateVolume",
-        pb1::CreateVolumeResponse {
-            volume: Some(pb1::Volume {
-                volume_id: "v".into(),
-                ..Default::default()
-            }),
-        },
-    );
+    reply_volume_v(&p);
     let c = client(
         &p,
         ClientConfig::default()
             .version(VersionSelect::Force(CsiVersion::V1))
             .retry(deterministic()),
     );
-    let req = CreateVolumeRequest {
-        name: "n".into(),
-        required_bytes: 0,
-        limit_bytes: 0,
-        capabilities: vec![VolumeCapability::mount_default()],
-        parameters: StringMap::new(),
-        secrets: Secrets::default(),
-    };
-    let v = c.create_volume(&req).await.unwrap();
+    let v = c.create_volume(&plain_create()).await.unwrap();
     assert_eq!(v.volume_id.as_str(), "v");
     // Waits of 10, 20, 40 and 80 s (ceilings, jitter off) between five attempts.
     assert_eq!(
@@ -357,25 +366,9 @@ async fn version_detection_before_a_retried_call_is_retried_under_its_policy() {
     let p = FakePlugin::start(Serve::V1).await;
     p.script.fail_times("Probe", Code::Unavailable, 2);
     p.script.reply("Probe", pb1::ProbeResponse { ready: None });
-    p.script.reply(
-        "CreateVolume",
-        pb1::CreateVolumeResponse {
-            volume: Some(pb1::Volume {
-                volume_id: "v".into(),
-                ..Default::default()
-            }),
-        },
-    );
+    reply_volume_v(&p);
     let c = client(&p, ClientConfig::default().retry(deterministic()));
-    let req = CreateVolumeRequest {
-        name: "n".into(),
-        required_bytes: 0,
-        limit_bytes: 0,
-        capabilities: vec![VolumeCapability::mount_default()],
-        parameters: StringMap::new(),
-        secrets: Secrets::default(),
-    };
-    let v = c.create_volume(&req).await.unwrap();
+    let v = c.create_volume(&plain_create()).await.unwrap();
     assert_eq!(v.volume_id.as_str(), "v");
     assert_eq!(c.known_version(), Some(CsiVersion::V1));
     assert_eq!(p.script.call_times("Probe"), vec![0, 10, 30]);
@@ -487,15 +480,7 @@ async fn cancellation_stops_the_retry_loop_at_once() {
         c2.cancel();
     });
     let start = tokio::time::Instant::now();
-    let req = CreateVolumeRequest {
-        name: "n".into(),
-        required_bytes: 0,
-        limit_bytes: 0,
-        capabilities: vec![VolumeCapability::mount_default()],
-        parameters: StringMap::new(),
-        secrets: Secrets::default(),
-    };
-    let err = c.create_volume(&req).await.unwrap_err();
+    let err = c.create_volume(&plain_create()).await.unwrap_err();
     assert!(
         matches!(
             err,

@@ -116,6 +116,18 @@ async fn usage_errors_exit_64_and_rpc_errors_exit_1_with_the_cause() {
     assert!(err.contains("disk on fire"), "{err}");
 }
 
+/// `slrp csi --json probe` with its standard output going to `stdout`.
+fn probe_into(p: &Plugin, stdout: std::process::Stdio) -> Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_slrp"))
+        .arg("csi")
+        .arg("--endpoint")
+        .arg(format!("unix://{}", p.socket.display()))
+        .args(["--json", "probe"])
+        .stdout(stdout)
+        .output()
+        .unwrap()
+}
+
 #[tokio::test]
 async fn output_that_cannot_be_written_is_an_error() {
     // A script redirecting `create-volume --json` to a full disk must not see success.
@@ -124,14 +136,7 @@ async fn output_that_cannot_be_written_is_an_error() {
         .write(true)
         .open("/dev/full")
         .unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_slrp"))
-        .arg("csi")
-        .arg("--endpoint")
-        .arg(format!("unix://{}", p.socket.display()))
-        .args(["--json", "probe"])
-        .stdout(full)
-        .output()
-        .unwrap();
+    let out = probe_into(&p, full.into());
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("writing"), "{err}");
@@ -139,13 +144,6 @@ async fn output_that_cannot_be_written_is_an_error() {
     // A reader that went away (`| head`) is not an error.
     let (reader, writer) = std::io::pipe().unwrap();
     drop(reader);
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_slrp"))
-        .arg("csi")
-        .arg("--endpoint")
-        .arg(format!("unix://{}", p.socket.display()))
-        .args(["--json", "probe"])
-        .stdout(writer)
-        .output()
-        .unwrap();
+    let out = probe_into(&p, writer.into());
     assert_eq!(out.status.code(), Some(0), "{out:?}");
 }
