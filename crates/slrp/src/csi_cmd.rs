@@ -28,7 +28,7 @@ pub(crate) struct CsiArgs {
     #[arg(long, value_enum, default_value_t = VersionArg::Auto, global = true)]
     csi_version: VersionArg,
     /// Deadline of each RPC (e.g. `30s`, `2m`).
-    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration, global = true)]
+    #[arg(long, default_value = "60s", value_parser = parse_timeout, global = true)]
     timeout: Duration,
     /// Retries of CreateVolume/DeleteVolume on UNAVAILABLE/DEADLINE_EXCEEDED, with Mesos's
     /// backoff (10 s doubling). 0 = fail on the first error.
@@ -36,6 +36,15 @@ pub(crate) struct CsiArgs {
     retries: u32,
     #[command(subcommand)]
     command: CsiCommand,
+}
+
+/// A positive duration: a zero deadline would make every call fail.
+fn parse_timeout(text: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(text) {
+        Ok(d) if d.is_zero() => Err("the timeout must be greater than zero".to_owned()),
+        Ok(d) => Ok(d),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]

@@ -105,6 +105,9 @@ async fn usage_errors_exit_64_and_rpc_errors_exit_1_with_the_cause() {
     assert_eq!(out.status.code(), Some(64));
     let out = slrp(&p, &["no-such-command"]);
     assert_eq!(out.status.code(), Some(64));
+    let out = slrp(&p, &["--timeout", "0s", "info"]);
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("greater than zero"));
 
     p.set_faults(r#"[{"rpc": "GetCapacity", "fail": "INTERNAL", "message": "disk on fire"}]"#);
     let out = slrp(&p, &["capacity"]);
