@@ -1117,6 +1117,23 @@ impl<H: Host> Plugin<H> {
         ids::co_path(raw).map_err(|r| VolumeError::invalid(field, format!("{raw:?} {r}")))
     }
 
+    /// A path the plugin is about to mount onto, which must not be a symbolic link: mount(2)
+    /// follows it, so a link planted there would put the volume over whatever it points to
+    /// (and an unmount there would take down a foreign mount). `RealHost::bind_mount`
+    /// re-checks at the mount itself, closing the window after this check.
+    fn mount_path(field: &'static str, raw: &str) -> Result<PathBuf, VolumeError> {
+        let path = Self::node_path(field, raw)?;
+        match fs::symlink_metadata(&path) {
+            Ok(md) if md.file_type().is_symlink() => Err(VolumeError::invalid(
+                field,
+                format!(
+                    "{raw:?} is a symbolic link; mount points must be real directories or files"
+                ),
+            )),
+            _ => Ok(path),
+        }
+    }
+
     fn ensure_attached(&self, rec: &VolumeRecord) -> Result<PathBuf, VolumeError> {
         let file = self.layout.backing(rec);
         let host = |e| VolumeError::host("attaching loop device", &rec.id, e);
@@ -1213,7 +1230,7 @@ impl<H: Host> Plugin<H> {
         if req.volume_id.is_empty() {
             return Err(VolumeError::invalid("volume_id", "is empty"));
         }
-        let path = Self::node_path("staging_target_path", &req.staging_target_path)?;
+        let path = Self::mount_path("staging_target_path", &req.staging_target_path)?;
         let _v = self.busy.lock(&req.volume_id);
         let mut rec = self.lookup(&req.volume_id)?;
         Self::compatible(&rec, &req.capability).map_err(VolumeError::precondition)?;
@@ -1376,7 +1393,7 @@ impl<H: Host> Plugin<H> {
         if req.volume_id.is_empty() {
             return Err(VolumeError::invalid("volume_id", "is empty"));
         }
-        let target = Self::node_path("target_path", &req.target_path)?;
+        let target = Self::mount_path("target_path", &req.target_path)?;
         if req.staging_target_path.is_empty() {
             return Err(VolumeError::precondition(
                 "staging_target_path is not set; the plugin has STAGE_UNSTAGE_VOLUME, call NodeStageVolume first",

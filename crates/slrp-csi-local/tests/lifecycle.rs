@@ -558,3 +558,145 @@ async fn v0_lifecycle_with_restart() {
     assert!(p.mounts_here().is_empty());
     assert!(p.loops_after_release().await.is_empty());
 }
+
+/// A symlink planted at a staging or target path must not redirect a mount: the plugin would
+/// otherwise bind-mount the volume (or the loop device) over whatever the link points to,
+/// and a later unpublish would unmount a foreign mount the link points to.
+#[tokio::test]
+async fn symlinks_at_staging_and_target_paths_are_refused() {
+    if !can_mount("symlinks_at_staging_and_target_paths_are_refused") {
+        return;
+    }
+    let p = TestPlugin::start(&[]).await;
+    let mut c = p.v1().await;
+    let victim = p.path("victim");
+    std::fs::create_dir(&victim).unwrap();
+    std::fs::write(victim.join("precious"), b"x").unwrap();
+    // A directory with a mount of its own, which an unpublish must never unmount.
+    let mounted = p.path("mounted");
+    std::fs::create_dir(&mounted).unwrap();
+    std::fs::create_dir(p.path("mounted-src")).unwrap();
+    nix::mount::mount(
+        Some(&p.path("mounted-src")),
+        &mounted,
+        None::<&str>,
+        nix::mount::MsFlags::MS_BIND,
+        None::<&str>,
+    )
+    .unwrap();
+    let victim_file = p.path("victim-file");
+    std::fs::write(&victim_file, b"secret").unwrap();
+    let is_mounted = |path: &std::path::Path| {
+        let canonical = std::fs::canonicalize(path).unwrap();
+        p.mounts_here().contains(&canonical)
+    };
+
+    let vol = c
+        .controller
+        .create_volume(create_req("sym", MIB, mount_cap(""), &[]))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    std::os::unix::fs::symlink(&victim, p.path("staging-link")).unwrap();
+    let res = c
+        .node
+        .node_stage_volume(v1::NodeStageVolumeRequest {
+            volume_id: vol.volume_id.clone(),
+            staging_target_path: p.path_str("staging-link"),
+            volume_capability: Some(mount_cap("")),
+            ..Default::default()
+        })
+        .await;
+    assert_code(res, tonic::Code::InvalidArgument);
+    assert!(!is_mounted(&victim), "staging followed the symlink");
+
+    let staging = p.path_str("staging");
+    c.node
+        .node_stage_volume(v1::NodeStageVolumeRequest {
+            volume_id: vol.volume_id.clone(),
+            staging_target_path: staging.clone(),
+            volume_capability: Some(mount_cap("")),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    for (link, points_to) in [("target-link", &victim), ("target-link2", &mounted)] {
+        std::os::unix::fs::symlink(points_to, p.path(link)).unwrap();
+        let res = c
+            .node
+            .node_publish_volume(v1::NodePublishVolumeRequest {
+                volume_id: vol.volume_id.clone(),
+                staging_target_path: staging.clone(),
+                target_path: p.path_str(link),
+                volume_capability: Some(mount_cap("")),
+                ..Default::default()
+            })
+            .await;
+        assert_code(res, tonic::Code::InvalidArgument);
+        c.node
+            .node_unpublish_volume(v1::NodeUnpublishVolumeRequest {
+                volume_id: vol.volume_id.clone(),
+                target_path: p.path_str(link),
+            })
+            .await
+            .unwrap();
+    }
+    assert!(!is_mounted(&victim), "publishing followed the symlink");
+    assert!(is_mounted(&mounted), "a foreign mount was unmounted");
+    assert!(victim.join("precious").exists());
+
+    // A raw block volume's target is a file: a link to another file is refused too.
+    let blk = c
+        .controller
+        .create_volume(create_req("sym-blk", MIB, block_cap(), &[]))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let blk_staging = p.path_str("blk-staging");
+    c.node
+        .node_stage_volume(v1::NodeStageVolumeRequest {
+            volume_id: blk.volume_id.clone(),
+            staging_target_path: blk_staging.clone(),
+            volume_capability: Some(block_cap()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    std::os::unix::fs::symlink(&victim_file, p.path("blk-link")).unwrap();
+    let res = c
+        .node
+        .node_publish_volume(v1::NodePublishVolumeRequest {
+            volume_id: blk.volume_id.clone(),
+            staging_target_path: blk_staging.clone(),
+            target_path: p.path_str("blk-link"),
+            volume_capability: Some(block_cap()),
+            ..Default::default()
+        })
+        .await;
+    assert_code(res, tonic::Code::InvalidArgument);
+    assert!(
+        !is_mounted(&victim_file),
+        "block publish followed the symlink"
+    );
+    assert_eq!(std::fs::read(&victim_file).unwrap(), b"secret");
+
+    c.node
+        .node_unstage_volume(v1::NodeUnstageVolumeRequest {
+            volume_id: blk.volume_id,
+            staging_target_path: blk_staging,
+        })
+        .await
+        .unwrap();
+    c.node
+        .node_unstage_volume(v1::NodeUnstageVolumeRequest {
+            volume_id: vol.volume_id,
+            staging_target_path: staging,
+        })
+        .await
+        .unwrap();
+    nix::mount::umount2(&mounted, nix::mount::MntFlags::empty()).unwrap();
+}
