@@ -344,6 +344,12 @@ impl<H: Host> Plugin<H> {
 
     /// Adds records for operator-placed volumes under `<root>/import/` not yet known.
     fn adopt_imports(&self) {
+        let found = self.scan_imports();
+        self.adopt_found(found);
+    }
+
+    /// The valid imports under `<root>/import/`: id, backend and path.
+    fn scan_imports(&self) -> Vec<(String, Backend, PathBuf)> {
         let mut found = Vec::new();
         for (dir, backend) in [
             (&self.layout.import_dir, Backend::Dir),
@@ -378,6 +384,10 @@ impl<H: Host> Plugin<H> {
                 found.push((format!("{prefix}{name}"), backend, e.path()));
             }
         }
+        found
+    }
+
+    fn adopt_found(&self, found: Vec<(String, Backend, PathBuf)>) {
         for (id, backend, path) in found {
             if lock(&self.volumes).contains_key(&id) {
                 continue;
@@ -401,7 +411,10 @@ impl<H: Host> Plugin<H> {
             // Check and insert under one lock, without taking the volume's busy lock: the
             // caller may hold it already (a request naming an import not yet seen).
             let mut vols = lock(&self.volumes);
-            if vols.contains_key(&id) {
+            // Still there? DeleteVolume removes the data before dropping the record (under
+            // this lock), so an import deleted since the scan is either still recorded or
+            // gone from disk; without this check it would come back as a ghost.
+            if vols.contains_key(&id) || fs::symlink_metadata(&path).is_err() {
                 continue;
             }
             let res = self.store.put(&rec);
@@ -2169,6 +2182,24 @@ mod tests {
         fs::create_dir_all(dir.path().join("import/dir/late")).unwrap();
         p.delete_volume("import-dir-late").unwrap();
         assert!(!dir.path().join("import/dir/late").exists());
+    }
+
+    /// A scan that saw an import before a concurrent DeleteVolume removed it must not
+    /// bring the deleted volume back as a ghost record.
+    #[test]
+    fn an_import_deleted_during_a_scan_is_not_adopted_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = open(dir.path(), 1 << 30);
+        fs::create_dir_all(dir.path().join("import/dir/data")).unwrap();
+        p.lookup("import-dir-data").unwrap();
+        let seen = p.scan_imports();
+        p.delete_volume("import-dir-data").unwrap();
+        p.adopt_found(seen);
+        assert_eq!(
+            p.lookup("import-dir-data").unwrap_err().code(),
+            tonic::Code::NotFound
+        );
+        assert!(!dir.path().join("meta/import-dir-data.json").exists());
     }
 
     #[test]
