@@ -407,7 +407,7 @@ impl ProfileAdaptorWorker {
         let Some(path) = self.state_file.clone() else {
             return;
         };
-        let limit = self.max_document_bytes;
+        let limit = persist::state_limit(self.max_document_bytes);
         let shown = path.clone();
         match tokio::task::spawn_blocking(move || persist::load(&path, limit)).await {
             Ok(Ok(Some(table))) => {
@@ -507,7 +507,8 @@ impl ProfileAdaptorWorker {
             return;
         };
         let table = self.table.clone();
-        match tokio::task::spawn_blocking(move || persist::save(&path, &table)).await {
+        let limit = persist::state_limit(self.max_document_bytes);
+        match tokio::task::spawn_blocking(move || persist::save(&path, &table, limit)).await {
             Ok(Ok(())) => self.state_error = None,
             Ok(Err(e)) => {
                 // Not fatal: the in-memory table stays correct; only the restart head start
