@@ -7,7 +7,11 @@
 //! 1. `controller`: serializes CreateVolume, DeleteVolume and ControllerExpandVolume, which
 //!    check and change pool accounting;
 //! 2. a per-volume lock from `busy`: one operation per volume at a time;
-//! 3. `volumes`: the in-memory copy of the records, held only for short lookups/updates.
+//! 3. `node_claims`: serializes the node-wide checks of NodeStage/NodePublish (staged-volume
+//!    limit, staging and target paths owned by other volumes) with the recording of the
+//!    intent that claims them; without it, volumes staged concurrently under their own
+//!    locks would all pass the checks;
+//! 4. `volumes`: the in-memory copy of the records, held only for short lookups/updates.
 //!
 //! Durability: a record is written to disk before the in-memory map changes, and the intent
 //! (phase `creating`/`deleting`, a staging path, a publication) is written before the host is
@@ -168,6 +172,8 @@ pub struct Plugin<H: Host> {
     volumes: Mutex<BTreeMap<String, VolumeRecord>>,
     controller: Mutex<()>,
     busy: KeyLocks,
+    /// Held from the node-wide checks of a stage or publish until its intent is recorded.
+    node_claims: Mutex<()>,
     /// Import names already warned about, so a bad name is logged once, not per scan.
     warned_imports: Mutex<BTreeSet<String>>,
 }
@@ -279,6 +285,7 @@ impl<H: Host> Plugin<H> {
             volumes: Mutex::new(BTreeMap::new()),
             controller: Mutex::new(()),
             busy: KeyLocks::default(),
+            node_claims: Mutex::new(()),
             warned_imports: Mutex::new(BTreeSet::new()),
         };
         plugin.recover(records, &meta_dir)?;
@@ -1259,6 +1266,7 @@ impl<H: Host> Plugin<H> {
             fs_type,
             mount_flags,
         };
+        let claims = lock(&self.node_claims);
         let (others_here, staged_count) = {
             let vols = lock(&self.volumes);
             let here = vols
@@ -1302,6 +1310,7 @@ impl<H: Host> Plugin<H> {
                 true
             }
         };
+        drop(claims);
         match self.do_stage(&mut rec, &wanted) {
             Ok(()) => {
                 if fresh {
@@ -1433,6 +1442,7 @@ impl<H: Host> Plugin<H> {
             readonly,
             mount_flags,
         };
+        let claims = lock(&self.node_claims);
         let other_owner = lock(&self.volumes)
             .values()
             .find(|r| r.id != rec.id && r.published.iter().any(|p| p.target == target))
@@ -1466,6 +1476,7 @@ impl<H: Host> Plugin<H> {
                 true
             }
         };
+        drop(claims);
         match self.do_publish(&rec, &staging, &wanted) {
             Ok(()) => {
                 if fresh {
@@ -2182,6 +2193,58 @@ mod tests {
         fs::create_dir_all(dir.path().join("import/dir/late")).unwrap();
         p.delete_volume("import-dir-late").unwrap();
         assert!(!dir.path().join("import/dir/late").exists());
+    }
+
+    /// Concurrent stages of different volumes (each under its own volume lock) must not
+    /// together exceed `max_volumes_per_node`, nor share one staging path.
+    #[test]
+    fn concurrent_stages_respect_the_node_limit_and_path_ownership() {
+        const N: usize = 8;
+        // Stages N volumes at once, each at `path(i)`, and counts the successes.
+        fn race(limit: u64, path: impl Fn(usize) -> String + Sync) -> usize {
+            let dir = tempfile::tempdir().unwrap();
+            let mut cfg = config(dir.path(), 1 << 30);
+            cfg.max_volumes_per_node = limit;
+            let p = Plugin::open(&cfg, FakeHost::default()).unwrap();
+            let ids: Vec<String> = (0..N)
+                .map(|i| {
+                    p.create_volume(&create(&format!("v{i}"), 1 << 20, mount_cap()))
+                        .unwrap()
+                        .volume_id
+                })
+                .collect();
+            let barrier = std::sync::Barrier::new(N);
+            std::thread::scope(|s| {
+                let handles: Vec<_> = ids
+                    .iter()
+                    .enumerate()
+                    .map(|(i, id)| {
+                        let (p, barrier, path) = (&p, &barrier, &path);
+                        s.spawn(move || {
+                            barrier.wait();
+                            p.stage_volume(&StageVolume {
+                                volume_id: id.clone(),
+                                staging_target_path: path(i),
+                                capability: mount_cap(),
+                            })
+                            .is_ok()
+                        })
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .filter_map(|h| h.join().unwrap().then_some(()))
+                    .count()
+            })
+        }
+        let base = tempfile::tempdir().unwrap();
+        let at = |name: String| base.path().join(name).display().to_string();
+        for round in 0..4 {
+            let staged = race(1, |i| at(format!("r{round}-{i}")));
+            assert_eq!(staged, 1, "limit 1, round {round}: {staged} staged");
+            let staged = race(0, |_| at(format!("shared-{round}")));
+            assert_eq!(staged, 1, "one path, round {round}: {staged} staged");
+        }
     }
 
     /// A scan that saw an import before a concurrent DeleteVolume removed it must not
