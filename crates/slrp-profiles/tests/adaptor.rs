@@ -681,6 +681,28 @@ async fn state_of_documents_at_the_size_limit_is_restored() {
     adaptor.stop().await;
 }
 
+/// Durations that do not fit after "now" (a poll interval or random wait of centuries,
+/// accepted by the config parser) mean "not in this process's life", not a panic of the
+/// worker.
+#[tokio::test(start_paused = true)]
+async fn enormous_intervals_do_not_kill_the_worker() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("profiles.json");
+    std::fs::write(&source, doc(&[("a", "SINGLE_NODE_WRITER")])).unwrap();
+    let config = ProfilesConfig::new(ProfileSource::File(source.clone()))
+        .poll_interval(Duration::MAX)
+        .max_random_wait(Duration::MAX);
+    let adaptor = Running::start(config);
+    // A subscriber, so that a changed view schedules a delivery after the random wait.
+    let _rx = adaptor.handle.subscribe(key()).await.unwrap();
+    adaptor.wait_for_fetches(1).await;
+    std::fs::write(&source, doc(&[("b", "SINGLE_NODE_WRITER")])).unwrap();
+    applied(adaptor.handle.poll_now().await.unwrap());
+    applied(adaptor.handle.poll_now().await.unwrap());
+    assert_eq!(adaptor.handle.status().await.unwrap().fetches_completed, 3);
+    adaptor.stop().await;
+}
+
 /// A corrupt state file is reported and ignored, and replaced by the next good state.
 #[tokio::test(start_paused = true)]
 async fn corrupt_state_file_is_ignored() {
