@@ -590,113 +590,61 @@ async fn symlinks_at_staging_and_target_paths_are_refused() {
         let canonical = std::fs::canonicalize(path).unwrap();
         p.mounts_here().contains(&canonical)
     };
+    let link = |to: &std::path::Path, name: &str| {
+        std::os::unix::fs::symlink(to, p.path(name)).unwrap();
+        p.path_str(name)
+    };
 
-    let vol = c
-        .controller
-        .create_volume(create_req("sym", MIB, mount_cap(""), &[]))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
-    std::os::unix::fs::symlink(&victim, p.path("staging-link")).unwrap();
+    let mut volumes = Vec::new();
+    for (name, cap) in [("sym", mount_cap("")), ("sym-blk", block_cap())] {
+        let req = create_req(name, MIB, cap.clone(), &[]);
+        let vol = c.controller.create_volume(req).await.unwrap();
+        volumes.push((vol.into_inner().volume.unwrap().volume_id, cap));
+    }
+    let (vol, mount) = &volumes[0];
     let res = c
         .node
-        .node_stage_volume(v1::NodeStageVolumeRequest {
-            volume_id: vol.volume_id.clone(),
-            staging_target_path: p.path_str("staging-link"),
-            volume_capability: Some(mount_cap("")),
-            ..Default::default()
-        })
+        .node_stage_volume(stage_req(
+            vol,
+            &link(&victim, "staging-link"),
+            mount.clone(),
+        ))
         .await;
     assert_code(res, tonic::Code::InvalidArgument);
     assert!(!is_mounted(&victim), "staging followed the symlink");
 
-    let staging = p.path_str("staging");
-    c.node
-        .node_stage_volume(v1::NodeStageVolumeRequest {
-            volume_id: vol.volume_id.clone(),
-            staging_target_path: staging.clone(),
-            volume_capability: Some(mount_cap("")),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    for (link, points_to) in [("target-link", &victim), ("target-link2", &mounted)] {
-        std::os::unix::fs::symlink(points_to, p.path(link)).unwrap();
+    let targets = [
+        (&volumes[0], link(&victim, "target-link")),
+        (&volumes[0], link(&mounted, "target-link2")),
+        (&volumes[1], link(&victim_file, "blk-link")),
+    ];
+    for ((vol, cap), target) in targets {
+        let staging = p.path_str(&format!("staging-{vol}"));
+        c.node
+            .node_stage_volume(stage_req(vol, &staging, cap.clone()))
+            .await
+            .unwrap();
         let res = c
             .node
-            .node_publish_volume(v1::NodePublishVolumeRequest {
-                volume_id: vol.volume_id.clone(),
-                staging_target_path: staging.clone(),
-                target_path: p.path_str(link),
-                volume_capability: Some(mount_cap("")),
-                ..Default::default()
-            })
+            .node_publish_volume(publish_req(vol, &staging, &target, cap.clone()))
             .await;
         assert_code(res, tonic::Code::InvalidArgument);
         c.node
-            .node_unpublish_volume(v1::NodeUnpublishVolumeRequest {
-                volume_id: vol.volume_id.clone(),
-                target_path: p.path_str(link),
-            })
+            .node_unpublish_volume(unpublish_req(vol, &target))
+            .await
+            .unwrap();
+        c.node
+            .node_unstage_volume(unstage_req(vol, &staging))
             .await
             .unwrap();
     }
     assert!(!is_mounted(&victim), "publishing followed the symlink");
-    assert!(is_mounted(&mounted), "a foreign mount was unmounted");
-    assert!(victim.join("precious").exists());
-
-    // A raw block volume's target is a file: a link to another file is refused too.
-    let blk = c
-        .controller
-        .create_volume(create_req("sym-blk", MIB, block_cap(), &[]))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
-    let blk_staging = p.path_str("blk-staging");
-    c.node
-        .node_stage_volume(v1::NodeStageVolumeRequest {
-            volume_id: blk.volume_id.clone(),
-            staging_target_path: blk_staging.clone(),
-            volume_capability: Some(block_cap()),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    std::os::unix::fs::symlink(&victim_file, p.path("blk-link")).unwrap();
-    let res = c
-        .node
-        .node_publish_volume(v1::NodePublishVolumeRequest {
-            volume_id: blk.volume_id.clone(),
-            staging_target_path: blk_staging.clone(),
-            target_path: p.path_str("blk-link"),
-            volume_capability: Some(block_cap()),
-            ..Default::default()
-        })
-        .await;
-    assert_code(res, tonic::Code::InvalidArgument);
     assert!(
         !is_mounted(&victim_file),
         "block publish followed the symlink"
     );
+    assert!(is_mounted(&mounted), "a foreign mount was unmounted");
+    assert!(victim.join("precious").exists());
     assert_eq!(std::fs::read(&victim_file).unwrap(), b"secret");
-
-    c.node
-        .node_unstage_volume(v1::NodeUnstageVolumeRequest {
-            volume_id: blk.volume_id,
-            staging_target_path: blk_staging,
-        })
-        .await
-        .unwrap();
-    c.node
-        .node_unstage_volume(v1::NodeUnstageVolumeRequest {
-            volume_id: vol.volume_id,
-            staging_target_path: staging,
-        })
-        .await
-        .unwrap();
     nix::mount::umount2(&mounted, nix::mount::MntFlags::empty()).unwrap();
 }
