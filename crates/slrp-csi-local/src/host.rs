@@ -170,26 +170,33 @@ impl Host for RealHost {
                 source: io::Error::from(e),
             }
         };
+        // Mount onto the descriptor, not the name: a symlink swapped in at `target` after
+        // the caller's checks cannot redirect the mount.
+        let pinned = open_mount_point(target)?;
         nix::mount::mount(
             Some(source),
-            target,
+            &fd_path(&pinned),
             None::<&str>,
             MsFlags::MS_BIND,
             None::<&str>,
         )
         .map_err(io("bind-mounting onto"))?;
         if readonly {
-            // A bind mount ignores MS_RDONLY on creation; it takes a remount (mount(8) does the same).
-            let res = nix::mount::mount(
-                None::<&str>,
-                target,
-                None::<&str>,
-                MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
-                None::<&str>,
-            )
-            .map_err(io("remounting read-only"));
+            // A bind mount ignores MS_RDONLY on creation; it takes a remount (mount(8) does the
+            // same). The remount needs the new mount's root, so the path is opened again.
+            let res = open_mount_point(target).and_then(|root| {
+                nix::mount::mount(
+                    None::<&str>,
+                    &fd_path(&root),
+                    None::<&str>,
+                    MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
+                    None::<&str>,
+                )
+                .map_err(io("remounting read-only"))
+            });
             if let Err(e) = res {
-                let _ = nix::mount::umount2(target, MntFlags::MNT_DETACH);
+                let _ =
+                    nix::mount::umount2(target, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW);
                 return Err(e);
             }
         }
@@ -226,7 +233,8 @@ impl Host for RealHost {
             if !self.is_mount_point(target)? {
                 return Ok(());
             }
-            nix::mount::umount2(target, MntFlags::empty()).map_err(|e| HostError::Io {
+            // NOFOLLOW: a symlink at the target must not make us unmount what it points to.
+            nix::mount::umount2(target, MntFlags::UMOUNT_NOFOLLOW).map_err(|e| HostError::Io {
                 op: "unmounting",
                 path: target.to_owned(),
                 source: io::Error::from(e),
@@ -240,6 +248,11 @@ impl Host for RealHost {
     }
 
     fn is_mount_point(&self, path: &Path) -> Result<bool, HostError> {
+        // A symlink is never a mount point itself; resolving it would report the mount
+        // status of whatever it points to.
+        if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
+            return Ok(false);
+        }
         let canonical = match std::fs::canonicalize(path) {
             Ok(p) => p,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
@@ -371,6 +384,32 @@ impl Host for RealHost {
     }
 }
 
+/// Opens `path` itself (`O_PATH | O_NOFOLLOW`) to mount onto it through [`fd_path`]; a
+/// symbolic link there is refused.
+fn open_mount_point(path: &Path) -> Result<std::fs::File, HostError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let err = |source| HostError::Io {
+        op: "opening mount point",
+        path: path.to_owned(),
+        source,
+    };
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_PATH | nix::libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(err)?;
+    if file.metadata().map_err(err)?.file_type().is_symlink() {
+        return Err(err(io::Error::from_raw_os_error(nix::libc::ELOOP)));
+    }
+    Ok(file)
+}
+
+/// The `/proc/self/fd` name of an open file: mount(2) resolves it to that very file.
+fn fd_path(file: &std::fs::File) -> PathBuf {
+    use std::os::fd::AsRawFd;
+    PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()))
+}
+
 /// An in-memory host for unit tests: mounts and loop devices are table entries.
 #[cfg(test)]
 pub(crate) mod fake {
@@ -491,5 +530,71 @@ pub(crate) mod fake {
         fn has_mkfs(&self, fs_type: &str) -> bool {
             fs_type == "ext4"
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Unmounts (lazily) whatever the test mounted, even when it fails.
+    struct Unmount(Vec<PathBuf>);
+
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            for p in &self.0 {
+                let _ = nix::mount::umount2(p, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW);
+            }
+        }
+    }
+
+    /// The last line of defence against a symlink swapped in at a mount point after the
+    /// plugin's checks: the real host neither mounts through it nor unmounts through it.
+    #[test]
+    fn real_host_never_follows_a_symlink_at_the_mount_point() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipping: needs root for mounts");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let d = |n: &str| {
+            let p = dir.path().join(n);
+            std::fs::create_dir(&p).unwrap();
+            p
+        };
+        let (src, victim, mounted, mounted_src) = (d("src"), d("victim"), d("m"), d("m-src"));
+        let _guard = Unmount(vec![victim.clone(), mounted.clone(), dir.path().join("ok")]);
+        nix::mount::mount(
+            Some(&mounted_src),
+            &mounted,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .unwrap();
+        let host = RealHost::default();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&victim, &link).unwrap();
+        let err = host.bind_mount(&src, &link, false).unwrap_err();
+        assert!(matches!(err, HostError::Io { .. }), "{err:?}");
+        assert!(!host.is_mount_point(&victim).unwrap());
+
+        let link2 = dir.path().join("link2");
+        std::os::unix::fs::symlink(&mounted, &link2).unwrap();
+        assert!(!host.is_mount_point(&link2).unwrap());
+        let _ = host.unmount_all(&link2);
+        assert!(
+            host.is_mount_point(&mounted).unwrap(),
+            "unmounted through a link"
+        );
+
+        // A real directory still works, read-only included.
+        let ok = d("ok");
+        host.bind_mount(&src, &ok, true).unwrap();
+        assert!(host.is_mount_point(&ok).unwrap());
+        let e = std::fs::write(ok.join("x"), b"x").unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(nix::libc::EROFS));
+        host.unmount_all(&ok).unwrap();
+        assert!(!host.is_mount_point(&ok).unwrap());
     }
 }

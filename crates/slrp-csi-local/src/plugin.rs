@@ -7,7 +7,11 @@
 //! 1. `controller`: serializes CreateVolume, DeleteVolume and ControllerExpandVolume, which
 //!    check and change pool accounting;
 //! 2. a per-volume lock from `busy`: one operation per volume at a time;
-//! 3. `volumes`: the in-memory copy of the records, held only for short lookups/updates.
+//! 3. `node_claims`: serializes the node-wide checks of NodeStage/NodePublish (staged-volume
+//!    limit, staging and target paths owned by other volumes) with the recording of the
+//!    intent that claims them; without it, volumes staged concurrently under their own
+//!    locks would all pass the checks;
+//! 4. `volumes`: the in-memory copy of the records, held only for short lookups/updates.
 //!
 //! Durability: a record is written to disk before the in-memory map changes, and the intent
 //! (phase `creating`/`deleting`, a staging path, a publication) is written before the host is
@@ -168,6 +172,8 @@ pub struct Plugin<H: Host> {
     volumes: Mutex<BTreeMap<String, VolumeRecord>>,
     controller: Mutex<()>,
     busy: KeyLocks,
+    /// Held from the node-wide checks of a stage or publish until its intent is recorded.
+    node_claims: Mutex<()>,
     /// Import names already warned about, so a bad name is logged once, not per scan.
     warned_imports: Mutex<BTreeSet<String>>,
 }
@@ -279,6 +285,7 @@ impl<H: Host> Plugin<H> {
             volumes: Mutex::new(BTreeMap::new()),
             controller: Mutex::new(()),
             busy: KeyLocks::default(),
+            node_claims: Mutex::new(()),
             warned_imports: Mutex::new(BTreeSet::new()),
         };
         plugin.recover(records, &meta_dir)?;
@@ -344,6 +351,12 @@ impl<H: Host> Plugin<H> {
 
     /// Adds records for operator-placed volumes under `<root>/import/` not yet known.
     fn adopt_imports(&self) {
+        let found = self.scan_imports();
+        self.adopt_found(found);
+    }
+
+    /// The valid imports under `<root>/import/`: id, backend and path.
+    fn scan_imports(&self) -> Vec<(String, Backend, PathBuf)> {
         let mut found = Vec::new();
         for (dir, backend) in [
             (&self.layout.import_dir, Backend::Dir),
@@ -378,6 +391,10 @@ impl<H: Host> Plugin<H> {
                 found.push((format!("{prefix}{name}"), backend, e.path()));
             }
         }
+        found
+    }
+
+    fn adopt_found(&self, found: Vec<(String, Backend, PathBuf)>) {
         for (id, backend, path) in found {
             if lock(&self.volumes).contains_key(&id) {
                 continue;
@@ -401,7 +418,10 @@ impl<H: Host> Plugin<H> {
             // Check and insert under one lock, without taking the volume's busy lock: the
             // caller may hold it already (a request naming an import not yet seen).
             let mut vols = lock(&self.volumes);
-            if vols.contains_key(&id) {
+            // Still there? DeleteVolume removes the data before dropping the record (under
+            // this lock), so an import deleted since the scan is either still recorded or
+            // gone from disk; without this check it would come back as a ghost.
+            if vols.contains_key(&id) || fs::symlink_metadata(&path).is_err() {
                 continue;
             }
             let res = self.store.put(&rec);
@@ -1117,6 +1137,23 @@ impl<H: Host> Plugin<H> {
         ids::co_path(raw).map_err(|r| VolumeError::invalid(field, format!("{raw:?} {r}")))
     }
 
+    /// A path the plugin is about to mount onto, which must not be a symbolic link: mount(2)
+    /// follows it, so a link planted there would put the volume over whatever it points to
+    /// (and an unmount there would take down a foreign mount). `RealHost::bind_mount`
+    /// re-checks at the mount itself, closing the window after this check.
+    fn mount_path(field: &'static str, raw: &str) -> Result<PathBuf, VolumeError> {
+        let path = Self::node_path(field, raw)?;
+        match fs::symlink_metadata(&path) {
+            Ok(md) if md.file_type().is_symlink() => Err(VolumeError::invalid(
+                field,
+                format!(
+                    "{raw:?} is a symbolic link; mount points must be real directories or files"
+                ),
+            )),
+            _ => Ok(path),
+        }
+    }
+
     fn ensure_attached(&self, rec: &VolumeRecord) -> Result<PathBuf, VolumeError> {
         let file = self.layout.backing(rec);
         let host = |e| VolumeError::host("attaching loop device", &rec.id, e);
@@ -1213,7 +1250,7 @@ impl<H: Host> Plugin<H> {
         if req.volume_id.is_empty() {
             return Err(VolumeError::invalid("volume_id", "is empty"));
         }
-        let path = Self::node_path("staging_target_path", &req.staging_target_path)?;
+        let path = Self::mount_path("staging_target_path", &req.staging_target_path)?;
         let _v = self.busy.lock(&req.volume_id);
         let mut rec = self.lookup(&req.volume_id)?;
         Self::compatible(&rec, &req.capability).map_err(VolumeError::precondition)?;
@@ -1229,6 +1266,7 @@ impl<H: Host> Plugin<H> {
             fs_type,
             mount_flags,
         };
+        let claims = lock(&self.node_claims);
         let (others_here, staged_count) = {
             let vols = lock(&self.volumes);
             let here = vols
@@ -1272,6 +1310,7 @@ impl<H: Host> Plugin<H> {
                 true
             }
         };
+        drop(claims);
         match self.do_stage(&mut rec, &wanted) {
             Ok(()) => {
                 if fresh {
@@ -1376,7 +1415,7 @@ impl<H: Host> Plugin<H> {
         if req.volume_id.is_empty() {
             return Err(VolumeError::invalid("volume_id", "is empty"));
         }
-        let target = Self::node_path("target_path", &req.target_path)?;
+        let target = Self::mount_path("target_path", &req.target_path)?;
         if req.staging_target_path.is_empty() {
             return Err(VolumeError::precondition(
                 "staging_target_path is not set; the plugin has STAGE_UNSTAGE_VOLUME, call NodeStageVolume first",
@@ -1403,6 +1442,7 @@ impl<H: Host> Plugin<H> {
             readonly,
             mount_flags,
         };
+        let claims = lock(&self.node_claims);
         let other_owner = lock(&self.volumes)
             .values()
             .find(|r| r.id != rec.id && r.published.iter().any(|p| p.target == target))
@@ -1436,6 +1476,7 @@ impl<H: Host> Plugin<H> {
                 true
             }
         };
+        drop(claims);
         match self.do_publish(&rec, &staging, &wanted) {
             Ok(()) => {
                 if fresh {
@@ -2152,6 +2193,76 @@ mod tests {
         fs::create_dir_all(dir.path().join("import/dir/late")).unwrap();
         p.delete_volume("import-dir-late").unwrap();
         assert!(!dir.path().join("import/dir/late").exists());
+    }
+
+    /// Concurrent stages of different volumes (each under its own volume lock) must not
+    /// together exceed `max_volumes_per_node`, nor share one staging path.
+    #[test]
+    fn concurrent_stages_respect_the_node_limit_and_path_ownership() {
+        const N: usize = 8;
+        // Stages N volumes at once, each at `path(i)`, and counts the successes.
+        fn race(limit: u64, path: impl Fn(usize) -> String + Sync) -> usize {
+            let dir = tempfile::tempdir().unwrap();
+            let mut cfg = config(dir.path(), 1 << 30);
+            cfg.max_volumes_per_node = limit;
+            let p = Plugin::open(&cfg, FakeHost::default()).unwrap();
+            let ids: Vec<String> = (0..N)
+                .map(|i| {
+                    p.create_volume(&create(&format!("v{i}"), 1 << 20, mount_cap()))
+                        .unwrap()
+                        .volume_id
+                })
+                .collect();
+            let barrier = std::sync::Barrier::new(N);
+            std::thread::scope(|s| {
+                let handles: Vec<_> = ids
+                    .iter()
+                    .enumerate()
+                    .map(|(i, id)| {
+                        let (p, barrier, path) = (&p, &barrier, &path);
+                        s.spawn(move || {
+                            barrier.wait();
+                            p.stage_volume(&StageVolume {
+                                volume_id: id.clone(),
+                                staging_target_path: path(i),
+                                capability: mount_cap(),
+                            })
+                            .is_ok()
+                        })
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .filter_map(|h| h.join().unwrap().then_some(()))
+                    .count()
+            })
+        }
+        let base = tempfile::tempdir().unwrap();
+        let at = |name: String| base.path().join(name).display().to_string();
+        for round in 0..4 {
+            let staged = race(1, |i| at(format!("r{round}-{i}")));
+            assert_eq!(staged, 1, "limit 1, round {round}: {staged} staged");
+            let staged = race(0, |_| at(format!("shared-{round}")));
+            assert_eq!(staged, 1, "one path, round {round}: {staged} staged");
+        }
+    }
+
+    /// A scan that saw an import before a concurrent DeleteVolume removed it must not
+    /// bring the deleted volume back as a ghost record.
+    #[test]
+    fn an_import_deleted_during_a_scan_is_not_adopted_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = open(dir.path(), 1 << 30);
+        fs::create_dir_all(dir.path().join("import/dir/data")).unwrap();
+        p.lookup("import-dir-data").unwrap();
+        let seen = p.scan_imports();
+        p.delete_volume("import-dir-data").unwrap();
+        p.adopt_found(seen);
+        assert_eq!(
+            p.lookup("import-dir-data").unwrap_err().code(),
+            tonic::Code::NotFound
+        );
+        assert!(!dir.path().join("meta/import-dir-data.json").exists());
     }
 
     #[test]

@@ -558,3 +558,93 @@ async fn v0_lifecycle_with_restart() {
     assert!(p.mounts_here().is_empty());
     assert!(p.loops_after_release().await.is_empty());
 }
+
+/// A symlink planted at a staging or target path must not redirect a mount: the plugin would
+/// otherwise bind-mount the volume (or the loop device) over whatever the link points to,
+/// and a later unpublish would unmount a foreign mount the link points to.
+#[tokio::test]
+async fn symlinks_at_staging_and_target_paths_are_refused() {
+    if !can_mount("symlinks_at_staging_and_target_paths_are_refused") {
+        return;
+    }
+    let p = TestPlugin::start(&[]).await;
+    let mut c = p.v1().await;
+    let victim = p.path("victim");
+    std::fs::create_dir(&victim).unwrap();
+    std::fs::write(victim.join("precious"), b"x").unwrap();
+    // A directory with a mount of its own, which an unpublish must never unmount.
+    let mounted = p.path("mounted");
+    std::fs::create_dir(&mounted).unwrap();
+    std::fs::create_dir(p.path("mounted-src")).unwrap();
+    nix::mount::mount(
+        Some(&p.path("mounted-src")),
+        &mounted,
+        None::<&str>,
+        nix::mount::MsFlags::MS_BIND,
+        None::<&str>,
+    )
+    .unwrap();
+    let victim_file = p.path("victim-file");
+    std::fs::write(&victim_file, b"secret").unwrap();
+    let is_mounted = |path: &std::path::Path| {
+        let canonical = std::fs::canonicalize(path).unwrap();
+        p.mounts_here().contains(&canonical)
+    };
+    let link = |to: &std::path::Path, name: &str| {
+        std::os::unix::fs::symlink(to, p.path(name)).unwrap();
+        p.path_str(name)
+    };
+
+    let mut volumes = Vec::new();
+    for (name, cap) in [("sym", mount_cap("")), ("sym-blk", block_cap())] {
+        let req = create_req(name, MIB, cap.clone(), &[]);
+        let vol = c.controller.create_volume(req).await.unwrap();
+        volumes.push((vol.into_inner().volume.unwrap().volume_id, cap));
+    }
+    let (vol, mount) = &volumes[0];
+    let res = c
+        .node
+        .node_stage_volume(stage_req(
+            vol,
+            &link(&victim, "staging-link"),
+            mount.clone(),
+        ))
+        .await;
+    assert_code(res, tonic::Code::InvalidArgument);
+    assert!(!is_mounted(&victim), "staging followed the symlink");
+
+    let targets = [
+        (&volumes[0], link(&victim, "target-link")),
+        (&volumes[0], link(&mounted, "target-link2")),
+        (&volumes[1], link(&victim_file, "blk-link")),
+    ];
+    for ((vol, cap), target) in targets {
+        let staging = p.path_str(&format!("staging-{vol}"));
+        c.node
+            .node_stage_volume(stage_req(vol, &staging, cap.clone()))
+            .await
+            .unwrap();
+        let res = c
+            .node
+            .node_publish_volume(publish_req(vol, &staging, &target, cap.clone()))
+            .await;
+        assert_code(res, tonic::Code::InvalidArgument);
+        c.node
+            .node_unpublish_volume(unpublish_req(vol, &target))
+            .await
+            .unwrap();
+        c.node
+            .node_unstage_volume(unstage_req(vol, &staging))
+            .await
+            .unwrap();
+    }
+    assert!(!is_mounted(&victim), "publishing followed the symlink");
+    assert!(
+        !is_mounted(&victim_file),
+        "block publish followed the symlink"
+    );
+    assert!(is_mounted(&mounted), "a foreign mount was unmounted");
+    assert!(victim.join("precious").exists());
+    assert_eq!(std::fs::read(&victim_file).unwrap(), b"secret");
+    nix::mount::umount2(&mounted, nix::mount::MntFlags::empty()).unwrap();
+}

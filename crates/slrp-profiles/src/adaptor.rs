@@ -333,7 +333,7 @@ impl ProfileAdaptorWorker {
                     if std::mem::take(&mut self.refetch) {
                         in_flight = Some(self.start_fetch());
                     } else {
-                        next_poll = self.poll_interval.map(|d| Instant::now() + d);
+                        next_poll = self.poll_interval.map(|d| later(Instant::now(), d));
                     }
                 }
                 () = tokio::time::sleep_until(next_poll.unwrap_or_else(Instant::now)), if in_flight.is_none() && next_poll.is_some() => {
@@ -407,7 +407,7 @@ impl ProfileAdaptorWorker {
         let Some(path) = self.state_file.clone() else {
             return;
         };
-        let limit = self.max_document_bytes;
+        let limit = persist::state_limit(self.max_document_bytes);
         let shown = path.clone();
         match tokio::task::spawn_blocking(move || persist::load(&path, limit)).await {
             Ok(Ok(Some(table))) => {
@@ -507,7 +507,8 @@ impl ProfileAdaptorWorker {
             return;
         };
         let table = self.table.clone();
-        match tokio::task::spawn_blocking(move || persist::save(&path, &table)).await {
+        let limit = persist::state_limit(self.max_document_bytes);
+        match tokio::task::spawn_blocking(move || persist::save(&path, &table, limit)).await {
             Ok(Ok(())) => self.state_error = None,
             Ok(Err(e)) => {
                 // Not fatal: the in-memory table stays correct; only the restart head start
@@ -538,7 +539,7 @@ impl ProfileAdaptorWorker {
             } else {
                 let deadline = match &sub.pending {
                     Some((deadline, _)) => *deadline,
-                    None => now + random_wait(self.max_random_wait),
+                    None => later(now, random_wait(self.max_random_wait)),
                 };
                 sub.pending = Some((deadline, view));
             }
@@ -562,6 +563,16 @@ impl ProfileAdaptorWorker {
             }
         }
     }
+}
+
+/// How far ahead a deadline that does not fit in an `Instant` is put: beyond any process's
+/// life, and far below the point where adding to an `Instant` overflows.
+const FAR_FUTURE: Duration = Duration::from_secs(100 * 365 * 86_400);
+
+/// `now + d`, clamped to [`FAR_FUTURE`]: the config accepts durations (centuries) whose sum
+/// with an `Instant` would overflow, which panics.
+fn later(now: Instant, d: Duration) -> Instant {
+    now + d.min(FAR_FUTURE)
 }
 
 /// A uniform random duration in `[0, max]`, at nanosecond resolution.

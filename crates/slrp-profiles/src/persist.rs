@@ -32,6 +32,17 @@ use crate::{
 const MAGIC: &str = "slrp-profiles-state";
 const VERSION: u32 = 1;
 
+/// Floor of [`state_limit`]. The state file holds every profile ever seen (inactive ones
+/// too), each in a longer form than the document that brought it, so `max_document_bytes`
+/// alone cannot bound it; this bound only guards memory against a file that is not ours.
+const MIN_STATE_LIMIT: usize = 64 << 20;
+
+/// The largest state file read or written, for a given document limit. [`save`] refuses to
+/// write more than [`load`] accepts, so every state file written can be read back.
+pub(crate) fn state_limit(max_document_bytes: usize) -> usize {
+    max_document_bytes.saturating_mul(16).max(MIN_STATE_LIMIT)
+}
+
 /// Why the state file could not be read or written.
 #[derive(Debug, thiserror::Error)]
 pub enum PersistError {
@@ -208,9 +219,16 @@ pub(crate) fn load(path: &Path, limit: usize) -> Result<Option<ProfileTable>, Pe
     decode(path, &bytes).map(Some)
 }
 
-/// Replaces the state file crash-atomically. Blocking.
-pub(crate) fn save(path: &Path, table: &ProfileTable) -> Result<(), PersistError> {
+/// Replaces the state file crash-atomically, unless it would exceed `limit` (then the old
+/// file stays). Blocking.
+pub(crate) fn save(path: &Path, table: &ProfileTable, limit: usize) -> Result<(), PersistError> {
     let bytes = encode(table);
+    if bytes.len() > limit {
+        return Err(PersistError::TooLarge {
+            path: path.to_owned(),
+            limit,
+        });
+    }
     let dir = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -332,12 +350,20 @@ mod tests {
         assert!(load(&path, 1 << 20).unwrap().is_none());
         // A stale temporary from a "crash" does not block the next save.
         fs::write(dir.path().join("profiles.state.tmp"), b"partial").unwrap();
-        save(&path, &table()).unwrap();
+        save(&path, &table(), 1 << 20).unwrap();
         assert_eq!(load(&path, 1 << 20).unwrap(), Some(table()));
         assert!(!dir.path().join("profiles.state.tmp").exists());
         assert!(matches!(
             load(&path, 10),
             Err(PersistError::TooLarge { .. })
         ));
+        // What cannot be read back is not written: the old file stays.
+        assert!(matches!(
+            save(&path, &ProfileTable::default(), 10),
+            Err(PersistError::TooLarge { .. })
+        ));
+        assert_eq!(load(&path, 1 << 20).unwrap(), Some(table()));
+        assert!(state_limit(1) >= MIN_STATE_LIMIT);
+        assert_eq!(state_limit(usize::MAX), usize::MAX);
     }
 }

@@ -645,6 +645,64 @@ async fn persisted_mapping_used_at_restart() {
     adaptor.stop().await;
 }
 
+/// The state file holds every profile ever seen, in a longer form than the documents that
+/// brought them: documents within `max_document_bytes` must still leave a state file that
+/// the next start can read.
+#[tokio::test(start_paused = true)]
+async fn state_of_documents_at_the_size_limit_is_restored() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("profiles.json");
+    let state = dir.path().join("profiles.state");
+    let compact = |name: &str| {
+        format!(
+            r#"{{"profile_matrix":{{"{name}":{{"resource_provider_selector":{{"resource_providers":[{{"type":"{RP_TYPE}","name":"{RP_NAME}"}}]}},"volume_capabilities":{{"mount":{{}},"access_mode":{{"mode":1}}}}}}}}}}"#
+        )
+    };
+    let (first, second) = (compact("a"), compact("b"));
+    let config = ProfilesConfig::new(ProfileSource::File(source.clone()))
+        .state_file(&state)
+        .max_document_bytes(first.len().max(second.len()));
+    std::fs::write(&source, &first).unwrap();
+    let adaptor = Running::start(config.clone());
+    adaptor.wait_for_fetches(1).await;
+    std::fs::write(&source, &second).unwrap();
+    applied(adaptor.handle.poll_now().await.unwrap());
+    let status = adaptor.handle.status().await.unwrap();
+    assert_eq!(status.state_error, None);
+    adaptor.stop().await;
+
+    std::fs::remove_file(&source).unwrap();
+    let adaptor = Running::start(config);
+    let rx = adaptor.handle.subscribe(key()).await.unwrap();
+    let status = adaptor.handle.status().await.unwrap();
+    assert!(status.restored_from_state, "{status:?}");
+    assert_eq!(names(&rx.borrow()), ["b"]);
+    assert_eq!(status.profiles.len(), 2, "inactive 'a' is remembered too");
+    adaptor.stop().await;
+}
+
+/// Durations that do not fit after "now" (a poll interval or random wait of centuries,
+/// accepted by the config parser) mean "not in this process's life", not a panic of the
+/// worker.
+#[tokio::test(start_paused = true)]
+async fn enormous_intervals_do_not_kill_the_worker() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("profiles.json");
+    std::fs::write(&source, doc(&[("a", "SINGLE_NODE_WRITER")])).unwrap();
+    let config = ProfilesConfig::new(ProfileSource::File(source.clone()))
+        .poll_interval(Duration::MAX)
+        .max_random_wait(Duration::MAX);
+    let adaptor = Running::start(config);
+    // A subscriber, so that a changed view schedules a delivery after the random wait.
+    let _rx = adaptor.handle.subscribe(key()).await.unwrap();
+    adaptor.wait_for_fetches(1).await;
+    std::fs::write(&source, doc(&[("b", "SINGLE_NODE_WRITER")])).unwrap();
+    applied(adaptor.handle.poll_now().await.unwrap());
+    applied(adaptor.handle.poll_now().await.unwrap());
+    assert_eq!(adaptor.handle.status().await.unwrap().fetches_completed, 3);
+    adaptor.stop().await;
+}
+
 /// A corrupt state file is reported and ignored, and replaced by the next good state.
 #[tokio::test(start_paused = true)]
 async fn corrupt_state_file_is_ignored() {

@@ -339,6 +339,44 @@ pub fn block_cap() -> v1::VolumeCapability {
     }
 }
 
+pub fn stage_req(id: &str, path: &str, cap: v1::VolumeCapability) -> v1::NodeStageVolumeRequest {
+    v1::NodeStageVolumeRequest {
+        volume_id: id.to_owned(),
+        staging_target_path: path.to_owned(),
+        volume_capability: Some(cap),
+        ..Default::default()
+    }
+}
+
+pub fn unstage_req(id: &str, path: &str) -> v1::NodeUnstageVolumeRequest {
+    v1::NodeUnstageVolumeRequest {
+        volume_id: id.to_owned(),
+        staging_target_path: path.to_owned(),
+    }
+}
+
+pub fn publish_req(
+    id: &str,
+    staging: &str,
+    target: &str,
+    cap: v1::VolumeCapability,
+) -> v1::NodePublishVolumeRequest {
+    v1::NodePublishVolumeRequest {
+        volume_id: id.to_owned(),
+        staging_target_path: staging.to_owned(),
+        target_path: target.to_owned(),
+        volume_capability: Some(cap),
+        ..Default::default()
+    }
+}
+
+pub fn unpublish_req(id: &str, target: &str) -> v1::NodeUnpublishVolumeRequest {
+    v1::NodeUnpublishVolumeRequest {
+        volume_id: id.to_owned(),
+        target_path: target.to_owned(),
+    }
+}
+
 pub fn create_req(
     name: &str,
     bytes: i64,
