@@ -13,6 +13,9 @@ use tokio_util::codec::{Decoder, Encoder};
 /// resource lists and operations; even large agents stay far below this.
 pub const DEFAULT_MAX_RECORD_LEN: usize = 64 * 1024 * 1024;
 
+/// How far ahead of the received bytes the decoder reserves buffer space.
+const RESERVE_AHEAD: usize = 64 * 1024;
+
 /// Digits in the decimal form of `u64::MAX`: a longer header cannot be a valid length.
 const MAX_HEADER_DIGITS: usize = 20;
 
@@ -141,7 +144,9 @@ impl Decoder for RecordIoDecoder {
                 }
                 State::Payload(len) => {
                     if src.len() < len {
-                        src.reserve(len - src.len());
+                        // Grow with the data rather than by the announced length, so a
+                        // peer that sends only a large header cannot make us allocate it.
+                        src.reserve((len - src.len()).min(RESERVE_AHEAD));
                         return Ok(None);
                     }
                     self.state = State::Header;
@@ -308,6 +313,15 @@ mod tests {
                 .unwrap()
                 .is_empty()
         );
+    }
+
+    #[test]
+    fn a_large_header_alone_does_not_allocate_the_announced_length() {
+        let mut decoder = RecordIoDecoder::default();
+        let mut buf = BytesMut::new();
+        buf.extend_from_slice(b"67108864\nab");
+        assert!(decoder.decode(&mut buf).unwrap().is_none());
+        assert!(buf.capacity() < 1024 * 1024, "capacity {}", buf.capacity());
     }
 
     #[test]
