@@ -763,3 +763,75 @@ async fn shutdown_aborts_a_stuck_job_after_the_grace_period() {
     // The intent was durable before the call.
     assert_eq!(h.stored()[0].state.name(), StateName::ControllerPublish);
 }
+
+/// Waits until the worker has stopped taking commands (it is shutting down).
+async fn wait_until_not_accepting(handle: &VolumeManagerHandle) {
+    within(async {
+        while !matches!(handle.volumes().await, Err(VolumeError::Stopped)) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_job_that_finishes_within_the_shutdown_grace_is_applied_and_answered() {
+    let h = Harness::new(FakeCsi::full());
+    let m = h.start();
+    let v = m.handle.create(create_req("op")).await.unwrap();
+    h.fake.hold(&v.id);
+    let hd = m.handle.clone();
+    let id = v.id.clone();
+    let publishing = tokio::spawn(async move { hd.publish(&id).await });
+    while h.fake.calls(CsiRpc::ControllerPublishVolume) == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // A second request queued behind it never starts once shutdown began.
+    let hd = m.handle.clone();
+    let id = v.id.clone();
+    let queued = tokio::spawn(async move { hd.unpublish(&id).await });
+    // Usually queued on the lane by now; if not, it arrives after the close. Either way
+    // its answer is `Stopped`.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    m.cancel.cancel();
+    wait_until_not_accepting(&m.handle).await;
+    // The running job may finish: its work is durable and its caller hears the result.
+    h.fake.unhold(&v.id);
+    let target = within(publishing).await.unwrap().unwrap();
+    assert_eq!(target, h.paths().target(&v.id).unwrap());
+    assert!(matches!(
+        within(queued).await.unwrap(),
+        Err(VolumeError::Stopped)
+    ));
+    within(m.task).await.unwrap().unwrap();
+    assert_eq!(h.stored()[0].state.name(), StateName::Published);
+}
+
+#[tokio::test]
+async fn a_fatal_error_within_the_shutdown_grace_ends_the_worker_with_it() {
+    let h = Harness::new(FakeCsi::full());
+    let m = h.start();
+    let v = m.handle.create(create_req("op")).await.unwrap();
+    h.fake.hold(&v.id);
+    let hd = m.handle.clone();
+    let id = v.id.clone();
+    let publishing = tokio::spawn(async move { hd.publish(&id).await });
+    while h.fake.calls(CsiRpc::ControllerPublishVolume) == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    m.cancel.cancel();
+    wait_until_not_accepting(&m.handle).await;
+    // The commit after the call fails: the process must learn that shutdown was not clean.
+    fail::cfg(slrp_store::failpoints::BEFORE_COMMIT, "return").unwrap();
+    h.fake.unhold(&v.id);
+    assert!(matches!(
+        within(publishing).await.unwrap(),
+        Err(VolumeError::Stopped)
+    ));
+    let r = within(m.task).await.unwrap();
+    fail::cfg(slrp_store::failpoints::BEFORE_COMMIT, "off").unwrap();
+    assert!(
+        matches!(r, Err(VolumeError::Store { .. })),
+        "worker ended with {r:?}"
+    );
+}
