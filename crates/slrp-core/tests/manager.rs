@@ -835,3 +835,27 @@ async fn a_fatal_error_within_the_shutdown_grace_ends_the_worker_with_it() {
         "worker ended with {r:?}"
     );
 }
+
+/// A volume id the store cannot hold (here longer than its 1024-byte key limit) is a bad
+/// request for that volume, not a reason to stop the whole manager.
+#[tokio::test]
+async fn a_volume_id_the_store_cannot_hold_fails_only_its_request() {
+    let h = Harness::new(FakeCsi::full());
+    let m = h.start();
+    within(m.handle.ready()).await.unwrap();
+    let id = VolumeId::new("x".repeat(2000));
+    h.fake
+        .st()
+        .volumes
+        .insert(id.clone(), FakeVolume::default());
+    let e = m.handle.validate(validate_req(&id)).await.unwrap_err();
+    assert!(
+        matches!(e, VolumeError::Store { .. }) && !e.is_fatal(),
+        "{e:?}"
+    );
+    // Still serving.
+    assert!(m.handle.volumes().await.unwrap().is_empty());
+    let v = m.handle.create(create_req("op")).await.unwrap();
+    m.handle.publish(&v.id).await.unwrap();
+    m.stop().await.unwrap();
+}
