@@ -859,3 +859,35 @@ async fn a_volume_id_the_store_cannot_hold_fails_only_its_request() {
     m.handle.publish(&v.id).await.unwrap();
     m.stop().await.unwrap();
 }
+
+/// Spec §4.8: a CreateVolume that returns the id of a volume already tracked (under another
+/// name, or validated) fails; it must not overwrite that volume's record (which would
+/// forget that it is published).
+#[tokio::test]
+async fn create_returning_an_already_tracked_id_fails_and_keeps_the_record() {
+    let h = Harness::new(FakeCsi::full());
+    let m = h.start();
+    within(m.handle.ready()).await.unwrap();
+    // The fake names its first created volume `vol-1`: make that id a tracked, published
+    // pre-existing volume first.
+    let id = VolumeId::new("vol-1");
+    h.fake
+        .st()
+        .volumes
+        .insert(id.clone(), FakeVolume::default());
+    m.handle.validate(validate_req(&id)).await.unwrap();
+    m.handle.publish(&id).await.unwrap();
+    let e = m.handle.create(create_req("op")).await.unwrap_err();
+    assert!(
+        matches!(&e, VolumeError::Mismatch { id: got, .. } if got == &id),
+        "{e:?}"
+    );
+    let recs = m.handle.volumes().await.unwrap();
+    assert_eq!(recs.len(), 1);
+    assert_eq!(recs[0].state.name(), StateName::Published);
+    assert!(recs[0].spec.pre_provisioned && recs[0].name.is_none());
+    m.stop().await.unwrap();
+    assert_eq!(h.stored(), recs);
+    // Nothing left for recovery to re-create.
+    assert!(h.stored_intents().is_empty());
+}

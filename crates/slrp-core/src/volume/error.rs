@@ -66,7 +66,8 @@ pub enum VolumeError {
     Mismatch {
         /// The volume.
         id: VolumeId,
-        /// `capability` or `parameters`.
+        /// `capability`, `parameters`, or `name` (CreateVolume returned a volume tracked
+        /// under another name or validated).
         what: &'static str,
     },
     /// `ValidateVolumeCapabilities` did not confirm the capability.

@@ -1550,6 +1550,28 @@ impl<C: CsiVolumes> Ctx<C> {
                 });
             }
         };
+        // Spec §4.8: an id that is already tracked (validated, or created under another
+        // name) is a failure, never a reason to overwrite that volume's record. The intent
+        // goes: a replay would get the same answer. Memory equals disk, and the volume's
+        // own lane is not this one, so the store is where to look.
+        let tracked: Option<VolumeRecord> = self
+            .store
+            .get(volume.volume_id.as_str())
+            .await
+            .map_err(store_err)?;
+        if let Some(other) = tracked
+            && other.name.as_deref() != Some(req.name.as_str())
+        {
+            let mut tx = self.store.transaction();
+            tx.delete::<CreateVolume>(&req.name).map_err(store_err)?;
+            tx.commit().await.map_err(store_err)?;
+            tracing::warn!(volume = %other.id, name = %req.name,
+                "CreateVolume returned a volume that is already tracked");
+            return Err(VolumeError::Mismatch {
+                id: other.id,
+                what: "name",
+            });
+        }
         let mut rec = VolumeRecord::created(
             volume.volume_id,
             Some(req.name.clone()),
