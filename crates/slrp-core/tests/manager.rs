@@ -744,17 +744,7 @@ async fn shutdown_stops_serving_and_releases_the_store() {
 
 #[tokio::test]
 async fn shutdown_aborts_a_stuck_job_after_the_grace_period() {
-    let h = Harness::new(FakeCsi::full());
-    let m = h.start_with(h.config().shutdown_grace(Duration::from_millis(100)));
-    let v = m.handle.create(create_req("op")).await.unwrap();
-    h.fake.hold(&v.id);
-    let hd = m.handle.clone();
-    let id = v.id.clone();
-    let stuck = tokio::spawn(async move { hd.publish(&id).await });
-    // Wait until the call is at the plugin.
-    while h.fake.calls(CsiRpc::ControllerPublishVolume) == 0 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let (h, m, _, stuck) = publish_held_at_the_plugin(Duration::from_millis(100)).await;
     within(m.stop()).await.unwrap();
     assert!(matches!(
         within(stuck).await.unwrap(),
@@ -774,10 +764,18 @@ async fn wait_until_not_accepting(handle: &VolumeManagerHandle) {
     .await;
 }
 
-#[tokio::test]
-async fn a_job_that_finishes_within_the_shutdown_grace_is_applied_and_answered() {
+/// A manager (shutdown grace `grace`) with one created volume whose publish is held
+/// inside ControllerPublish.
+async fn publish_held_at_the_plugin(
+    grace: Duration,
+) -> (
+    Harness,
+    Running,
+    VolumeInfo,
+    tokio::task::JoinHandle<Result<std::path::PathBuf, VolumeError>>,
+) {
     let h = Harness::new(FakeCsi::full());
-    let m = h.start();
+    let m = h.start_with(h.config().shutdown_grace(grace));
     let v = m.handle.create(create_req("op")).await.unwrap();
     h.fake.hold(&v.id);
     let hd = m.handle.clone();
@@ -786,6 +784,12 @@ async fn a_job_that_finishes_within_the_shutdown_grace_is_applied_and_answered()
     while h.fake.calls(CsiRpc::ControllerPublishVolume) == 0 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    (h, m, v, publishing)
+}
+
+#[tokio::test]
+async fn a_job_that_finishes_within_the_shutdown_grace_is_applied_and_answered() {
+    let (h, m, v, publishing) = publish_held_at_the_plugin(Duration::from_secs(5)).await;
     // A second request queued behind it never starts once shutdown began.
     let hd = m.handle.clone();
     let id = v.id.clone();
@@ -809,16 +813,7 @@ async fn a_job_that_finishes_within_the_shutdown_grace_is_applied_and_answered()
 
 #[tokio::test]
 async fn a_fatal_error_within_the_shutdown_grace_ends_the_worker_with_it() {
-    let h = Harness::new(FakeCsi::full());
-    let m = h.start();
-    let v = m.handle.create(create_req("op")).await.unwrap();
-    h.fake.hold(&v.id);
-    let hd = m.handle.clone();
-    let id = v.id.clone();
-    let publishing = tokio::spawn(async move { hd.publish(&id).await });
-    while h.fake.calls(CsiRpc::ControllerPublishVolume) == 0 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let (h, m, v, publishing) = publish_held_at_the_plugin(Duration::from_secs(5)).await;
     m.cancel.cancel();
     wait_until_not_accepting(&m.handle).await;
     // The commit after the call fails: the process must learn that shutdown was not clean.
