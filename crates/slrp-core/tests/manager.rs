@@ -744,17 +744,7 @@ async fn shutdown_stops_serving_and_releases_the_store() {
 
 #[tokio::test]
 async fn shutdown_aborts_a_stuck_job_after_the_grace_period() {
-    let h = Harness::new(FakeCsi::full());
-    let m = h.start_with(h.config().shutdown_grace(Duration::from_millis(100)));
-    let v = m.handle.create(create_req("op")).await.unwrap();
-    h.fake.hold(&v.id);
-    let hd = m.handle.clone();
-    let id = v.id.clone();
-    let stuck = tokio::spawn(async move { hd.publish(&id).await });
-    // Wait until the call is at the plugin.
-    while h.fake.calls(CsiRpc::ControllerPublishVolume) == 0 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let (h, m, _, stuck) = publish_held_at_the_plugin(Duration::from_millis(100)).await;
     within(m.stop()).await.unwrap();
     assert!(matches!(
         within(stuck).await.unwrap(),
@@ -762,4 +752,137 @@ async fn shutdown_aborts_a_stuck_job_after_the_grace_period() {
     ));
     // The intent was durable before the call.
     assert_eq!(h.stored()[0].state.name(), StateName::ControllerPublish);
+}
+
+/// Waits until the worker has stopped taking commands (it is shutting down).
+async fn wait_until_not_accepting(handle: &VolumeManagerHandle) {
+    within(async {
+        while !matches!(handle.volumes().await, Err(VolumeError::Stopped)) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+}
+
+/// A manager (shutdown grace `grace`) with one created volume whose publish is held
+/// inside ControllerPublish.
+async fn publish_held_at_the_plugin(
+    grace: Duration,
+) -> (
+    Harness,
+    Running,
+    VolumeInfo,
+    tokio::task::JoinHandle<Result<std::path::PathBuf, VolumeError>>,
+) {
+    let h = Harness::new(FakeCsi::full());
+    let m = h.start_with(h.config().shutdown_grace(grace));
+    let v = m.handle.create(create_req("op")).await.unwrap();
+    h.fake.hold(&v.id);
+    let hd = m.handle.clone();
+    let id = v.id.clone();
+    let publishing = tokio::spawn(async move { hd.publish(&id).await });
+    while h.fake.calls(CsiRpc::ControllerPublishVolume) == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    (h, m, v, publishing)
+}
+
+#[tokio::test]
+async fn a_job_that_finishes_within_the_shutdown_grace_is_applied_and_answered() {
+    let (h, m, v, publishing) = publish_held_at_the_plugin(Duration::from_secs(5)).await;
+    // A second request queued behind it never starts once shutdown began.
+    let hd = m.handle.clone();
+    let id = v.id.clone();
+    let queued = tokio::spawn(async move { hd.unpublish(&id).await });
+    // Usually queued on the lane by now; if not, it arrives after the close. Either way
+    // its answer is `Stopped`.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    m.cancel.cancel();
+    wait_until_not_accepting(&m.handle).await;
+    // The running job may finish: its work is durable and its caller hears the result.
+    h.fake.unhold(&v.id);
+    let target = within(publishing).await.unwrap().unwrap();
+    assert_eq!(target, h.paths().target(&v.id).unwrap());
+    assert!(matches!(
+        within(queued).await.unwrap(),
+        Err(VolumeError::Stopped)
+    ));
+    within(m.task).await.unwrap().unwrap();
+    assert_eq!(h.stored()[0].state.name(), StateName::Published);
+}
+
+#[tokio::test]
+async fn a_fatal_error_within_the_shutdown_grace_ends_the_worker_with_it() {
+    let (h, m, v, publishing) = publish_held_at_the_plugin(Duration::from_secs(5)).await;
+    m.cancel.cancel();
+    wait_until_not_accepting(&m.handle).await;
+    // The commit after the call fails: the process must learn that shutdown was not clean.
+    fail::cfg(slrp_store::failpoints::BEFORE_COMMIT, "return").unwrap();
+    h.fake.unhold(&v.id);
+    assert!(matches!(
+        within(publishing).await.unwrap(),
+        Err(VolumeError::Stopped)
+    ));
+    let r = within(m.task).await.unwrap();
+    fail::cfg(slrp_store::failpoints::BEFORE_COMMIT, "off").unwrap();
+    assert!(
+        matches!(r, Err(VolumeError::Store { .. })),
+        "worker ended with {r:?}"
+    );
+}
+
+/// A volume id the store cannot hold (here longer than its 1024-byte key limit) is a bad
+/// request for that volume, not a reason to stop the whole manager.
+#[tokio::test]
+async fn a_volume_id_the_store_cannot_hold_fails_only_its_request() {
+    let h = Harness::new(FakeCsi::full());
+    let m = h.start();
+    within(m.handle.ready()).await.unwrap();
+    let id = VolumeId::new("x".repeat(2000));
+    h.fake
+        .st()
+        .volumes
+        .insert(id.clone(), FakeVolume::default());
+    let e = m.handle.validate(validate_req(&id)).await.unwrap_err();
+    assert!(
+        matches!(e, VolumeError::Store { .. }) && !e.is_fatal(),
+        "{e:?}"
+    );
+    // Still serving.
+    assert!(m.handle.volumes().await.unwrap().is_empty());
+    let v = m.handle.create(create_req("op")).await.unwrap();
+    m.handle.publish(&v.id).await.unwrap();
+    m.stop().await.unwrap();
+}
+
+/// Spec §4.8: a CreateVolume that returns the id of a volume already tracked (under another
+/// name, or validated) fails; it must not overwrite that volume's record (which would
+/// forget that it is published).
+#[tokio::test]
+async fn create_returning_an_already_tracked_id_fails_and_keeps_the_record() {
+    let h = Harness::new(FakeCsi::full());
+    let m = h.start();
+    within(m.handle.ready()).await.unwrap();
+    // The fake names its first created volume `vol-1`: make that id a tracked, published
+    // pre-existing volume first.
+    let id = VolumeId::new("vol-1");
+    h.fake
+        .st()
+        .volumes
+        .insert(id.clone(), FakeVolume::default());
+    m.handle.validate(validate_req(&id)).await.unwrap();
+    m.handle.publish(&id).await.unwrap();
+    let e = m.handle.create(create_req("op")).await.unwrap_err();
+    assert!(
+        matches!(&e, VolumeError::Mismatch { id: got, .. } if got == &id),
+        "{e:?}"
+    );
+    let recs = m.handle.volumes().await.unwrap();
+    assert_eq!(recs.len(), 1);
+    assert_eq!(recs[0].state.name(), StateName::Published);
+    assert!(recs[0].spec.pre_provisioned && recs[0].name.is_none());
+    m.stop().await.unwrap();
+    assert_eq!(h.stored(), recs);
+    // Nothing left for recovery to re-create.
+    assert!(h.stored_intents().is_empty());
 }

@@ -276,6 +276,11 @@ pub enum Corruption {
         /// Checksum computed from the stored fields.
         computed: u32,
     },
+    /// An integer column (`schema` or `crc`) does not hold a 32-bit unsigned integer.
+    Column {
+        /// The column.
+        column: &'static str,
+    },
     /// The checksum matched but a field is not UTF-8 (a checksum collision).
     NotUtf8,
     /// The checksum matched but the value is not JSON (a checksum collision, or a bug).
@@ -290,6 +295,9 @@ impl fmt::Display for Corruption {
                     f,
                     "checksum mismatch (stored {stored:#010x}, computed {computed:#010x})"
                 )
+            }
+            Self::Column { column } => {
+                write!(f, "column {column} does not hold a 32-bit unsigned integer")
             }
             Self::NotUtf8 => f.write_str("a field is not UTF-8"),
             Self::NotJson => f.write_str("value is not JSON"),

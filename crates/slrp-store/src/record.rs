@@ -138,9 +138,11 @@ pub struct RawRecord {
 pub(crate) struct StoredRow {
     pub(crate) kind: Vec<u8>,
     pub(crate) key: Vec<u8>,
-    pub(crate) schema: u32,
+    /// `None`: the stored value is not a `u32` (damaged).
+    pub(crate) schema: Option<u32>,
     pub(crate) value: Vec<u8>,
-    pub(crate) crc: u32,
+    /// `None`: the stored value is not a `u32` (damaged).
+    pub(crate) crc: Option<u32>,
 }
 
 impl StoredRow {
@@ -154,10 +156,18 @@ impl StoredRow {
 
     /// Verifies the checksum; the only way a row becomes usable.
     pub(crate) fn verify(self) -> Result<VerifiedRow, StoreError> {
-        let computed = record_checksum(&self.kind, &self.key, self.schema, &self.value);
-        if computed != self.crc {
+        let (Some(schema), Some(crc)) = (self.schema, self.crc) else {
+            let column = if self.schema.is_none() {
+                "schema"
+            } else {
+                "crc"
+            };
+            return Err(self.corrupt(Corruption::Column { column }));
+        };
+        let computed = record_checksum(&self.kind, &self.key, schema, &self.value);
+        if computed != crc {
             return Err(self.corrupt(Corruption::Checksum {
-                stored: self.crc,
+                stored: crc,
                 computed,
             }));
         }
@@ -181,7 +191,7 @@ impl StoredRow {
         Ok(VerifiedRow {
             kind,
             key,
-            schema: self.schema,
+            schema,
             value,
         })
     }

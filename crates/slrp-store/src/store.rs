@@ -410,9 +410,9 @@ impl Store {
                 Ok(StoredRow {
                     kind: raw_bytes(r, 0)?,
                     key: raw_bytes(r, 1)?,
-                    schema: r.get(2)?,
+                    schema: raw_u32(r, 2)?,
                     value: raw_bytes(r, 3)?,
-                    crc: r.get(4)?,
+                    crc: raw_u32(r, 4)?,
                 })
             })?;
             rows.collect()
@@ -531,6 +531,16 @@ fn raw_bytes(r: &rusqlite::Row<'_>, i: usize) -> rusqlite::Result<Vec<u8>> {
         ValueRef::Text(b) | ValueRef::Blob(b) => Ok(b.to_vec()),
         ValueRef::Null | ValueRef::Integer(_) | ValueRef::Real(_) => Ok(Vec::new()),
     }
+}
+
+/// An integer column of a row, `None` if the stored value is not a `u32` (damage that
+/// [`StoredRow::verify`] reports as a corrupt record rather than failing the whole read).
+fn raw_u32(r: &rusqlite::Row<'_>, i: usize) -> rusqlite::Result<Option<u32>> {
+    use rusqlite::types::ValueRef;
+    Ok(match r.get_ref(i)? {
+        ValueRef::Integer(n) => u32::try_from(n).ok(),
+        ValueRef::Null | ValueRef::Real(_) | ValueRef::Text(_) | ValueRef::Blob(_) => None,
+    })
 }
 
 /// A set of changes that becomes durable all together or not at all.

@@ -370,6 +370,46 @@ async fn flipped_byte_is_reported_with_kind_and_key() {
     );
 }
 
+/// A damaged integer column (schema version or checksum no longer a u32, or no longer an
+/// integer) is a corrupt record named by kind and key, like a damaged value: it must not
+/// fail every read as an I/O error, nor hide the other records from inspection.
+#[tokio::test]
+async fn damaged_schema_or_checksum_column_is_a_corrupt_record() {
+    for (column, bad) in [("schema", "-1"), ("crc", "4294967296"), ("crc", "'x'")] {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let store = Store::open(dir.path()).unwrap();
+            let mut tx = store.transaction();
+            tx.put(&vol("good", "CREATED")).unwrap();
+            tx.put(&vol("victim", "CREATED")).unwrap();
+            tx.commit().await.unwrap();
+        }
+        {
+            let conn = rusqlite::Connection::open(dir.path().join("state.db")).unwrap();
+            conn.execute(
+                &format!("UPDATE records SET {column} = {bad} WHERE key = 'victim'"),
+                [],
+            )
+            .unwrap();
+        }
+        let err = Store::open(dir.path()).unwrap_err();
+        assert!(
+            matches!(&err, StoreError::CorruptRecord { kind, key, .. }
+                if kind == "volume" && key == "victim"),
+            "{column} = {bad}: {err:?}"
+        );
+        let ro = Store::open_read_only(dir.path()).unwrap();
+        assert_eq!(
+            ro.get_blocking::<Vol>("good").unwrap(),
+            Some(vol("good", "CREATED"))
+        );
+        let report = inspect::inspect(dir.path()).unwrap();
+        assert_eq!(report.corrupt.len(), 1, "{column} = {bad}");
+        assert_eq!(report.corrupt[0].key, "victim");
+        assert_eq!(report.records["volume"].len(), 1);
+    }
+}
+
 #[tokio::test]
 async fn flipped_byte_in_key_is_caught_at_open() {
     let dir = tempfile::tempdir().unwrap();

@@ -29,8 +29,10 @@ pub enum VolumeError {
         #[source]
         source: CsiError,
     },
-    /// Making a change durable failed. Fatal: the manager stops and the next start
-    /// recovers from what is on disk.
+    /// Making a change durable failed. Fatal (the manager stops and the next start
+    /// recovers from what is on disk) unless the store refused the change before writing
+    /// anything, e.g. a volume id longer than a store key may be
+    /// ([`StoreError::is_fatal`]).
     #[error("persisting the state of volume {volume} failed")]
     Store {
         /// Volume id, or the CreateVolume name.
@@ -64,7 +66,8 @@ pub enum VolumeError {
     Mismatch {
         /// The volume.
         id: VolumeId,
-        /// `capability` or `parameters`.
+        /// `capability`, `parameters`, or `name` (CreateVolume returned a volume tracked
+        /// under another name or validated).
         what: &'static str,
     },
     /// `ValidateVolumeCapabilities` did not confirm the capability.
@@ -137,7 +140,10 @@ impl VolumeError {
     /// next start recovers from what is on disk (conventions §4.4 rule 5).
     pub fn is_fatal(&self) -> bool {
         match self {
-            Self::Store { .. } | Self::Load { .. } | Self::Injected { .. } => true,
+            // A refused key or an unencodable record was never sent to the writer: nothing
+            // changed, so only the request that carried it fails.
+            Self::Store { source, .. } => source.is_fatal(),
+            Self::Load { .. } | Self::Injected { .. } => true,
             Self::UnknownVolume { .. }
             | Self::Csi { .. }
             | Self::Unsupported { .. }

@@ -40,16 +40,60 @@ pub trait MountTable: Send + Sync + fmt::Debug + 'static {
 pub struct ProcMountTable;
 
 impl MountTable for ProcMountTable {
+    /// The kernel lists mount points resolved (no symlinks, absolute) and with space, tab,
+    /// newline and backslash escaped as octal (`\040`...); `dir` is resolved the same way
+    /// and the results are given back under `dir` as the caller spelled it, so that they
+    /// compare equal to paths the caller built. A `dir` that does not exist has nothing
+    /// mounted at or below it.
     fn mounts_under(&self, dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+        let resolved = match std::fs::canonicalize(dir) {
+            Ok(p) => p,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
         let infos = procfs::process::Process::myself()
             .and_then(|p| p.mountinfo())
             .map_err(std::io::Error::other)?;
         Ok(infos
             .into_iter()
-            .map(|m| m.mount_point)
-            .filter(|p| p.starts_with(dir))
+            .filter_map(|m| {
+                let point = unescape_mount_point(&m.mount_point);
+                let rest = point.strip_prefix(&resolved).ok()?;
+                Some(if rest.as_os_str().is_empty() {
+                    dir.to_owned()
+                } else {
+                    dir.join(rest)
+                })
+            })
             .collect())
     }
+}
+
+/// Undoes the kernel's octal escapes in a mountinfo path (`\040` = space, `\011` = tab,
+/// `\012` = newline, `\134` = backslash). Anything else is kept as it is.
+fn unescape_mount_point(p: &Path) -> PathBuf {
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
+    let b = p.as_os_str().as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let octal = b
+            .get(i + 1..i + 4)
+            .filter(|d| b[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)))
+            .map(|d| d.iter().fold(0u32, |acc, c| acc * 8 + u32::from(c - b'0')))
+            .and_then(|v| u8::try_from(v).ok());
+        match octal {
+            Some(v) => {
+                out.push(v);
+                i += 4;
+            }
+            None => {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+    }
+    PathBuf::from(std::ffi::OsString::from_vec(out))
 }
 
 /// Turns secret references into values when a request is built. Values are never
@@ -130,5 +174,70 @@ mod tests {
             .mounts_under(Path::new("/nonexistent-slrp-dir"))
             .unwrap();
         assert!(none.is_empty());
+    }
+
+    #[test]
+    fn mountinfo_escapes_are_undone() {
+        assert_eq!(
+            unescape_mount_point(Path::new(r"/a\040b/c\134d\011\012")),
+            Path::new("/a b/c\\d\t\n")
+        );
+        // Not an escape: kept.
+        assert_eq!(
+            unescape_mount_point(Path::new(r"/x\9y\04")),
+            Path::new(r"/x\9y\04")
+        );
+    }
+
+    /// Unmounts (lazily) on drop, so a failing assertion leaves no mount behind.
+    struct Mounted(PathBuf);
+
+    impl Drop for Mounted {
+        fn drop(&mut self) {
+            let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+
+    fn mount_tmpfs(at: &Path) -> Mounted {
+        std::fs::create_dir_all(at).unwrap();
+        nix::mount::mount(
+            Some("tmpfs"),
+            at,
+            Some("tmpfs"),
+            nix::mount::MsFlags::empty(),
+            Some("size=1m"),
+        )
+        .unwrap();
+        Mounted(at.to_owned())
+    }
+
+    /// The mount table must see mounts under a root reached through a symlink, and under
+    /// paths with characters the kernel escapes in mountinfo (`\040` for a space):
+    /// otherwise a mounted target looks unmounted and its directory is removed
+    /// recursively, through the mount, with the volume's data.
+    #[test]
+    fn proc_mount_table_sees_mounts_through_symlinks_and_escapes() {
+        if !nix::unistd::Uid::effective().is_root() {
+            eprintln!("skipped: needs root for mounts");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("real root");
+        let target = real.join("vol").join("target");
+        let _m = mount_tmpfs(&target);
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+
+        let direct = ProcMountTable.mounts_under(&real.join("vol")).unwrap();
+        assert_eq!(direct, vec![target.clone()]);
+        // Reported in the caller's spelling, so it compares equal to paths built from it.
+        let via_link = ProcMountTable.mounts_under(&link.join("vol")).unwrap();
+        assert_eq!(via_link, vec![link.join("vol").join("target")]);
+        assert!(
+            ProcMountTable
+                .mounts_under(&dir.path().join("missing"))
+                .unwrap()
+                .is_empty()
+        );
     }
 }

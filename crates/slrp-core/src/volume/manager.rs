@@ -52,9 +52,11 @@
 //!
 //! # Shutdown
 //!
-//! On cancellation the worker stops taking commands, lets running jobs finish for
+//! On cancellation the worker stops taking commands (those already sent, and jobs queued
+//! on lanes, are answered [`VolumeError::Stopped`]), lets running jobs finish for
 //! [`VolumeManagerConfig::shutdown_grace`] (their intents are durable, so stopping them
-//! is safe too), then aborts the rest. A fatal error (a failed commit) aborts every job
+//! is safe too), then aborts the rest. A job that finishes within the grace period is
+//! applied and answered as usual; a fatal error meanwhile ends the task with that error. A fatal error (a failed commit) aborts every job
 //! at once and ends [`VolumeManager::spawn`]'s task with the error: the process is
 //! expected to restart and recover from disk.
 
@@ -768,12 +770,37 @@ impl<C: CsiVolumes> Worker<C> {
             }
         };
         self.rx.close();
+        // Commands sent before the close are dropped now, so their callers hear `Stopped`
+        // at once instead of after the grace period.
+        while self.rx.try_recv().is_ok() {}
+        let mut outcome = outcome;
         if outcome.is_ok() {
-            // Orderly: running jobs may finish (their intents are durable either way).
+            // Orderly: running jobs may finish (their intents are durable either way), and
+            // a job that does is applied and answered like any other, so its caller does
+            // not hear `Stopped` for a change that was made. Queued jobs never start; their
+            // callers hear `Stopped`. A fatal error meanwhile ends the worker with it.
+            for lane in self.lanes.values_mut() {
+                lane.queue.clear();
+            }
             let grace = self.ctx.cfg.shutdown_grace;
-            let drain = async { while self.tasks.join_next().await.is_some() {} };
-            if tokio::time::timeout(grace, drain).await.is_err() {
-                tracing::warn!(?grace, "volume jobs did not finish in time; aborting them");
+            let drain = async {
+                while let Some(joined) = self.tasks.join_next().await {
+                    let done = joined.map_err(|e| {
+                        tracing::error!(error = %e, "a volume job panicked during shutdown");
+                        VolumeError::Stopped
+                    })?;
+                    if let Some(fatal) = self.on_done(done) {
+                        tracing::error!(error = %fatal, "fatal volume manager error during shutdown");
+                        return Err(fatal);
+                    }
+                }
+                Ok(())
+            };
+            match tokio::time::timeout(grace, drain).await {
+                Ok(result) => outcome = result,
+                Err(_) => {
+                    tracing::warn!(?grace, "volume jobs did not finish in time; aborting them");
+                }
             }
         }
         self.tasks.shutdown().await;
@@ -1523,6 +1550,28 @@ impl<C: CsiVolumes> Ctx<C> {
                 });
             }
         };
+        // Spec §4.8: an id that is already tracked (validated, or created under another
+        // name) is a failure, never a reason to overwrite that volume's record. The intent
+        // goes: a replay would get the same answer. Memory equals disk, and the volume's
+        // own lane is not this one, so the store is where to look.
+        let tracked: Option<VolumeRecord> = self
+            .store
+            .get(volume.volume_id.as_str())
+            .await
+            .map_err(store_err)?;
+        if let Some(other) = tracked
+            && other.name.as_deref() != Some(req.name.as_str())
+        {
+            let mut tx = self.store.transaction();
+            tx.delete::<CreateVolume>(&req.name).map_err(store_err)?;
+            tx.commit().await.map_err(store_err)?;
+            tracing::warn!(volume = %other.id, name = %req.name,
+                "CreateVolume returned a volume that is already tracked");
+            return Err(VolumeError::Mismatch {
+                id: other.id,
+                what: "name",
+            });
+        }
         let mut rec = VolumeRecord::created(
             volume.volume_id,
             Some(req.name.clone()),
