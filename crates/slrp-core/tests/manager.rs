@@ -663,7 +663,15 @@ async fn untracked_mount_dirs_are_collected_only_when_unmounted() {
     let root = h.paths().root().to_owned();
     let loose = root.join("gone-1");
     std::fs::create_dir_all(loose.join("target")).unwrap();
-    std::fs::write(loose.join("target/file"), b"x").unwrap();
+    std::fs::create_dir_all(loose.join("staging")).unwrap();
+    // A block volume's target is an empty file.
+    let loose_block = root.join("gone-2");
+    std::fs::create_dir_all(&loose_block).unwrap();
+    std::fs::write(loose_block.join("target"), b"").unwrap();
+    // Files written into a bare target (nothing mounted there) are never deleted.
+    let littered = root.join("littered-1");
+    std::fs::create_dir_all(littered.join("target")).unwrap();
+    std::fs::write(littered.join("target/file"), b"x").unwrap();
     // A leftover the plugin still has mounted.
     let held = root.join("held-1");
     std::fs::create_dir_all(held.join("target")).unwrap();
@@ -683,9 +691,10 @@ async fn untracked_mount_dirs_are_collected_only_when_unmounted() {
     std::fs::create_dir_all(&foreign).unwrap();
     let m = h.start();
     let r = within(m.handle.ready()).await.unwrap();
-    assert_eq!(r.collected, 2, "{r:?}");
-    assert!(!loose.exists() && !held.exists());
+    assert_eq!(r.collected, 3, "{r:?}");
+    assert!(!loose.exists() && !loose_block.exists() && !held.exists());
     assert!(foreign.exists());
+    assert_eq!(std::fs::read(littered.join("target/file")).unwrap(), b"x");
     assert_eq!(h.fake.calls(CsiRpc::NodeUnpublishVolume), 1);
     m.stop().await.unwrap();
 

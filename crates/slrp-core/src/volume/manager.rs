@@ -1729,18 +1729,24 @@ impl<C: CsiVolumes> Ctx<C> {
         Ok(deprovisioned)
     }
 
-    /// Removes `dir` recursively unless something is mounted at or below it (or the
-    /// mount table cannot tell). Returns whether `dir` is gone.
+    /// Removes a volume's mount directory unless something is mounted at or below it (or
+    /// the mount table cannot tell). Returns whether `dir` is gone.
+    ///
+    /// Never recursive: only the `staging` and `target` entries the manager creates are
+    /// removed, and only when empty, then `dir` itself. `rmdir` fails on a mount point
+    /// (EBUSY) and on a non-empty directory, so a mount the table did not show (made after
+    /// the check, or in another namespace) or files someone wrote into a bare target are
+    /// left for a person to look at rather than deleted. Mesos removes recursively.
     async fn remove_if_unmounted(&self, dir: &Path) -> bool {
         match self.cfg.mounts.mounts_under(dir) {
             Ok(m) if m.is_empty() => {}
             Ok(_) | Err(_) => return false,
         }
-        match tokio::fs::remove_dir_all(dir).await {
+        match remove_mount_dir(dir).await {
             Ok(()) => true,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
             Err(e) => {
-                tracing::warn!(dir = %dir.display(), error = %e, "removing mount directory failed");
+                tracing::warn!(dir = %dir.display(), error = %e,
+                    "mount directory not removed; left in place");
                 false
             }
         }
@@ -1934,4 +1940,29 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         source = s.source();
     }
     out
+}
+
+/// See `Ctx::remove_if_unmounted`: removes `dir/staging`, `dir/target` and `dir` without
+/// recursing. A missing entry is fine; a block target is an empty regular file.
+async fn remove_mount_dir(dir: &Path) -> std::io::Result<()> {
+    let gone = |r: std::io::Result<()>| match r {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    };
+    for entry in ["staging", "target"] {
+        let path = dir.join(entry);
+        let meta = match tokio::fs::symlink_metadata(&path).await {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
+        if meta.is_file() && meta.len() == 0 {
+            gone(tokio::fs::remove_file(&path).await)?;
+        } else {
+            // A directory (removed only if empty and not a mount point); anything else
+            // (a non-empty file, a device node, a symlink) makes rmdir fail and stay.
+            gone(tokio::fs::remove_dir(&path).await)?;
+        }
+    }
+    gone(tokio::fs::remove_dir(dir).await)
 }
