@@ -39,6 +39,7 @@ pub mod spec;
 pub mod supervisor;
 
 pub use metrics::{SupervisorMetrics, TerminationCause};
+pub use process::{LaunchError, ProcFs, ProcReader};
 pub use readiness::{CheckFuture, CsiProbe, Readiness, ReadinessCheck};
 pub use spec::{
     ContainerSpec, LaunchCommand, PluginDeployment, PluginSpec, Service, SpecError,
