@@ -7,6 +7,12 @@
 //!       │                     ▼                  ▼               ▼
 //!       └──── backoff ◄──── terminated (cause counted, pid record and socket removed)
 //! ```
+//! Each launch first makes sure the socket directory exists at its original path (a tmp
+//! cleaner may have removed it) and identifies the new process by its `/proc` start time;
+//! a launch whose start time stays unreadable kills the process and fails (see
+//! [`crate::process::LaunchError::UnknownStartTime`]). Every probe first checks that the
+//! socket file still exists.
+//!
 //! The n-th consecutive failure waits `restart_backoff` (jittered, capped); a run that
 //! stayed ready for `healthy_reset` resets the count, so a crash after a long healthy
 //! period restarts quickly while a crash loop slows down (Mesos relaunches at once).
@@ -757,6 +763,11 @@ impl Worker {
     }
 
     async fn check(&self) -> Readiness {
+        // A probe may ride on a connection opened before the socket file was removed (by a
+        // tmp cleaner): it keeps succeeding while nobody can connect anew.
+        if !tokio::fs::try_exists(&self.socket).await.unwrap_or(false) {
+            return Readiness::Failed(format!("socket {} no longer exists", self.socket.display()));
+        }
         match tokio::time::timeout(self.cfg.probe_timeout, self.readiness.check(&self.socket)).await
         {
             Ok(r) => r,
