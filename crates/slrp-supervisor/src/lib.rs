@@ -13,7 +13,8 @@
 //! # Layout
 //! - [`spec`]: `CSIPluginInfo` → [`PluginDeployment`] (service assignment, commands, ids).
 //! - [`supervisor`]: [`Supervisor`], [`SupervisorHandle`], [`SupervisorConfig`], workers.
-//! - [`process`]: process groups, identity by pid + start time, the no-leak guard.
+//! - [`process`]: process groups, identity by pid + start time ([`ProcReader`] seam),
+//!   the no-leak guard.
 //! - [`readiness`]: [`ReadinessCheck`] and [`CsiProbe`].
 //! - [`metrics`]: terminations by cause, restarts, readiness, adoptions.
 //!
@@ -23,7 +24,12 @@
 //! - At most one copy of a container runs: leftovers are adopted or stopped before any
 //!   launch, and a launch is recorded (fsync'd) before it is probed.
 //! - Socket paths handed to plugins fit in `sun_path`: they live in a short temporary
-//!   directory that the container directory links to as `endpoint`.
+//!   directory that the container directory links to as `endpoint`. Its path never
+//!   changes while the supervisor runs; before every launch it is recreated (0700) if a
+//!   tmp cleaner removed it, and a launch into a path someone else took is refused.
+//! - A pid record always names a start time read from `/proc` ([`ProcReader`]): a process
+//!   whose start time cannot be read is killed and its launch fails, so the next slrp
+//!   can always adopt or stop what a record names.
 //!
 //! # Limitations
 //! - No container isolation (`ContainerInfo`, resources and `user` are ignored); the
@@ -31,6 +37,8 @@
 //! - Secret environment variables must be `VALUE` secrets; references are rejected.
 //! - An adopted plugin's exit is noticed by polling `/proc` (`adopt_poll`), and its exit
 //!   status is unknown.
+//! - A socket removed under a running plugin is noticed by the next health probe and
+//!   repaired by a restart, not in place.
 
 pub mod metrics;
 pub mod process;
@@ -39,6 +47,7 @@ pub mod spec;
 pub mod supervisor;
 
 pub use metrics::{SupervisorMetrics, TerminationCause};
+pub use process::{LaunchError, ProcFs, ProcReader};
 pub use readiness::{CheckFuture, CsiProbe, Readiness, ReadinessCheck};
 pub use spec::{
     ContainerSpec, LaunchCommand, PluginDeployment, PluginSpec, Service, SpecError,

@@ -61,6 +61,55 @@ fn parse_stat(text: &str) -> Option<(char, u64)> {
     Some((state, start_time))
 }
 
+/// Reads start times of processes: the `/proc` boundary of a launch, as a trait so tests
+/// can make `/proc` unreadable.
+pub trait ProcReader: Send + Sync + std::fmt::Debug {
+    /// `starttime` of `pid` from `/proc/<pid>/stat`, in clock ticks since boot.
+    ///
+    /// # Errors
+    /// Whatever kept it from being read or parsed.
+    fn start_time(&self, pid: i32) -> io::Result<u64>;
+}
+
+/// The real [`ProcReader`]: `/proc/<pid>/stat`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ProcFs;
+
+impl ProcReader for ProcFs {
+    fn start_time(&self, pid: i32) -> io::Result<u64> {
+        identify(pid).map(|id| id.start_time)
+    }
+}
+
+/// Reads of a new child's start time before the launch is given up. A child we have not
+/// reaped keeps its `/proc` entry even after it exits, so a failure here is `/proc`
+/// itself failing (not mounted, hidepid, fd exhaustion), which may pass.
+const IDENTIFY_ATTEMPTS: u32 = 5;
+/// Pause between those reads.
+const IDENTIFY_RETRY: Duration = Duration::from_millis(20);
+
+/// Why a plugin process could not be launched.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    /// The command could not be started.
+    #[error("starting the plugin command")]
+    Spawn(#[source] io::Error),
+    /// The new process's start time could not be read, so it could not be recorded
+    /// unambiguously for adoption; the process was killed.
+    #[error(
+        "reading the start time of new plugin process {pid} failed {attempts} times; killed it rather than record an ambiguous pid"
+    )]
+    UnknownStartTime {
+        /// The killed process.
+        pid: i32,
+        /// How many reads were tried.
+        attempts: u32,
+        /// The last failure.
+        #[source]
+        source: io::Error,
+    },
+}
+
 /// The id of the running kernel boot (`/proc/sys/kernel/random/boot_id`), if readable.
 pub(crate) fn boot_id() -> Option<String> {
     std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
@@ -126,14 +175,22 @@ pub struct PluginProcess {
 
 impl PluginProcess {
     /// Starts `cmd` in its own process group with `CSI_ENDPOINT` (and the extra `env`) set,
-    /// stdout/stderr appended to the given files and the working directory `cwd`.
-    pub(crate) fn spawn(
+    /// stdout/stderr appended to the given files and the working directory `cwd`, and
+    /// identifies it through `proc`.
+    ///
+    /// # Errors
+    /// [`LaunchError::Spawn`] if it cannot be started; [`LaunchError::UnknownStartTime`]
+    /// if its start time stays unreadable, in which case it has been killed and reaped: a
+    /// record with an unknown start time could neither be adopted nor stopped by the next
+    /// slrp, so the process would leak.
+    pub(crate) async fn spawn(
         cmd: &LaunchCommand,
         extra_env: &[(String, String)],
         cwd: &Path,
         stdout: File,
         stderr: File,
-    ) -> io::Result<Self> {
+        proc: &dyn ProcReader,
+    ) -> Result<Self, LaunchError> {
         let mut c = if cmd.shell {
             let mut c = Command::new("/bin/sh");
             c.arg("-c").arg(&cmd.value);
@@ -154,13 +211,36 @@ impl PluginProcess {
             .process_group(0)
             // Our Drop kills the whole group; tokio's kill_on_drop would hit the leader only.
             .kill_on_drop(false);
-        let child = c.spawn()?;
-        let pid = child
-            .id()
-            .and_then(|p| i32::try_from(p).ok())
-            .ok_or_else(|| io::Error::other("spawned child has no pid"))?;
-        // A child that already died has no stat; its start time cannot matter then.
-        let start_time = identify(pid).map(|i| i.start_time).unwrap_or(0);
+        let mut child = c.spawn().map_err(LaunchError::Spawn)?;
+        let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) else {
+            // Not reaped yet, so this cannot happen; if it does, do not leave it running.
+            let _ = child.kill().await;
+            return Err(LaunchError::Spawn(io::Error::other(
+                "spawned child has no pid",
+            )));
+        };
+        let mut attempt = 1;
+        let start_time = loop {
+            match proc.start_time(pid) {
+                Ok(t) => break t,
+                Err(source) if attempt >= IDENTIFY_ATTEMPTS => {
+                    // Ours and just launched: killing it is safe, and reaping it here
+                    // keeps the group id pinned until the signal has been sent.
+                    signal_group(pid, Signal::SIGKILL);
+                    let _ = child.wait().await;
+                    return Err(LaunchError::UnknownStartTime {
+                        pid,
+                        attempts: attempt,
+                        source,
+                    });
+                }
+                Err(e) => {
+                    tracing::debug!(pid, attempt, error = %e, "start time of new plugin process unreadable; retrying");
+                    attempt += 1;
+                    tokio::time::sleep(IDENTIFY_RETRY).await;
+                }
+            }
+        };
         Ok(Self {
             id: ProcessId { pid, start_time },
             kind: Kind::Child(child),
@@ -305,9 +385,11 @@ mod tests {
         }
     }
 
-    fn spawn_in(dir: &Path, script: String) -> PluginProcess {
+    async fn spawn_in(dir: &Path, script: String) -> PluginProcess {
         let log = || File::create(dir.join("log")).unwrap();
-        PluginProcess::spawn(&shell(script), &[], dir, log(), log()).unwrap()
+        PluginProcess::spawn(&shell(script), &[], dir, log(), log(), &ProcFs)
+            .await
+            .unwrap()
     }
 
     #[tokio::test]
@@ -319,7 +401,8 @@ mod tests {
         let p = spawn_in(
             dir.path(),
             format!("sleep 1000 & echo $! > {}; exit 0", member_pid.display()),
-        );
+        )
+        .await;
         let leader = p.id().pid;
         eventually("leader exit", || matches!(stat(leader), Ok(('Z', _)))).await;
         let member: i32 = std::fs::read_to_string(&member_pid)
@@ -332,6 +415,76 @@ mod tests {
         assert_eq!(liveness(member), Liveness::Alive);
         drop(p);
         eventually("group member killed", || liveness(member) == Liveness::Gone).await;
+    }
+
+    /// A `/proc` that fails the first `failures` reads, then answers truthfully.
+    #[derive(Debug)]
+    struct FlakyProc {
+        failures: std::sync::Mutex<u32>,
+        asked: std::sync::Mutex<Vec<i32>>,
+    }
+
+    impl FlakyProc {
+        fn new(failures: u32) -> Self {
+            Self {
+                failures: std::sync::Mutex::new(failures),
+                asked: std::sync::Mutex::new(Vec::new()),
+            }
+        }
+    }
+
+    impl ProcReader for FlakyProc {
+        fn start_time(&self, pid: i32) -> io::Result<u64> {
+            self.asked.lock().unwrap().push(pid);
+            let mut left = self.failures.lock().unwrap();
+            if *left > 0 {
+                *left -= 1;
+                return Err(io::Error::other("simulated /proc failure"));
+            }
+            ProcFs.start_time(pid)
+        }
+    }
+
+    async fn spawn_with(dir: &Path, proc: &FlakyProc) -> Result<PluginProcess, LaunchError> {
+        let log = || File::create(dir.join("log")).unwrap();
+        PluginProcess::spawn(
+            &shell("exec sleep 1000".into()),
+            &[],
+            dir,
+            log(),
+            log(),
+            proc,
+        )
+        .await
+    }
+
+    #[tokio::test]
+    async fn an_unreadable_start_time_kills_the_new_process_instead_of_recording_zero() {
+        let dir = tempfile::tempdir().unwrap();
+        let proc = FlakyProc::new(u32::MAX);
+        let err = spawn_with(dir.path(), &proc).await.unwrap_err();
+        let LaunchError::UnknownStartTime { pid, attempts, .. } = err else {
+            panic!("unexpected {err:?}")
+        };
+        let _guard = KillOnDrop(pid);
+        assert_eq!(attempts, IDENTIFY_ATTEMPTS);
+        assert_eq!(*proc.asked.lock().unwrap(), vec![pid; 5]);
+        // Killed and reaped before the error was returned: no /proc entry at all.
+        assert!(
+            stat(pid).is_err(),
+            "the unidentified process is still there"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_briefly_unreadable_start_time_is_retried() {
+        let dir = tempfile::tempdir().unwrap();
+        let proc = FlakyProc::new(IDENTIFY_ATTEMPTS - 1);
+        let mut p = spawn_with(dir.path(), &proc).await.unwrap();
+        let real = identify(p.id().pid).unwrap();
+        assert_eq!(p.id(), real);
+        assert_eq!(proc.asked.lock().unwrap().len(), 5);
+        p.stop(Duration::from_secs(5)).await;
     }
 
     #[test]

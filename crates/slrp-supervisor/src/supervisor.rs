@@ -7,6 +7,12 @@
 //!       │                     ▼                  ▼               ▼
 //!       └──── backoff ◄──── terminated (cause counted, pid record and socket removed)
 //! ```
+//! Each launch first makes sure the socket directory exists at its original path (a tmp
+//! cleaner may have removed it) and identifies the new process by its `/proc` start time;
+//! a launch whose start time stays unreadable kills the process and fails (see
+//! [`crate::process::LaunchError::UnknownStartTime`]). Every probe first checks that the
+//! socket file still exists.
+//!
 //! The n-th consecutive failure waits `restart_backoff` (jittered, capped); a run that
 //! stayed ready for `healthy_reset` resets the count, so a crash after a long healthy
 //! period restarts quickly while a crash loop slows down (Mesos relaunches at once).
@@ -43,7 +49,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::metrics::{SupervisorMetrics, TerminationCause};
-use crate::process::{self, Liveness, PluginProcess, ProcessId};
+use crate::process::{self, LaunchError, Liveness, PluginProcess, ProcFs, ProcReader, ProcessId};
 use crate::readiness::{Readiness, ReadinessCheck};
 use crate::spec::{ContainerSpec, PluginSpec, Service, is_safe_component};
 
@@ -82,6 +88,9 @@ pub struct SupervisorConfig {
     pub adopt_poll: Duration,
     /// Exported to node-service containers as `MESOS_AGENT_ID`, as Mesos does.
     pub agent_id: Option<String>,
+    /// Reads the start time of each launched process for its pid record ([`ProcFs`];
+    /// replaceable so tests can simulate an unreadable `/proc`).
+    pub proc_reader: Arc<dyn ProcReader>,
 }
 
 impl SupervisorConfig {
@@ -105,6 +114,7 @@ impl SupervisorConfig {
             stop_grace: Duration::from_secs(10),
             adopt_poll: Duration::from_millis(500),
             agent_id: None,
+            proc_reader: Arc::new(ProcFs),
         }
     }
 }
@@ -135,6 +145,15 @@ pub enum SupervisorError {
         after: Duration,
         /// Its state at that moment.
         state: ContainerState,
+    },
+    /// A plugin process could not be launched.
+    #[error("launching the plugin of container {container}")]
+    Launch {
+        /// Container id.
+        container: String,
+        /// Why.
+        #[source]
+        source: LaunchError,
     },
     /// The supervisor was stopped.
     #[error("container {container} is stopped")]
@@ -252,6 +271,66 @@ fn endpoint_dir(container_dir: &Path, base: &Path) -> io::Result<PathBuf> {
     Ok(dir)
 }
 
+/// Makes sure the socket directory of `socket` exists, belongs to us and is private
+/// (0700, as created), and that the container's `endpoint` link points at it; then removes
+/// a stale socket. The directory keeps its path, so the endpoint handed out by
+/// [`SupervisorHandle::endpoint`] stays valid.
+fn ensure_socket_dir(container_dir: &Path, socket: &Path) -> io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    let dir = socket
+        .parent()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "socket has no directory"))?;
+    match std::fs::symlink_metadata(dir) {
+        Ok(meta) => {
+            // The name is in a shared directory (/tmp): if it was removed, someone else
+            // may have taken it. Never hand a plugin a directory we do not own alone.
+            if !meta.is_dir() {
+                return Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    "the socket directory's path is taken by something that is not a directory",
+                ));
+            }
+            if meta.uid() != nix::unistd::geteuid().as_raw() {
+                return Err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    "the socket directory belongs to another user",
+                ));
+            }
+            if meta.mode() & 0o7777 != 0o700 {
+                std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+            }
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            // Not recursive: the base directory itself missing is a configuration problem.
+            // `create` fails if someone takes the name first; the next launch then finds
+            // it and refuses it above.
+            std::fs::DirBuilder::new().mode(0o700).create(dir)?;
+            tracing::warn!(dir = %dir.display(), "socket directory had been removed (by a tmp cleaner?); recreated it");
+        }
+        Err(e) => return Err(e),
+    }
+    let link = container_dir.join(ENDPOINT_LINK);
+    if std::fs::read_link(&link).ok().as_deref() != Some(dir) {
+        remove_if_exists(&link)?;
+        std::os::unix::fs::symlink(dir, &link)?;
+    }
+    // A stale socket from a previous run would make the wait succeed too early, and some
+    // plugins refuse to start when it exists.
+    remove_if_exists(socket)
+}
+
+/// `error: cause: cause` for log lines (the chain is printed once, where handled).
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        out.push_str(": ");
+        out.push_str(&cause.to_string());
+        next = cause.source();
+    }
+    out
+}
+
 /// Removes the short socket directory a container's `endpoint` link points at (only if
 /// it looks like one of ours), then the link.
 fn remove_endpoint_dir(container_dir: &Path) {
@@ -286,6 +365,9 @@ impl Supervisor {
         cancel: CancellationToken,
     ) -> Result<SupervisorHandle, SupervisorError> {
         let cfg = Arc::new(cfg);
+        // Socket aliases of CSI clients in a previous slrp that was SIGKILLed (best effort;
+        // see `slrp_csi::endpoint`).
+        slrp_csi::endpoint::sweep_stale_aliases(&std::env::temp_dir());
         let root = cfg.runtime_dir.join("containers");
         std::fs::create_dir_all(&root).map_err(io_err("creating", &root))?;
         let mut adopted = recover(&root, &spec, &cfg, &metrics).await?;
@@ -562,10 +644,10 @@ impl Worker {
                         self.metrics.restarted(&self.spec.id);
                     }
                     launches = launches.saturating_add(1);
-                    match self.launch() {
+                    match self.launch().await {
                         Ok(p) => p,
                         Err(e) => {
-                            tracing::error!(error = %e, "launching plugin failed");
+                            tracing::error!(error = %chain(&e), "launching plugin failed");
                             self.metrics
                                 .terminated(&self.spec.id, TerminationCause::LaunchFailed);
                             failures = failures.saturating_add(1);
@@ -681,6 +763,11 @@ impl Worker {
     }
 
     async fn check(&self) -> Readiness {
+        // A probe may ride on a connection opened before the socket file was removed (by a
+        // tmp cleaner): it keeps succeeding while nobody can connect anew.
+        if !tokio::fs::try_exists(&self.socket).await.unwrap_or(false) {
+            return Readiness::Failed(format!("socket {} no longer exists", self.socket.display()));
+        }
         match tokio::time::timeout(self.cfg.probe_timeout, self.readiness.check(&self.socket)).await
         {
             Ok(r) => r,
@@ -720,15 +807,18 @@ impl Worker {
         }
     }
 
-    fn launch(&self) -> io::Result<PluginProcess> {
-        // A stale socket from a previous run would make the wait succeed too early, and
-        // some plugins refuse to start when it exists.
-        remove_if_exists(&self.socket)?;
+    async fn launch(&self) -> Result<PluginProcess, SupervisorError> {
+        // Before every launch, not just at start: a tmp cleaner may have removed the
+        // directory during a long run, and the plugin could not bind its socket.
+        ensure_socket_dir(&self.dir, &self.socket)
+            .map_err(io_err("preparing the socket directory of", &self.socket))?;
         let open = |name: &str| {
+            let path = self.dir.join(name);
             std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
-                .open(self.dir.join(name))
+                .open(&path)
+                .map_err(io_err("opening", &path))
         };
         let mut env = vec![(
             "CSI_ENDPOINT".to_owned(),
@@ -745,7 +835,13 @@ impl Worker {
             &self.dir,
             open("stdout.log")?,
             open("stderr.log")?,
-        )?;
+            self.cfg.proc_reader.as_ref(),
+        )
+        .await
+        .map_err(|source| SupervisorError::Launch {
+            container: self.spec.id.clone(),
+            source,
+        })?;
         write_record(
             &self.dir,
             &PidRecord {
@@ -753,7 +849,8 @@ impl Worker {
                 config_hash: self.spec.config_hash(),
                 boot_id: process::boot_id(),
             },
-        )?;
+        )
+        .map_err(io_err("writing the pid record in", &self.dir))?;
         tracing::info!(pid = p.id().pid, socket = %self.socket.display(), "plugin launched");
         Ok(p)
     }

@@ -617,3 +617,194 @@ async fn a_pid_record_from_an_earlier_boot_is_neither_adopted_nor_stopped() {
     bystander.kill().unwrap();
     bystander.wait().unwrap();
 }
+
+#[tokio::test]
+async fn a_removed_socket_directory_is_recreated_before_the_relaunch() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let env = Env::new();
+    let h = env
+        .start(
+            spec(&format!(r#"{SOCK} touch "$S"; exec sleep 1000"#)),
+            env.config(),
+        )
+        .await;
+    let ep = h.wait_ready(Service::Node, WAIT).await.unwrap();
+    let first = ready_pid(&h);
+    let sock_dir = ep.path().parent().unwrap().to_owned();
+    // A tmp cleaner removes the directory during the run, then the plugin dies.
+    std::fs::remove_dir_all(&sock_dir).unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(first),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let mut rx = h.watch(Service::Node).unwrap();
+    let relaunched = tokio::time::timeout(
+        WAIT,
+        rx.wait_for(|s| matches!(s, ContainerState::Ready { pid } if *pid != first)),
+    )
+    .await
+    .expect("the plugin never came back ready")
+    .unwrap()
+    .clone();
+    let ContainerState::Ready { pid: second } = relaunched else {
+        unreachable!()
+    };
+    // Same path, so endpoints handed out before stay valid; private again.
+    assert_eq!(h.endpoint(Service::Node).unwrap(), ep);
+    assert!(ep.path().exists());
+    let mode = std::fs::metadata(&sock_dir).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o700);
+    let cdir = env.path("run/containers").join(&h.containers()[0].0);
+    assert_eq!(std::fs::read_link(cdir.join("endpoint")).unwrap(), sock_dir);
+    h.shutdown().await;
+    assert!(!running(second));
+    assert!(!sock_dir.exists(), "socket directory left behind");
+}
+
+#[tokio::test]
+async fn a_socket_directory_taken_by_another_file_is_refused() {
+    let env = Env::new();
+    let h = env
+        .start(
+            spec(&format!(r#"{SOCK} touch "$S"; exec sleep 1000"#)),
+            env.config(),
+        )
+        .await;
+    let ep = h.wait_ready(Service::Node, WAIT).await.unwrap();
+    let first = ready_pid(&h);
+    let sock_dir = ep.path().parent().unwrap().to_owned();
+    // The name in the shared directory is taken by something that is not ours to use.
+    std::fs::remove_dir_all(&sock_dir).unwrap();
+    std::fs::write(&sock_dir, b"squatter").unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(first),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let id = h.containers()[0].0.clone();
+    let m = env.metrics.clone();
+    eventually("launch refused", || {
+        m.terminations(&id, TerminationCause::LaunchFailed) >= 1
+    })
+    .await;
+    assert_eq!(std::fs::read(&sock_dir).unwrap(), b"squatter");
+    h.shutdown().await;
+    assert_eq!(std::fs::read(&sock_dir).unwrap(), b"squatter");
+}
+
+/// A `/proc` reader that fails the first `failures` reads and remembers every pid asked.
+#[derive(Debug)]
+struct FlakyProc {
+    failures: std::sync::Mutex<u32>,
+    asked: std::sync::Mutex<Vec<i32>>,
+}
+
+impl ProcReader for FlakyProc {
+    fn start_time(&self, pid: i32) -> std::io::Result<u64> {
+        self.asked.lock().unwrap().push(pid);
+        let mut left = self.failures.lock().unwrap();
+        if *left > 0 {
+            *left -= 1;
+            return Err(std::io::Error::other("simulated /proc failure"));
+        }
+        ProcFs.start_time(pid)
+    }
+}
+
+#[tokio::test]
+async fn an_unreadable_start_time_fails_the_launch_without_a_record_and_is_retried() {
+    let env = Env::new();
+    // Enough failures to exhaust the first launch's reads and part of the second's.
+    let proc = Arc::new(FlakyProc {
+        failures: std::sync::Mutex::new(7),
+        asked: std::sync::Mutex::new(Vec::new()),
+    });
+    let mut cfg = env.config();
+    cfg.proc_reader = proc.clone();
+    let spec = spec(&format!(r#"{SOCK} touch "$S"; exec sleep 1000"#));
+    let record = env
+        .path("run/containers")
+        .join(&spec.containers[0].id)
+        .join("pid.json");
+    let h = env.start(spec, cfg).await;
+    let mut rx = h.watch(Service::Node).unwrap();
+    tokio::time::timeout(
+        WAIT,
+        rx.wait_for(|s| matches!(s, ContainerState::BackingOff { .. })),
+    )
+    .await
+    .expect("the launch did not fail")
+    .unwrap();
+    assert!(
+        !record.exists(),
+        "a record was written for an unidentified process"
+    );
+    let id = h.containers()[0].0.clone();
+    assert_eq!(
+        env.metrics
+            .terminations(&id, TerminationCause::LaunchFailed),
+        1
+    );
+
+    h.wait_ready(Service::Node, WAIT).await.unwrap();
+    let pid = ready_pid(&h);
+    let asked = proc.asked.lock().unwrap().clone();
+    let unidentified = asked[0];
+    assert_eq!(asked[..5], [unidentified; 5]);
+    assert_eq!(asked[5..], [pid; 3]);
+    assert!(
+        !running(unidentified),
+        "the unidentified process was left running"
+    );
+    let rec: serde_json::Value = serde_json::from_slice(&std::fs::read(&record).unwrap()).unwrap();
+    assert_eq!(rec["process"]["pid"], pid);
+    assert_eq!(
+        rec["process"]["start_time"],
+        ProcFs.start_time(pid).unwrap()
+    );
+    h.shutdown().await;
+    assert!(!running(pid));
+}
+
+/// Removes a test's directory under the system temp directory even if an assertion fails.
+struct RemoveDirOnDrop(PathBuf);
+
+impl Drop for RemoveDirOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[tokio::test]
+async fn start_sweeps_socket_aliases_left_by_a_killed_slrp() {
+    // A CSI client's alias whose process was SIGKILLed: creator gone, target gone.
+    let mut dead = std::process::Command::new("sleep")
+        .arg("1000")
+        .spawn()
+        .unwrap();
+    let pid = dead.id();
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let start_time: u64 = stat[stat.rfind(')').unwrap() + 2..]
+        .split_whitespace()
+        .nth(19)
+        .unwrap()
+        .parse()
+        .unwrap();
+    dead.kill().unwrap();
+    dead.wait().unwrap();
+    let alias = std::env::temp_dir().join(format!("slrp-csi-alias-{pid}-{start_time}-sweepT"));
+    let _cleanup = RemoveDirOnDrop(alias.clone());
+    std::fs::create_dir(&alias).unwrap();
+    let env = Env::new();
+    std::os::unix::fs::symlink(env.path("gone.sock"), alias.join("endpoint.sock")).unwrap();
+
+    let h = env
+        .start(
+            spec(&format!(r#"{SOCK} touch "$S"; exec sleep 1000"#)),
+            env.config(),
+        )
+        .await;
+    assert!(!alias.exists(), "stale alias not swept");
+    h.shutdown().await;
+}

@@ -208,3 +208,67 @@ async fn restarted_supervisor_adopts_the_running_plugin() {
     h2.shutdown().await;
     assert!(!running(p));
 }
+
+#[tokio::test]
+async fn plugin_binds_again_after_its_socket_directory_was_removed() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let env = Env::new();
+    let h = env.start("v1").await;
+    let ep = h.wait_ready(Service::Node, WAIT).await.unwrap();
+    let first = pid(&h);
+    let client =
+        CsiClient::new(ep.clone(), ClientConfig::default(), CsiMetrics::default()).unwrap();
+    client.plugin_info().await.unwrap();
+    // A tmp cleaner removes the socket directory; later the plugin dies.
+    std::fs::remove_dir_all(ep.path().parent().unwrap()).unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(first),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let mut rx = h.watch(Service::Node).unwrap();
+    tokio::time::timeout(
+        WAIT,
+        rx.wait_for(|s| matches!(s, ContainerState::Ready { pid } if *pid != first)),
+    )
+    .await
+    .expect("the plugin never came back ready")
+    .unwrap();
+    // The client made before still works: same socket path.
+    client.plugin_info().await.unwrap();
+    // slrp-csi-local would create a missing directory itself, with its umask's mode; the
+    // supervisor recreates it first, private as it was made.
+    let mode = std::fs::metadata(ep.path().parent().unwrap())
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o700);
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_running_plugin_whose_socket_directory_was_removed_is_restarted() {
+    let env = Env::new();
+    let h = env.start("v1").await;
+    let ep = h.wait_ready(Service::Node, WAIT).await.unwrap();
+    let first = pid(&h);
+    // The health probe's connection stays open, but nobody else can connect any more.
+    std::fs::remove_dir_all(ep.path().parent().unwrap()).unwrap();
+    let mut rx = h.watch(Service::Node).unwrap();
+    tokio::time::timeout(
+        WAIT,
+        rx.wait_for(|s| matches!(s, ContainerState::Ready { pid } if *pid != first)),
+    )
+    .await
+    .expect("the plugin was never restarted")
+    .unwrap();
+    let id = h.containers()[0].0.clone();
+    assert_eq!(
+        env.metrics.terminations(&id, TerminationCause::Unhealthy),
+        1
+    );
+    assert!(!running(first));
+    let client = CsiClient::new(ep, ClientConfig::default(), CsiMetrics::default()).unwrap();
+    client.plugin_info().await.unwrap();
+    h.shutdown().await;
+}
