@@ -12,6 +12,17 @@
 //! [`VolumeManagerConfig::max_concurrent`]. A job that hangs holds its lane and one
 //! permit, nothing else, so it never blocks other volumes while permits remain.
 //!
+//! Lanes alone do not separate a CreateVolume from requests for the id it is about to
+//! learn (e.g. a validate or delete of an id the provider saw in ListVolumes while the
+//! create's answer was on its way): they run on different lanes. So a *create gate*
+//! keeps creates of untracked names and jobs for untracked ids apart (each class runs in
+//! parallel with itself, never with the other; see `Gate`): a job that would overlap
+//! the other class is parked, its lane kept busy, and started in arrival order once the
+//! other class's running jobs have been applied, classified afresh (an id a create just
+//! tracked is tracked, so its jobs see the create's record). While anything is parked,
+//! new jobs of either class park behind it, so neither starves. Jobs on tracked volumes
+//! and names never wait at the gate. [`VolumeManagerHandle::jobs`] shows the counts.
+//!
 //! A running job owns a copy of its volume's record. When it ends it hands back the
 //! new record (or its removal) and the worker applies that *before* the caller hears
 //! the answer, so a caller that acts on an answer always finds the state it implies.
@@ -52,8 +63,8 @@
 //!
 //! # Shutdown
 //!
-//! On cancellation the worker stops taking commands (those already sent, and jobs queued
-//! on lanes, are answered [`VolumeError::Stopped`]), lets running jobs finish for
+//! On cancellation the worker stops taking commands (those already sent, jobs queued
+//! on lanes and jobs parked at the create gate are answered [`VolumeError::Stopped`]), lets running jobs finish for
 //! [`VolumeManagerConfig::shutdown_grace`] (their intents are durable, so stopping them
 //! is safe too), then aborts the rest. A job that finishes within the grace period is
 //! applied and answered as usual; a fatal error meanwhile ends the task with that error. A fatal error (a failed commit) aborts every job
@@ -2125,4 +2136,45 @@ async fn remove_mount_dir(dir: &Path) -> std::io::Result<()> {
         }
     }
     gone(tokio::fs::remove_dir(dir).await)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Class, Gate};
+
+    #[test]
+    fn the_gate_keeps_creates_and_untracked_jobs_apart_and_first_come_first_served() {
+        let mut gate = Gate::default();
+        // Idle: everything starts; free jobs never wait, even behind parked ones.
+        for class in [Class::Free, Class::Create, Class::Untracked] {
+            assert!(gate.admits(class, false), "{class:?}");
+        }
+        assert!(gate.admits(Class::Free, true));
+        // Something parked ahead: creates and untracked-id jobs queue behind it.
+        assert!(!gate.admits(Class::Create, true));
+        assert!(!gate.admits(Class::Untracked, true));
+
+        // Creates run together, never with an untracked-id job.
+        gate.enter(Class::Create);
+        assert!(gate.admits(Class::Create, false));
+        assert!(!gate.admits(Class::Untracked, false));
+        gate.enter(Class::Create);
+        gate.leave(Class::Create);
+        assert!(
+            !gate.admits(Class::Untracked, false),
+            "one create still runs"
+        );
+        gate.leave(Class::Create);
+        assert!(gate.admits(Class::Untracked, false));
+
+        // And the reverse.
+        gate.enter(Class::Untracked);
+        assert!(gate.admits(Class::Untracked, false));
+        assert!(!gate.admits(Class::Create, false));
+        gate.leave(Class::Untracked);
+        assert!(gate.admits(Class::Create, false));
+        // Free jobs are not counted.
+        gate.enter(Class::Free);
+        assert_eq!((gate.creates, gate.untracked), (0, 0));
+    }
 }
