@@ -27,6 +27,8 @@
 //!   manager's in-memory records always equal what is durable.
 //! - One job per volume at a time; a caller hears an answer only after the state change
 //!   it implies is applied.
+//! - A CreateVolume of an untracked name never runs at the same time as a job for an
+//!   untracked volume id (the id it returns may be that one).
 //!
 //! # Limitations
 //!

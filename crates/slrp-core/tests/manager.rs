@@ -192,18 +192,6 @@ async fn without_create_delete_capability_create_fails_and_delete_untracks() {
     assert!(h.stored_intents().is_empty());
 }
 
-fn validate_req(id: &VolumeId) -> ValidateVolume {
-    ValidateVolume {
-        id: id.clone(),
-        capability: mount_cap(),
-        parameters: StringMap::new(),
-        volume_context: BTreeMap::from([("from".into(), "list".into())]),
-        capacity_bytes: 4096,
-        node_stage_secrets: BTreeMap::new(),
-        node_publish_secrets: BTreeMap::new(),
-    }
-}
-
 #[tokio::test]
 async fn validate_tracks_pre_existing_volumes() {
     let h = Harness::new(FakeCsi::full());
@@ -761,16 +749,6 @@ async fn shutdown_aborts_a_stuck_job_after_the_grace_period() {
     ));
     // The intent was durable before the call.
     assert_eq!(h.stored()[0].state.name(), StateName::ControllerPublish);
-}
-
-/// Waits until the worker has stopped taking commands (it is shutting down).
-async fn wait_until_not_accepting(handle: &VolumeManagerHandle) {
-    within(async {
-        while !matches!(handle.volumes().await, Err(VolumeError::Stopped)) {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await;
 }
 
 /// A manager (shutdown grace `grace`) with one created volume whose publish is held

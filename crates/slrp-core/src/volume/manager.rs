@@ -12,6 +12,17 @@
 //! [`VolumeManagerConfig::max_concurrent`]. A job that hangs holds its lane and one
 //! permit, nothing else, so it never blocks other volumes while permits remain.
 //!
+//! Lanes alone do not separate a CreateVolume from requests for the id it is about to
+//! learn (e.g. a validate or delete of an id the provider saw in ListVolumes while the
+//! create's answer was on its way): they run on different lanes. So a *create gate*
+//! keeps creates of untracked names and jobs for untracked ids apart (each class runs in
+//! parallel with itself, never with the other; see `Gate`): a job that would overlap
+//! the other class is parked, its lane kept busy, and started in arrival order once the
+//! other class's running jobs have been applied, classified afresh (an id a create just
+//! tracked is tracked, so its jobs see the create's record). While anything is parked,
+//! new jobs of either class park behind it, so neither starves. Jobs on tracked volumes
+//! and names never wait at the gate. [`VolumeManagerHandle::jobs`] shows the counts.
+//!
 //! A running job owns a copy of its volume's record. When it ends it hands back the
 //! new record (or its removal) and the worker applies that *before* the caller hears
 //! the answer, so a caller that acts on an answer always finds the state it implies.
@@ -52,8 +63,8 @@
 //!
 //! # Shutdown
 //!
-//! On cancellation the worker stops taking commands (those already sent, and jobs queued
-//! on lanes, are answered [`VolumeError::Stopped`]), lets running jobs finish for
+//! On cancellation the worker stops taking commands (those already sent, jobs queued
+//! on lanes and jobs parked at the create gate are answered [`VolumeError::Stopped`]), lets running jobs finish for
 //! [`VolumeManagerConfig::shutdown_grace`] (their intents are durable, so stopping them
 //! is safe too), then aborts the rest. A job that finishes within the grace period is
 //! applied and answered as usual; a fatal error meanwhile ends the task with that error. A fatal error (a failed commit) aborts every job
@@ -204,6 +215,21 @@ pub struct RecoveryReport {
     pub warnings: Vec<String>,
 }
 
+/// How many volume jobs are where, at one moment (see [`VolumeManagerHandle::jobs`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct JobCounts {
+    /// Jobs started and not yet applied (including those waiting for a concurrency
+    /// permit).
+    pub running: usize,
+    /// Of the running jobs, CreateVolume jobs for names that were not tracked.
+    pub creating: usize,
+    /// Jobs parked at the create gate: jobs for untracked ids waiting for running
+    /// creates to be applied, or creates waiting for those (module docs, "Lanes").
+    pub parked: usize,
+    /// Jobs waiting behind another job of their volume (or name).
+    pub queued: usize,
+}
+
 /// Settings of the volume manager.
 #[derive(Debug, Clone)]
 pub struct VolumeManagerConfig {
@@ -344,6 +370,7 @@ impl VolumeManager {
             volumes: HashMap::new(),
             names: HashMap::new(),
             lanes: HashMap::new(),
+            gate: Gate::default(),
             tasks: JoinSet::new(),
             ready_tx,
             recovery: None,
@@ -521,6 +548,15 @@ impl VolumeManagerHandle {
         .await
     }
 
+    /// Where the manager's jobs are: running, parked at the create gate, queued on their
+    /// volume. For the admin endpoint and for tests that must know a request has arrived.
+    ///
+    /// # Errors
+    /// [`VolumeError::Stopped`].
+    pub async fn jobs(&self) -> Result<JobCounts, VolumeError> {
+        self.ask(|reply| Command::Jobs { reply }).await
+    }
+
     /// The records as last committed, ordered by id.
     ///
     /// # Errors
@@ -573,6 +609,9 @@ enum Command {
     Snapshot {
         reply: Reply<Vec<VolumeRecord>>,
     },
+    Jobs {
+        reply: Reply<JobCounts>,
+    },
 }
 
 impl fmt::Debug for Command {
@@ -582,6 +621,7 @@ impl fmt::Debug for Command {
             Self::List { .. } => f.write_str("list"),
             Self::Capacity { .. } => f.write_str("capacity"),
             Self::Snapshot { .. } => f.write_str("snapshot"),
+            Self::Jobs { .. } => f.write_str("jobs"),
         }
     }
 }
@@ -671,6 +711,8 @@ enum RecoveryResult {
 /// A finished job, handed back to the worker.
 struct Done {
     key: Option<Key>,
+    /// How the job counted at the create gate (released when it is applied).
+    class: Class,
     change: Change,
     /// Sends the caller's answer; called after `change` is applied.
     answer: Box<dyn FnOnce() + Send>,
@@ -683,6 +725,7 @@ impl Done {
     fn plain(answer: Box<dyn FnOnce() + Send>) -> Self {
         Self {
             key: None,
+            class: Class::Free,
             change: Change::None,
             answer,
             fatal: None,
@@ -710,6 +753,70 @@ fn settle<T: Send + 'static>(
     (answer, fatal)
 }
 
+/// How a lane job counts at the create gate (see [`Gate`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    /// Touches a tracked volume (or a tracked name): no conflict with creates.
+    Free,
+    /// A CreateVolume of an untracked name: may track an id nobody knows yet.
+    Create,
+    /// A job for an id that is not tracked: the id may be the one a create is about to
+    /// track.
+    Untracked,
+}
+
+/// Keeps creates and jobs for untracked ids apart.
+///
+/// A CreateVolume job learns its volume's id only from the plugin's answer, so it runs
+/// on its name's lane; a job for that id on the id's lane would race it (both track the
+/// id, or a delete removes it under the create). So [`Class::Create`] and
+/// [`Class::Untracked`] jobs never run at the same time: many of one class may, each
+/// on its own lane. A job that would conflict is parked here, with its lane kept busy
+/// so that later jobs of the lane stay behind it. Parked jobs are started in arrival
+/// order once the running jobs of the other class have been applied, after classifying
+/// them again: the id a create just tracked is no longer untracked, so its jobs start
+/// at once and see the create's record.
+///
+/// Fairness: while anything is parked, every new job of either class parks behind it
+/// (strict FIFO), so neither a stream of creates nor one of untracked-id requests can
+/// hold the other class off forever. Free jobs never wait here.
+#[derive(Default)]
+struct Gate {
+    /// Create jobs running (started, not yet applied).
+    creates: usize,
+    /// Untracked-id jobs running.
+    untracked: usize,
+    /// Jobs waiting for the other class to drain, in arrival order.
+    parked: VecDeque<(Key, Job)>,
+}
+
+impl Gate {
+    /// Whether a job of `class` may start now, given that `ahead` jobs wait before it.
+    fn admits(&self, class: Class, ahead: bool) -> bool {
+        match class {
+            Class::Free => true,
+            Class::Create => !ahead && self.untracked == 0,
+            Class::Untracked => !ahead && self.creates == 0,
+        }
+    }
+
+    fn enter(&mut self, class: Class) {
+        match class {
+            Class::Free => {}
+            Class::Create => self.creates += 1,
+            Class::Untracked => self.untracked += 1,
+        }
+    }
+
+    fn leave(&mut self, class: Class) {
+        match class {
+            Class::Free => {}
+            Class::Create => self.creates = self.creates.saturating_sub(1),
+            Class::Untracked => self.untracked = self.untracked.saturating_sub(1),
+        }
+    }
+}
+
 #[derive(Default)]
 struct Lane {
     busy: bool,
@@ -729,8 +836,11 @@ struct Worker<C> {
     volumes: HashMap<VolumeId, VolumeRecord>,
     /// CreateVolume name → volume, for the volumes slrp created.
     names: HashMap<String, VolumeId>,
-    /// Lanes with a job running or queued (removed when idle and empty).
+    /// Lanes with a job running, parked or queued (removed when idle and empty).
     lanes: HashMap<Key, Lane>,
+    /// Keeps creates and jobs for untracked ids apart; holds the parked jobs. Cleared
+    /// on shutdown with the lane queues, so parked callers hear `Stopped` at once.
+    gate: Gate,
     tasks: JoinSet<Done>,
     ready_tx: watch::Sender<Readiness>,
     /// `Some` until recovery has finished.
@@ -782,6 +892,7 @@ impl<C: CsiVolumes> Worker<C> {
             for lane in self.lanes.values_mut() {
                 lane.queue.clear();
             }
+            self.gate.parked.clear();
             let grace = self.ctx.cfg.shutdown_grace;
             let drain = async {
                 while let Some(joined) = self.tasks.join_next().await {
@@ -1000,6 +1111,16 @@ impl<C: CsiVolumes> Worker<C> {
                 all.sort_by(|a, b| a.id.cmp(&b.id));
                 let _ = reply.send(Ok(all));
             }
+            Command::Jobs { reply } => {
+                let busy = self.lanes.values().filter(|l| l.busy).count();
+                let parked = self.gate.parked.len();
+                let _ = reply.send(Ok(JobCounts {
+                    running: busy.saturating_sub(parked),
+                    creating: self.gate.creates,
+                    parked,
+                    queued: self.lanes.values().map(|l| l.queue.len()).sum(),
+                }));
+            }
         }
     }
 
@@ -1024,7 +1145,46 @@ impl<C: CsiVolumes> Worker<C> {
             return;
         };
         lane.busy = true;
-        let record = match key {
+        let class = self.classify(key, &job);
+        if self.gate.admits(class, !self.gate.parked.is_empty()) {
+            self.start_job(key.clone(), job, class);
+        } else {
+            tracing::debug!(job = job.name(), %key, ?class, "parked until the other class drains");
+            self.gate.parked.push_back((key.clone(), job));
+        }
+    }
+
+    /// See [`Gate`]. Classified when the job is about to start, since what is tracked
+    /// changes while it waits.
+    fn classify(&self, key: &Key, job: &Job) -> Class {
+        match (key, job) {
+            (Key::Name(name), Job::Create { .. }) if !self.names.contains_key(name) => {
+                Class::Create
+            }
+            (Key::Volume(id), _) if !self.volumes.contains_key(id) => Class::Untracked,
+            (Key::Name(_) | Key::Volume(_), _) => Class::Free,
+        }
+    }
+
+    /// Starts parked jobs that the gate admits now, in arrival order: the first one that
+    /// must still wait keeps every later conflicting one waiting too (fairness).
+    fn unpark(&mut self) {
+        let mut waiting = VecDeque::new();
+        while let Some((key, job)) = self.gate.parked.pop_front() {
+            let class = self.classify(&key, &job);
+            if self.gate.admits(class, !waiting.is_empty()) {
+                self.start_job(key, job, class);
+            } else {
+                waiting.push_back((key, job));
+            }
+        }
+        self.gate.parked = waiting;
+    }
+
+    /// Spawns a job whose lane is already marked busy.
+    fn start_job(&mut self, key: Key, job: Job, class: Class) {
+        self.gate.enter(class);
+        let record = match &key {
             Key::Volume(id) => self.volumes.get(id).cloned(),
             Key::Name(name) => self
                 .names
@@ -1034,9 +1194,8 @@ impl<C: CsiVolumes> Worker<C> {
         };
         let ctx = self.ctx.clone();
         let span = tracing::info_span!(parent: None, "volume_job", job = job.name(), %key);
-        let key = key.clone();
         self.tasks
-            .spawn(async move { ctx.run_job(key, job, record).await }.instrument(span));
+            .spawn(async move { ctx.run_job(key, class, job, record).await }.instrument(span));
     }
 
     /// Applies a finished job; returns a fatal error if there was one.
@@ -1060,6 +1219,11 @@ impl<C: CsiVolumes> Worker<C> {
         (done.answer)();
         if let Some(fatal) = done.fatal {
             return Some(fatal);
+        }
+        // The change is applied: jobs parked behind this one now see it.
+        self.gate.leave(done.class);
+        if done.class != Class::Free {
+            self.unpark();
         }
         if let Some(result) = done.recovery
             && let Some(p) = &mut self.recovery
@@ -1214,7 +1378,13 @@ fn is_already_done(e: &CsiError) -> bool {
 }
 
 impl<C: CsiVolumes> Ctx<C> {
-    async fn run_job(self: Arc<Self>, key: Key, job: Job, record: Option<VolumeRecord>) -> Done {
+    async fn run_job(
+        self: Arc<Self>,
+        key: Key,
+        class: Class,
+        job: Job,
+        record: Option<VolumeRecord>,
+    ) -> Done {
         // The semaphore is never closed; if it were, the job simply runs unlimited.
         let _permit = self.permits.clone().acquire_owned().await.ok();
         let recovery = job.is_recovery();
@@ -1285,6 +1455,7 @@ impl<C: CsiVolumes> Ctx<C> {
         };
         Done {
             key: Some(key),
+            class,
             change,
             answer,
             fatal,
@@ -1965,4 +2136,45 @@ async fn remove_mount_dir(dir: &Path) -> std::io::Result<()> {
         }
     }
     gone(tokio::fs::remove_dir(dir).await)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Class, Gate};
+
+    #[test]
+    fn the_gate_keeps_creates_and_untracked_jobs_apart_and_first_come_first_served() {
+        let mut gate = Gate::default();
+        // Idle: everything starts; free jobs never wait, even behind parked ones.
+        for class in [Class::Free, Class::Create, Class::Untracked] {
+            assert!(gate.admits(class, false), "{class:?}");
+        }
+        assert!(gate.admits(Class::Free, true));
+        // Something parked ahead: creates and untracked-id jobs queue behind it.
+        assert!(!gate.admits(Class::Create, true));
+        assert!(!gate.admits(Class::Untracked, true));
+
+        // Creates run together, never with an untracked-id job.
+        gate.enter(Class::Create);
+        assert!(gate.admits(Class::Create, false));
+        assert!(!gate.admits(Class::Untracked, false));
+        gate.enter(Class::Create);
+        gate.leave(Class::Create);
+        assert!(
+            !gate.admits(Class::Untracked, false),
+            "one create still runs"
+        );
+        gate.leave(Class::Create);
+        assert!(gate.admits(Class::Untracked, false));
+
+        // And the reverse.
+        gate.enter(Class::Untracked);
+        assert!(gate.admits(Class::Untracked, false));
+        assert!(!gate.admits(Class::Create, false));
+        gate.leave(Class::Untracked);
+        assert!(gate.admits(Class::Create, false));
+        // Free jobs are not counted.
+        gate.enter(Class::Free);
+        assert_eq!((gate.creates, gate.untracked), (0, 0));
+    }
 }

@@ -21,8 +21,8 @@ pub use host::{
     MountTable, NoSecrets, ProcMountTable, SecretResolver, StaticSecrets, read_boot_id,
 };
 pub use manager::{
-    CreateVolume, RecoveryReport, ValidateVolume, VolumeInfo, VolumeManager, VolumeManagerConfig,
-    VolumeManagerHandle,
+    CreateVolume, JobCounts, RecoveryReport, ValidateVolume, VolumeInfo, VolumeManager,
+    VolumeManagerConfig, VolumeManagerHandle,
 };
 pub use paths::{MountPaths, PathError, decode_volume_id, encode_volume_id};
 pub use state::{

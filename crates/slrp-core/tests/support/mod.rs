@@ -69,6 +69,10 @@ pub struct FakeCsi {
     pub delay: Mutex<Duration>,
     /// Calls for these volumes wait until [`FakeCsi::release`].
     pub held: Mutex<HashSet<VolumeId>>,
+    /// CreateVolume calls with these names create the volume, then wait with the answer
+    /// until [`FakeCsi::unhold_create`]: the plugin-side volume exists, the manager does
+    /// not know its id yet.
+    pub held_creates: Mutex<HashSet<String>>,
     pub release: Notify,
     pub total_bytes: i64,
 }
@@ -80,6 +84,7 @@ impl FakeCsi {
             state: Mutex::new(FakeState::default()),
             delay: Mutex::new(Duration::ZERO),
             held: Mutex::new(HashSet::new()),
+            held_creates: Mutex::new(HashSet::new()),
             release: Notify::new(),
             total_bytes: 1 << 40,
         })
@@ -127,6 +132,20 @@ impl FakeCsi {
     pub fn unhold(&self, id: &VolumeId) {
         self.held.lock().unwrap().remove(id);
         self.release.notify_waiters();
+    }
+
+    pub fn hold_create(&self, name: &str) {
+        self.held_creates.lock().unwrap().insert(name.to_owned());
+    }
+
+    pub fn unhold_create(&self, name: &str) {
+        self.held_creates.lock().unwrap().remove(name);
+        self.release.notify_waiters();
+    }
+
+    /// The id the plugin gave the volume named `name`, once it exists.
+    pub fn id_of(&self, name: &str) -> Option<VolumeId> {
+        self.st().by_name.get(name).cloned()
     }
 
     pub fn set_delay(&self, d: Duration) {
@@ -229,40 +248,50 @@ impl CsiVolumes for FakeCsi {
         req: &CreateVolumeRequest,
     ) -> impl Future<Output = Result<Volume, CsiError>> + Send {
         let req = req.clone();
+        let name = req.name.clone();
         async move {
-            self.enter(CsiRpc::CreateVolume, None, move |st| {
-                if req.name.is_empty() {
-                    return Err(err(CsiRpc::CreateVolume, Code::InvalidArgument, "no name"));
-                }
-                if req.parameters.contains_key("refuse") {
-                    return Err(err(CsiRpc::CreateVolume, Code::OutOfRange, "refused"));
-                }
-                let id = match st.by_name.get(&req.name) {
-                    Some(id) => id.clone(),
-                    None => {
-                        st.next_id += 1;
-                        st.created += 1;
-                        let id = VolumeId::new(format!("vol-{}", st.next_id));
-                        st.by_name.insert(req.name.clone(), id.clone());
-                        st.volumes.insert(
-                            id.clone(),
-                            FakeVolume {
-                                name: req.name.clone(),
-                                capacity: req.required_bytes,
-                                ..FakeVolume::default()
-                            },
-                        );
-                        id
+            let answer = self
+                .enter(CsiRpc::CreateVolume, None, move |st| {
+                    if req.name.is_empty() {
+                        return Err(err(CsiRpc::CreateVolume, Code::InvalidArgument, "no name"));
                     }
-                };
-                let v = &st.volumes[&id];
-                Ok(Volume {
-                    volume_id: id.clone(),
-                    capacity_bytes: v.capacity,
-                    volume_context: BTreeMap::from([("name".into(), v.name.clone())]),
+                    if req.parameters.contains_key("refuse") {
+                        return Err(err(CsiRpc::CreateVolume, Code::OutOfRange, "refused"));
+                    }
+                    let id = match st.by_name.get(&req.name) {
+                        Some(id) => id.clone(),
+                        None => {
+                            st.next_id += 1;
+                            st.created += 1;
+                            let id = VolumeId::new(format!("vol-{}", st.next_id));
+                            st.by_name.insert(req.name.clone(), id.clone());
+                            st.volumes.insert(
+                                id.clone(),
+                                FakeVolume {
+                                    name: req.name.clone(),
+                                    capacity: req.required_bytes,
+                                    ..FakeVolume::default()
+                                },
+                            );
+                            id
+                        }
+                    };
+                    let v = &st.volumes[&id];
+                    Ok(Volume {
+                        volume_id: id.clone(),
+                        capacity_bytes: v.capacity,
+                        volume_context: BTreeMap::from([("name".into(), v.name.clone())]),
+                    })
                 })
-            })
-            .await
+                .await;
+            loop {
+                let notified = self.release.notified();
+                if !self.held_creates.lock().unwrap().contains(&name) {
+                    break;
+                }
+                notified.await;
+            }
+            answer
         }
     }
 
@@ -714,6 +743,39 @@ pub fn create_req(name: &str) -> CreateVolume {
         capability: mount_cap(),
         parameters: StringMap::new(),
     }
+}
+
+/// A ValidateVolume for a volume listed by the plugin (mount, no parameters).
+pub fn validate_req(id: &VolumeId) -> ValidateVolume {
+    ValidateVolume {
+        id: id.clone(),
+        capability: mount_cap(),
+        parameters: StringMap::new(),
+        volume_context: BTreeMap::from([("from".into(), "list".into())]),
+        capacity_bytes: 4096,
+        node_stage_secrets: BTreeMap::new(),
+        node_publish_secrets: BTreeMap::new(),
+    }
+}
+
+/// Waits until the worker has stopped taking commands (it is shutting down).
+pub async fn wait_until_not_accepting(handle: &VolumeManagerHandle) {
+    within(async {
+        while !matches!(handle.volumes().await, Err(VolumeError::Stopped)) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+}
+
+/// Polls until `cond` holds (a hang guard, not a deadline: see [`within`]).
+pub async fn until(mut cond: impl FnMut() -> bool) {
+    within(async {
+        while !cond() {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await;
 }
 
 /// Fails the test if `f` does not finish within a minute (a hang, not a slow run).
