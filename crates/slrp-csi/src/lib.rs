@@ -14,7 +14,7 @@
 //! - [`client`]: [`CsiClient`], [`ClientConfig`], version detection, the attempt wrapper.
 //! - [`types`]: domain types (volumes, capabilities, requests, results).
 //! - [`error`]: [`CsiError`], [`CsiRpc`], [`RetryClass`] and the code classification.
-//! - [`retry`]: backoff bounds, jitter, [`RetryPolicy`], [`RetryConfig`], the [`retry()`] loop.
+//! - [`retry`](mod@retry): backoff bounds, jitter, [`RetryPolicy`], [`RetryConfig`], the [`retry()`] loop.
 //! - [`metrics`]: [`CsiMetrics`] (pending/finished/failed/cancelled, latency).
 //! - [`endpoint`]: endpoint parsing, the `sun_path` limit and [`SocketAlias`].
 //! - [`volumes`]: [`CsiVolumes`], the trait the volume manager is generic over.
