@@ -521,7 +521,12 @@ async fn verify(env: &Env, seen: &Seen, what: &str) -> usize {
     let recs = m.handle.volumes().await.unwrap();
 
     for r in &recs {
-        assert!(!r.state.is_in_flight(), "{what}: {} in flight: {r:?}", r.id);
+        assert!(
+            !r.state.is_in_flight(),
+            "{what}: {} in flight: {r:?}; recovery: {report:?}; plugin log:\n{}",
+            r.id,
+            layout.evidence(r.id.as_str())
+        );
         assert!(!r.deleting, "{what}: {} half deleted", r.id);
     }
 
@@ -629,49 +634,43 @@ async fn verify(env: &Env, seen: &Seen, what: &str) -> usize {
     );
 
     // Loop devices: attached exactly for the staged loop volumes.
-    // A device with AUTOCLEAR set was detached by the plugin while something else had it
-    // open for a moment (another volume's `losetup -j` opens every device to compare
-    // backing files); the kernel drops it at that last close. Not a leak.
-    let attached: BTreeSet<String> = loop_devices_under(&layout.plugin_root())
-        .into_iter()
-        .filter(|l| !l.autoclear)
-        .map(|l| {
-            let id = l.file.file_stem().unwrap().to_string_lossy().into_owned();
-            (l.dev, id)
-        })
-        .map(|(dev, id)| {
-            assert!(
-                tracked.contains(&id),
-                "{what}: {dev} attached for untracked {id}; {}; plugin log:\n{}",
-                loop_diag(),
-                layout.evidence(&id)
-            );
-            id
-        })
-        .collect();
+    // Loop devices. A device with AUTOCLEAR set was detached by the plugin while something
+    // else had it open for a moment (another volume's `losetup -j` opens every device to
+    // compare backing files); the kernel drops it at that last close, or, if a stage reused
+    // it meanwhile, at the unmount. So: every staged loop volume has a device, and every
+    // device not being dropped belongs to a staged loop volume.
+    let devices = loop_devices_under(&layout.plugin_root());
+    let id_of = |l: &LoopDev| l.file.file_stem().unwrap().to_string_lossy().into_owned();
     let staged_loops: BTreeSet<String> = recs
         .iter()
         .filter(|r| is_staged(r.state.name()))
         .filter(|r| plugin[r.id.as_str()]["backend"] == "loop")
         .map(|r| r.id.as_str().to_owned())
         .collect();
-    assert_eq!(
-        attached,
-        staged_loops,
-        "{what}: loop devices; holders: {}; losetup: {}\nplugin log:\n{}",
-        loop_diag(),
-        String::from_utf8_lossy(
-            &std::process::Command::new("losetup")
-                .arg("-l")
-                .output()
-                .unwrap()
-                .stdout
-        ),
-        attached
-            .symmetric_difference(&staged_loops)
-            .map(|id| layout.evidence(id))
-            .collect::<Vec<_>>()
-            .join("\n"),
+    let with_device: BTreeSet<String> = devices.iter().map(id_of).collect();
+    let held: BTreeSet<String> = devices.iter().filter(|l| !l.autoclear).map(id_of).collect();
+    let diag = || {
+        format!(
+            "{}\nplugin log:\n{}",
+            loop_diag(),
+            with_device
+                .symmetric_difference(&staged_loops)
+                .chain(held.difference(&staged_loops))
+                .map(|id| layout.evidence(id))
+                .collect::<Vec<_>>()
+                .join("\n")
+        )
+    };
+    assert!(
+        staged_loops.is_subset(&with_device),
+        "{what}: staged loop volumes {staged_loops:?} without a device; {}",
+        diag()
+    );
+    assert!(
+        held.is_subset(&staged_loops),
+        "{what}: loop devices held for {:?}, not staged; {}",
+        held.difference(&staged_loops).collect::<Vec<_>>(),
+        diag()
     );
 
     // Mount directories only for tracked volumes.
