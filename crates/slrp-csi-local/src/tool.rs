@@ -152,17 +152,26 @@ impl ToolRunner {
             ))
         })?;
         tracing::debug!(%command, timeout = ?self.timeout, "running");
-        let mut child = Command::new(&path)
-            .args(&args)
+        let mut cmd = Command::new(&path);
+        cmd.args(&args)
             .env("LC_ALL", "C")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            .process_group(0)
-            .spawn()
-            .map_err(spawn_err)?;
+            .process_group(0);
+        die_with_parent(&mut cmd);
+        let mut child = cmd.spawn().map_err(spawn_err)?;
         match Running::start(&mut child) {
-            Ok(running) => running.finish(child, command, self.timeout),
+            Ok(running) => {
+                let res = running.finish(child, command.clone(), self.timeout);
+                // Tool outputs name devices and paths, never secrets (mount options are
+                // redacted in `command`, and mount prints nothing).
+                match &res {
+                    Ok(out) => tracing::debug!(%command, output = %out.trim(), "ran"),
+                    Err(e) => tracing::debug!(%command, error = %e, "failed"),
+                }
+                res
+            }
             Err(e) => {
                 // Could not watch it, so do not let it run unwatched.
                 if let Ok(raw) = i32::try_from(child.id()) {
@@ -306,6 +315,37 @@ impl Running {
 }
 
 /// SIGKILL to the whole group; a group that is already gone is fine.
+/// Makes the tool die with the plugin: SIGKILL when the thread that started it goes away.
+///
+/// A tool runs in its own process group (for the timeout's `killpg`), so a SIGKILL of the
+/// plugin does not reach it. Left running, it would go on changing the host *after* a
+/// restarted plugin has recovered: a `losetup --find --show` that was sleeping in its EBUSY
+/// retry attached the image once more after the new plugin had unstaged the volume (a loop
+/// device with no volume staged), a `mount` mounted a staging path the new plugin had
+/// just unstaged. The thread that spawns a tool waits for it in [`ToolRunner::run`], so the
+/// parent-death signal fires only when the whole plugin dies (or that call has already
+/// killed the tool).
+///
+/// A plugin that died between the fork and the `prctl` is caught by comparing the parent:
+/// the tool then does not start at all.
+#[allow(unsafe_code)]
+fn die_with_parent(cmd: &mut Command) {
+    let parent = nix::unistd::getpid();
+    // SAFETY: the closure runs in the forked child before exec and calls only `prctl` and
+    // `getppid` (async-signal-safe system calls; no allocation, no locks), as `pre_exec`
+    // requires.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(io::Error::from)?;
+            if nix::unistd::getppid() != parent {
+                // ESRCH: the parent is gone. An OS error, since allocating is not allowed here.
+                return Err(io::Error::from(nix::errno::Errno::ESRCH));
+            }
+            Ok(())
+        });
+    }
+}
+
 fn kill_group(pid: Pid) {
     match killpg(pid, Signal::SIGKILL) {
         Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
@@ -538,6 +578,68 @@ mod tests {
             .unwrap();
         assert_eq!(out, "done\n");
         assert_gone(read_pid(&dir.path().join("helper.pid")), "helper");
+    }
+
+    const ORPHAN_DIR_ENV: &str = "SLRP_TOOL_ORPHAN_DIR";
+
+    /// The child of `a_tool_dies_with_the_plugin`: a "plugin" running a slow tool.
+    #[test]
+    #[ignore = "run only as the child of a_tool_dies_with_the_plugin"]
+    fn orphan_child() {
+        let Some(dir) = std::env::var_os(ORPHAN_DIR_ENV) else {
+            return;
+        };
+        let dir = PathBuf::from(dir);
+        // Stands for a `losetup --find --show` sleeping in its EBUSY retry.
+        let _ = runner(&dir, Duration::from_secs(600)).run("slow", Vec::<String>::new());
+    }
+
+    /// A SIGKILLed plugin takes its running tool with it: a tool outliving the plugin would
+    /// change the host (attach a loop device, mount) after a restarted plugin recovered.
+    /// (Seen in the SIGKILL soak of slrp-core: a loop device attached to an unstaged volume.)
+    #[test]
+    fn a_tool_dies_with_the_plugin() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid_file = dir.path().join("tool.pid");
+        write_script(
+            dir.path(),
+            "slow",
+            &format!(
+                "echo $$ > {}.tmp\nmv {0}.tmp {0}\nexec sleep 1000",
+                pid_file.display()
+            ),
+        );
+        let mut plugin = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "tool::tests::orphan_child",
+                "--ignored",
+                "--test-threads=1",
+            ])
+            .env(ORPHAN_DIR_ENV, dir.path())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        // Hang guard only: the child writes the file within milliseconds.
+        for _ in 0..3000 {
+            if pid_file.exists() {
+                break;
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+        let tool = read_pid(&pid_file);
+        let plugin_pid = Pid::from_raw(i32::try_from(plugin.id()).unwrap());
+        nix::sys::signal::kill(plugin_pid, Signal::SIGKILL).unwrap();
+        plugin.wait().unwrap();
+        let gone = (0..500).any(|_| {
+            thread::sleep(Duration::from_millis(10));
+            is_gone(tool)
+        });
+        if !gone {
+            // Do not leave the sleeper behind when the check fails.
+            let _ = nix::sys::signal::kill(Pid::from_raw(tool), Signal::SIGKILL);
+        }
+        assert!(gone, "tool {tool} outlived the SIGKILLed plugin");
     }
 
     #[test]
