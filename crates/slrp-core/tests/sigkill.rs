@@ -46,6 +46,10 @@ use tokio_util::sync::CancellationToken;
 
 const DIR_ENV: &str = "SLRP_SIGKILL_DIR";
 const SEED_ENV: &str = "SLRP_SIGKILL_SEED";
+/// `RUST_LOG` of the plugin (default `info`; `slrp_csi_local=debug` logs every tool run).
+const PLUGIN_LOG_ENV: &str = "SLRP_SIGKILL_PLUGIN_LOG";
+/// A directory to copy the plugin's and the drivers' logs into when the test fails.
+const ARTIFACTS_ENV: &str = "SLRP_SIGKILL_ARTIFACTS";
 /// Volumes the driver works on at once (odd slots use the loop backend, even ones dir).
 const SLOTS: usize = 4;
 /// Driver kills per test run; each round adds to the state of the previous ones.
@@ -339,6 +343,19 @@ impl Drop for Env {
             }
         }
         let root = self.dir.path().to_owned();
+        if std::thread::panicking()
+            && let Some(dest) = std::env::var_os(ARTIFACTS_ENV)
+        {
+            let dest = PathBuf::from(dest).join(root.file_name().unwrap_or_default());
+            let _ = std::fs::create_dir_all(&dest);
+            for e in std::fs::read_dir(&root).into_iter().flatten().flatten() {
+                let name = e.file_name();
+                if name.to_string_lossy().ends_with(".log") {
+                    let _ = std::fs::copy(e.path(), dest.join(name));
+                }
+            }
+            eprintln!("logs copied to {}", dest.display());
+        }
         let mut mounts = ProcMountTable.mounts_under(&root).unwrap_or_default();
         mounts.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
         for m in mounts {
@@ -379,7 +396,10 @@ impl Env {
             .arg("--root")
             .arg(self.layout.plugin_root())
             .args(["--node-id", "test-node"])
-            .env("RUST_LOG", "info")
+            .env(
+                "RUST_LOG",
+                std::env::var(PLUGIN_LOG_ENV).unwrap_or_else(|_| "info".into()),
+            )
             .env("NO_COLOR", "1")
             .stdout(Stdio::null())
             .stderr(log)
