@@ -431,6 +431,9 @@ pub(crate) mod fake {
         pub(crate) mkfs_forced: Vec<bool>,
         /// How many coming mkfs calls time out, leaving a partial signature behind.
         pub(crate) mkfs_timeouts: usize,
+        /// How many coming loop detaches find the device already gone (dropped by
+        /// AUTOCLEAR after the listing) and fail with ENXIO, as `losetup -d` does.
+        pub(crate) vanished_detaches: usize,
         next_loop: usize,
     }
 
@@ -480,7 +483,15 @@ pub(crate) mod fake {
             Ok(dev)
         }
         fn loop_detach(&self, device: &Path) -> Result<(), HostError> {
-            self.state.lock().unwrap().loops.remove(device);
+            let mut s = self.state.lock().unwrap();
+            s.loops.remove(device);
+            if s.vanished_detaches > 0 {
+                s.vanished_detaches -= 1;
+                return Err(HostError::Output {
+                    command: format!("losetup -d {}", device.display()),
+                    output: "detach failed: No such device or address".to_owned(),
+                });
+            }
             Ok(())
         }
         fn loop_refresh_size(&self, _device: &Path) -> Result<(), HostError> {

@@ -834,9 +834,23 @@ impl<H: Host> Plugin<H> {
         store::sync_dir(&parent).map_err(|e| VolumeError::store(&rec.id, e))
     }
 
+    /// Detaches every loop device of `file`.
+    ///
+    /// A detach while another process has the device open (any `losetup -j`, e.g. of
+    /// another volume, opens every device to compare backing files) only marks it
+    /// AUTOCLEAR; the kernel drops it at that process's close. If that close falls between
+    /// the listing and our `losetup -d`, the device is already gone and the kernel answers
+    /// ENXIO. Gone is what was asked for, so a failed detach counts as done when the device
+    /// no longer serves the file.
     fn detach_all(&self, file: &Path) -> Result<(), HostError> {
         for dev in self.host.loop_devices_of(file)? {
-            self.host.loop_detach(&dev)?;
+            if let Err(e) = self.host.loop_detach(&dev) {
+                if self.host.loop_devices_of(file)?.contains(&dev) {
+                    return Err(e);
+                }
+                tracing::debug!(device = %dev.display(), file = %file.display(),
+                    "loop device went away before its detach");
+            }
         }
         Ok(())
     }
@@ -2103,6 +2117,38 @@ mod tests {
         let s = lock(&p.host.state);
         assert_eq!(s.mkfs_forced, [true]);
         assert_eq!(s.formatted.values().collect::<Vec<_>>(), ["ext4"]);
+    }
+
+    /// `losetup -d` of a device that AUTOCLEAR dropped after the listing fails with ENXIO;
+    /// the unstage (and a delete) must still succeed, since the device is gone. This failed
+    /// NodeUnstageVolume re-driven by the manager's recovery in the SIGKILL soak.
+    #[test]
+    fn a_loop_device_gone_before_its_detach_counts_as_detached() {
+        let dir = tempfile::tempdir().unwrap();
+        let staging = dir.path().join("staging").display().to_string();
+        let p = open(dir.path(), 1 << 30);
+        let mut r = create("l", 16 << 20, mount_cap());
+        r.parameters.insert("backend".into(), "loop".into());
+        let id = p.create_volume(&r).unwrap().volume_id;
+        let st = StageVolume {
+            volume_id: id.clone(),
+            staging_target_path: staging.clone(),
+            capability: mount_cap(),
+        };
+        p.stage_volume(&st).unwrap();
+        lock(&p.host.state).vanished_detaches = 1;
+        p.unstage_volume(&id, &staging).unwrap();
+        assert!(lock(&p.host.state).loops.is_empty());
+        assert!(lock(&p.volumes)[&id].staged.is_none());
+        // The same for a delete, which detaches what is left on the image (here a device
+        // still listed while its AUTOCLEAR is pending) before removing it.
+        let image = p.layout.backing(&lock(&p.volumes)[&id]);
+        {
+            let mut s = lock(&p.host.state);
+            s.loops.insert(PathBuf::from("/dev/fakeloop9"), image);
+            s.vanished_detaches = 1;
+        }
+        p.delete_volume(&id).unwrap();
     }
 
     #[test]
