@@ -656,9 +656,9 @@ async fn verify(env: &Env, seen: &Seen, what: &str) -> usize {
     // Loop devices: attached exactly for the staged loop volumes.
     // Loop devices. A device with AUTOCLEAR set was detached by the plugin while something
     // else had it open for a moment (another volume's `losetup -j` opens every device to
-    // compare backing files); the kernel drops it at that last close, or, if a stage reused
-    // it meanwhile, at the unmount. So: every staged loop volume has a device, and every
-    // device not being dropped belongs to a staged loop volume.
+    // compare backing files); the kernel drops it at that last close (the plugin neither
+    // reuses nor re-detaches such a device). So: every staged loop volume has a device, and
+    // every device not being dropped belongs to a staged loop volume.
     let devices = loop_devices_under(&layout.plugin_root());
     let id_of = |l: &LoopDev| l.file.file_stem().unwrap().to_string_lossy().into_owned();
     let staged_loops: BTreeSet<String> = recs

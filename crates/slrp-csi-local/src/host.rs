@@ -118,7 +118,9 @@ pub trait Host: Send + Sync + 'static {
     fn unmount_all(&self, target: &Path) -> Result<(), HostError>;
     /// Whether something is mounted exactly at `path`.
     fn is_mount_point(&self, path: &Path) -> Result<bool, HostError>;
-    /// Loop devices currently backed by `file`.
+    /// Loop devices currently backed by `file`, except those already being detached
+    /// (AUTOCLEAR set): such a device disappears at its last close, so reusing it for a
+    /// stage could hand mkfs or mount a device that is gone a moment later.
     fn loop_devices_of(&self, file: &Path) -> Result<Vec<PathBuf>, HostError>;
     /// Attaches `file` to a free loop device and returns the device.
     fn loop_attach(&self, file: &Path) -> Result<PathBuf, HostError>;
@@ -283,7 +285,7 @@ impl Host for RealHost {
             .lines()
             .filter_map(|l| l.split_once(':'))
             .map(|(dev, _)| PathBuf::from(dev.trim()))
-            .filter(|d| d.starts_with("/dev/"))
+            .filter(|d| d.starts_with("/dev/") && !detach_pending(d))
             .collect())
     }
 
@@ -386,6 +388,16 @@ impl Host for RealHost {
 
 /// Opens `path` itself (`O_PATH | O_NOFOLLOW`) to mount onto it through [`fd_path`]; a
 /// symbolic link there is refused.
+/// Whether the loop device is marked to detach at its last close: `losetup -d` while
+/// another process (a `losetup -j` of another volume, udev's probe) had it open.
+fn detach_pending(device: &Path) -> bool {
+    // `file_name` is one component ("loop3"), so the path stays under /sys/block.
+    device.file_name().is_some_and(|name| {
+        std::fs::read_to_string(Path::new("/sys/block").join(name).join("loop/autoclear"))
+            .is_ok_and(|v| v.trim() == "1")
+    })
+}
+
 fn open_mount_point(path: &Path) -> Result<std::fs::File, HostError> {
     use std::os::unix::fs::OpenOptionsExt;
     let err = |source| HostError::Io {
@@ -557,6 +569,39 @@ mod tests {
                 let _ = nix::mount::umount2(p, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW);
             }
         }
+    }
+
+    /// A device detached while something else holds it open stays attached with AUTOCLEAR
+    /// until that close; it is not offered for reuse (nor detached again).
+    #[test]
+    fn a_loop_device_being_detached_is_not_listed() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipping: needs root for loop devices");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let image = dir.path().join("a.img");
+        std::fs::File::create(&image)
+            .unwrap()
+            .set_len(1 << 20)
+            .unwrap();
+        let host = RealHost::default();
+        let dev = host.loop_attach(&image).unwrap();
+        assert_eq!(host.loop_devices_of(&image).unwrap(), vec![dev.clone()]);
+        let holder = std::fs::File::open(&dev).unwrap();
+        let res = host.loop_detach(&dev);
+        // Only AUTOCLEAR is set while `holder` is open: still bound to the image.
+        let still_bound = std::fs::read_to_string(
+            Path::new("/sys/block")
+                .join(dev.file_name().unwrap())
+                .join("loop/backing_file"),
+        )
+        .is_ok();
+        let listed = host.loop_devices_of(&image);
+        drop(holder);
+        res.unwrap();
+        assert!(still_bound, "{} was dropped while open", dev.display());
+        assert_eq!(listed.unwrap(), Vec::<PathBuf>::new());
     }
 
     /// The last line of defence against a symlink swapped in at a mount point after the
