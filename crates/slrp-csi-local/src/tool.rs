@@ -314,7 +314,6 @@ impl Running {
     }
 }
 
-/// SIGKILL to the whole group; a group that is already gone is fine.
 /// Makes the tool die with the plugin: SIGKILL when the thread that started it goes away.
 ///
 /// A tool runs in its own process group (for the timeout's `killpg`), so a SIGKILL of the
@@ -346,6 +345,7 @@ fn die_with_parent(cmd: &mut Command) {
     }
 }
 
+/// SIGKILL to the whole group; a group that is already gone is fine.
 fn kill_group(pid: Pid) {
     match killpg(pid, Signal::SIGKILL) {
         Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
