@@ -25,7 +25,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Condvar, Mutex, MutexGuard};
 
 use crate::config::{Config, DEFAULT_POOL};
-use crate::error::{VolumeError, chain};
+use slrp_types::DisplayChain;
+
+use crate::error::VolumeError;
 use crate::host::{Host, HostError};
 use crate::ids::{self, IMPORT_DIR_PREFIX, IMPORT_LOOP_PREFIX};
 use crate::store::{
@@ -271,7 +273,7 @@ impl<H: Host> Plugin<H> {
         let meta_dir = layout.root.join("meta");
         let (store, records, bad) = MetaStore::open(meta_dir.clone()).map_err(store_err)?;
         for e in &bad {
-            tracing::error!(error = %chain(e), "ignoring unreadable volume record; its backing is kept");
+            tracing::error!(error = %DisplayChain(e), "ignoring unreadable volume record; its backing is kept");
         }
         let plugin = Self {
             host,
@@ -337,7 +339,7 @@ impl<H: Host> Plugin<H> {
                         fs::remove_dir_all(&path)
                     } else {
                         self.detach_all(&path)
-                            .map_err(|e| io::Error::other(chain(&e)))
+                            .map_err(|e| io::Error::other(DisplayChain(&e).to_string()))
                             .and_then(|()| fs::remove_file(&path))
                     };
                     if let Err(err) = res {
@@ -432,7 +434,7 @@ impl<H: Host> Plugin<H> {
             match res {
                 Ok(()) => tracing::info!(volume_id = %id, "adopted imported volume"),
                 Err(e) => {
-                    tracing::error!(volume_id = %id, error = %chain(&e), "could not adopt imported volume")
+                    tracing::error!(volume_id = %id, error = %DisplayChain(&e), "could not adopt imported volume")
                 }
             }
         }
@@ -798,7 +800,7 @@ impl<H: Host> Plugin<H> {
         if let Err(e) = self.allocate(&rec) {
             let _ = self.remove_backing(&rec);
             if let Err(fe) = self.forget(&rec.id) {
-                tracing::error!(volume_id = %rec.id, error = %chain(&fe), "could not drop the record of a failed creation; it is rolled back at next start");
+                tracing::error!(volume_id = %rec.id, error = %DisplayChain(&fe), "could not drop the record of a failed creation; it is rolled back at next start");
             }
             return Err(e);
         }
@@ -1385,7 +1387,7 @@ impl<H: Host> Plugin<H> {
         }
         rec.staged = None;
         if let Err(e) = self.save(rec.clone()) {
-            tracing::error!(volume_id = %rec.id, error = %chain(&e), "could not record a failed stage as undone");
+            tracing::error!(volume_id = %rec.id, error = %DisplayChain(&e), "could not record a failed stage as undone");
         }
     }
 
@@ -1503,7 +1505,7 @@ impl<H: Host> Plugin<H> {
                     let _ = self.host.unmount_all(&target);
                     rec.published.retain(|p| p.target != target);
                     if let Err(se) = self.save(rec.clone()) {
-                        tracing::error!(volume_id = %rec.id, error = %chain(&se), "could not record a failed publish as undone");
+                        tracing::error!(volume_id = %rec.id, error = %DisplayChain(&se), "could not record a failed publish as undone");
                     }
                 }
                 Err(e)
@@ -1637,7 +1639,7 @@ impl<H: Host> Plugin<H> {
             match self.host.is_mount_point(path) {
                 Ok(true) => {}
                 Ok(false) => return abnormal(format!("nothing is mounted at {}", path.display())),
-                Err(e) => return abnormal(format!("cannot read mounts: {}", chain(&e))),
+                Err(e) => return abnormal(format!("cannot read mounts: {}", DisplayChain(&e))),
             }
         }
         if rec.backend == Backend::Loop

@@ -14,11 +14,13 @@
 //! - [`client`]: [`CsiClient`], [`ClientConfig`], version detection, the attempt wrapper.
 //! - [`types`]: domain types (volumes, capabilities, requests, results).
 //! - [`error`]: [`CsiError`], [`CsiRpc`], [`RetryClass`] and the code classification.
-//! - [`retry`](mod@retry): backoff bounds, jitter, [`RetryPolicy`], [`RetryConfig`], the [`retry()`] loop.
+//! - [`retry`](mod@retry): [`RetryPolicy`], [`RetryConfig`], the [`retry()`] loop (backoff
+//!   bounds and jitter come from `slrp_types::backoff` and are re-exported).
+//! - Capability types ([`VolumeCapability`], [`AccessMode`], [`AccessType`]) and their
+//!   wire conversions live in `slrp-types` and are re-exported through [`types`].
 //! - [`metrics`]: [`CsiMetrics`] (pending/finished/failed/cancelled, latency).
 //! - [`endpoint`]: endpoint parsing, the `sun_path` limit and [`SocketAlias`].
 //! - [`volumes`]: [`CsiVolumes`], the trait the volume manager is generic over.
-//! - [`size`]: size strings (`10GiB`, `1G`) shared by the CLI and configuration.
 //! - `v0`, `v1`: the per-version backends (private).
 //!
 //! # Invariants
@@ -40,7 +42,6 @@ pub mod endpoint;
 pub mod error;
 pub mod metrics;
 pub mod retry;
-pub mod size;
 pub mod types;
 mod v0;
 mod v1;
