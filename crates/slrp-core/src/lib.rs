@@ -12,8 +12,9 @@
 //!
 //! - [`volume`]: [`volume::state`] (the pure volume state machine and the durable
 //!   [`volume::VolumeRecord`]), [`volume::paths`] (volume id ↔ mount directory),
-//!   [`volume::manager`] (handle + worker: per-volume lanes, the durable driver loop,
-//!   create/delete/publish/unpublish/validate/list/capacity, recovery), [`volume::host`]
+//!   [`volume::manager`] (the worker; with private modules beside it for the handle,
+//!   per-volume lanes and the create gate, the jobs, the durable driver loop, recovery
+//!   and mount-directory cleanup), [`volume::host`]
 //!   (boot id, mount table, secrets) and [`volume::error`].
 //!
 //! # Invariants

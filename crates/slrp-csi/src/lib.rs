@@ -20,6 +20,9 @@
 //!   wire conversions live in `slrp-types` and are re-exported through [`types`].
 //! - [`metrics`]: [`CsiMetrics`] (pending/finished/failed/cancelled, latency).
 //! - [`endpoint`]: endpoint parsing, the `sun_path` limit and [`SocketAlias`].
+//! - [`readiness`]: [`EndpointReadiness`] (a supervised endpoint's status, waited on
+//!   before each attempt of a [`CsiClient::managed`] client) and [`CsiServices`]
+//!   (controller calls to the controller's container, node calls to the node's).
 //! - [`volumes`]: [`CsiVolumes`], the trait the volume manager is generic over.
 //! - `v0`, `v1`: the per-version backends (private).
 //!
@@ -30,6 +33,8 @@
 //! - Every attempt sent ends in exactly one of finished/failed/cancelled (drop guard);
 //!   one refused before sending (`Unsupported`) counts nowhere.
 //! - Cancellation ([`ClientConfig::cancel`]) ends an attempt or a retry wait at once.
+//! - A managed client sends nothing while its endpoint is down; the wait counts against
+//!   the attempt's deadline and ends in [`CsiError::NotReady`] (nothing sent).
 //!
 //! # Limitations
 //! - No snapshots, topology requirements, or `ControllerGetVolume`/`ModifyVolume`.
@@ -41,6 +46,7 @@ pub mod client;
 pub mod endpoint;
 pub mod error;
 pub mod metrics;
+pub mod readiness;
 pub mod retry;
 pub mod types;
 mod v0;
@@ -51,6 +57,7 @@ pub use client::{ClientConfig, CsiClient, DEFAULT_RPC_TIMEOUT, VersionSelect};
 pub use endpoint::{CsiEndpoint, MAX_SOCKET_PATH, SocketAlias};
 pub use error::{CsiError, CsiRpc, RetryClass};
 pub use metrics::CsiMetrics;
+pub use readiness::{CsiServices, EndpointReadiness, EndpointStatus};
 pub use retry::{Backoff, Jitter, RetryConfig, RetryPolicy, retry};
 pub use types::*;
 pub use volumes::CsiVolumes;

@@ -4,27 +4,39 @@
 //! - [`state`]: the pure state machine ([`VolumeState`], [`VolumeRecord`], planning,
 //!   begin/finish, recovery).
 //! - [`paths`]: volume id ↔ directory name encoding and the staging/target paths.
-//! - [`manager`]: [`VolumeManager`] (worker) and [`VolumeManagerHandle`]: per-volume
-//!   serialization, the durable driver loop, create/delete/publish/unpublish/validate,
-//!   recovery.
+//! - [`manager`]: [`VolumeManager`] (the worker: its loop, config and shutdown) and the
+//!   design of the whole manager; its parts are private modules beside it:
+//!   - `handle`: [`VolumeManagerHandle`] and the request/answer types;
+//!   - `schedule`: lanes and the create gate ([`JobCounts`]);
+//!   - `jobs`: what each request does (create, validate, delete, publish, unpublish,
+//!     list, capacity);
+//!   - `driver`: the durable driver loop of one transition and the requests it builds;
+//!   - `recovery`: the start-up plan ([`RecoveryReport`]);
+//!   - `cleanup`: mount-directory cleanup.
 //! - [`host`]: boot id, mount table and secret resolution (injectable).
 //! - [`error`]: the manager's error type, [`VolumeError`].
 
+mod cleanup;
+mod driver;
 pub mod error;
+mod handle;
 pub mod host;
+mod jobs;
 pub mod manager;
 pub mod paths;
+mod recovery;
+mod schedule;
 pub mod state;
 
 pub use error::VolumeError;
+pub use handle::{CreateVolume, ValidateVolume, VolumeInfo, VolumeManagerHandle};
 pub use host::{
     MountTable, NoSecrets, ProcMountTable, SecretResolver, StaticSecrets, read_boot_id,
 };
-pub use manager::{
-    CreateVolume, JobCounts, RecoveryReport, ValidateVolume, VolumeInfo, VolumeManager,
-    VolumeManagerConfig, VolumeManagerHandle,
-};
+pub use manager::{VolumeManager, VolumeManagerConfig};
 pub use paths::{MountPaths, PathError, decode_volume_id, encode_volume_id};
+pub use recovery::RecoveryReport;
+pub use schedule::JobCounts;
 pub use state::{
     BootId, CallOutcome, CsiCall, Goal, OnCallFail, SecretRef, StateName, Step, TransitionError,
     VolumeRecord, VolumeSpec, VolumeState,

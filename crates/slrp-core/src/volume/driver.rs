@@ -1,0 +1,237 @@
+//! The driver loop of one transition: plan → begin → commit → RPC → finish → commit, and
+//! the requests it builds.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use slrp_csi::{
+    ControllerPublishRequest, CsiError, CsiVolumes, NodePublishRequest, NodeStageRequest,
+    RetryClass, Secrets, StringMap, VolumeId,
+};
+
+use super::error::VolumeError;
+use super::jobs::Ctx;
+use super::manager::{failpoints, injected};
+use super::state::{CallOutcome, CsiCall, Goal, SecretRef, VolumeRecord};
+
+/// A built request for one transition RPC (built before the intent is committed, so a
+/// missing secret fails without changing anything).
+pub(super) enum Request {
+    ControllerPublish(ControllerPublishRequest),
+    ControllerUnpublish,
+    NodeStage(NodeStageRequest),
+    NodeUnstage(String),
+    NodePublish(NodePublishRequest),
+    NodeUnpublish(String),
+}
+
+pub(super) fn path_str(id: &VolumeId, p: &Path) -> Result<String, VolumeError> {
+    p.to_str()
+        .map(str::to_owned)
+        .ok_or_else(|| VolumeError::InvalidRequest {
+            what: format!("mount path of volume {id} is not UTF-8"),
+        })
+}
+
+pub(super) fn is_already_done(e: &CsiError) -> bool {
+    e.retry_class() == RetryClass::AlreadyDone
+}
+
+impl<C: CsiVolumes> Ctx<C> {
+    pub(super) async fn persist(&self, rec: &VolumeRecord) -> Result<(), VolumeError> {
+        let store_err = |source| VolumeError::Store {
+            volume: rec.id.to_string(),
+            source,
+        };
+        let mut tx = self.store.transaction();
+        tx.put(rec).map_err(store_err)?;
+        tx.commit().await.map_err(store_err)
+    }
+
+    /// Moves `rec` towards `goal`; `rec` always equals what is durable (or, after a
+    /// fatal error, what may be).
+    pub(super) async fn drive(
+        &self,
+        rec: &mut VolumeRecord,
+        goal: Goal,
+    ) -> Result<(), VolumeError> {
+        let (caps, boot) = (&self.cfg.caps, &self.cfg.boot_id);
+        // Each round settles one call; the chain has at most three calls in one
+        // direction after finishing one undo, so this bound only stops a planning bug.
+        for _ in 0..16 {
+            let (planned, call) = rec.next_call(goal, caps, boot);
+            let Some(call) = call else {
+                if planned != *rec {
+                    // Only in-memory no-ops led here: make them durable too, so that
+                    // memory and disk never disagree.
+                    self.persist(&planned).await?;
+                    *rec = planned;
+                }
+                return Ok(());
+            };
+            let request = self.request(call, &planned)?;
+            self.prepare(call, &planned.id).await?;
+            let in_flight =
+                planned
+                    .begin(call, boot)
+                    .map_err(|source| VolumeError::Transition {
+                        id: planned.id.clone(),
+                        state: planned.state.name(),
+                        source,
+                    })?;
+            if in_flight != *rec {
+                self.persist(&in_flight).await?;
+                *rec = in_flight;
+            }
+            injected(failpoints::BEFORE_CALL)?;
+            let result = self.send(&rec.id, request).await;
+            injected(failpoints::AFTER_CALL)?;
+            let publish_context = match result {
+                Ok(pc) => pc,
+                Err(e) if !call.is_forward() && is_already_done(&e) => StringMap::new(),
+                Err(source) => {
+                    tracing::warn!(volume = %rec.id, rpc = %call, error = %source,
+                        "CSI call failed; the volume stays in flight");
+                    return Err(VolumeError::Csi {
+                        rpc: call.rpc(),
+                        volume: rec.id.to_string(),
+                        source,
+                    });
+                }
+            };
+            let done = rec
+                .finish(call, CallOutcome::Succeeded { publish_context })
+                .map_err(|source| VolumeError::Transition {
+                    id: rec.id.clone(),
+                    state: rec.state.name(),
+                    source,
+                })?;
+            self.persist(&done).await?;
+            tracing::debug!(volume = %done.id, state = %done.state.name(), "volume moved");
+            *rec = done;
+        }
+        Err(VolumeError::InvalidRequest {
+            what: format!("volume {} did not reach {goal:?}", rec.id),
+        })
+    }
+
+    pub(super) fn secrets(
+        &self,
+        id: &VolumeId,
+        refs: &BTreeMap<String, SecretRef>,
+    ) -> Result<Secrets, VolumeError> {
+        let mut out = StringMap::new();
+        for (csi_key, r) in refs {
+            let value = self
+                .cfg
+                .secrets
+                .resolve(r)
+                .ok_or_else(|| VolumeError::Secret {
+                    id: id.clone(),
+                    name: r.name.clone(),
+                    key: r.key.clone(),
+                })?;
+            out.insert(csi_key.clone(), value);
+        }
+        Ok(Secrets::new(out))
+    }
+
+    pub(super) fn request(
+        &self,
+        call: CsiCall,
+        rec: &VolumeRecord,
+    ) -> Result<Request, VolumeError> {
+        let id = &rec.id;
+        let spec = &rec.spec;
+        let paths = &self.cfg.mount_paths;
+        let path_err = |source| VolumeError::Path {
+            id: id.clone(),
+            source,
+        };
+        let publish_context = rec.state.publish_context().cloned().unwrap_or_default();
+        Ok(match call {
+            CsiCall::ControllerPublish => Request::ControllerPublish(ControllerPublishRequest {
+                volume_id: id.clone(),
+                node_id: self.cfg.node_id.clone(),
+                capability: spec.capability.clone(),
+                readonly: spec.readonly,
+                volume_context: spec.volume_context.clone(),
+                secrets: Secrets::default(),
+            }),
+            CsiCall::ControllerUnpublish => Request::ControllerUnpublish,
+            CsiCall::NodeStage => Request::NodeStage(NodeStageRequest {
+                volume_id: id.clone(),
+                publish_context,
+                staging_target_path: path_str(id, &paths.staging(id).map_err(path_err)?)?,
+                capability: spec.capability.clone(),
+                volume_context: spec.volume_context.clone(),
+                secrets: self.secrets(id, &spec.node_stage_secrets)?,
+            }),
+            CsiCall::NodeUnstage => {
+                Request::NodeUnstage(path_str(id, &paths.staging(id).map_err(path_err)?)?)
+            }
+            CsiCall::NodePublish => Request::NodePublish(NodePublishRequest {
+                volume_id: id.clone(),
+                publish_context,
+                staging_target_path: if self.cfg.caps.node_stage() {
+                    Some(path_str(id, &paths.staging(id).map_err(path_err)?)?)
+                } else {
+                    None
+                },
+                target_path: path_str(id, &paths.target(id).map_err(path_err)?)?,
+                capability: spec.capability.clone(),
+                readonly: spec.readonly,
+                volume_context: spec.volume_context.clone(),
+                secrets: self.secrets(id, &spec.node_publish_secrets)?,
+            }),
+            CsiCall::NodeUnpublish => {
+                Request::NodeUnpublish(path_str(id, &paths.target(id).map_err(path_err)?)?)
+            }
+        })
+    }
+
+    /// Creates the directories a call needs (CSI: the CO creates the staging path and
+    /// the target's parent).
+    pub(super) async fn prepare(&self, call: CsiCall, id: &VolumeId) -> Result<(), VolumeError> {
+        let paths = &self.cfg.mount_paths;
+        let path_err = |source| VolumeError::Path {
+            id: id.clone(),
+            source,
+        };
+        let dir = match call {
+            CsiCall::NodeStage => paths.staging(id).map_err(path_err)?,
+            CsiCall::NodePublish if self.cfg.create_target_dir => {
+                paths.target(id).map_err(path_err)?
+            }
+            CsiCall::NodePublish => paths.volume_dir(id).map_err(path_err)?,
+            CsiCall::ControllerPublish
+            | CsiCall::ControllerUnpublish
+            | CsiCall::NodeUnstage
+            | CsiCall::NodeUnpublish => return Ok(()),
+        };
+        tokio::fs::create_dir_all(&dir)
+            .await
+            .map_err(|source| VolumeError::Prepare { path: dir, source })
+    }
+
+    pub(super) async fn send(
+        &self,
+        id: &VolumeId,
+        request: Request,
+    ) -> Result<StringMap, CsiError> {
+        let csi = &self.csi;
+        match request {
+            Request::ControllerPublish(r) => csi.controller_publish(&r).await,
+            Request::ControllerUnpublish => csi
+                .controller_unpublish(id, &self.cfg.node_id)
+                .await
+                .map(|()| StringMap::new()),
+            Request::NodeStage(r) => csi.node_stage(&r).await.map(|()| StringMap::new()),
+            Request::NodeUnstage(p) => csi.node_unstage(id, &p).await.map(|()| StringMap::new()),
+            Request::NodePublish(r) => csi.node_publish(&r).await.map(|()| StringMap::new()),
+            Request::NodeUnpublish(p) => {
+                csi.node_unpublish(id, &p).await.map(|()| StringMap::new())
+            }
+        }
+    }
+}

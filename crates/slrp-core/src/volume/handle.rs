@@ -1,0 +1,313 @@
+//! The manager's handle: what callers send ([`CreateVolume`], [`ValidateVolume`]) and
+//! hear back ([`VolumeInfo`]), and the commands that carry them to the worker.
+
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use slrp_csi::{StringMap, VolumeCapability, VolumeId, VolumePage};
+use slrp_store::{Kind, Record};
+use tokio::sync::{mpsc, oneshot, watch};
+
+use super::error::VolumeError;
+use super::jobs::Job;
+use super::recovery::RecoveryReport;
+use super::schedule::{JobCounts, Key};
+use super::state::{SecretRef, VolumeRecord};
+
+/// A CreateVolume request; also the intent record (kind `volume_create`, key = name)
+/// that is durable while the RPC may be in progress.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CreateVolume {
+    /// Idempotency name (the provider uses the operation UUID).
+    pub name: String,
+    /// `capacity_range.required_bytes` (0 = unset).
+    pub required_bytes: i64,
+    /// `capacity_range.limit_bytes` (0 = unset).
+    pub limit_bytes: i64,
+    /// The capability the volume is created for.
+    pub capability: VolumeCapability,
+    /// Plugin parameters (from the profile).
+    #[serde(default)]
+    pub parameters: StringMap,
+}
+
+impl Record for CreateVolume {
+    const KIND: Kind = Kind::new("volume_create");
+    fn key(&self) -> String {
+        self.name.clone()
+    }
+}
+
+/// A pre-existing volume to validate and track.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValidateVolume {
+    /// The plugin's id.
+    pub id: VolumeId,
+    /// Capability to confirm.
+    pub capability: VolumeCapability,
+    /// Parameters to confirm (v1 only).
+    pub parameters: StringMap,
+    /// The volume context (from ListVolumes or the resource's metadata).
+    pub volume_context: StringMap,
+    /// Size as listed.
+    pub capacity_bytes: i64,
+    /// NodeStageVolume secrets by CSI key (references; resolved per call).
+    pub node_stage_secrets: BTreeMap<String, SecretRef>,
+    /// NodePublishVolume secrets by CSI key.
+    pub node_publish_secrets: BTreeMap<String, SecretRef>,
+}
+
+/// A tracked volume as callers see it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct VolumeInfo {
+    /// The plugin's id.
+    pub id: VolumeId,
+    /// Capacity in bytes (the plugin's answer; the request's if the plugin gave none).
+    pub capacity_bytes: i64,
+    /// Volume context.
+    pub volume_context: StringMap,
+}
+
+impl VolumeInfo {
+    pub(super) fn of(rec: &VolumeRecord) -> Self {
+        Self {
+            id: rec.id.clone(),
+            capacity_bytes: rec.capacity_bytes,
+            volume_context: rec.spec.volume_context.clone(),
+        }
+    }
+}
+
+pub(super) type Reply<T> = oneshot::Sender<Result<T, VolumeError>>;
+
+/// Where readiness stands.
+#[derive(Debug, Clone)]
+pub(super) enum Readiness {
+    Recovering,
+    Ready(RecoveryReport),
+    Failed(Vec<String>),
+    Stopped,
+}
+
+/// Sends requests to the volume manager. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct VolumeManagerHandle {
+    pub(super) tx: mpsc::Sender<Command>,
+    pub(super) ready: watch::Receiver<Readiness>,
+}
+
+impl VolumeManagerHandle {
+    async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, VolumeError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(make(reply))
+            .await
+            .map_err(|_| VolumeError::Stopped)?;
+        rx.await.map_err(|_| VolumeError::Stopped)?
+    }
+
+    /// Waits until recovery is done.
+    ///
+    /// # Errors
+    /// [`VolumeError::RecoveryFailed`] if a volume that must be published (or a
+    /// CreateVolume intent) could not be recovered; [`VolumeError::Stopped`] if the
+    /// manager stopped first.
+    pub async fn ready(&self) -> Result<RecoveryReport, VolumeError> {
+        let mut rx = self.ready.clone();
+        loop {
+            match &*rx.borrow_and_update() {
+                Readiness::Recovering => {}
+                Readiness::Ready(r) => return Ok(r.clone()),
+                Readiness::Failed(f) => {
+                    return Err(VolumeError::RecoveryFailed { failed: f.clone() });
+                }
+                Readiness::Stopped => return Err(VolumeError::Stopped),
+            }
+            rx.changed().await.map_err(|_| VolumeError::Stopped)?;
+        }
+    }
+
+    /// Creates a volume (or returns the one already tracked under `req.name`).
+    ///
+    /// # Errors
+    /// [`VolumeError::Unsupported`] without `CREATE_DELETE_VOLUME`,
+    /// [`VolumeError::Mismatch`] if the name is tracked with another capability or other
+    /// parameters, [`VolumeError::Csi`] if CreateVolume failed.
+    pub async fn create(&self, req: CreateVolume) -> Result<VolumeInfo, VolumeError> {
+        if req.name.is_empty() {
+            return Err(VolumeError::InvalidRequest {
+                what: "the volume name is empty".into(),
+            });
+        }
+        let key = Key::Name(req.name.clone());
+        self.ask(|reply| {
+            Command::Job(
+                key,
+                Job::Create {
+                    req,
+                    reply: Some(reply),
+                },
+            )
+        })
+        .await
+    }
+
+    /// Validates a pre-existing volume with ValidateVolumeCapabilities and tracks it
+    /// (CREATED, pre-provisioned). A tracked volume is checked against its record only.
+    ///
+    /// # Errors
+    /// [`VolumeError::Mismatch`], [`VolumeError::NotConfirmed`], [`VolumeError::Csi`].
+    pub async fn validate(&self, req: ValidateVolume) -> Result<VolumeInfo, VolumeError> {
+        let key = Key::Volume(req.id.clone());
+        self.ask(|reply| Command::Job(key, Job::Validate { req, reply }))
+            .await
+    }
+
+    /// Deletes a volume: unpublishes, unstages and detaches it first, then DeleteVolume
+    /// (`NOT_FOUND` = success). Returns whether the plugin deprovisioned it (false
+    /// without `CREATE_DELETE_VOLUME`: the volume is only untracked).
+    ///
+    /// # Errors
+    /// [`VolumeError::Csi`] if a step failed (the deletion resumes on the next request
+    /// or at recovery).
+    pub async fn delete(&self, id: &VolumeId) -> Result<bool, VolumeError> {
+        let key = Key::Volume(id.clone());
+        self.ask(|reply| Command::Job(key, Job::Delete { reply: Some(reply) }))
+            .await
+    }
+
+    /// Publishes a volume at its target path (attaching and staging it first); returns
+    /// the target path.
+    ///
+    /// # Errors
+    /// [`VolumeError::UnknownVolume`], [`VolumeError::Csi`], [`VolumeError::Secret`].
+    pub async fn publish(&self, id: &VolumeId) -> Result<PathBuf, VolumeError> {
+        let key = Key::Volume(id.clone());
+        self.ask(|reply| Command::Job(key, Job::Publish { reply }))
+            .await
+    }
+
+    /// Unpublishes and unstages a volume (back to NODE_READY, as Mesos does), and clears
+    /// `node_publish_required` so that it is not published again after a reboot.
+    /// Unknown volumes are a no-op.
+    ///
+    /// # Errors
+    /// [`VolumeError::Csi`].
+    pub async fn unpublish(&self, id: &VolumeId) -> Result<(), VolumeError> {
+        let key = Key::Volume(id.clone());
+        self.ask(|reply| Command::Job(key, Job::Unpublish { reply }))
+            .await
+    }
+
+    /// One page of the plugin's ListVolumes (empty without `LIST_VOLUMES`).
+    ///
+    /// # Errors
+    /// [`VolumeError::Csi`].
+    pub async fn list(
+        &self,
+        max_entries: i32,
+        token: Option<String>,
+    ) -> Result<VolumePage, VolumeError> {
+        self.ask(|reply| Command::List {
+            max_entries,
+            token,
+            reply,
+        })
+        .await
+    }
+
+    /// Every volume the plugin lists, following pages of `page_size`.
+    ///
+    /// # Errors
+    /// [`VolumeError::Csi`], or [`VolumeError::InvalidRequest`] if the plugin repeats a
+    /// page token.
+    pub async fn list_all(&self, page_size: i32) -> Result<Vec<slrp_csi::Volume>, VolumeError> {
+        let mut all = Vec::new();
+        let mut token = None;
+        let mut seen = HashSet::new();
+        loop {
+            let page = self.list(page_size, token).await?;
+            all.extend(page.volumes);
+            match page.next_token {
+                None => return Ok(all),
+                Some(next) => {
+                    if !seen.insert(next.clone()) {
+                        return Err(VolumeError::InvalidRequest {
+                            what: format!("the plugin repeated page token {next:?}"),
+                        });
+                    }
+                    token = Some(next);
+                }
+            }
+        }
+    }
+
+    /// Bytes available for volumes with `capability` and `parameters` (0 without
+    /// `GET_CAPACITY`).
+    ///
+    /// # Errors
+    /// [`VolumeError::Csi`].
+    pub async fn capacity(
+        &self,
+        capability: VolumeCapability,
+        parameters: StringMap,
+    ) -> Result<i64, VolumeError> {
+        self.ask(|reply| Command::Capacity {
+            capability,
+            parameters,
+            reply,
+        })
+        .await
+    }
+
+    /// Where the manager's jobs are: running, parked at the create gate, queued on their
+    /// volume. For the admin endpoint and for tests that must know a request has arrived.
+    ///
+    /// # Errors
+    /// [`VolumeError::Stopped`].
+    pub async fn jobs(&self) -> Result<JobCounts, VolumeError> {
+        self.ask(|reply| Command::Jobs { reply }).await
+    }
+
+    /// The records as last committed, ordered by id.
+    ///
+    /// # Errors
+    /// [`VolumeError::Stopped`].
+    pub async fn volumes(&self) -> Result<Vec<VolumeRecord>, VolumeError> {
+        self.ask(|reply| Command::Snapshot { reply }).await
+    }
+}
+
+pub(super) enum Command {
+    Job(Key, Job),
+    List {
+        max_entries: i32,
+        token: Option<String>,
+        reply: Reply<VolumePage>,
+    },
+    Capacity {
+        capability: VolumeCapability,
+        parameters: StringMap,
+        reply: Reply<i64>,
+    },
+    Snapshot {
+        reply: Reply<Vec<VolumeRecord>>,
+    },
+    Jobs {
+        reply: Reply<JobCounts>,
+    },
+}
+
+impl fmt::Debug for Command {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Job(key, job) => write!(f, "{} on {key}", job.name()),
+            Self::List { .. } => f.write_str("list"),
+            Self::Capacity { .. } => f.write_str("capacity"),
+            Self::Snapshot { .. } => f.write_str("snapshot"),
+            Self::Jobs { .. } => f.write_str("jobs"),
+        }
+    }
+}

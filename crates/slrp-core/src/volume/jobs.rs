@@ -1,0 +1,588 @@
+//! The jobs: what each request does, from the record a job owns to the change it hands
+//! back to the worker.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use slrp_csi::{
+    AccessMode, CreateVolumeRequest, CsiRpc, CsiVolumes, RetryClass, Secrets, StringMap,
+    ValidateRequest, VolumeCapability, VolumeId, VolumePage,
+};
+use slrp_store::Store;
+use tokio::sync::Semaphore;
+
+use super::driver::is_already_done;
+use super::error::VolumeError;
+use super::handle::{CreateVolume, Reply, ValidateVolume, VolumeInfo};
+use super::manager::{VolumeManagerConfig, failpoints, injected};
+use super::recovery::{RecoveryGoal, RecoveryResult, recovery_summary};
+use super::schedule::{Class, Key};
+use super::state::{Goal, VolumeRecord, VolumeSpec, VolumeState};
+
+pub(super) enum Job {
+    Create {
+        req: CreateVolume,
+        /// `None` for recovery.
+        reply: Option<Reply<VolumeInfo>>,
+    },
+    Validate {
+        req: ValidateVolume,
+        reply: Reply<VolumeInfo>,
+    },
+    Delete {
+        /// `None` for recovery.
+        reply: Option<Reply<bool>>,
+    },
+    Publish {
+        reply: Reply<PathBuf>,
+    },
+    Unpublish {
+        reply: Reply<()>,
+    },
+    Recover {
+        goal: RecoveryGoal,
+    },
+    /// Remove the mount directory of an untracked volume.
+    Collect {
+        dir: PathBuf,
+    },
+}
+
+impl Job {
+    pub(super) fn name(&self) -> &'static str {
+        match self {
+            Self::Create { .. } => "create",
+            Self::Validate { .. } => "validate",
+            Self::Delete { .. } => "delete",
+            Self::Publish { .. } => "publish",
+            Self::Unpublish { .. } => "unpublish",
+            Self::Recover { .. } => "recover",
+            Self::Collect { .. } => "collect",
+        }
+    }
+
+    pub(super) fn is_recovery(&self) -> bool {
+        match self {
+            Self::Create { reply, .. } => reply.is_none(),
+            Self::Delete { reply } => reply.is_none(),
+            Self::Recover { .. } | Self::Collect { .. } => true,
+            Self::Validate { .. } | Self::Publish { .. } | Self::Unpublish { .. } => false,
+        }
+    }
+}
+
+/// How a job changed the tracked set.
+pub(super) enum Change {
+    None,
+    Put(Box<VolumeRecord>),
+    Remove(VolumeId),
+}
+
+/// A finished job, handed back to the worker.
+pub(super) struct Done {
+    pub(super) key: Option<Key>,
+    /// How the job counted at the create gate (released when it is applied).
+    pub(super) class: Class,
+    pub(super) change: Change,
+    /// Sends the caller's answer; called after `change` is applied.
+    pub(super) answer: Box<dyn FnOnce() + Send>,
+    /// A fatal error: the worker stops.
+    pub(super) fatal: Option<VolumeError>,
+    pub(super) recovery: Option<RecoveryResult>,
+}
+
+impl Done {
+    pub(super) fn plain(answer: Box<dyn FnOnce() + Send>) -> Self {
+        Self {
+            key: None,
+            class: Class::Free,
+            change: Change::None,
+            answer,
+            fatal: None,
+            recovery: None,
+        }
+    }
+}
+
+/// Splits a job's result into the caller's answer and, for a fatal error, the error the
+/// worker stops with (the caller then hears [`VolumeError::Stopped`]).
+pub(super) fn settle<T: Send + 'static>(
+    reply: Option<Reply<T>>,
+    result: Result<T, VolumeError>,
+) -> (Box<dyn FnOnce() + Send>, Option<VolumeError>) {
+    let (result, fatal) = match result {
+        Err(e) if e.is_fatal() => (Err(VolumeError::Stopped), Some(e)),
+        other => (other, None),
+    };
+    let answer: Box<dyn FnOnce() + Send> = Box::new(move || {
+        if let Some(reply) = reply {
+            // The caller may have given up waiting; that is its business.
+            let _ = reply.send(result);
+        }
+    });
+    (answer, fatal)
+}
+
+pub(super) struct Ctx<C> {
+    pub(super) csi: Arc<C>,
+    pub(super) store: Store,
+    pub(super) cfg: VolumeManagerConfig,
+    pub(super) permits: Arc<Semaphore>,
+}
+
+/// Whether volumes with `cap` are published read-only (the reader-only access modes).
+fn is_read_only(cap: &VolumeCapability) -> bool {
+    match cap.access_mode {
+        AccessMode::SingleNodeReaderOnly | AccessMode::MultiNodeReaderOnly => true,
+        AccessMode::SingleNodeWriter
+        | AccessMode::MultiNodeSingleWriter
+        | AccessMode::MultiNodeMultiWriter
+        | AccessMode::SingleNodeSingleWriter
+        | AccessMode::SingleNodeMultiWriter => false,
+    }
+}
+
+impl<C: CsiVolumes> Ctx<C> {
+    pub(super) async fn run_job(
+        self: Arc<Self>,
+        key: Key,
+        class: Class,
+        job: Job,
+        record: Option<VolumeRecord>,
+    ) -> Done {
+        // The semaphore is never closed; if it were, the job simply runs unlimited.
+        let _permit = self.permits.clone().acquire_owned().await.ok();
+        let recovery = job.is_recovery();
+        let (change, answer, fatal, result) = match job {
+            Job::Create { req, reply } => {
+                let (result, change) = self.create(req, record).await;
+                // A permanent refusal dropped the intent: nothing left to recover.
+                let permanent = matches!(&result, Err(VolumeError::Csi { source, .. })
+                    if source.retry_class() == RetryClass::Permanent);
+                let summary = recovery_summary(&result, !permanent);
+                let (answer, fatal) = settle(reply, result);
+                (change, answer, fatal, summary)
+            }
+            Job::Validate { req, reply } => {
+                let (result, change) = self.validate(req, record).await;
+                let (answer, fatal) = settle(Some(reply), result);
+                (change, answer, fatal, RecoveryResult::Done)
+            }
+            Job::Delete { reply } => {
+                let (result, change) = self.delete(&key.volume_id(), record).await;
+                let summary = recovery_summary(&result, false);
+                let (answer, fatal) = settle(reply, result);
+                (change, answer, fatal, summary)
+            }
+            Job::Publish { reply } => {
+                let (result, change) = self.publish(&key, record).await;
+                let (answer, fatal) = settle(Some(reply), result);
+                (change, answer, fatal, RecoveryResult::Done)
+            }
+            Job::Unpublish { reply } => {
+                let (result, change) = self.unpublish(record).await;
+                let (answer, fatal) = settle(Some(reply), result);
+                (change, answer, fatal, RecoveryResult::Done)
+            }
+            Job::Recover { goal } => {
+                let (result, change) = self.recover(&key, goal, record).await;
+                let required = matches!(
+                    goal,
+                    RecoveryGoal::Republish | RecoveryGoal::AfterReboot { republish: true }
+                );
+                let summary = recovery_summary(&result, required);
+                let (_, fatal) = settle::<()>(None, result.map(|_| ()));
+                (
+                    change,
+                    Box::new(|| {}) as Box<dyn FnOnce() + Send>,
+                    fatal,
+                    summary,
+                )
+            }
+            Job::Collect { dir } => {
+                let result = self.collect(&key, &dir).await;
+                let summary = match &result {
+                    Ok(true) => RecoveryResult::Collected,
+                    Ok(false) => RecoveryResult::Warning(format!(
+                        "{} is still mounted; left in place",
+                        dir.display()
+                    )),
+                    Err(_) => recovery_summary(&result, false),
+                };
+                let (_, fatal) = settle::<()>(None, result.map(|_| ()));
+                (
+                    Change::None,
+                    Box::new(|| {}) as Box<dyn FnOnce() + Send>,
+                    fatal,
+                    summary,
+                )
+            }
+        };
+        Done {
+            key: Some(key),
+            class,
+            change,
+            answer,
+            fatal,
+            recovery: recovery.then_some(result),
+        }
+    }
+
+    pub(super) async fn create(
+        &self,
+        req: CreateVolume,
+        existing: Option<VolumeRecord>,
+    ) -> (Result<VolumeInfo, VolumeError>, Change) {
+        if let Some(rec) = existing {
+            // Already tracked under this name: the earlier attempt's result (spec §12.7).
+            let result = if rec.spec.capability != req.capability {
+                Err(VolumeError::Mismatch {
+                    id: rec.id.clone(),
+                    what: "capability",
+                })
+            } else if rec.spec.parameters != req.parameters {
+                Err(VolumeError::Mismatch {
+                    id: rec.id.clone(),
+                    what: "parameters",
+                })
+            } else {
+                Ok(VolumeInfo::of(&rec))
+            };
+            return (result, Change::None);
+        }
+        match self.create_steps(&req).await {
+            Ok(rec) => (Ok(VolumeInfo::of(&rec)), Change::Put(Box::new(rec))),
+            Err(e) => (Err(e), Change::None),
+        }
+    }
+
+    pub(super) async fn create_steps(
+        &self,
+        req: &CreateVolume,
+    ) -> Result<VolumeRecord, VolumeError> {
+        if !self.cfg.caps.controller.create_delete_volume {
+            return Err(VolumeError::Unsupported {
+                what: "CREATE_DELETE_VOLUME",
+            });
+        }
+        let store_err = |source| VolumeError::Store {
+            volume: req.name.clone(),
+            source,
+        };
+        // Intent first: after a crash, recovery finds the name and finishes the creation.
+        let mut tx = self.store.transaction();
+        tx.put(req).map_err(store_err)?;
+        tx.commit().await.map_err(store_err)?;
+        injected(failpoints::BEFORE_CALL)?;
+        let result = self
+            .csi
+            .create_volume(&CreateVolumeRequest {
+                name: req.name.clone(),
+                required_bytes: req.required_bytes,
+                limit_bytes: req.limit_bytes,
+                capabilities: vec![req.capability.clone()],
+                parameters: req.parameters.clone(),
+                secrets: Secrets::default(),
+            })
+            .await;
+        injected(failpoints::AFTER_CALL)?;
+        let volume = match result {
+            Ok(v) => v,
+            Err(source) => {
+                // A permanent refusal created nothing (a replay with the same name would
+                // have returned the earlier volume), so the intent can go. After a
+                // transient failure the volume may exist: the intent stays for recovery.
+                if source.retry_class() == RetryClass::Permanent {
+                    let mut tx = self.store.transaction();
+                    tx.delete::<CreateVolume>(&req.name).map_err(store_err)?;
+                    tx.commit().await.map_err(store_err)?;
+                }
+                return Err(VolumeError::Csi {
+                    rpc: CsiRpc::CreateVolume,
+                    volume: req.name.clone(),
+                    source,
+                });
+            }
+        };
+        // Spec §4.8: an id that is already tracked (validated, or created under another
+        // name) is a failure, never a reason to overwrite that volume's record. The intent
+        // goes: a replay would get the same answer. Memory equals disk, and the volume's
+        // own lane is not this one, so the store is where to look.
+        let tracked: Option<VolumeRecord> = self
+            .store
+            .get(volume.volume_id.as_str())
+            .await
+            .map_err(store_err)?;
+        if let Some(other) = tracked
+            && other.name.as_deref() != Some(req.name.as_str())
+        {
+            let mut tx = self.store.transaction();
+            tx.delete::<CreateVolume>(&req.name).map_err(store_err)?;
+            tx.commit().await.map_err(store_err)?;
+            tracing::warn!(volume = %other.id, name = %req.name,
+                "CreateVolume returned a volume that is already tracked");
+            return Err(VolumeError::Mismatch {
+                id: other.id,
+                what: "name",
+            });
+        }
+        let mut rec = VolumeRecord::created(
+            volume.volume_id,
+            Some(req.name.clone()),
+            VolumeSpec {
+                capability: req.capability.clone(),
+                parameters: req.parameters.clone(),
+                volume_context: volume.volume_context,
+                readonly: is_read_only(&req.capability),
+                pre_provisioned: false,
+                node_stage_secrets: Default::default(),
+                node_publish_secrets: Default::default(),
+            },
+        );
+        // Mesos keeps the requested size (§12.28); the plugin's answer is the truth.
+        rec.capacity_bytes = if volume.capacity_bytes > 0 {
+            volume.capacity_bytes
+        } else {
+            req.required_bytes
+        };
+        let mut tx = self.store.transaction();
+        tx.put(&rec)
+            .map_err(store_err)?
+            .delete::<CreateVolume>(&req.name)
+            .map_err(store_err)?;
+        tx.commit().await.map_err(store_err)?;
+        tracing::info!(volume = %rec.id, name = %req.name, "volume created");
+        Ok(rec)
+    }
+
+    pub(super) async fn validate(
+        &self,
+        req: ValidateVolume,
+        existing: Option<VolumeRecord>,
+    ) -> (Result<VolumeInfo, VolumeError>, Change) {
+        if let Some(rec) = existing {
+            let result = if rec.spec.capability != req.capability {
+                Err(VolumeError::Mismatch {
+                    id: rec.id.clone(),
+                    what: "capability",
+                })
+            } else if rec.spec.parameters != req.parameters {
+                Err(VolumeError::Mismatch {
+                    id: rec.id.clone(),
+                    what: "parameters",
+                })
+            } else {
+                Ok(VolumeInfo::of(&rec))
+            };
+            return (result, Change::None);
+        }
+        let validation = self
+            .csi
+            .validate(&ValidateRequest {
+                volume_id: req.id.clone(),
+                capabilities: vec![req.capability.clone()],
+                volume_context: req.volume_context.clone(),
+                parameters: req.parameters.clone(),
+            })
+            .await;
+        let result = match validation {
+            Err(source) => Err(VolumeError::Csi {
+                rpc: CsiRpc::ValidateVolumeCapabilities,
+                volume: req.id.to_string(),
+                source,
+            }),
+            Ok(v) if !v.confirmed => Err(VolumeError::NotConfirmed {
+                id: req.id.clone(),
+                message: v.message,
+            }),
+            Ok(_) => {
+                let mut rec = VolumeRecord::created(
+                    req.id.clone(),
+                    None,
+                    VolumeSpec {
+                        readonly: is_read_only(&req.capability),
+                        capability: req.capability,
+                        parameters: req.parameters,
+                        volume_context: req.volume_context,
+                        pre_provisioned: true,
+                        node_stage_secrets: req.node_stage_secrets,
+                        node_publish_secrets: req.node_publish_secrets,
+                    },
+                );
+                rec.capacity_bytes = req.capacity_bytes;
+                match self.persist(&rec).await {
+                    Ok(()) => return (Ok(VolumeInfo::of(&rec)), Change::Put(Box::new(rec))),
+                    Err(e) => Err(e),
+                }
+            }
+        };
+        (result, Change::None)
+    }
+
+    pub(super) async fn delete(
+        &self,
+        id: &VolumeId,
+        record: Option<VolumeRecord>,
+    ) -> (Result<bool, VolumeError>, Change) {
+        let Some(mut rec) = record else {
+            // Untracked (e.g. listed by the plugin but never validated): only the RPC.
+            return (self.delete_rpc(id).await, Change::None);
+        };
+        match self.delete_steps(&mut rec).await {
+            Ok(deprovisioned) => (Ok(deprovisioned), Change::Remove(rec.id)),
+            Err(e) => (Err(e), Change::Put(Box::new(rec))),
+        }
+    }
+
+    pub(super) async fn delete_rpc(&self, id: &VolumeId) -> Result<bool, VolumeError> {
+        if !self.cfg.caps.controller.create_delete_volume {
+            return Ok(false);
+        }
+        injected(failpoints::BEFORE_CALL)?;
+        let result = self.csi.delete_volume(id, &Secrets::default()).await;
+        injected(failpoints::AFTER_CALL)?;
+        match result {
+            Ok(()) => Ok(true),
+            // CSI: deleting a volume that does not exist succeeds (fixes spec §12.22).
+            Err(e) if is_already_done(&e) => Ok(true),
+            Err(source) => Err(VolumeError::Csi {
+                rpc: CsiRpc::DeleteVolume,
+                volume: id.to_string(),
+                source,
+            }),
+        }
+    }
+
+    pub(super) async fn delete_steps(&self, rec: &mut VolumeRecord) -> Result<bool, VolumeError> {
+        if !rec.deleting || rec.node_publish_required {
+            // Durable before the first step, so that recovery finishes the deletion
+            // instead of publishing the volume again.
+            let mut marked = rec.clone();
+            marked.deleting = true;
+            marked.node_publish_required = false;
+            self.persist(&marked).await?;
+            *rec = marked;
+        }
+        self.drive(rec, Goal::Created).await?;
+        let deprovisioned = self.delete_rpc(&rec.id).await?;
+        if let Ok(dir) = self.cfg.mount_paths.volume_dir(&rec.id)
+            && !self.remove_if_unmounted(&dir).await
+        {
+            tracing::warn!(volume = %rec.id, dir = %dir.display(),
+                "mount directory still has mounts; left in place");
+        }
+        let store_err = |source| VolumeError::Store {
+            volume: rec.id.to_string(),
+            source,
+        };
+        let mut tx = self.store.transaction();
+        tx.delete::<VolumeRecord>(rec.id.as_str())
+            .map_err(store_err)?;
+        tx.commit().await.map_err(store_err)?;
+        tracing::info!(volume = %rec.id, deprovisioned, "volume deleted");
+        Ok(deprovisioned)
+    }
+
+    pub(super) async fn publish(
+        &self,
+        key: &Key,
+        record: Option<VolumeRecord>,
+    ) -> (Result<PathBuf, VolumeError>, Change) {
+        let Some(mut rec) = record else {
+            let id = key.volume_id();
+            return (Err(VolumeError::UnknownVolume { id }), Change::None);
+        };
+        if rec.deleting {
+            let what = format!("volume {} is being deleted", rec.id);
+            return (Err(VolumeError::InvalidRequest { what }), Change::None);
+        }
+        let result = match self.drive(&mut rec, Goal::Published).await {
+            Ok(()) => self
+                .cfg
+                .mount_paths
+                .target(&rec.id)
+                .map_err(|source| VolumeError::Path {
+                    id: rec.id.clone(),
+                    source,
+                }),
+            Err(e) => Err(e),
+        };
+        (result, Change::Put(Box::new(rec)))
+    }
+
+    pub(super) async fn unpublish(
+        &self,
+        record: Option<VolumeRecord>,
+    ) -> (Result<(), VolumeError>, Change) {
+        let Some(mut rec) = record else {
+            // Mesos: unpublishing an unknown volume is a no-op.
+            return (Ok(()), Change::None);
+        };
+        if rec.node_publish_required {
+            // Durable with (before) the first step: recovery must not publish it again.
+            let mut cleared = rec.clone();
+            cleared.node_publish_required = false;
+            if let Err(e) = self.persist(&cleared).await {
+                return (Err(e), Change::Put(Box::new(rec)));
+            }
+            rec = cleared;
+        }
+        // Back to NODE_READY, never forward: a volume that is not attached stays so, and
+        // an interrupted attach is undone.
+        let goal = match rec.state {
+            VolumeState::Created => return (Ok(()), Change::Put(Box::new(rec))),
+            VolumeState::ControllerPublishing | VolumeState::ControllerUnpublishing => {
+                Goal::Created
+            }
+            VolumeState::NodeReady { .. }
+            | VolumeState::NodeStaging { .. }
+            | VolumeState::VolReady { .. }
+            | VolumeState::NodePublishing { .. }
+            | VolumeState::Published { .. }
+            | VolumeState::NodeUnpublishing { .. }
+            | VolumeState::NodeUnstaging { .. } => Goal::NodeReady,
+        };
+        let result = self.drive(&mut rec, goal).await;
+        (result, Change::Put(Box::new(rec)))
+    }
+
+    pub(super) async fn list(
+        &self,
+        max_entries: i32,
+        token: Option<&str>,
+    ) -> Result<VolumePage, VolumeError> {
+        if !self.cfg.caps.controller.list_volumes {
+            return Ok(VolumePage {
+                volumes: Vec::new(),
+                next_token: None,
+            });
+        }
+        self.csi
+            .list_volumes_page(max_entries, token)
+            .await
+            .map_err(|source| VolumeError::Csi {
+                rpc: CsiRpc::ListVolumes,
+                volume: String::new(),
+                source,
+            })
+    }
+
+    pub(super) async fn capacity(
+        &self,
+        capability: VolumeCapability,
+        parameters: StringMap,
+    ) -> Result<i64, VolumeError> {
+        if !self.cfg.caps.controller.get_capacity {
+            return Ok(0);
+        }
+        self.csi
+            .capacity(&[capability], &parameters)
+            .await
+            .map(|c| c.available_bytes)
+            .map_err(|source| VolumeError::Csi {
+                rpc: CsiRpc::GetCapacity,
+                volume: String::new(),
+                source,
+            })
+    }
+}
