@@ -10,7 +10,10 @@
 //!
 //! # Layout
 //! - [`config`]: command line ([`Args`]) and validated [`Config`];
-//! - [`plugin`]: the version-agnostic core ([`Plugin`]), all CSI rules and error codes;
+//! - [`plugin`]: the version-agnostic core ([`Plugin`]), all CSI rules and error codes:
+//!   shared state and recovery in `plugin/mod.rs`, the Controller service in
+//!   `plugin/controller.rs`, the Node service in `plugin/node.rs` (Identity needs no core
+//!   state: the adapters in `csi` answer it);
 //! - [`types`]: the core's request and response types;
 //! - [`host`]: mounts, loop devices, mkfs behind the [`Host`] trait ([`RealHost`]);
 //! - [`tool`]: running external tools with a timeout, killing their process group
