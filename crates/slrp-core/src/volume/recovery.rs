@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use slrp_csi::CsiVolumes;
 use slrp_types::DisplayChain;
 
-use super::error::VolumeError;
+use super::error::{Subject, VolumeError};
 use super::handle::{CreateVolume, Readiness};
 use super::jobs::{Change, Ctx, Job};
 use super::manager::{VolumeManagerConfig, Worker};
@@ -127,12 +127,14 @@ impl<C: CsiVolumes> Worker<C> {
             let mut tx = store.transaction();
             for rec in &changed {
                 tx.put(rec).map_err(|source| VolumeError::Store {
-                    volume: rec.id.to_string(),
+                    subject: Subject::Volume(rec.id.clone()),
                     source,
                 })?;
             }
             tx.commit().await.map_err(|source| VolumeError::Store {
-                volume: format!("{} recovered volumes", changed.len()),
+                subject: Subject::Recovered {
+                    count: changed.len(),
+                },
                 source,
             })?;
         }
@@ -298,8 +300,11 @@ impl<C: CsiVolumes> Ctx<C> {
         record: Option<VolumeRecord>,
     ) -> (Result<(), VolumeError>, Change) {
         let Some(mut rec) = record else {
-            let what = format!("{key} vanished before recovery");
-            return (Err(VolumeError::InvalidRequest { what }), Change::None);
+            let e = VolumeError::Internal {
+                subject: key.subject(),
+                what: "its record vanished before recovery",
+            };
+            return (Err(e), Change::None);
         };
         match goal {
             RecoveryGoal::Delete => match self.delete_steps(&mut rec).await {
