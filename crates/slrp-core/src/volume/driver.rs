@@ -93,7 +93,7 @@ impl<C: CsiVolumes> Ctx<C> {
                 Ok(pc) => pc,
                 Err(e) if !call.is_forward() && is_already_done(&e) => StringMap::new(),
                 Err(source) => {
-                    tracing::warn!(volume = %rec.id, rpc = %call, error = %source,
+                    tracing::warn!(volume = %rec.id, rpc = %call, error = %slrp_types::DisplayChain(&source),
                         "CSI call failed; the volume stays in flight");
                     return Err(VolumeError::Csi {
                         rpc: call.rpc(),
