@@ -8,9 +8,12 @@ use tokio_util::sync::CancellationToken;
 use tonic::Code;
 use tonic::transport::Channel;
 
-use crate::endpoint::{CsiEndpoint, SocketAlias, is_too_long, lazy_channel};
+use tokio::time::Instant;
+
+use crate::endpoint::{CsiEndpoint, SocketAlias, is_connect_failure, is_too_long, lazy_channel};
 use crate::error::{CsiError, CsiRpc, RetryClass};
 use crate::metrics::{CsiMetrics, Outcome};
+use crate::readiness::EndpointReadiness;
 use crate::retry::{RetryConfig, RetryPolicy, retry};
 use crate::types::*;
 use crate::{v0, v1};
@@ -179,6 +182,8 @@ impl From<tonic::Status> for AttemptError {
 ///
 /// The connection is made lazily and re-made after failures, always to the same socket
 /// path, so a supervised plugin that restarts is reached again without a new client.
+/// A client made with [`CsiClient::managed`] also waits for its endpoint to be ready
+/// before each attempt (see [`crate::readiness`]).
 #[derive(Debug, Clone)]
 pub struct CsiClient {
     inner: Arc<Inner>,
@@ -192,6 +197,9 @@ struct Inner {
     version: OnceLock<CsiVersion>,
     config: ClientConfig,
     metrics: CsiMetrics,
+    /// The supervisor's view of the endpoint, for managed plugins: attempts wait for it
+    /// to be up. `None` (unmanaged endpoints): every attempt is sent at once.
+    readiness: Option<EndpointReadiness>,
     /// Keeps the short symlink of an over-long socket path alive as long as the client.
     _alias: Option<SocketAlias>,
 }
@@ -204,6 +212,31 @@ impl CsiClient {
     /// short alias cannot be created.
     pub fn new(
         endpoint: CsiEndpoint,
+        config: ClientConfig,
+        metrics: CsiMetrics,
+    ) -> Result<Self, CsiError> {
+        Self::build(endpoint, None, config, metrics)
+    }
+
+    /// A client for the endpoint of a supervised plugin: every attempt first waits, within
+    /// its deadline ([`ClientConfig::rpc_timeout`]), until `readiness` reports the
+    /// endpoint up, and an attempt whose connection is refused (nothing sent) waits
+    /// again instead of failing, as Mesos's calls do across a plugin restart.
+    ///
+    /// # Errors
+    /// As [`CsiClient::new`].
+    pub fn managed(
+        endpoint: CsiEndpoint,
+        readiness: EndpointReadiness,
+        config: ClientConfig,
+        metrics: CsiMetrics,
+    ) -> Result<Self, CsiError> {
+        Self::build(endpoint, Some(readiness), config, metrics)
+    }
+
+    fn build(
+        endpoint: CsiEndpoint,
+        readiness: Option<EndpointReadiness>,
         config: ClientConfig,
         metrics: CsiMetrics,
     ) -> Result<Self, CsiError> {
@@ -224,6 +257,7 @@ impl CsiClient {
                 version,
                 config,
                 metrics,
+                readiness,
                 _alias: alias,
             }),
         })
@@ -651,7 +685,12 @@ impl CsiClient {
     {
         let version = match self.known_version() {
             Some(v) => v,
-            None => self.probe_under(rpc).await?.version,
+            None => {
+                self.probe_under(rpc)
+                    .await
+                    .map_err(|e| e.waited_for(rpc))?
+                    .version
+            }
         };
         self.call(rpc, Some(version), move |ch, _, t| op(ch, version, t))
             .await
@@ -708,7 +747,8 @@ impl CsiClient {
         outcome.unwrap_or(Err(CsiError::Cancelled { rpc }))
     }
 
-    /// One attempt: metrics guard, deadline, error mapping.
+    /// One attempt: readiness wait, metrics guard, deadline, error mapping. The deadline
+    /// covers the wait for a managed endpoint as well as the RPC.
     async fn attempt<T, F, Fut>(
         &self,
         rpc: CsiRpc,
@@ -720,34 +760,81 @@ impl CsiClient {
         Fut: Future<Output = Result<T, AttemptError>>,
     {
         let timeout = self.inner.config.rpc_timeout;
-        let guard = self.inner.metrics.start(rpc);
-        let result =
-            tokio::time::timeout(timeout, op(self.inner.channel.clone(), version, timeout)).await;
-        match result {
-            Ok(Ok(v)) => {
-                guard.finish(Outcome::Finished);
-                Ok(v)
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(ready) = &self.inner.readiness {
+                self.wait_ready(ready, rpc, deadline).await?;
             }
-            Ok(Err(e)) => {
-                // Refused before anything was sent (the plugin's version lacks the
-                // feature): not an RPC, so not counted as one.
-                let outcome = if matches!(e, AttemptError::Unsupported(_)) {
-                    Outcome::NotSent
-                } else {
-                    Outcome::Failed
-                };
-                guard.finish(outcome);
-                let err = e.into_csi(rpc, version, &self.inner.endpoint, timeout);
-                tracing::debug!(%rpc, endpoint = %self.inner.endpoint, error = %err, "CSI call failed");
-                Err(err)
+            let left = deadline.saturating_duration_since(Instant::now());
+            let guard = self.inner.metrics.start(rpc);
+            let result =
+                tokio::time::timeout(left, op(self.inner.channel.clone(), version, left)).await;
+            match result {
+                Ok(Ok(v)) => {
+                    guard.finish(Outcome::Finished);
+                    return Ok(v);
+                }
+                Ok(Err(AttemptError::Status(s)))
+                    if self.inner.readiness.is_some() && is_connect_failure(&s) =>
+                {
+                    // Nothing went out: the plugin died or its socket is not bound yet and
+                    // the supervisor has not said so. Wait like gRPC's `wait_for_ready`.
+                    guard.finish(Outcome::NotSent);
+                    tracing::debug!(%rpc, endpoint = %self.inner.endpoint,
+                        "plugin socket refused the connection; waiting for the endpoint");
+                    if let Some(ready) = &self.inner.readiness {
+                        ready.pause(deadline).await;
+                    }
+                    if Instant::now() >= deadline {
+                        return Err(self.not_ready(rpc));
+                    }
+                }
+                Ok(Err(e)) => {
+                    // Refused before anything was sent (the plugin's version lacks the
+                    // feature): not an RPC, so not counted as one.
+                    let outcome = if matches!(e, AttemptError::Unsupported(_)) {
+                        Outcome::NotSent
+                    } else {
+                        Outcome::Failed
+                    };
+                    guard.finish(outcome);
+                    let err = e.into_csi(rpc, version, &self.inner.endpoint, timeout);
+                    tracing::debug!(%rpc, endpoint = %self.inner.endpoint, error = %err, "CSI call failed");
+                    return Err(err);
+                }
+                Err(_elapsed) => {
+                    guard.finish(Outcome::Failed);
+                    return Err(CsiError::Timeout {
+                        rpc,
+                        after: timeout,
+                    });
+                }
             }
-            Err(_elapsed) => {
-                guard.finish(Outcome::Failed);
-                Err(CsiError::Timeout {
-                    rpc,
-                    after: timeout,
-                })
-            }
+        }
+    }
+
+    /// Waits until a managed endpoint is up, at most until `deadline`.
+    async fn wait_ready(
+        &self,
+        ready: &EndpointReadiness,
+        rpc: CsiRpc,
+        deadline: Instant,
+    ) -> Result<(), CsiError> {
+        match tokio::time::timeout_at(deadline, ready.wait_up()).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_stopped)) => Err(CsiError::EndpointStopped {
+                rpc,
+                endpoint: self.inner.endpoint.to_string(),
+            }),
+            Err(_elapsed) => Err(self.not_ready(rpc)),
+        }
+    }
+
+    fn not_ready(&self, rpc: CsiRpc) -> CsiError {
+        CsiError::NotReady {
+            rpc,
+            endpoint: self.inner.endpoint.to_string(),
+            after: self.inner.config.rpc_timeout,
         }
     }
 }

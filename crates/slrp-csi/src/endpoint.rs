@@ -305,8 +305,32 @@ pub(crate) fn lazy_channel(socket: PathBuf) -> Channel {
     let endpoint = Endpoint::from_static("http://[::]:50051");
     endpoint.connect_with_connector_lazy(tower::service_fn(move |_: Uri| {
         let socket = socket.clone();
-        async move { Ok::<_, io::Error>(TokioIo::new(UnixStream::connect(socket).await?)) }
+        async move {
+            UnixStream::connect(socket)
+                .await
+                .map(TokioIo::new)
+                .map_err(ConnectFailed)
+        }
     }))
+}
+
+/// The socket could not be connected to, so no request went out on this attempt. Its
+/// own type so the client can find it in a failed call's source chain and tell "not
+/// sent" from "connection lost mid-call".
+#[derive(Debug, thiserror::Error)]
+#[error("connecting to the plugin socket")]
+pub(crate) struct ConnectFailed(#[source] pub(crate) io::Error);
+
+/// Whether `err`'s chain says the connection was never made.
+pub(crate) fn is_connect_failure(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(err);
+    while let Some(e) = source {
+        if e.is::<ConnectFailed>() {
+            return true;
+        }
+        source = e.source();
+    }
+    false
 }
 
 #[cfg(test)]

@@ -190,6 +190,33 @@ pub enum CsiError {
         /// What is wrong.
         what: String,
     },
+    /// The supervised endpoint did not become ready within the call's deadline; the call
+    /// was not sent (see [`crate::readiness`]).
+    #[error("{rpc} timed out after {after:?} waiting for plugin endpoint {endpoint} to be ready")]
+    NotReady {
+        /// The RPC.
+        rpc: CsiRpc,
+        /// The endpoint waited for.
+        endpoint: String,
+        /// The deadline.
+        after: Duration,
+    },
+    /// The supervised endpoint was stopped for good; the call was not sent.
+    #[error("{rpc} not sent: plugin endpoint {endpoint} is stopped")]
+    EndpointStopped {
+        /// The RPC.
+        rpc: CsiRpc,
+        /// The endpoint.
+        endpoint: String,
+    },
+    /// The plugin has no container serving the service the RPC belongs to.
+    #[error("{rpc} not sent: the plugin has no {service} service")]
+    NoService {
+        /// The RPC.
+        rpc: CsiRpc,
+        /// The missing service (`controller`).
+        service: &'static str,
+    },
 }
 
 impl CsiError {
@@ -211,7 +238,10 @@ impl CsiError {
             | Self::Cancelled { rpc }
             | Self::Unsupported { rpc, .. }
             | Self::InvalidResponse { rpc, .. }
-            | Self::InvalidRequest { rpc, .. } => Some(*rpc),
+            | Self::InvalidRequest { rpc, .. }
+            | Self::NotReady { rpc, .. }
+            | Self::EndpointStopped { rpc, .. }
+            | Self::NoService { rpc, .. } => Some(*rpc),
             Self::InvalidEndpoint { .. }
             | Self::SocketAlias { .. }
             | Self::UnknownVersion { .. } => None,
@@ -223,9 +253,11 @@ impl CsiError {
     pub fn code(&self) -> Option<Code> {
         match self {
             Self::Rpc { code, .. } => Some(*code),
-            Self::Timeout { .. } => Some(Code::DeadlineExceeded),
+            Self::Timeout { .. } | Self::NotReady { .. } => Some(Code::DeadlineExceeded),
             Self::Cancelled { .. } => Some(Code::Cancelled),
-            Self::InvalidEndpoint { .. }
+            Self::EndpointStopped { .. } => Some(Code::Unavailable),
+            Self::NoService { .. }
+            | Self::InvalidEndpoint { .. }
             | Self::SocketAlias { .. }
             | Self::UnknownVersion { .. }
             | Self::Unsupported { .. }
@@ -244,13 +276,88 @@ impl CsiError {
             // plugin; calling it Permanent would tell callers that nothing happened (the
             // volume manager then drops its CreateVolume intent and orphans a volume).
             Self::Timeout { .. } | Self::Cancelled { .. } => RetryClass::Transient,
-            Self::InvalidEndpoint { .. }
+            // The plugin may be back later; nothing was sent.
+            Self::NotReady { .. } => RetryClass::Transient,
+            Self::EndpointStopped { .. }
+            | Self::NoService { .. }
+            | Self::InvalidEndpoint { .. }
             | Self::SocketAlias { .. }
             | Self::UnknownVersion { .. }
             | Self::Unsupported { .. }
             | Self::InvalidResponse { .. }
             | Self::InvalidRequest { .. } => RetryClass::Permanent,
         }
+    }
+}
+
+impl CsiError {
+    /// A wait for the endpoint that ended while detecting the version before `rpc`
+    /// belongs to `rpc`: the caller asked for `rpc`, and nothing was sent.
+    pub(crate) fn waited_for(self, rpc: CsiRpc) -> Self {
+        match self {
+            Self::NotReady {
+                endpoint, after, ..
+            } => Self::NotReady {
+                rpc,
+                endpoint,
+                after,
+            },
+            Self::EndpointStopped { endpoint, .. } => Self::EndpointStopped { rpc, endpoint },
+            other => other,
+        }
+    }
+
+    /// Whether the plugin may have acted on the call: it was sent and the answer does not
+    /// rule an effect out. A question apart from [`CsiError::retry_class`]: `ABORTED`
+    /// ("operation pending for volume") is worth retrying *and* means the pending
+    /// operation may still complete; `RESOURCE_EXHAUSTED` is worth retrying later but
+    /// created nothing. Callers that keep an intent until its effect is settled (the
+    /// volume manager's CreateVolume intent) ask this one.
+    pub fn may_have_taken_effect(&self) -> bool {
+        match self {
+            Self::Rpc { code, .. } => code_may_have_taken_effect(*code),
+            // Sent (or about to be) with no answer; an invalid answer to a successful
+            // call may hide a volume that exists.
+            Self::Timeout { .. } | Self::Cancelled { .. } | Self::InvalidResponse { .. } => true,
+            Self::InvalidEndpoint { .. }
+            | Self::SocketAlias { .. }
+            | Self::UnknownVersion { .. }
+            | Self::Unsupported { .. }
+            | Self::InvalidRequest { .. }
+            | Self::NotReady { .. }
+            | Self::EndpointStopped { .. }
+            | Self::NoService { .. } => false,
+        }
+    }
+}
+
+/// Whether a call answered with `code` may have had its effect in the plugin.
+///
+/// The codes the CSI spec's error tables give for requests the plugin refused before
+/// acting (bad arguments, conflicts, no space, unsupported) rule an effect out. The
+/// others leave it open: `DEADLINE_EXCEEDED`, `CANCELLED` and `UNAVAILABLE` (the call may
+/// have been processed before the answer was lost), `ABORTED` (CSI: an operation for the
+/// volume is pending, so it may still complete), and `UNKNOWN`, `INTERNAL`, `DATA_LOSS`,
+/// which say nothing about how far the plugin got.
+pub fn code_may_have_taken_effect(code: Code) -> bool {
+    match code {
+        Code::DeadlineExceeded
+        | Code::Unavailable
+        | Code::Cancelled
+        | Code::Aborted
+        | Code::Unknown
+        | Code::Internal
+        | Code::DataLoss => true,
+        Code::Ok
+        | Code::InvalidArgument
+        | Code::NotFound
+        | Code::AlreadyExists
+        | Code::PermissionDenied
+        | Code::Unauthenticated
+        | Code::ResourceExhausted
+        | Code::FailedPrecondition
+        | Code::OutOfRange
+        | Code::Unimplemented => false,
     }
 }
 
@@ -369,6 +476,48 @@ mod tests {
             rpc: CsiRpc::CreateVolume,
         };
         assert_eq!(e.retry_class(), RetryClass::Transient);
+    }
+
+    #[test]
+    fn retrying_and_having_had_an_effect_are_separate_questions() {
+        let status = |code| CsiError::status(CsiRpc::CreateVolume, code, "x");
+        // Worth retrying, created nothing.
+        let e = status(Code::ResourceExhausted);
+        assert_eq!(e.retry_class(), RetryClass::Transient);
+        assert!(!e.may_have_taken_effect());
+        // Worth retrying, and the pending operation may still create the volume.
+        let e = status(Code::Aborted);
+        assert_eq!(e.retry_class(), RetryClass::Transient);
+        assert!(e.may_have_taken_effect());
+        // Not worth retrying, and nothing is known about how far the plugin got.
+        let e = status(Code::Internal);
+        assert_eq!(e.retry_class(), RetryClass::Permanent);
+        assert!(e.may_have_taken_effect());
+        for refused in [
+            Code::InvalidArgument,
+            Code::OutOfRange,
+            Code::AlreadyExists,
+            Code::Unimplemented,
+            Code::FailedPrecondition,
+        ] {
+            assert!(!status(refused).may_have_taken_effect(), "{refused:?}");
+        }
+        for unknown in [Code::DeadlineExceeded, Code::Unavailable, Code::Cancelled] {
+            assert!(status(unknown).may_have_taken_effect(), "{unknown:?}");
+        }
+        let not_sent = CsiError::NotReady {
+            rpc: CsiRpc::CreateVolume,
+            endpoint: "unix:///x".into(),
+            after: Duration::from_secs(1),
+        };
+        assert_eq!(not_sent.retry_class(), RetryClass::Transient);
+        assert!(!not_sent.may_have_taken_effect());
+        assert!(
+            CsiError::Cancelled {
+                rpc: CsiRpc::CreateVolume
+            }
+            .may_have_taken_effect()
+        );
     }
 
     #[test]

@@ -17,6 +17,9 @@
 //! - [`retry`](mod@retry): backoff bounds, jitter, [`RetryPolicy`], [`RetryConfig`], the [`retry()`] loop.
 //! - [`metrics`]: [`CsiMetrics`] (pending/finished/failed/cancelled, latency).
 //! - [`endpoint`]: endpoint parsing, the `sun_path` limit and [`SocketAlias`].
+//! - [`readiness`]: [`EndpointReadiness`] (a supervised endpoint's status, waited on
+//!   before each attempt of a [`CsiClient::managed`] client) and [`CsiServices`]
+//!   (controller calls to the controller's container, node calls to the node's).
 //! - [`volumes`]: [`CsiVolumes`], the trait the volume manager is generic over.
 //! - [`size`]: size strings (`10GiB`, `1G`) shared by the CLI and configuration.
 //! - `v0`, `v1`: the per-version backends (private).
@@ -28,6 +31,8 @@
 //! - Every attempt sent ends in exactly one of finished/failed/cancelled (drop guard);
 //!   one refused before sending (`Unsupported`) counts nowhere.
 //! - Cancellation ([`ClientConfig::cancel`]) ends an attempt or a retry wait at once.
+//! - A managed client sends nothing while its endpoint is down; the wait counts against
+//!   the attempt's deadline and ends in [`CsiError::NotReady`] (nothing sent).
 //!
 //! # Limitations
 //! - No snapshots, topology requirements, or `ControllerGetVolume`/`ModifyVolume`.
@@ -39,6 +44,7 @@ pub mod client;
 pub mod endpoint;
 pub mod error;
 pub mod metrics;
+pub mod readiness;
 pub mod retry;
 pub mod size;
 pub mod types;
@@ -50,6 +56,7 @@ pub use client::{ClientConfig, CsiClient, DEFAULT_RPC_TIMEOUT, VersionSelect};
 pub use endpoint::{CsiEndpoint, MAX_SOCKET_PATH, SocketAlias};
 pub use error::{CsiError, CsiRpc, RetryClass};
 pub use metrics::CsiMetrics;
+pub use readiness::{CsiServices, EndpointReadiness, EndpointStatus};
 pub use retry::{Backoff, Jitter, RetryConfig, RetryPolicy, retry};
 pub use types::*;
 pub use volumes::CsiVolumes;

@@ -39,9 +39,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use slrp_csi::CsiEndpoint;
 use slrp_csi::endpoint::is_too_long;
 use slrp_csi::retry::{Backoff, Jitter, JitterRng};
+use slrp_csi::{
+    ClientConfig, CsiClient, CsiEndpoint, CsiError, CsiMetrics, CsiServices, EndpointReadiness,
+    EndpointStatus,
+};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -161,6 +164,15 @@ pub enum SupervisorError {
         /// Container id.
         container: String,
     },
+    /// A CSI client for a container's endpoint could not be made.
+    #[error("making a CSI client for container {container}")]
+    Client {
+        /// Container id.
+        container: String,
+        /// Why.
+        #[source]
+        source: CsiError,
+    },
 }
 
 fn io_err(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> SupervisorError {
@@ -194,6 +206,46 @@ pub enum ContainerState {
     },
     /// Stopped for good (shutdown or detach).
     Stopped,
+}
+
+impl ContainerState {
+    /// What managed CSI clients of the container's endpoint make of this state.
+    pub fn endpoint_status(&self) -> EndpointStatus {
+        match self {
+            Self::Ready { .. } => EndpointStatus::Up,
+            Self::Starting { .. } | Self::BackingOff { .. } => EndpointStatus::Down,
+            Self::Stopped => EndpointStatus::Stopped,
+        }
+    }
+}
+
+/// Publishes a container's state, and with it its endpoint's status for the managed
+/// clients of [`SupervisorHandle::client`] (which wait while it is down).
+struct StatePublisher {
+    state: watch::Sender<ContainerState>,
+    endpoint: watch::Sender<EndpointStatus>,
+}
+
+impl StatePublisher {
+    fn send_replace(&self, next: ContainerState) {
+        let status = next.endpoint_status();
+        let publish = || {
+            self.endpoint.send_if_modified(|s| {
+                let changed = *s != status;
+                *s = status;
+                changed
+            })
+        };
+        // Clients are told "down" before the state changes and "up" after it, so whoever
+        // sees the endpoint up finds the container ready.
+        if status == EndpointStatus::Up {
+            self.state.send_replace(next);
+            publish();
+        } else {
+            publish();
+            self.state.send_replace(next);
+        }
+    }
 }
 
 /// What is recorded about a launched plugin, for adoption after a restart of slrp.
@@ -401,7 +453,9 @@ impl Supervisor {
                 metrics.adopted(&c.id);
                 tracing::info!(container = %c.id, pid = p.id().pid, "adopted plugin left running by a previous slrp");
             }
-            let (state_tx, state_rx) = watch::channel(ContainerState::Starting { launch: 1 });
+            let initial = ContainerState::Starting { launch: 1 };
+            let (endpoint_tx, endpoint_rx) = watch::channel(initial.endpoint_status());
+            let (state_tx, state_rx) = watch::channel(initial);
             let worker = Worker {
                 spec: c.clone(),
                 dir,
@@ -409,7 +463,10 @@ impl Supervisor {
                 cfg: cfg.clone(),
                 readiness: readiness.clone(),
                 metrics: metrics.clone(),
-                state: state_tx,
+                state: StatePublisher {
+                    state: state_tx,
+                    endpoint: endpoint_tx,
+                },
                 cancel: cancel.clone(),
                 detach: detach.clone(),
                 adopted: adopted_proc,
@@ -421,6 +478,7 @@ impl Supervisor {
                 services: c.services.clone(),
                 socket,
                 state: state_rx,
+                endpoint: endpoint_rx,
             });
         }
         Ok(SupervisorHandle {
@@ -488,6 +546,7 @@ struct ContainerEntry {
     services: Vec<Service>,
     socket: PathBuf,
     state: watch::Receiver<ContainerState>,
+    endpoint: watch::Receiver<EndpointStatus>,
 }
 
 /// Owner of a running supervisor. Dropping it cancels the workers (plugins are stopped).
@@ -542,6 +601,67 @@ impl SupervisorHandle {
         service: Service,
     ) -> Result<watch::Receiver<ContainerState>, SupervisorError> {
         Ok(self.entry(service)?.state.clone())
+    }
+
+    /// The status of the endpoint of the container serving `service`, as managed CSI
+    /// clients wait on it (up while the container is ready).
+    ///
+    /// # Errors
+    /// [`SupervisorError::NoService`] if no container serves `service`.
+    pub fn readiness(&self, service: Service) -> Result<EndpointReadiness, SupervisorError> {
+        Ok(EndpointReadiness::new(
+            self.entry(service)?.endpoint.clone(),
+        ))
+    }
+
+    /// A managed CSI client of the container serving `service`: each attempt waits
+    /// (within its deadline) while the container is not ready, e.g. across a restart,
+    /// as Mesos's calls wait for the service endpoint.
+    ///
+    /// # Errors
+    /// [`SupervisorError::NoService`], or [`SupervisorError::Client`] if the client
+    /// cannot be made.
+    pub fn client(
+        &self,
+        service: Service,
+        config: ClientConfig,
+        metrics: CsiMetrics,
+    ) -> Result<CsiClient, SupervisorError> {
+        let entry = self.entry(service)?;
+        CsiClient::managed(
+            self.endpoint(service)?,
+            self.readiness(service)?,
+            config,
+            metrics,
+        )
+        .map_err(|source| SupervisorError::Client {
+            container: entry.id.clone(),
+            source,
+        })
+    }
+
+    /// Managed clients of the plugin's services (spec §4.1.1): controller calls go to
+    /// the container serving `CONTROLLER_SERVICE`, node calls to the one serving
+    /// `NODE_SERVICE`; one client is shared if one container serves both. A plugin
+    /// without a controller container gets [`CsiServices::node_only`].
+    ///
+    /// # Errors
+    /// As [`SupervisorHandle::client`].
+    pub fn services(
+        &self,
+        config: ClientConfig,
+        metrics: CsiMetrics,
+    ) -> Result<CsiServices, SupervisorError> {
+        let node = self.client(Service::Node, config.clone(), metrics.clone())?;
+        let controller = match (
+            self.spec.container_for(Service::Controller),
+            self.spec.container_for(Service::Node),
+        ) {
+            (None, _) => return Ok(CsiServices::node_only(node)),
+            (Some(c), Some(n)) if c == n => node.clone(),
+            (Some(_), _) => self.client(Service::Controller, config, metrics)?,
+        };
+        Ok(CsiServices::new(controller, node))
     }
 
     /// Ids and services of all containers.
@@ -619,7 +739,7 @@ struct Worker {
     cfg: Arc<SupervisorConfig>,
     readiness: Arc<dyn ReadinessCheck>,
     metrics: SupervisorMetrics,
-    state: watch::Sender<ContainerState>,
+    state: StatePublisher,
     cancel: CancellationToken,
     detach: CancellationToken,
     adopted: Option<PluginProcess>,
