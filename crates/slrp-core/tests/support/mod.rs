@@ -698,6 +698,7 @@ impl Harness {
 
     pub fn config(&self) -> VolumeManagerConfig {
         VolumeManagerConfig::new(self.paths(), "node-1", self.fake.caps, self.boot.clone())
+            .plugin("org.test", "fake", slrp_csi::CsiVersion::V1)
             .max_concurrent(self.max_concurrent)
             .shutdown_grace(Duration::from_secs(5))
             .mounts(Arc::new(FakeMounts(self.fake.clone())))
