@@ -435,7 +435,7 @@ mod tests {
     use slrp_store::StoreError;
 
     use super::super::paths::PathError;
-    use super::super::recovery::error_chain;
+    use slrp_types::DisplayChain;
     use super::super::state::{CsiCall, StateName, TransitionError};
     use super::{
         Mismatched, PreparedDir, Subject, ValidationFailure, VolumeError, VolumeErrorKind as K,
@@ -819,7 +819,7 @@ mod tests {
             ),
         ];
         for (e, text) in &cases {
-            assert_eq!(error_chain(e), *text, "{e:?}");
+            assert_eq!(DisplayChain(e).to_string(), *text, "{e:?}");
         }
     }
 
