@@ -199,7 +199,7 @@ impl Claimed {
         let _lock = match DirLock::acquire(dir_of(path)) {
             Ok(l) => l,
             Err(e) => {
-                tracing::warn!(endpoint = %path.display(), error = %crate::error::chain(&e),
+                tracing::warn!(endpoint = %path.display(), error = %slrp_types::DisplayChain(&e),
                     "could not lock the socket directory; leaving the socket in place");
                 return;
             }

@@ -435,11 +435,11 @@ mod tests {
     use slrp_store::StoreError;
 
     use super::super::paths::PathError;
-    use slrp_types::DisplayChain;
     use super::super::state::{CsiCall, StateName, TransitionError};
     use super::{
         Mismatched, PreparedDir, Subject, ValidationFailure, VolumeError, VolumeErrorKind as K,
     };
+    use slrp_types::DisplayChain;
 
     fn id() -> VolumeId {
         VolumeId::new("vol-1")
