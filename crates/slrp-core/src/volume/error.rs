@@ -435,11 +435,11 @@ mod tests {
     use slrp_store::StoreError;
 
     use super::super::paths::PathError;
-    use super::super::recovery::error_chain;
     use super::super::state::{CsiCall, StateName, TransitionError};
     use super::{
         Mismatched, PreparedDir, Subject, ValidationFailure, VolumeError, VolumeErrorKind as K,
     };
+    use slrp_types::DisplayChain;
 
     fn id() -> VolumeId {
         VolumeId::new("vol-1")
@@ -819,7 +819,7 @@ mod tests {
             ),
         ];
         for (e, text) in &cases {
-            assert_eq!(error_chain(e), *text, "{e:?}");
+            assert_eq!(DisplayChain(e).to_string(), *text, "{e:?}");
         }
     }
 

@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 
 use slrp_csi::CsiVolumes;
+use slrp_types::DisplayChain;
 
 use super::error::{Subject, VolumeError};
 use super::handle::{CreateVolume, Readiness};
@@ -341,7 +342,7 @@ pub(super) fn recovery_summary<T>(
     match result {
         Ok(_) => RecoveryResult::Done,
         Err(e) => {
-            let text = error_chain(e);
+            let text = DisplayChain(e).to_string();
             if required {
                 RecoveryResult::Failed(text)
             } else {
@@ -349,16 +350,4 @@ pub(super) fn recovery_summary<T>(
             }
         }
     }
-}
-
-/// `e` and its causes on one line (for reports; logs print chains at the edge).
-pub(super) fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
 }
