@@ -305,7 +305,7 @@ impl<C: CsiVolumes> Ctx<C> {
                 return Err(err);
             }
             let delay = policy.backoff.delay(n, jitter);
-            tracing::info!(%rpc, attempt = n, ?delay, error = %err,
+            tracing::info!(%rpc, attempt = n, ?delay, error = %slrp_types::DisplayChain(&err),
                 "CSI call failed transiently; retrying after a backoff");
             tokio::select! {
                 biased;
