@@ -18,14 +18,9 @@ use slrp_csi::{ClientConfig, CsiClient, CsiEndpoint, CsiMetrics, RetryConfig, Vo
 use slrp_store::Store;
 use tokio_util::sync::CancellationToken;
 
-fn is_root() -> bool {
-    nix::unistd::Uid::effective().is_root()
-}
-
 macro_rules! require_root {
     () => {
-        if !is_root() {
-            eprintln!("skipped: needs root for mounts");
+        if !slrp_test_support::require_root(&slrp_test_support::current_test()) {
             return;
         }
     };
