@@ -29,7 +29,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Condvar, Mutex, MutexGuard};
 
-use crate::config::Config;
+use crate::config::{Config, DEFAULT_POOL};
 use slrp_types::DisplayChain;
 
 use crate::error::VolumeError;
@@ -68,6 +68,15 @@ pub enum OpenError {
         /// The cause.
         #[source]
         source: StoreError,
+    },
+    /// The free space under the root, which sizes the default pool, could not be read.
+    #[error("reading the free space under {root} to size the default pool")]
+    FreeSpace {
+        /// The root directory.
+        root: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
     },
     /// Rolling back or finishing an interrupted operation failed.
     #[error("recovering volume {volume_id}")]
@@ -274,7 +283,7 @@ impl<H: Host> Plugin<H> {
         for e in &bad {
             tracing::error!(error = %DisplayChain(e), "ignoring unreadable volume record; its backing is kept");
         }
-        let plugin = Self {
+        let mut plugin = Self {
             host,
             layout,
             node_id: config.node_id.clone(),
@@ -290,8 +299,42 @@ impl<H: Host> Plugin<H> {
             warned_imports: Mutex::new(BTreeSet::new()),
         };
         plugin.recover(records, &meta_dir)?;
+        if plugin.pools.is_empty() {
+            let size = plugin.default_pool_size()?;
+            tracing::info!(pool = DEFAULT_POOL, size, root = %plugin.layout.root.display(),
+                "no --pool given: the default pool is sized from the free space under the root");
+            plugin.pools.insert(DEFAULT_POOL.to_owned(), size);
+        }
         plugin.adopt_imports();
         Ok(plugin)
+    }
+
+    /// The default pool's size: the free space of the file system under the root plus what
+    /// the default pool's volumes already occupy on it. Their occupied space counts because
+    /// it is part of what the pool holds; measuring free space alone would shrink the pool
+    /// at every restart by the data written into its volumes. Space the volumes are promised
+    /// but have not written yet is accounted as used, so it is not offered twice.
+    fn default_pool_size(&self) -> Result<u64, OpenError> {
+        let st =
+            nix::sys::statvfs::statvfs(&self.layout.root).map_err(|e| OpenError::FreeSpace {
+                root: self.layout.root.clone(),
+                source: e.into(),
+            })?;
+        let free = st.blocks_available().saturating_mul(st.fragment_size());
+        let occupied = lock(&self.volumes)
+            .values()
+            .filter(|r| r.pool.as_deref() == Some(DEFAULT_POOL))
+            .map(|r| {
+                let path = self.layout.backing(r);
+                match r.backend {
+                    Backend::Dir => disk_usage(&path),
+                    Backend::Loop => fs::symlink_metadata(&path)
+                        .map(|m| m.blocks().saturating_mul(512))
+                        .unwrap_or(0),
+                }
+            })
+            .fold(0u64, u64::saturating_add);
+        Ok(free.saturating_add(occupied))
     }
 
     fn recover(&self, records: Vec<VolumeRecord>, meta_dir: &Path) -> Result<(), OpenError> {
