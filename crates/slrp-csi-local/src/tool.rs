@@ -169,7 +169,7 @@ impl ToolRunner {
                 match &res {
                     Ok(out) => tracing::debug!(%command, output = %out.trim(), "ran"),
                     Err(e) => {
-                        tracing::debug!(%command, error = %slrp_types::DisplayChain(&e), "failed")
+                        tracing::debug!(%command, error = %slrp_types::DisplayChain(e), "failed")
                     }
                 }
                 res
