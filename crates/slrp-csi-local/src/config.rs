@@ -43,8 +43,8 @@ pub struct Args {
     #[arg(long, value_enum, default_value = "v1")]
     pub csi_version: CsiVersion,
     /// A storage pool, `NAME=SIZE` (repeatable), e.g. `fast=10GiB`. Without any, one pool
-    /// `default` is sized at start from the free space of the file system under --root
-    /// (plus what its volumes already occupy there).
+    /// `default` as large as the file system under --root (less its root-reserved blocks),
+    /// measured at start.
     #[arg(long = "pool")]
     pub pools: Vec<String>,
     /// Largest volume CreateVolume accepts.
@@ -74,7 +74,7 @@ pub struct Config {
     /// Served CSI package.
     pub csi_version: CsiVersion,
     /// Pool name → total bytes. Empty when no `--pool` is given: the plugin then sizes a
-    /// pool `default` from the free space under the root when it opens it.
+    /// pool `default` from the file system under the root when it opens it.
     pub pools: BTreeMap<String, u64>,
     /// Upper bound for a single volume, if any.
     pub max_volume_size: Option<u64>,

@@ -69,9 +69,10 @@ pub enum OpenError {
         #[source]
         source: StoreError,
     },
-    /// The free space under the root, which sizes the default pool, could not be read.
-    #[error("reading the free space under {root} to size the default pool")]
-    FreeSpace {
+    /// The size of the file system under the root, which sizes the default pool, could
+    /// not be read.
+    #[error("reading the size of the file system under {root} to size the default pool")]
+    FileSystemSize {
         /// The root directory.
         root: PathBuf,
         /// The cause.
@@ -302,39 +303,32 @@ impl<H: Host> Plugin<H> {
         if plugin.pools.is_empty() {
             let size = plugin.default_pool_size()?;
             tracing::info!(pool = DEFAULT_POOL, size, root = %plugin.layout.root.display(),
-                "no --pool given: the default pool is sized from the free space under the root");
+                "no --pool given: the default pool is the size of the file system under the root");
             plugin.pools.insert(DEFAULT_POOL.to_owned(), size);
         }
         plugin.adopt_imports();
         Ok(plugin)
     }
 
-    /// The default pool's size: the free space of the file system under the root plus what
-    /// the default pool's volumes already occupy on it. Their occupied space counts because
-    /// it is part of what the pool holds; measuring free space alone would shrink the pool
-    /// at every restart by the data written into its volumes. Space the volumes are promised
-    /// but have not written yet is accounted as used, so it is not offered twice.
+    /// The default pool's size: the size of the file system under the root, less the
+    /// blocks reserved for the superuser. A file system's size does not change with what
+    /// is written, by the pool's volumes or anyone else, so the pool is the same at every
+    /// start; the free space would shrink it by every byte written (and make the reported
+    /// capacity depend on unrelated writers). The price: on a file system shared with other
+    /// data the pool can promise more than is free, as `dir` volumes (accounted, not
+    /// allocated) and sparse loop images already can. `--pool` sets a firm size.
     fn default_pool_size(&self) -> Result<u64, OpenError> {
-        let st =
-            nix::sys::statvfs::statvfs(&self.layout.root).map_err(|e| OpenError::FreeSpace {
+        let st = nix::sys::statvfs::statvfs(&self.layout.root).map_err(|e| {
+            OpenError::FileSystemSize {
                 root: self.layout.root.clone(),
                 source: e.into(),
-            })?;
-        let free = st.blocks_available().saturating_mul(st.fragment_size());
-        let occupied = lock(&self.volumes)
-            .values()
-            .filter(|r| r.pool.as_deref() == Some(DEFAULT_POOL))
-            .map(|r| {
-                let path = self.layout.backing(r);
-                match r.backend {
-                    Backend::Dir => disk_usage(&path),
-                    Backend::Loop => fs::symlink_metadata(&path)
-                        .map(|m| m.blocks().saturating_mul(512))
-                        .unwrap_or(0),
-                }
-            })
-            .fold(0u64, u64::saturating_add);
-        Ok(free.saturating_add(occupied))
+            }
+        })?;
+        let reserved = st.blocks_free().saturating_sub(st.blocks_available());
+        Ok(st
+            .blocks()
+            .saturating_sub(reserved)
+            .saturating_mul(st.fragment_size()))
     }
 
     fn recover(&self, records: Vec<VolumeRecord>, meta_dir: &Path) -> Result<(), OpenError> {
