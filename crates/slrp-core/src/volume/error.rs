@@ -107,6 +107,20 @@ pub enum VolumeError {
         #[source]
         source: TransitionError,
     },
+    /// NodePublishVolume succeeded but left nothing at the target path (Mesos's text);
+    /// the volume stays in NODE_PUBLISH.
+    #[error("Target path '{}' not created", path.display())]
+    TargetNotCreated {
+        /// The target path.
+        path: PathBuf,
+    },
+    /// NodeUnpublishVolume succeeded but the plugin, which creates its target paths, left
+    /// the target in place (Mesos's text); the volume stays in NODE_UNPUBLISH.
+    #[error("Target path '{}' not removed", path.display())]
+    TargetNotRemoved {
+        /// The target path.
+        path: PathBuf,
+    },
     /// A secret reference could not be resolved.
     #[error("secret {name:?} (key {key:?}) for volume {id} cannot be resolved")]
     Secret {
@@ -153,6 +167,8 @@ impl VolumeError {
             | Self::Path { .. }
             | Self::Prepare { .. }
             | Self::Transition { .. }
+            | Self::TargetNotCreated { .. }
+            | Self::TargetNotRemoved { .. }
             | Self::Secret { .. }
             | Self::RecoveryFailed { .. }
             | Self::Stopped => false,
