@@ -5,6 +5,9 @@
 //!   encoded `FileDescriptorSet` into `crates/slrp-proto/src/generated/`.
 //! * `cargo xtask check-codegen` generates into a temporary directory and fails if the
 //!   committed output differs, so CI catches a `.proto` edited without regenerating.
+//! * `cargo xtask crate-graph [--write|--check]` prints the workspace crate graph from
+//!   `cargo metadata`, writes it into `docs/architecture.md`, or checks the doc shows it;
+//!   a test runs the check, so a stale doc fails the test suite.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -13,6 +16,8 @@ use std::process::ExitCode;
 
 use anyhow::{Context as _, bail};
 use prost::Message as _;
+
+mod graph;
 
 fn main() -> ExitCode {
     match run() {
@@ -35,7 +40,19 @@ fn run() -> anyhow::Result<()> {
             Ok(())
         }
         Some("check-codegen") => check_codegen(&root),
-        _ => bail!("usage: cargo xtask <codegen|check-codegen>"),
+        Some("crate-graph") if args.get(1).map(String::as_str) == Some("--write") => {
+            graph::write(&root)?;
+            println!("crate graph written to {}", graph::DOC);
+            Ok(())
+        }
+        Some("crate-graph") if args.get(1).map(String::as_str) == Some("--check") => {
+            graph::check(&root)
+        }
+        Some("crate-graph") => {
+            print!("{}", graph::render(&graph::read(&root)?)?);
+            Ok(())
+        }
+        _ => bail!("usage: cargo xtask <codegen|check-codegen|crate-graph [--write|--check]>"),
     }
 }
 

@@ -125,7 +125,7 @@ async fn a_validate_of_the_id_a_create_is_returning_waits_and_sees_its_record() 
     assert_eq!(within(same).await.unwrap().unwrap(), created);
     let e = within(other).await.unwrap().unwrap_err();
     assert!(
-        matches!(&e, VolumeError::Mismatch { id: got, what: "parameters" } if got == &id),
+        matches!(&e, VolumeError::Mismatch { id: got, what: Mismatched::Parameters, .. } if got == &id),
         "{e:?}"
     );
     assert!(!ran());
@@ -208,7 +208,7 @@ async fn a_create_waits_for_a_running_validate_of_the_id_it_will_return() {
     assert_eq!(validated.id, id);
     let e = within(creating).await.unwrap().unwrap_err();
     assert!(
-        matches!(&e, VolumeError::Mismatch { id: got, what: "name" } if got == &id),
+        matches!(&e, VolumeError::NameTaken { id: got, .. } if got == &id),
         "{e:?}"
     );
     assert_eq!(h.fake.calls(CsiRpc::CreateVolume), 1);

@@ -101,7 +101,7 @@ async fn create_with_a_tracked_name_is_success_also_after_restart() {
     assert!(matches!(
         m.handle.create(other).await,
         Err(VolumeError::Mismatch {
-            what: "capability",
+            what: Mismatched::Capability,
             ..
         })
     ));
@@ -172,10 +172,14 @@ async fn without_create_delete_capability_create_fails_and_delete_untracks() {
     caps.controller.create_delete_volume = false;
     let h = Harness::new(FakeCsi::new(caps));
     let m = h.start();
-    assert!(matches!(
-        m.handle.create(create_req("x")).await,
-        Err(VolumeError::Unsupported { .. })
-    ));
+    let e = m.handle.create(create_req("x")).await.unwrap_err();
+    assert!(matches!(e, VolumeError::Unsupported { .. }), "{e:?}");
+    // Mesos's text, with its missing closing quote, naming the configured plugin.
+    assert_eq!(
+        e.to_string(),
+        "CREATE_DELETE_VOLUME controller capability is not supported for CSI plugin type \
+         'org.test' and name 'fake"
+    );
     // A pre-existing volume, validated, then deleted: only untracked.
     let fake = h.fake.clone();
     let id = {
@@ -210,10 +214,13 @@ async fn validate_tracks_pre_existing_volumes() {
     // Not confirmed.
     let mut bad = validate_req(&id);
     bad.parameters.insert("unsupported".into(), "1".into());
-    assert!(matches!(
-        m.handle.validate(bad).await,
-        Err(VolumeError::NotConfirmed { .. })
-    ));
+    let e = m.handle.validate(bad).await.unwrap_err();
+    assert!(matches!(e, VolumeError::ValidationFailed { .. }), "{e:?}");
+    assert!(
+        e.to_string()
+            .starts_with("Validation failed for volume 'pre-1': "),
+        "{e}"
+    );
     assert!(m.handle.volumes().await.unwrap().is_empty());
 
     let info = m.handle.validate(validate_req(&id)).await.unwrap();
@@ -230,7 +237,7 @@ async fn validate_tracks_pre_existing_volumes() {
     assert!(matches!(
         m.handle.validate(other).await,
         Err(VolumeError::Mismatch {
-            what: "parameters",
+            what: Mismatched::Parameters,
             ..
         })
     ));
@@ -387,10 +394,9 @@ async fn failures_before_any_call_change_nothing() {
     let mut h = Harness::new(FakeCsi::full());
     h.secrets = Arc::new(StaticSecrets::default().with("db", "pw", "s3cret"));
     let m = h.start();
-    assert!(matches!(
-        m.handle.publish(&VolumeId::new("nope")).await,
-        Err(VolumeError::UnknownVolume { .. })
-    ));
+    let e = m.handle.publish(&VolumeId::new("nope")).await.unwrap_err();
+    assert!(matches!(e, VolumeError::UnknownVolume { .. }), "{e:?}");
+    assert_eq!(e.to_string(), "Cannot publish unknown volume 'nope'");
     let id = VolumeId::new("pre");
     h.fake
         .st()
@@ -868,9 +874,10 @@ async fn create_returning_an_already_tracked_id_fails_and_keeps_the_record() {
     m.handle.publish(&id).await.unwrap();
     let e = m.handle.create(create_req("op")).await.unwrap_err();
     assert!(
-        matches!(&e, VolumeError::Mismatch { id: got, .. } if got == &id),
+        matches!(&e, VolumeError::NameTaken { id: got, .. } if got == &id),
         "{e:?}"
     );
+    assert_eq!(e.to_string(), "Volume with name 'op' already exists");
     let recs = m.handle.volumes().await.unwrap();
     assert_eq!(recs.len(), 1);
     assert_eq!(recs[0].state.name(), StateName::Published);

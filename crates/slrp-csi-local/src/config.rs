@@ -4,6 +4,8 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use slrp_types::{SizeError, parse_size};
+
 use crate::tool::DEFAULT_TOOL_TIMEOUT;
 
 /// Default root directory for volumes and metadata.
@@ -96,6 +98,9 @@ pub enum ConfigError {
         what: &'static str,
         /// The text given.
         value: String,
+        /// What is wrong with it.
+        #[source]
+        source: SizeError,
     },
     /// A `--pool` value is malformed.
     #[error("--pool {0:?} must be NAME=SIZE with a non-empty name")]
@@ -115,41 +120,6 @@ pub enum ConfigError {
     /// The host name could not be read for the default node id.
     #[error("reading the host name for the default node id")]
     HostName(#[source] nix::Error),
-}
-
-/// Parses `10GiB`, `512MiB`, `1G`, `4096`, `1.5GiB`: binary units `KiB..TiB`, decimal `K/KB..T/TB`.
-pub fn parse_size(text: &str) -> Option<u64> {
-    let t = text.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" => 1_000,
-        "m" | "mb" => 1_000_000,
-        "g" | "gb" => 1_000_000_000,
-        "t" | "tb" => 1_000_000_000_000,
-        "ki" | "kib" => 1 << 10,
-        "mi" | "mib" => 1 << 20,
-        "gi" | "gib" => 1 << 30,
-        "ti" | "tib" => 1 << 40,
-        _ => return None,
-    };
-    if num.is_empty() {
-        return None;
-    }
-    if let Ok(n) = num.parse::<u64>() {
-        return n.checked_mul(mult);
-    }
-    let f: f64 = num.parse().ok()?;
-    let bytes = f * mult as f64;
-    // i64::MAX is the largest size CSI can carry.
-    if !bytes.is_finite() || bytes < 0.0 || bytes > i64::MAX as f64 {
-        return None;
-    }
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-    Some(bytes as u64)
 }
 
 /// Strips an optional `unix://` scheme; the rest must be an absolute path.
@@ -178,9 +148,10 @@ impl TryFrom<Args> for Config {
             if name.is_empty() {
                 return Err(ConfigError::Pool(p.clone()));
             }
-            let bytes = parse_size(size).ok_or_else(|| ConfigError::Size {
+            let bytes = parse_size(size).map_err(|source| ConfigError::Size {
                 what: "--pool",
                 value: size.to_owned(),
+                source,
             })?;
             if pools.insert(name.to_owned(), bytes).is_some() {
                 return Err(ConfigError::DuplicatePool(name.to_owned()));
@@ -193,9 +164,10 @@ impl TryFrom<Args> for Config {
             .max_volume_size
             .as_deref()
             .map(|s| {
-                parse_size(s).ok_or_else(|| ConfigError::Size {
+                parse_size(s).map_err(|source| ConfigError::Size {
                     what: "--max-volume-size",
                     value: s.to_owned(),
+                    source,
                 })
             })
             .transpose()?;
@@ -238,14 +210,14 @@ mod tests {
 
     #[test]
     fn sizes_parse_with_units() {
-        assert_eq!(parse_size("10GiB"), Some(10 << 30));
-        assert_eq!(parse_size("512MiB"), Some(512 << 20));
-        assert_eq!(parse_size("1G"), Some(1_000_000_000));
-        assert_eq!(parse_size("4096"), Some(4096));
-        assert_eq!(parse_size("1.5GiB"), Some(3 << 29));
-        assert_eq!(parse_size(" 2 kib "), Some(2048));
+        assert_eq!(parse_size("10GiB"), Ok(10 << 30));
+        assert_eq!(parse_size("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_size("1G"), Ok(1_000_000_000));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("1.5GiB"), Ok(3 << 29));
+        assert_eq!(parse_size(" 2 kib "), Ok(2048));
         for bad in ["", "GiB", "10XB", "-1", "1e3", "99999999999999999999TiB"] {
-            assert_eq!(parse_size(bad), None, "{bad:?}");
+            assert!(parse_size(bad).is_err(), "{bad:?}");
         }
     }
 

@@ -6,6 +6,8 @@
 
 use std::path::PathBuf;
 
+use slrp_types::DisplayChain;
+
 use crate::host::HostError;
 use crate::store::StoreError;
 
@@ -141,29 +143,17 @@ impl VolumeError {
     }
 }
 
-/// Renders an error with its whole `source()` chain, `a: b: c`, for status messages and logs.
-pub(crate) fn chain(err: &dyn std::error::Error) -> String {
-    let mut out = err.to_string();
-    let mut cur = err.source();
-    while let Some(e) = cur {
-        out.push_str(": ");
-        out.push_str(&e.to_string());
-        cur = e.source();
-    }
-    out
-}
-
 impl From<VolumeError> for tonic::Status {
     fn from(err: VolumeError) -> Self {
         let code = err.code();
         match code {
-            tonic::Code::Internal => tracing::error!(error = %chain(&err), "request failed"),
+            tonic::Code::Internal => tracing::error!(error = %DisplayChain(&err), "request failed"),
             tonic::Code::DeadlineExceeded => {
-                tracing::warn!(error = %chain(&err), "request timed out; the CO may retry");
+                tracing::warn!(error = %DisplayChain(&err), "request timed out; the CO may retry");
             }
             _ => {}
         }
-        tonic::Status::new(code, chain(&err))
+        tonic::Status::new(code, DisplayChain(&err).to_string())
     }
 }
 

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::chain;
 use crate::store;
+use slrp_types::{DisplayChain, parse_code};
 
 /// Every RPC name of CSI v0 and v1 services, as in the service definitions.
 const RPC_NAMES: &[&str] = &[
@@ -84,31 +84,6 @@ pub enum Fault {
         /// Sleep first.
         delay: Option<Duration>,
     },
-}
-
-/// Parses a gRPC code name as written in the gRPC spec (`UNAVAILABLE`, `NOT_FOUND`, ...).
-pub fn parse_code(name: &str) -> Option<tonic::Code> {
-    use tonic::Code;
-    Some(match name {
-        "OK" => Code::Ok,
-        "CANCELLED" => Code::Cancelled,
-        "UNKNOWN" => Code::Unknown,
-        "INVALID_ARGUMENT" => Code::InvalidArgument,
-        "DEADLINE_EXCEEDED" => Code::DeadlineExceeded,
-        "NOT_FOUND" => Code::NotFound,
-        "ALREADY_EXISTS" => Code::AlreadyExists,
-        "PERMISSION_DENIED" => Code::PermissionDenied,
-        "RESOURCE_EXHAUSTED" => Code::ResourceExhausted,
-        "FAILED_PRECONDITION" => Code::FailedPrecondition,
-        "ABORTED" => Code::Aborted,
-        "OUT_OF_RANGE" => Code::OutOfRange,
-        "UNIMPLEMENTED" => Code::Unimplemented,
-        "INTERNAL" => Code::Internal,
-        "UNAVAILABLE" => Code::Unavailable,
-        "DATA_LOSS" => Code::DataLoss,
-        "UNAUTHENTICATED" => Code::Unauthenticated,
-        _ => return None,
-    })
 }
 
 /// Why a faults file was ignored.
@@ -186,7 +161,7 @@ impl Faults {
             Ok(r) => r,
             Err(e) => {
                 if last_bad.as_deref() != Some(data.as_slice()) {
-                    tracing::error!(path = %path.display(), error = %chain(&e), "ignoring malformed faults file");
+                    tracing::error!(path = %path.display(), error = %DisplayChain(&e), "ignoring malformed faults file");
                     *last_bad = Some(data);
                 }
                 return proceed;
@@ -207,7 +182,7 @@ impl Faults {
             }
             if let Err(e) = rewrite(path, &rules) {
                 // Acting without recording the use could repeat a crash forever.
-                tracing::error!(path = %path.display(), error = %chain(&e), "cannot update faults file; rule not applied");
+                tracing::error!(path = %path.display(), error = %DisplayChain(&e), "cannot update faults file; rule not applied");
                 return proceed;
             }
         }

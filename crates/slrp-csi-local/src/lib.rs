@@ -22,7 +22,8 @@
 //! - `ids`: volume id, import name and CO path validation;
 //! - [`faults`]: the fault-injection rules file;
 //! - `csi`: thin v0 and v1 tonic adapters;
-//! - [`server`]: socket handling and shutdown; [`shutdown_signal`].
+//! - [`endpoint`]: claiming the socket (one plugin per endpoint) and giving it back;
+//! - [`server`]: serving and shutdown; [`shutdown_signal`].
 //!
 //! # Invariants
 //! - No request string becomes a path component unless it passed the id check (ids are
@@ -38,7 +39,8 @@
 //!   the group is killed and the request fails with DEADLINE_EXCEEDED. No tool outlives
 //!   the call that started it (except one stuck in uninterruptible I/O, which is reaped in
 //!   the background once it dies).
-//! - One process per root (`flock` on `<root>/lock`).
+//! - One process per root (`flock` on `<root>/lock`) and one per endpoint: a live socket
+//!   is never taken over, and only the process that bound a socket removes it.
 //! - A volume's context never changes (CSI: "SHALL NOT be mutable"): it holds only facts
 //!   fixed at creation.
 //! - CSI secrets are ignored and requests never logged; mount flags (which may carry
@@ -54,6 +56,7 @@
 
 pub mod config;
 mod csi;
+pub mod endpoint;
 pub mod error;
 pub mod faults;
 pub mod host;
@@ -66,6 +69,7 @@ pub mod tool;
 pub mod types;
 
 pub use config::{Args, Config, CsiVersion};
+pub use endpoint::EndpointError;
 pub use error::VolumeError;
 pub use host::{Host, RealHost};
 pub use plugin::Plugin;

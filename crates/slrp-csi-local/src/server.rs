@@ -3,23 +3,21 @@
 //! Shutdown: when `shutdown` resolves the server stops accepting connections and
 //! tells clients to go away (HTTP/2 GOAWAY); in-flight RPCs get [`SHUTDOWN_GRACE`] to
 //! finish (they are idempotent, so an abandoned one is retried by the CO); then the
-//! socket file is removed. Blocking work already handed to the thread pool finishes
+//! socket file is removed if it is still the one this process bound (see
+//! [`crate::endpoint`]: one plugin per endpoint). Blocking work already handed to the thread pool finishes
 //! before the runtime exits, so no metadata write is cut short by a clean shutdown.
 
 use std::future::Future;
-use std::io;
-use std::os::unix::fs::FileTypeExt;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
 
 use crate::config::{Config, CsiVersion};
 use crate::csi::{Shared, v0::CsiV0, v1::CsiV1};
+use crate::endpoint::{self, EndpointError, Liveness};
 use crate::faults::Faults;
 use crate::host::{Host, RealHost};
 use crate::plugin::{OpenError, Plugin};
@@ -34,45 +32,15 @@ pub enum ServeError {
     /// The root could not be opened.
     #[error("opening the plugin")]
     Open(#[source] OpenError),
-    /// The socket could not be prepared or bound.
-    #[error("{op} socket {path}")]
-    Socket {
-        /// What was attempted.
-        op: &'static str,
-        /// The socket path.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: io::Error,
-    },
+    /// The endpoint is served by another process, or could not be claimed.
+    #[error("claiming the endpoint")]
+    Endpoint(#[source] EndpointError),
     /// The gRPC server failed.
     #[error("serving CSI")]
     Transport(#[source] tonic::transport::Error),
     /// The blocking open task failed.
     #[error("opening the plugin (task failed)")]
     Join(#[source] tokio::task::JoinError),
-}
-
-fn socket_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> ServeError + 'a {
-    move |source| ServeError::Socket {
-        op,
-        path: path.to_owned(),
-        source,
-    }
-}
-
-/// Removes a stale socket left by a previous run; refuses to delete anything else.
-fn clear_stale_socket(path: &Path) -> Result<(), ServeError> {
-    match std::fs::symlink_metadata(path) {
-        Ok(md) if md.file_type().is_socket() => {
-            std::fs::remove_file(path).map_err(socket_err("removing stale", path))
-        }
-        Ok(_) => Err(socket_err("refusing to replace non-socket", path)(
-            io::Error::from(io::ErrorKind::AlreadyExists),
-        )),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(socket_err("inspecting", path)(e)),
-    }
 }
 
 /// Serves the configured CSI package with the real host until `shutdown` resolves.
@@ -93,6 +61,17 @@ pub async fn serve_with<H: Host>(
     host: H,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
+    // Refuse early, before recovery touches the root, if the endpoint is taken; `claim`
+    // checks again under the directory lock.
+    if endpoint::probe(&config.endpoint)
+        .await
+        .map_err(ServeError::Endpoint)?
+        == Liveness::Live
+    {
+        return Err(ServeError::Endpoint(EndpointError::InUse {
+            path: config.endpoint.clone(),
+        }));
+    }
     let faults = Arc::new(Faults::new(config.faults_file.clone()));
     let open_cfg = config.clone();
     let plugin = tokio::task::spawn_blocking(move || Plugin::open(&open_cfg, host))
@@ -105,11 +84,7 @@ pub async fn serve_with<H: Host>(
     };
 
     let path = &config.endpoint;
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent).map_err(socket_err("creating directory of", path))?;
-    }
-    clear_stale_socket(path)?;
-    let listener = UnixListener::bind(path).map_err(socket_err("binding", path))?;
+    let (listener, claimed) = endpoint::claim(path).await.map_err(ServeError::Endpoint)?;
     let incoming = UnixListenerStream::new(listener);
 
     let mut builder = Server::builder();
@@ -143,10 +118,14 @@ pub async fn serve_with<H: Host>(
     let stop = CancellationToken::new();
     let server = router.serve_with_incoming_shutdown(incoming, stop.clone().cancelled_owned());
     tokio::pin!(server);
+    let mut claimed = Some(claimed);
     let result = tokio::select! {
         res = &mut server => res.map_err(ServeError::Transport),
         () = shutdown => {
             tracing::info!("shutting down");
+            // The socket goes first, so new connections are refused at once and a successor
+            // can bind while in-flight requests finish here.
+            release(claimed.take()).await;
             stop.cancel();
             match tokio::time::timeout(SHUTDOWN_GRACE, &mut server).await {
                 Ok(res) => res.map_err(ServeError::Transport),
@@ -157,30 +136,15 @@ pub async fn serve_with<H: Host>(
             }
         }
     };
-    if let Err(e) = std::fs::remove_file(path)
-        && e.kind() != io::ErrorKind::NotFound
-    {
-        tracing::warn!(endpoint = %path.display(), error = %e, "could not remove socket");
-    }
+    release(claimed.take()).await;
     result
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn stale_sockets_are_removed_other_files_are_not() {
-        let dir = tempfile::tempdir().unwrap();
-        let sock = dir.path().join("s.sock");
-        let l = std::os::unix::net::UnixListener::bind(&sock).unwrap();
-        drop(l);
-        clear_stale_socket(&sock).unwrap();
-        assert!(!sock.exists());
-        clear_stale_socket(&sock).unwrap();
-        let file = dir.path().join("f");
-        std::fs::write(&file, b"x").unwrap();
-        assert!(clear_stale_socket(&file).is_err());
-        assert!(file.exists());
+/// Gives the socket back (see [`endpoint::Claimed::release`]) off the async runtime.
+async fn release(claimed: Option<endpoint::Claimed>) {
+    if let Some(c) = claimed
+        && let Err(e) = tokio::task::spawn_blocking(move || c.release()).await
+    {
+        tracing::warn!(error = %e, "releasing the socket failed");
     }
 }

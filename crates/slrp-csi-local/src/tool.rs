@@ -493,7 +493,11 @@ mod tests {
             panic!("{err:?}");
         };
         assert_eq!(command, &format!("leaky -o <redacted> {seen_arg}"));
-        assert!(!crate::error::chain(&err).contains("hunter2"));
+        assert!(
+            !slrp_types::DisplayChain(&err)
+                .to_string()
+                .contains("hunter2")
+        );
         assert_eq!(
             std::fs::read_to_string(&seen).unwrap(),
             "got password=hunter2\n"
@@ -507,7 +511,7 @@ mod tests {
             .run("mkfs.nothing", ["/dev/x"])
             .unwrap_err();
         assert!(matches!(&err, HostError::Spawn { program, .. } if program == "mkfs.nothing"));
-        let msg = crate::error::chain(&err);
+        let msg = slrp_types::DisplayChain(&err).to_string();
         assert!(
             msg.contains("not found in") && msg.contains(&dir.path().display().to_string()),
             "{msg}"

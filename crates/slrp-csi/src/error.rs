@@ -398,31 +398,6 @@ pub fn classify_code(rpc: CsiRpc, code: Code) -> RetryClass {
     }
 }
 
-/// Parses a gRPC code name as the gRPC spec spells it (`UNAVAILABLE`, `DEADLINE_EXCEEDED`).
-pub fn parse_code(name: &str) -> Option<Code> {
-    let code = match name {
-        "OK" => Code::Ok,
-        "CANCELLED" => Code::Cancelled,
-        "UNKNOWN" => Code::Unknown,
-        "INVALID_ARGUMENT" => Code::InvalidArgument,
-        "DEADLINE_EXCEEDED" => Code::DeadlineExceeded,
-        "NOT_FOUND" => Code::NotFound,
-        "ALREADY_EXISTS" => Code::AlreadyExists,
-        "PERMISSION_DENIED" => Code::PermissionDenied,
-        "RESOURCE_EXHAUSTED" => Code::ResourceExhausted,
-        "FAILED_PRECONDITION" => Code::FailedPrecondition,
-        "ABORTED" => Code::Aborted,
-        "OUT_OF_RANGE" => Code::OutOfRange,
-        "UNIMPLEMENTED" => Code::Unimplemented,
-        "INTERNAL" => Code::Internal,
-        "UNAVAILABLE" => Code::Unavailable,
-        "DATA_LOSS" => Code::DataLoss,
-        "UNAUTHENTICATED" => Code::Unauthenticated,
-        _ => return None,
-    };
-    Some(code)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -457,16 +432,6 @@ mod tests {
             assert_eq!(CsiRpc::parse(rpc.as_str()), Some(rpc));
         }
         assert_eq!(CsiRpc::parse("createvolume"), None);
-    }
-
-    #[test]
-    fn code_names_parse() {
-        assert_eq!(parse_code("UNAVAILABLE"), Some(Code::Unavailable));
-        assert_eq!(
-            parse_code("DEADLINE_EXCEEDED"),
-            Some(Code::DeadlineExceeded)
-        );
-        assert_eq!(parse_code("unavailable"), None);
     }
 
     #[test]

@@ -14,14 +14,16 @@
 //! - [`client`]: [`CsiClient`], [`ClientConfig`], version detection, the attempt wrapper.
 //! - [`types`]: domain types (volumes, capabilities, requests, results).
 //! - [`error`]: [`CsiError`], [`CsiRpc`], [`RetryClass`] and the code classification.
-//! - [`retry`](mod@retry): backoff bounds, jitter, [`RetryPolicy`], [`RetryConfig`], the [`retry()`] loop.
+//! - [`retry`](mod@retry): [`RetryPolicy`], [`RetryConfig`], the [`retry()`] loop (backoff
+//!   bounds and jitter come from `slrp_types::backoff` and are re-exported).
+//! - Capability types ([`VolumeCapability`], [`AccessMode`], [`AccessType`]) and their
+//!   wire conversions live in `slrp-types` and are re-exported through [`types`].
 //! - [`metrics`]: [`CsiMetrics`] (pending/finished/failed/cancelled, latency).
 //! - [`endpoint`]: endpoint parsing, the `sun_path` limit and [`SocketAlias`].
 //! - [`readiness`]: [`EndpointReadiness`] (a supervised endpoint's status, waited on
 //!   before each attempt of a [`CsiClient::managed`] client) and [`CsiServices`]
 //!   (controller calls to the controller's container, node calls to the node's).
 //! - [`volumes`]: [`CsiVolumes`], the trait the volume manager is generic over.
-//! - [`size`]: size strings (`10GiB`, `1G`) shared by the CLI and configuration.
 //! - `v0`, `v1`: the per-version backends (private).
 //!
 //! # Invariants
@@ -46,7 +48,6 @@ pub mod error;
 pub mod metrics;
 pub mod readiness;
 pub mod retry;
-pub mod size;
 pub mod types;
 mod v0;
 mod v1;

@@ -7,130 +7,18 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::time::Duration;
 
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
 
 use crate::error::{CsiError, CsiRpc, RetryClass};
 
-/// Mesos's `DEFAULT_RPC_RETRY_BACKOFF_FACTOR`.
-pub const MESOS_BACKOFF_BASE: Duration = Duration::from_secs(10);
-/// Mesos's `DEFAULT_RPC_RETRY_INTERVAL_MAX`.
-pub const MESOS_BACKOFF_MAX: Duration = Duration::from_secs(600);
+pub use slrp_types::backoff::{
+    Backoff, BackoffError, Jitter, JitterRng, MESOS_BACKOFF_BASE, MESOS_BACKOFF_MAX,
+};
 
 /// Attempts after which retries are logged at WARN instead of INFO.
 const WARN_AFTER_ATTEMPTS: u32 = 3;
-
-/// Invalid backoff bounds.
-#[derive(Debug, thiserror::Error)]
-pub enum BackoffError {
-    /// `base` is zero.
-    #[error("backoff base must be positive")]
-    ZeroBase,
-    /// `max` < `base`.
-    #[error("backoff maximum {max:?} is smaller than its base {base:?}")]
-    MaxBelowBase {
-        /// The base.
-        base: Duration,
-        /// The maximum.
-        max: Duration,
-    },
-}
-
-/// Exponential backoff bounds: the n-th wait (n ≥ 1) is at most `min(base · 2^(n-1), max)`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Backoff {
-    base: Duration,
-    max: Duration,
-}
-
-impl Backoff {
-    /// Mesos's RPC retry bounds: 10 s doubling, capped at 10 min.
-    pub const MESOS: Backoff = Backoff {
-        base: MESOS_BACKOFF_BASE,
-        max: MESOS_BACKOFF_MAX,
-    };
-
-    /// Validated bounds.
-    ///
-    /// # Errors
-    /// [`BackoffError`] if `base` is zero or `max < base`.
-    pub fn new(base: Duration, max: Duration) -> Result<Self, BackoffError> {
-        if base.is_zero() {
-            return Err(BackoffError::ZeroBase);
-        }
-        if max < base {
-            return Err(BackoffError::MaxBelowBase { base, max });
-        }
-        Ok(Self { base, max })
-    }
-
-    /// The base (first ceiling).
-    pub fn base(&self) -> Duration {
-        self.base
-    }
-
-    /// The cap.
-    pub fn max(&self) -> Duration {
-        self.max
-    }
-
-    /// Upper bound of the `n`-th wait (`n` ≥ 1; 0 is treated as 1).
-    pub fn ceiling(&self, n: u32) -> Duration {
-        let shift = n.saturating_sub(1).min(63);
-        let factor = 1u64 << shift;
-        let nanos = u64::try_from(self.base.as_nanos()).unwrap_or(u64::MAX);
-        Duration::from_nanos(nanos.saturating_mul(factor)).min(self.max)
-    }
-
-    /// The `n`-th wait, drawn with `jitter`.
-    pub fn delay(&self, n: u32, jitter: &mut JitterRng) -> Duration {
-        jitter.sample(self.ceiling(n))
-    }
-}
-
-/// How a wait is drawn below its ceiling.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Jitter {
-    /// Uniform in `[0, ceiling]` from an OS-seeded generator (Mesos's behaviour).
-    Full,
-    /// Uniform in `[0, ceiling]` from a generator with this seed (reproducible runs).
-    Seeded(u64),
-    /// Always the ceiling (deterministic; for tests and for operators who want it).
-    None,
-}
-
-/// A jitter source made from a [`Jitter`] setting.
-#[derive(Debug)]
-pub struct JitterRng {
-    rng: Option<StdRng>,
-}
-
-impl JitterRng {
-    /// Creates the generator for `jitter`.
-    pub fn new(jitter: Jitter) -> Self {
-        let rng = match jitter {
-            Jitter::Full => Some(StdRng::from_rng(&mut rand::rng())),
-            Jitter::Seeded(seed) => Some(StdRng::seed_from_u64(seed)),
-            Jitter::None => None,
-        };
-        Self { rng }
-    }
-
-    /// A wait in `[0, ceiling]`.
-    pub fn sample(&mut self, ceiling: Duration) -> Duration {
-        match &mut self.rng {
-            None => ceiling,
-            Some(rng) => {
-                let nanos = u64::try_from(ceiling.as_nanos()).unwrap_or(u64::MAX);
-                Duration::from_nanos(rng.random_range(0..=nanos))
-            }
-        }
-    }
-}
 
 /// Retry policy of one RPC.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -283,37 +171,11 @@ mod tests {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicU32, Ordering};
 
+    use std::time::Duration;
+
     use tokio::time::Instant;
 
     use super::*;
-
-    #[test]
-    fn mesos_ceilings_double_and_cap_at_ten_minutes() {
-        let b = Backoff::MESOS;
-        let secs: Vec<u64> = (1..=9).map(|n| b.ceiling(n).as_secs()).collect();
-        assert_eq!(secs, vec![10, 20, 40, 80, 160, 320, 600, 600, 600]);
-        assert_eq!(b.ceiling(u32::MAX), Duration::from_secs(600));
-    }
-
-    #[test]
-    fn backoff_rejects_bad_bounds() {
-        assert!(Backoff::new(Duration::ZERO, Duration::from_secs(1)).is_err());
-        assert!(Backoff::new(Duration::from_secs(2), Duration::from_secs(1)).is_err());
-        assert!(Backoff::new(Duration::from_secs(1), Duration::from_secs(1)).is_ok());
-    }
-
-    #[test]
-    fn full_jitter_stays_within_ceiling_and_varies() {
-        let mut rng = JitterRng::new(Jitter::Seeded(7));
-        let ceiling = Duration::from_secs(10);
-        let samples: Vec<Duration> = (0..200).map(|_| rng.sample(ceiling)).collect();
-        assert!(samples.iter().all(|d| *d <= ceiling));
-        let distinct: std::collections::HashSet<_> = samples.iter().collect();
-        assert!(distinct.len() > 150, "jitter should spread waits");
-        // Same seed, same schedule.
-        let mut again = JitterRng::new(Jitter::Seeded(7));
-        assert_eq!(again.sample(ceiling), samples[0]);
-    }
 
     #[tokio::test(start_paused = true)]
     async fn retry_follows_schedule_until_success() {

@@ -29,38 +29,13 @@ fn map_out(m: HashMap<String, String>) -> StringMap {
 }
 
 pub(crate) fn capability_in(c: &VolumeCapability) -> Result<pb::VolumeCapability, AttemptError> {
-    use pb::volume_capability::access_mode::Mode;
-    use pb::volume_capability::{AccessMode as PbMode, AccessType as PbType};
-    let mode = match c.access_mode {
-        AccessMode::SingleNodeWriter => Mode::SingleNodeWriter,
-        AccessMode::SingleNodeReaderOnly => Mode::SingleNodeReaderOnly,
-        AccessMode::MultiNodeReaderOnly => Mode::MultiNodeReaderOnly,
-        AccessMode::MultiNodeSingleWriter => Mode::MultiNodeSingleWriter,
-        AccessMode::MultiNodeMultiWriter => Mode::MultiNodeMultiWriter,
-        AccessMode::SingleNodeSingleWriter => {
-            return Err(AttemptError::Unsupported(
-                "access mode SINGLE_NODE_SINGLE_WRITER",
-            ));
-        }
-        AccessMode::SingleNodeMultiWriter => {
-            return Err(AttemptError::Unsupported(
-                "access mode SINGLE_NODE_MULTI_WRITER",
-            ));
-        }
-    };
-    let access_type = match &c.access_type {
-        AccessType::Block => PbType::Block(pb::volume_capability::BlockVolume {}),
-        AccessType::Mount {
-            fs_type,
-            mount_flags,
-        } => PbType::Mount(pb::volume_capability::MountVolume {
-            fs_type: fs_type.clone(),
-            mount_flags: mount_flags.clone(),
-        }),
-    };
-    Ok(pb::VolumeCapability {
-        access_type: Some(access_type),
-        access_mode: Some(PbMode { mode: mode as i32 }),
+    c.to_csi_v0().map_err(|_| {
+        // The only capability v0 cannot carry is one with a v1-only access mode.
+        AttemptError::Unsupported(match c.access_mode {
+            AccessMode::SingleNodeSingleWriter => "access mode SINGLE_NODE_SINGLE_WRITER",
+            AccessMode::SingleNodeMultiWriter => "access mode SINGLE_NODE_MULTI_WRITER",
+            _ => "this access mode",
+        })
     })
 }
 

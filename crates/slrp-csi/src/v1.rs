@@ -28,38 +28,8 @@ fn map_out(m: HashMap<String, String>) -> StringMap {
     m.into_iter().collect()
 }
 
-fn mode_in(m: AccessMode) -> pb::volume_capability::access_mode::Mode {
-    use pb::volume_capability::access_mode::Mode;
-    match m {
-        AccessMode::SingleNodeWriter => Mode::SingleNodeWriter,
-        AccessMode::SingleNodeReaderOnly => Mode::SingleNodeReaderOnly,
-        AccessMode::MultiNodeReaderOnly => Mode::MultiNodeReaderOnly,
-        AccessMode::MultiNodeSingleWriter => Mode::MultiNodeSingleWriter,
-        AccessMode::MultiNodeMultiWriter => Mode::MultiNodeMultiWriter,
-        AccessMode::SingleNodeSingleWriter => Mode::SingleNodeSingleWriter,
-        AccessMode::SingleNodeMultiWriter => Mode::SingleNodeMultiWriter,
-    }
-}
-
 pub(crate) fn capability_in(c: &VolumeCapability) -> pb::VolumeCapability {
-    use pb::volume_capability::{AccessMode as PbMode, AccessType as PbType};
-    let access_type = match &c.access_type {
-        AccessType::Block => PbType::Block(pb::volume_capability::BlockVolume {}),
-        AccessType::Mount {
-            fs_type,
-            mount_flags,
-        } => PbType::Mount(pb::volume_capability::MountVolume {
-            fs_type: fs_type.clone(),
-            mount_flags: mount_flags.clone(),
-            volume_mount_group: String::new(),
-        }),
-    };
-    pb::VolumeCapability {
-        access_type: Some(access_type),
-        access_mode: Some(PbMode {
-            mode: mode_in(c.access_mode) as i32,
-        }),
-    }
+    c.to_csi_v1()
 }
 
 fn volume_out(v: Option<pb::Volume>) -> Result<Volume, AttemptError> {

@@ -14,7 +14,6 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    error::Error as StdError,
     future::Future,
     path::PathBuf,
     pin::Pin,
@@ -22,7 +21,7 @@ use std::{
     time::Duration,
 };
 
-use rand::Rng;
+use slrp_types::{DisplayChain, Jitter, JitterRng};
 use tokio::{
     sync::{mpsc, oneshot, watch},
     task::JoinHandle,
@@ -423,8 +422,8 @@ impl ProfileAdaptorWorker {
             Ok(Ok(None)) => {}
             Ok(Err(e)) => {
                 // Not fatal: the source is the truth; we only lose the head start.
-                tracing::warn!(error = %chain(&e), "ignoring unreadable profile state file");
-                self.state_error = Some(chain(&e));
+                tracing::warn!(error = %DisplayChain(&e), "ignoring unreadable profile state file");
+                self.state_error = Some(DisplayChain(&e).to_string());
             }
             Err(join) => {
                 tracing::error!(error = %join, "loading the profile state file panicked");
@@ -443,8 +442,8 @@ impl ProfileAdaptorWorker {
             Err(e) => {
                 self.metrics.fetches_failed.inc();
                 let e = UpdateError::Fetch(e);
-                tracing::warn!(%source, error = %chain(&e), "keeping the last good profile mapping");
-                self.last_error = Some(chain(&e));
+                tracing::warn!(%source, error = %DisplayChain(&e), "keeping the last good profile mapping");
+                self.last_error = Some(DisplayChain(&e).to_string());
                 return PollOutcome::Failed(Arc::new(e));
             }
         };
@@ -458,8 +457,8 @@ impl ProfileAdaptorWorker {
             Err(e) => {
                 self.metrics.validation_failures.inc();
                 let e = UpdateError::Document(e);
-                tracing::warn!(%source, error = %chain(&e), "keeping the last good profile mapping");
-                self.last_error = Some(chain(&e));
+                tracing::warn!(%source, error = %DisplayChain(&e), "keeping the last good profile mapping");
+                self.last_error = Some(DisplayChain(&e).to_string());
                 return PollOutcome::Failed(Arc::new(e));
             }
         };
@@ -514,8 +513,8 @@ impl ProfileAdaptorWorker {
                 // Not fatal: the in-memory table stays correct; only the restart head start
                 // is at risk (docs/profiles.md).
                 self.metrics.persist_failures.inc();
-                tracing::error!(error = %chain(&e), "failed to persist profiles");
-                self.state_error = Some(chain(&e));
+                tracing::error!(error = %DisplayChain(&e), "failed to persist profiles");
+                self.state_error = Some(DisplayChain(&e).to_string());
             }
             Err(join) => {
                 self.metrics.persist_failures.inc();
@@ -575,20 +574,7 @@ fn later(now: Instant, d: Duration) -> Instant {
     now + d.min(FAR_FUTURE)
 }
 
-/// A uniform random duration in `[0, max]`, at nanosecond resolution.
+/// A uniform random duration in `[0, max]` (Mesos's full jitter).
 fn random_wait(max: Duration) -> Duration {
-    let max_nanos = u64::try_from(max.as_nanos()).unwrap_or(u64::MAX);
-    Duration::from_nanos(rand::rng().random_range(0..=max_nanos))
-}
-
-/// `outer: inner: innermost`, for log fields (our error `Display`s name one layer each).
-fn chain(e: &(dyn StdError + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut cur = e.source();
-    while let Some(s) = cur {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        cur = s.source();
-    }
-    out
+    JitterRng::new(Jitter::Full).sample(max)
 }

@@ -110,12 +110,12 @@ pub enum LaunchError {
     },
 }
 
-/// The id of the running kernel boot (`/proc/sys/kernel/random/boot_id`), if readable.
+/// The id of the running kernel boot, if readable (records without one are judged by pid
+/// and start time only).
 pub(crate) fn boot_id() -> Option<String> {
-    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+    slrp_types::read_boot_id()
         .ok()
-        .map(|s| s.trim().to_owned())
-        .filter(|s| !s.is_empty())
+        .map(slrp_types::BootId::into_string)
 }
 
 /// The identity of a running process.

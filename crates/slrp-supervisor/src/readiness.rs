@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use slrp_csi::{ClientConfig, CsiClient, CsiEndpoint, CsiMetrics, RetryConfig};
+use slrp_types::DisplayChain;
 
 /// Result of one readiness check.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,20 +79,8 @@ impl ReadinessCheck for CsiProbe {
             match client.probe().await {
                 Ok(p) if p.ready => Readiness::Ready,
                 Ok(_) => Readiness::NotReady,
-                Err(e) => Readiness::Failed(error_chain(&e)),
+                Err(e) => Readiness::Failed(DisplayChain(&e).to_string()),
             }
         })
     }
-}
-
-/// `e` and its sources, joined with `: `.
-pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(cause) = src {
-        s.push_str(": ");
-        s.push_str(&cause.to_string());
-        src = cause.source();
-    }
-    s
 }

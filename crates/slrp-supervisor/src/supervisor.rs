@@ -40,11 +40,11 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use slrp_csi::endpoint::is_too_long;
-use slrp_csi::retry::{Backoff, Jitter, JitterRng};
 use slrp_csi::{
     ClientConfig, CsiClient, CsiEndpoint, CsiError, CsiMetrics, CsiServices, EndpointReadiness,
     EndpointStatus,
 };
+use slrp_types::{Backoff, DisplayChain, Jitter, JitterRng};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -109,9 +109,7 @@ impl SupervisorConfig {
             probe_timeout: Duration::from_secs(10),
             health_interval: Duration::from_secs(10),
             unhealthy_after: 3,
-            // 1 s doubling to 1 min: fast enough for a crash, slow enough not to spin.
-            restart_backoff: Backoff::new(Duration::from_secs(1), Duration::from_secs(60))
-                .unwrap_or(Backoff::MESOS),
+            restart_backoff: Backoff::PLUGIN_RESTART,
             restart_jitter: Jitter::Full,
             healthy_reset: Duration::from_secs(60),
             stop_grace: Duration::from_secs(10),
@@ -369,18 +367,6 @@ fn ensure_socket_dir(container_dir: &Path, socket: &Path) -> io::Result<()> {
     // A stale socket from a previous run would make the wait succeed too early, and some
     // plugins refuse to start when it exists.
     remove_if_exists(socket)
-}
-
-/// `error: cause: cause` for log lines (the chain is printed once, where handled).
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut next = e.source();
-    while let Some(cause) = next {
-        out.push_str(": ");
-        out.push_str(&cause.to_string());
-        next = cause.source();
-    }
-    out
 }
 
 /// Removes the short socket directory a container's `endpoint` link points at (only if
@@ -767,7 +753,7 @@ impl Worker {
                     match self.launch().await {
                         Ok(p) => p,
                         Err(e) => {
-                            tracing::error!(error = %chain(&e), "launching plugin failed");
+                            tracing::error!(error = %DisplayChain(&e), "launching plugin failed");
                             self.metrics
                                 .terminated(&self.spec.id, TerminationCause::LaunchFailed);
                             failures = failures.saturating_add(1);

@@ -15,9 +15,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::registry::Registry;
-use slrp_csi::{Backoff, Jitter};
 use slrp_proto::mesos::v1 as mesos;
 use slrp_supervisor::*;
+use slrp_types::{Backoff, Jitter};
 use tokio_util::sync::CancellationToken;
 
 /// Ready iff the socket path exists (the scripts `touch` it) and no `sick` file is next

@@ -12,10 +12,11 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use slrp_csi::{Backoff, ClientConfig, CsiClient, CsiMetrics, CsiVersion, Jitter};
+use slrp_csi::{ClientConfig, CsiClient, CsiMetrics, CsiVersion};
 use slrp_proto::mesos::v1 as mesos;
 use slrp_supervisor::*;
 use slrp_test_support::{csi_local_bin, sh_quote};
+use slrp_types::{Backoff, Jitter};
 use tokio_util::sync::CancellationToken;
 
 const WAIT: Duration = Duration::from_secs(30);

@@ -10,8 +10,8 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
 use serde::Serialize;
-use slrp_csi::size::{format_size, parse_size};
 use slrp_csi::*;
+use slrp_types::{format_size, parse_size};
 
 use crate::cli::{UsageError, write_stdout};
 

@@ -9,7 +9,7 @@ use slrp_csi::{
     RetryClass, Secrets, StringMap, VolumeId,
 };
 
-use super::error::VolumeError;
+use super::error::{PreparedDir, Subject, VolumeError};
 use super::jobs::Ctx;
 use super::manager::{TargetPath, failpoints, injected};
 use super::state::{CallOutcome, CsiCall, Goal, SecretRef, VolumeRecord};
@@ -28,8 +28,11 @@ pub(super) enum Request {
 pub(super) fn path_str(id: &VolumeId, p: &Path) -> Result<String, VolumeError> {
     p.to_str()
         .map(str::to_owned)
-        .ok_or_else(|| VolumeError::InvalidRequest {
-            what: format!("mount path of volume {id} is not UTF-8"),
+        // The mount root is checked to be UTF-8 when the manager starts and encoded ids
+        // are ASCII, so this only fails on a bug.
+        .ok_or_else(|| VolumeError::Internal {
+            subject: Subject::Volume(id.clone()),
+            what: "its mount path is not UTF-8",
         })
 }
 
@@ -40,7 +43,7 @@ pub(super) fn is_already_done(e: &CsiError) -> bool {
 impl<C: CsiVolumes> Ctx<C> {
     pub(super) async fn persist(&self, rec: &VolumeRecord) -> Result<(), VolumeError> {
         let store_err = |source| VolumeError::Store {
-            volume: rec.id.to_string(),
+            subject: Subject::Volume(rec.id.clone()),
             source,
         };
         let mut tx = self.store.transaction();
@@ -94,7 +97,7 @@ impl<C: CsiVolumes> Ctx<C> {
                         "CSI call failed; the volume stays in flight");
                     return Err(VolumeError::Csi {
                         rpc: call.rpc(),
-                        volume: rec.id.to_string(),
+                        subject: Subject::Volume(rec.id.clone()),
                         source,
                     });
                 }
@@ -114,8 +117,9 @@ impl<C: CsiVolumes> Ctx<C> {
             tracing::debug!(volume = %done.id, state = %done.state.name(), "volume moved");
             *rec = done;
         }
-        Err(VolumeError::InvalidRequest {
-            what: format!("volume {} did not reach {goal:?}", rec.id),
+        Err(VolumeError::Internal {
+            subject: Subject::Volume(rec.id.clone()),
+            what: "the plan did not reach its goal",
         })
     }
 
@@ -202,12 +206,22 @@ impl<C: CsiVolumes> Ctx<C> {
             id: id.clone(),
             source,
         };
-        let dir = match call {
-            CsiCall::NodeStage => paths.staging(id).map_err(path_err)?,
-            CsiCall::NodePublish if self.cfg.target_path == TargetPath::CoCreates => {
-                paths.target(id).map_err(path_err)?
+        // `named` is the path Mesos's message names (the target, also when only its
+        // parent is created).
+        let (kind, dir, named) = match call {
+            CsiCall::NodeStage => {
+                let staging = paths.staging(id).map_err(path_err)?;
+                (PreparedDir::Staging, staging.clone(), staging)
             }
-            CsiCall::NodePublish => paths.volume_dir(id).map_err(path_err)?,
+            CsiCall::NodePublish if self.cfg.target_path == TargetPath::CoCreates => {
+                let target = paths.target(id).map_err(path_err)?;
+                (PreparedDir::Target, target.clone(), target)
+            }
+            CsiCall::NodePublish => (
+                PreparedDir::TargetParent,
+                paths.volume_dir(id).map_err(path_err)?,
+                paths.target(id).map_err(path_err)?,
+            ),
             CsiCall::ControllerPublish
             | CsiCall::ControllerUnpublish
             | CsiCall::NodeUnstage
@@ -215,7 +229,11 @@ impl<C: CsiVolumes> Ctx<C> {
         };
         tokio::fs::create_dir_all(&dir)
             .await
-            .map_err(|source| VolumeError::Prepare { path: dir, source })
+            .map_err(|source| VolumeError::Prepare {
+                dir: kind,
+                path: named,
+                source,
+            })
     }
 
     /// After NodePublishVolume the target must exist; after NodeUnpublishVolume of a
@@ -241,8 +259,14 @@ impl<C: CsiVolumes> Ctx<C> {
         // A dangling link at the target counts as present: something is there.
         let present = tokio::fs::symlink_metadata(&path).await.is_ok();
         match (expect_present, present) {
-            (true, false) => Err(VolumeError::TargetNotCreated { path }),
-            (false, true) => Err(VolumeError::TargetNotRemoved { path }),
+            (true, false) => Err(VolumeError::TargetNotCreated {
+                id: id.clone(),
+                path,
+            }),
+            (false, true) => Err(VolumeError::TargetNotRemoved {
+                id: id.clone(),
+                path,
+            }),
             (true, true) | (false, false) => Ok(()),
         }
     }

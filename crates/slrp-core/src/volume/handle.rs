@@ -6,7 +6,7 @@ use std::fmt;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
-use slrp_csi::{StringMap, VolumeCapability, VolumeId, VolumePage};
+use slrp_csi::{CsiRpc, StringMap, VolumeCapability, VolumeId, VolumePage};
 use slrp_store::{Kind, Record};
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -132,13 +132,16 @@ impl VolumeManagerHandle {
     /// Creates a volume (or returns the one already tracked under `req.name`).
     ///
     /// # Errors
-    /// [`VolumeError::Unsupported`] without `CREATE_DELETE_VOLUME`,
-    /// [`VolumeError::Mismatch`] if the name is tracked with another capability or other
-    /// parameters, [`VolumeError::Csi`] if CreateVolume failed.
+    /// [`VolumeError::BadRequest`] for an empty name, [`VolumeError::Unsupported`]
+    /// without `CREATE_DELETE_VOLUME`, [`VolumeError::Mismatch`] if the name is tracked
+    /// with another capability or other parameters, [`VolumeError::NameTaken`] if the
+    /// plugin returned a volume tracked otherwise, [`VolumeError::Csi`] if CreateVolume
+    /// failed.
     pub async fn create(&self, req: CreateVolume) -> Result<VolumeInfo, VolumeError> {
         if req.name.is_empty() {
-            return Err(VolumeError::InvalidRequest {
-                what: "the volume name is empty".into(),
+            return Err(VolumeError::BadRequest {
+                field: "name",
+                problem: "is empty",
             });
         }
         let key = Key::Name(req.name.clone());
@@ -158,7 +161,7 @@ impl VolumeManagerHandle {
     /// (CREATED, pre-provisioned). A tracked volume is checked against its record only.
     ///
     /// # Errors
-    /// [`VolumeError::Mismatch`], [`VolumeError::NotConfirmed`], [`VolumeError::Csi`].
+    /// [`VolumeError::Mismatch`], [`VolumeError::ValidationFailed`], [`VolumeError::Csi`].
     pub async fn validate(&self, req: ValidateVolume) -> Result<VolumeInfo, VolumeError> {
         let key = Key::Volume(req.id.clone());
         self.ask(|reply| Command::Job(key, Job::Validate { req, reply }))
@@ -182,7 +185,8 @@ impl VolumeManagerHandle {
     /// the target path.
     ///
     /// # Errors
-    /// [`VolumeError::UnknownVolume`], [`VolumeError::Csi`], [`VolumeError::Secret`].
+    /// [`VolumeError::UnknownVolume`], [`VolumeError::BeingDeleted`], [`VolumeError::Csi`],
+    /// [`VolumeError::Secret`], [`VolumeError::Prepare`].
     pub async fn publish(&self, id: &VolumeId) -> Result<PathBuf, VolumeError> {
         let key = Key::Volume(id.clone());
         self.ask(|reply| Command::Job(key, Job::Publish { reply }))
@@ -221,7 +225,7 @@ impl VolumeManagerHandle {
     /// Every volume the plugin lists, following pages of `page_size`.
     ///
     /// # Errors
-    /// [`VolumeError::Csi`], or [`VolumeError::InvalidRequest`] if the plugin repeats a
+    /// [`VolumeError::Csi`], or [`VolumeError::PluginMisbehaved`] if the plugin repeats a
     /// page token.
     pub async fn list_all(&self, page_size: i32) -> Result<Vec<slrp_csi::Volume>, VolumeError> {
         let mut all = Vec::new();
@@ -234,8 +238,9 @@ impl VolumeManagerHandle {
                 None => return Ok(all),
                 Some(next) => {
                     if !seen.insert(next.clone()) {
-                        return Err(VolumeError::InvalidRequest {
-                            what: format!("the plugin repeated page token {next:?}"),
+                        return Err(VolumeError::PluginMisbehaved {
+                            rpc: CsiRpc::ListVolumes,
+                            what: format!("page token {next:?} a second time"),
                         });
                     }
                     token = Some(next);

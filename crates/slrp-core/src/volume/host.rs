@@ -5,26 +5,9 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use super::state::{BootId, SecretRef};
+use super::state::SecretRef;
 
-/// Where the kernel publishes the id of the current boot.
-pub const BOOT_ID_PATH: &str = "/proc/sys/kernel/random/boot_id";
-
-/// Reads the current boot id.
-///
-/// # Errors
-/// When the file cannot be read or is empty.
-pub fn read_boot_id() -> std::io::Result<BootId> {
-    let text = std::fs::read_to_string(BOOT_ID_PATH)?;
-    let id = text.trim();
-    if id.is_empty() {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            "boot id is empty",
-        ));
-    }
-    Ok(BootId::new(id))
-}
+pub use slrp_types::boot::{BOOT_ID_PATH, read_boot_id};
 
 /// The mount table, as far as recovery needs it.
 pub trait MountTable: Send + Sync + fmt::Debug + 'static {

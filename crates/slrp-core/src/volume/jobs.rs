@@ -12,7 +12,7 @@ use slrp_store::Store;
 use tokio::sync::Semaphore;
 
 use super::driver::is_already_done;
-use super::error::VolumeError;
+use super::error::{Mismatched, Subject, ValidationFailure, VolumeError};
 use super::handle::{CreateVolume, Reply, ValidateVolume, VolumeInfo};
 use super::manager::{VolumeManagerConfig, failpoints, injected};
 use super::recovery::{RecoveryGoal, RecoveryResult, recovery_summary};
@@ -223,6 +223,28 @@ impl<C: CsiVolumes> Ctx<C> {
         }
     }
 
+    /// A request for a tracked volume succeeds only with the capability and parameters
+    /// it is tracked with (Mesos's `validateVolume` of a checkpointed volume).
+    fn compare_tracked(
+        &self,
+        rec: &VolumeRecord,
+        capability: &VolumeCapability,
+        parameters: &StringMap,
+    ) -> Result<VolumeInfo, VolumeError> {
+        let what = if rec.spec.capability != *capability {
+            Mismatched::Capability
+        } else if rec.spec.parameters != *parameters {
+            Mismatched::Parameters
+        } else {
+            return Ok(VolumeInfo::of(rec));
+        };
+        Err(VolumeError::Mismatch {
+            id: rec.id.clone(),
+            what,
+            version: self.cfg.csi_version,
+        })
+    }
+
     pub(super) async fn create(
         &self,
         req: CreateVolume,
@@ -230,19 +252,7 @@ impl<C: CsiVolumes> Ctx<C> {
     ) -> (Result<VolumeInfo, VolumeError>, Change) {
         if let Some(rec) = existing {
             // Already tracked under this name: the earlier attempt's result (spec §12.7).
-            let result = if rec.spec.capability != req.capability {
-                Err(VolumeError::Mismatch {
-                    id: rec.id.clone(),
-                    what: "capability",
-                })
-            } else if rec.spec.parameters != req.parameters {
-                Err(VolumeError::Mismatch {
-                    id: rec.id.clone(),
-                    what: "parameters",
-                })
-            } else {
-                Ok(VolumeInfo::of(&rec))
-            };
+            let result = self.compare_tracked(&rec, &req.capability, &req.parameters);
             return (result, Change::None);
         }
         match self.create_steps(&req).await {
@@ -257,11 +267,13 @@ impl<C: CsiVolumes> Ctx<C> {
     ) -> Result<VolumeRecord, VolumeError> {
         if !self.cfg.caps.controller.create_delete_volume {
             return Err(VolumeError::Unsupported {
-                what: "CREATE_DELETE_VOLUME",
+                capability: "CREATE_DELETE_VOLUME",
+                plugin_type: self.cfg.plugin_type.clone(),
+                plugin_name: self.cfg.plugin_name.clone(),
             });
         }
         let store_err = |source| VolumeError::Store {
-            volume: req.name.clone(),
+            subject: Subject::Name(req.name.clone()),
             source,
         };
         // Intent first: after a crash, recovery finds the name and finishes the creation.
@@ -294,7 +306,7 @@ impl<C: CsiVolumes> Ctx<C> {
                 }
                 return Err(VolumeError::Csi {
                     rpc: CsiRpc::CreateVolume,
-                    volume: req.name.clone(),
+                    subject: Subject::Name(req.name.clone()),
                     source,
                 });
             }
@@ -316,9 +328,9 @@ impl<C: CsiVolumes> Ctx<C> {
             tx.commit().await.map_err(store_err)?;
             tracing::warn!(volume = %other.id, name = %req.name,
                 "CreateVolume returned a volume that is already tracked");
-            return Err(VolumeError::Mismatch {
+            return Err(VolumeError::NameTaken {
+                name: req.name.clone(),
                 id: other.id,
-                what: "name",
             });
         }
         let mut rec = VolumeRecord::created(
@@ -356,19 +368,7 @@ impl<C: CsiVolumes> Ctx<C> {
         existing: Option<VolumeRecord>,
     ) -> (Result<VolumeInfo, VolumeError>, Change) {
         if let Some(rec) = existing {
-            let result = if rec.spec.capability != req.capability {
-                Err(VolumeError::Mismatch {
-                    id: rec.id.clone(),
-                    what: "capability",
-                })
-            } else if rec.spec.parameters != req.parameters {
-                Err(VolumeError::Mismatch {
-                    id: rec.id.clone(),
-                    what: "parameters",
-                })
-            } else {
-                Ok(VolumeInfo::of(&rec))
-            };
+            let result = self.compare_tracked(&rec, &req.capability, &req.parameters);
             return (result, Change::None);
         }
         let validation = self
@@ -383,12 +383,13 @@ impl<C: CsiVolumes> Ctx<C> {
         let result = match validation {
             Err(source) => Err(VolumeError::Csi {
                 rpc: CsiRpc::ValidateVolumeCapabilities,
-                volume: req.id.to_string(),
+                subject: Subject::Volume(req.id.clone()),
                 source,
             }),
-            Ok(v) if !v.confirmed => Err(VolumeError::NotConfirmed {
+            Ok(v) if !v.confirmed => Err(VolumeError::ValidationFailed {
                 id: req.id.clone(),
-                message: v.message,
+                reason: ValidationFailure::NotConfirmed { message: v.message },
+                version: self.cfg.csi_version,
             }),
             Ok(_) => {
                 let mut rec = VolumeRecord::created(
@@ -442,7 +443,7 @@ impl<C: CsiVolumes> Ctx<C> {
             Err(e) if is_already_done(&e) => Ok(true),
             Err(source) => Err(VolumeError::Csi {
                 rpc: CsiRpc::DeleteVolume,
-                volume: id.to_string(),
+                subject: Subject::Volume(id.clone()),
                 source,
             }),
         }
@@ -467,7 +468,7 @@ impl<C: CsiVolumes> Ctx<C> {
                 "mount directory still has mounts; left in place");
         }
         let store_err = |source| VolumeError::Store {
-            volume: rec.id.to_string(),
+            subject: Subject::Volume(rec.id.clone()),
             source,
         };
         let mut tx = self.store.transaction();
@@ -488,8 +489,8 @@ impl<C: CsiVolumes> Ctx<C> {
             return (Err(VolumeError::UnknownVolume { id }), Change::None);
         };
         if rec.deleting {
-            let what = format!("volume {} is being deleted", rec.id);
-            return (Err(VolumeError::InvalidRequest { what }), Change::None);
+            let id = rec.id.clone();
+            return (Err(VolumeError::BeingDeleted { id }), Change::None);
         }
         let result = match self.drive(&mut rec, Goal::Published).await {
             Ok(()) => self
@@ -557,7 +558,7 @@ impl<C: CsiVolumes> Ctx<C> {
             .await
             .map_err(|source| VolumeError::Csi {
                 rpc: CsiRpc::ListVolumes,
-                volume: String::new(),
+                subject: Subject::None,
                 source,
             })
     }
@@ -576,7 +577,7 @@ impl<C: CsiVolumes> Ctx<C> {
             .map(|c| c.available_bytes)
             .map_err(|source| VolumeError::Csi {
                 rpc: CsiRpc::GetCapacity,
-                volume: String::new(),
+                subject: Subject::None,
                 source,
             })
     }

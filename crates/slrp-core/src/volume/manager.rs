@@ -123,6 +123,12 @@ pub struct VolumeManagerConfig {
     pub node_id: String,
     /// The plugin's capabilities; decide which transitions need an RPC.
     pub caps: CsiCapabilities,
+    /// The plugin's CSI version: picks Mesos's wording of validation errors.
+    pub csi_version: CsiVersion,
+    /// The plugin's type (Mesos `CSIPluginInfo.type`), named in error messages.
+    pub plugin_type: String,
+    /// The plugin's name (Mesos `CSIPluginInfo.name`), named in error messages.
+    pub plugin_name: String,
     /// The current boot id ([`super::host::read_boot_id`]).
     pub boot_id: BootId,
     /// Most volumes with a job running at once.
@@ -168,8 +174,8 @@ impl TargetPath {
 }
 
 impl VolumeManagerConfig {
-    /// Defaults: 16 concurrent volumes, 256 queued commands, 30 s grace, the real mount
-    /// table, no secrets.
+    /// Defaults: CSI v1 and an unnamed plugin (for messages), 16 concurrent volumes, 256
+    /// queued commands, 30 s grace, the real mount table, no secrets.
     pub fn new(
         mount_paths: MountPaths,
         node_id: impl Into<String>,
@@ -181,6 +187,9 @@ impl VolumeManagerConfig {
             mount_paths,
             node_id: node_id.into(),
             caps,
+            csi_version: CsiVersion::V1,
+            plugin_type: String::new(),
+            plugin_name: String::new(),
             boot_id,
             max_concurrent: 16,
             command_buffer: 256,
@@ -202,6 +211,21 @@ impl VolumeManagerConfig {
     #[must_use]
     pub fn command_buffer(mut self, n: usize) -> Self {
         self.command_buffer = n.max(1);
+        self
+    }
+
+    /// Names the plugin (Mesos `CSIPluginInfo` type and name) and its CSI version, for
+    /// error messages.
+    #[must_use]
+    pub fn plugin(
+        mut self,
+        plugin_type: impl Into<String>,
+        plugin_name: impl Into<String>,
+        version: CsiVersion,
+    ) -> Self {
+        self.plugin_type = plugin_type.into();
+        self.plugin_name = plugin_name.into();
+        self.csi_version = version;
         self
     }
 

@@ -28,7 +28,9 @@ mod recovery;
 mod schedule;
 pub mod state;
 
-pub use error::VolumeError;
+pub use error::{
+    Mismatched, PreparedDir, Subject, ValidationFailure, VolumeError, VolumeErrorKind,
+};
 pub use handle::{CreateVolume, ValidateVolume, VolumeInfo, VolumeManagerHandle};
 pub use host::{
     MountTable, NoSecrets, ProcMountTable, SecretResolver, StaticSecrets, read_boot_id,

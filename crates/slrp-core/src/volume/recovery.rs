@@ -5,8 +5,9 @@
 use std::path::PathBuf;
 
 use slrp_csi::CsiVolumes;
+use slrp_types::DisplayChain;
 
-use super::error::VolumeError;
+use super::error::{Subject, VolumeError};
 use super::handle::{CreateVolume, Readiness};
 use super::jobs::{Change, Ctx, Job};
 use super::manager::{VolumeManagerConfig, Worker};
@@ -126,12 +127,14 @@ impl<C: CsiVolumes> Worker<C> {
             let mut tx = store.transaction();
             for rec in &changed {
                 tx.put(rec).map_err(|source| VolumeError::Store {
-                    volume: rec.id.to_string(),
+                    subject: Subject::Volume(rec.id.clone()),
                     source,
                 })?;
             }
             tx.commit().await.map_err(|source| VolumeError::Store {
-                volume: format!("{} recovered volumes", changed.len()),
+                subject: Subject::Recovered {
+                    count: changed.len(),
+                },
                 source,
             })?;
         }
@@ -297,8 +300,11 @@ impl<C: CsiVolumes> Ctx<C> {
         record: Option<VolumeRecord>,
     ) -> (Result<(), VolumeError>, Change) {
         let Some(mut rec) = record else {
-            let what = format!("{key} vanished before recovery");
-            return (Err(VolumeError::InvalidRequest { what }), Change::None);
+            let e = VolumeError::Internal {
+                subject: key.subject(),
+                what: "its record vanished before recovery",
+            };
+            return (Err(e), Change::None);
         };
         match goal {
             RecoveryGoal::Delete => match self.delete_steps(&mut rec).await {
@@ -331,7 +337,7 @@ pub(super) fn recovery_summary<T>(
     match result {
         Ok(_) => RecoveryResult::Done,
         Err(e) => {
-            let text = error_chain(e);
+            let text = DisplayChain(e).to_string();
             if required {
                 RecoveryResult::Failed(text)
             } else {
@@ -339,16 +345,4 @@ pub(super) fn recovery_summary<T>(
             }
         }
     }
-}
-
-/// `e` and its causes on one line (for reports; logs print chains at the edge).
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
 }

@@ -8,6 +8,7 @@ use serde::Serialize;
 use slrp_csi::{CsiVolumes, VolumeId};
 use tracing::Instrument;
 
+use super::error::Subject;
 use super::jobs::Job;
 use super::manager::Worker;
 
@@ -39,6 +40,16 @@ impl Key {
         match self {
             Self::Volume(id) => id.clone(),
             Self::Name(n) => VolumeId::new(n.clone()),
+        }
+    }
+}
+
+impl Key {
+    /// What an error about this lane's job is about.
+    pub(super) fn subject(&self) -> Subject {
+        match self {
+            Self::Volume(id) => Subject::Volume(id.clone()),
+            Self::Name(n) => Subject::Name(n.clone()),
         }
     }
 }

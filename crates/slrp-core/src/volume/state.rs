@@ -20,29 +20,7 @@ use serde::{Deserialize, Serialize};
 use slrp_csi::{CsiCapabilities, CsiRpc, StringMap, VolumeCapability, VolumeId};
 use slrp_store::{Kind, Record};
 
-/// The kernel's boot id (`/proc/sys/kernel/random/boot_id`): mounts and stagings made in
-/// one boot are gone in the next.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct BootId(String);
-
-impl BootId {
-    /// Wraps a boot id as read from the kernel.
-    pub fn new(id: impl Into<String>) -> Self {
-        Self(id.into())
-    }
-
-    /// The id text.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for BootId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
+pub use slrp_types::BootId;
 
 /// Where a secret comes from: a reference resolved when the RPC is built. Secret *values*
 /// are never part of a record, so they never reach the disk or `slrp inspect`.

@@ -735,6 +735,7 @@ impl Harness {
             self.boot.clone(),
             target,
         )
+        .plugin("org.test", "fake", slrp_csi::CsiVersion::V1)
         .max_concurrent(self.max_concurrent)
         .shutdown_grace(Duration::from_secs(5))
         .mounts(Arc::new(FakeMounts(self.fake.clone())))

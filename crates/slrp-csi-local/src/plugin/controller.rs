@@ -12,7 +12,9 @@ use super::{
     is_banned_name_char, lock, round_up, to_i64,
 };
 use crate::config::DEFAULT_POOL;
-use crate::error::{VolumeError, chain};
+use slrp_types::DisplayChain;
+
+use crate::error::VolumeError;
 use crate::host::{Host, HostError};
 use crate::ids;
 use crate::store::{self, Access, Backend, Origin, Phase, VolumeRecord};
@@ -310,7 +312,7 @@ impl<H: Host> Plugin<H> {
         if let Err(e) = self.allocate(&rec) {
             let _ = self.remove_backing(&rec);
             if let Err(fe) = self.forget(&rec.id) {
-                tracing::error!(volume_id = %rec.id, error = %chain(&fe), "could not drop the record of a failed creation; it is rolled back at next start");
+                tracing::error!(volume_id = %rec.id, error = %DisplayChain(&fe), "could not drop the record of a failed creation; it is rolled back at next start");
             }
             return Err(e);
         }

@@ -30,7 +30,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Condvar, Mutex, MutexGuard};
 
 use crate::config::Config;
-use crate::error::{VolumeError, chain};
+use slrp_types::DisplayChain;
+
+use crate::error::VolumeError;
 use crate::host::{Host, HostError};
 use crate::ids::{self, IMPORT_DIR_PREFIX, IMPORT_LOOP_PREFIX};
 use crate::store::{Access, Backend, MetaStore, Origin, Phase, RootLock, StoreError, VolumeRecord};
@@ -270,7 +272,7 @@ impl<H: Host> Plugin<H> {
         let meta_dir = layout.root.join("meta");
         let (store, records, bad) = MetaStore::open(meta_dir.clone()).map_err(store_err)?;
         for e in &bad {
-            tracing::error!(error = %chain(e), "ignoring unreadable volume record; its backing is kept");
+            tracing::error!(error = %DisplayChain(e), "ignoring unreadable volume record; its backing is kept");
         }
         let plugin = Self {
             host,
@@ -336,7 +338,7 @@ impl<H: Host> Plugin<H> {
                         fs::remove_dir_all(&path)
                     } else {
                         self.detach_all(&path)
-                            .map_err(|e| io::Error::other(chain(&e)))
+                            .map_err(|e| io::Error::other(DisplayChain(&e).to_string()))
                             .and_then(|()| fs::remove_file(&path))
                     };
                     if let Err(err) = res {
@@ -431,7 +433,7 @@ impl<H: Host> Plugin<H> {
             match res {
                 Ok(()) => tracing::info!(volume_id = %id, "adopted imported volume"),
                 Err(e) => {
-                    tracing::error!(volume_id = %id, error = %chain(&e), "could not adopt imported volume")
+                    tracing::error!(volume_id = %id, error = %DisplayChain(&e), "could not adopt imported volume")
                 }
             }
         }

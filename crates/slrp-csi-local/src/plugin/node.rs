@@ -5,7 +5,9 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use super::{Plugin, disk_usage, io_host, lock, to_i64};
-use crate::error::{VolumeError, chain};
+use slrp_types::DisplayChain;
+
+use crate::error::VolumeError;
 use crate::host::Host;
 use crate::ids;
 use crate::store::{Access, Backend, Published, Staged, VolumeRecord};
@@ -260,7 +262,7 @@ impl<H: Host> Plugin<H> {
         }
         rec.staged = None;
         if let Err(e) = self.save(rec.clone()) {
-            tracing::error!(volume_id = %rec.id, error = %chain(&e), "could not record a failed stage as undone");
+            tracing::error!(volume_id = %rec.id, error = %DisplayChain(&e), "could not record a failed stage as undone");
         }
     }
 
@@ -381,7 +383,7 @@ impl<H: Host> Plugin<H> {
                     let _ = self.host.unmount_all(&target);
                     rec.published.retain(|p| p.target != target);
                     if let Err(se) = self.save(rec.clone()) {
-                        tracing::error!(volume_id = %rec.id, error = %chain(&se), "could not record a failed publish as undone");
+                        tracing::error!(volume_id = %rec.id, error = %DisplayChain(&se), "could not record a failed publish as undone");
                     }
                 }
                 Err(e)
@@ -515,7 +517,7 @@ impl<H: Host> Plugin<H> {
             match self.host.is_mount_point(path) {
                 Ok(true) => {}
                 Ok(false) => return abnormal(format!("nothing is mounted at {}", path.display())),
-                Err(e) => return abnormal(format!("cannot read mounts: {}", chain(&e))),
+                Err(e) => return abnormal(format!("cannot read mounts: {}", DisplayChain(&e))),
             }
         }
         if rec.backend == Backend::Loop

@@ -80,14 +80,26 @@ impl TestPlugin {
     }
 
     async fn start_full(extra: &[&str], env: &[(&str, &str)], logged: bool) -> Self {
+        let mut p = Self::prepare(None, extra, env, logged);
+        p.spawn().await;
+        p
+    }
+
+    /// A plugin not started yet, with its own tempdir, root and log, that will serve
+    /// `socket` (typically another plugin's).
+    pub fn on_socket(socket: &Path) -> Self {
+        Self::prepare(Some(socket), &[], &[], true)
+    }
+
+    fn prepare(socket: Option<&Path>, extra: &[&str], env: &[(&str, &str)], logged: bool) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("csil")
             .tempdir_in("/tmp")
             .expect("tempdir");
-        let socket = dir.path().join("csi.sock");
+        let socket = socket.map_or_else(|| dir.path().join("csi.sock"), Path::to_owned);
         let root = dir.path().join("root");
         let faults = dir.path().join("faults.json");
-        let mut p = Self {
+        Self {
             socket,
             root,
             faults,
@@ -99,9 +111,7 @@ impl TestPlugin {
             stderr_log: logged.then(|| dir.path().join("plugin.log")),
             child: None,
             dir,
-        };
-        p.spawn().await;
-        p
+        }
     }
 
     pub fn path(&self, rel: &str) -> PathBuf {
@@ -121,6 +131,12 @@ impl TestPlugin {
     }
 
     pub async fn spawn(&mut self) {
+        self.spawn_child();
+        self.wait_ready().await;
+    }
+
+    /// Starts the process without waiting for it to serve.
+    pub fn spawn_child(&mut self) {
         assert!(self.child.is_none(), "already running");
         let stderr = match &self.stderr_log {
             Some(p) => Stdio::from(
@@ -149,7 +165,6 @@ impl TestPlugin {
             .spawn()
             .expect("spawning slrp-csi-local");
         self.child = Some(child);
-        self.wait_ready().await;
     }
 
     /// Waits for the socket and a successful Probe (bounded: the test fails, not hangs).

@@ -1,0 +1,47 @@
+//! Shared domain types and pure helpers of slrp: the one home of pieces several crates need.
+//!
+//! # Overview
+//! Everything here is a type or a pure computation that more than one layer uses: how an
+//! error is printed with its causes, the kernel boot id, gRPC code names, size strings,
+//! the backoff schedule, the provider key profiles are selected by, and volume
+//! capabilities with their Mesos and CSI conversions. Crates above re-export what is part
+//! of their own API (e.g. `slrp_csi::VolumeCapability`), so callers need not know the
+//! home.
+//!
+//! # Layout
+//! - [`chain`]: [`DisplayChain`], `outer: cause: root cause` for logs and messages.
+//! - [`boot`]: [`BootId`] and [`read_boot_id`].
+//! - [`grpc`]: [`parse_code`] (gRPC code names).
+//! - [`size`]: [`parse_size`], [`format_size`] (`64MiB`, `10GiB`, `1G`, `1.5GiB`).
+//! - [`backoff`]: [`Backoff`], [`Jitter`], [`JitterRng`] (full-jitter exponential).
+//! - [`provider`]: [`ProviderKey`], what profile selectors match.
+//! - [`capability`]: [`VolumeCapability`] and its Mesos / CSI v0 / CSI v1 conversions.
+//!
+//! # Invariants
+//! - No tokio and no async: nothing here waits. The only I/O is reading the boot id, one
+//!   small file under `/proc`, done synchronously because it happens once at start-up.
+//! - Wire types come from `slrp-proto` (which links tonic, and so tokio, into the graph:
+//!   accepted, since every user of this crate already links both; this crate's own code
+//!   uses neither runtime). `tonic` is used only for its `Code` enum.
+//! - Conversions never substitute: a value a target form cannot carry is an error.
+//!
+//! # Limitations
+//! - The CSI v1 `volume_mount_group` field is not modelled (nothing in Mesos sets it).
+
+pub mod backoff;
+pub mod boot;
+pub mod capability;
+pub mod chain;
+pub mod grpc;
+pub mod provider;
+pub mod size;
+
+pub use backoff::{
+    Backoff, BackoffError, Jitter, JitterRng, MESOS_BACKOFF_BASE, MESOS_BACKOFF_MAX,
+};
+pub use boot::{BOOT_ID_PATH, BootId, read_boot_id};
+pub use capability::{AccessMode, AccessType, CapabilityError, CapabilityForm, VolumeCapability};
+pub use chain::DisplayChain;
+pub use grpc::parse_code;
+pub use provider::ProviderKey;
+pub use size::{SizeError, format_size, parse_size};
