@@ -21,25 +21,6 @@ use slrp_csi::CsiRpc;
 use support::*;
 use tokio::task::JoinHandle;
 
-/// Polls the manager's job counts until `want` holds or `escape` does (a call reached
-/// the plugin that should have waited); returns the counts seen last.
-async fn jobs_until(
-    handle: &VolumeManagerHandle,
-    want: impl Fn(&JobCounts) -> bool,
-    escape: impl Fn() -> bool,
-) -> JobCounts {
-    within(async {
-        loop {
-            let jobs = handle.jobs().await.unwrap();
-            if want(&jobs) || escape() {
-                return jobs;
-            }
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-    })
-    .await
-}
-
 fn spawn_create(
     handle: &VolumeManagerHandle,
     name: &str,
@@ -114,7 +95,8 @@ async fn a_validate_of_the_id_a_create_is_returning_waits_and_sees_its_record() 
             running: 1,
             creating: 1,
             parked: 1,
-            queued: 1
+            queued: 1,
+            deferred: 0,
         }
     );
 

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use slrp_csi::{CsiVolumes, VolumeId};
+use slrp_csi::{CsiRpc, CsiVolumes, VolumeId};
 
 use super::driver::{is_already_done, path_str};
 use super::error::VolumeError;
@@ -85,7 +85,11 @@ impl<C: CsiVolumes> Ctx<C> {
             let staging = dir.join("staging");
             if mounted.iter().any(|m| m == &target) {
                 let p = path_str(id, &target)?;
-                if let Err(e) = self.csi.node_unpublish(id, &p).await
+                if let Err(e) = self
+                    .call(CsiRpc::NodeUnpublishVolume, || {
+                        self.csi.node_unpublish(id, &p)
+                    })
+                    .await
                     && !is_already_done(&e)
                 {
                     tracing::warn!(volume = %id, error = %e, "NodeUnpublishVolume of a leftover failed");
@@ -93,7 +97,9 @@ impl<C: CsiVolumes> Ctx<C> {
             }
             if self.cfg.caps.node_stage() && mounted.iter().any(|m| m == &staging) {
                 let p = path_str(id, &staging)?;
-                if let Err(e) = self.csi.node_unstage(id, &p).await
+                if let Err(e) = self
+                    .call(CsiRpc::NodeUnstageVolume, || self.csi.node_unstage(id, &p))
+                    .await
                     && !is_already_done(&e)
                 {
                     tracing::warn!(volume = %id, error = %e, "NodeUnstageVolume of a leftover failed");

@@ -4,8 +4,9 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use slrp_csi::retry::JitterRng;
 use slrp_csi::{
-    ControllerPublishRequest, CsiError, CsiVolumes, NodePublishRequest, NodeStageRequest,
+    ControllerPublishRequest, CsiError, CsiRpc, CsiVolumes, NodePublishRequest, NodeStageRequest,
     RetryClass, Secrets, StringMap, VolumeId,
 };
 
@@ -276,19 +277,81 @@ impl<C: CsiVolumes> Ctx<C> {
         id: &VolumeId,
         request: Request,
     ) -> Result<StringMap, CsiError> {
-        let csi = &self.csi;
-        match request {
-            Request::ControllerPublish(r) => csi.controller_publish(&r).await,
-            Request::ControllerUnpublish => csi
-                .controller_unpublish(id, &self.cfg.node_id)
+        let csi = &*self.csi;
+        let node = &self.cfg.node_id;
+        let none = |()| StringMap::new();
+        match &request {
+            Request::ControllerPublish(r) => {
+                self.call(CsiRpc::ControllerPublishVolume, || {
+                    csi.controller_publish(r)
+                })
                 .await
-                .map(|()| StringMap::new()),
-            Request::NodeStage(r) => csi.node_stage(&r).await.map(|()| StringMap::new()),
-            Request::NodeUnstage(p) => csi.node_unstage(id, &p).await.map(|()| StringMap::new()),
-            Request::NodePublish(r) => csi.node_publish(&r).await.map(|()| StringMap::new()),
-            Request::NodeUnpublish(p) => {
-                csi.node_unpublish(id, &p).await.map(|()| StringMap::new())
             }
+            Request::ControllerUnpublish => self
+                .call(CsiRpc::ControllerUnpublishVolume, || {
+                    csi.controller_unpublish(id, node)
+                })
+                .await
+                .map(none),
+            Request::NodeStage(r) => self
+                .call(CsiRpc::NodeStageVolume, || csi.node_stage(r))
+                .await
+                .map(none),
+            Request::NodeUnstage(p) => self
+                .call(CsiRpc::NodeUnstageVolume, || csi.node_unstage(id, p))
+                .await
+                .map(none),
+            Request::NodePublish(r) => self
+                .call(CsiRpc::NodePublishVolume, || csi.node_publish(r))
+                .await
+                .map(none),
+            Request::NodeUnpublish(p) => self
+                .call(CsiRpc::NodeUnpublishVolume, || csi.node_unpublish(id, p))
+                .await
+                .map(none),
+        }
+    }
+
+    /// One CSI call under the manager's retry policy for `rpc`
+    /// ([`VolumeManagerConfig::retry`](super::VolumeManagerConfig::retry)). Each attempt
+    /// holds a concurrency permit; the backoff between attempts holds none, so calls
+    /// waiting out an unavailable plugin never keep other volumes' calls from running.
+    /// Shutdown ends a backoff at once with the last error (the volume stays in flight or
+    /// its intent stays, as after any failed call).
+    pub(super) async fn call<T, F, Fut>(&self, rpc: CsiRpc, mut attempt: F) -> Result<T, CsiError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, CsiError>>,
+    {
+        let policy = self.cfg.retry.policy(rpc);
+        let mut jitter = policy.map(|p| JitterRng::new(p.jitter));
+        let mut n: u32 = 1;
+        loop {
+            let result = {
+                // Never closed; if it were, calls would simply run unlimited.
+                let _permit = self.permits.acquire().await.ok();
+                attempt().await
+            };
+            let err = match result {
+                Ok(v) => return Ok(v),
+                Err(e) => e,
+            };
+            let (Some(policy), Some(jitter)) = (policy, jitter.as_mut()) else {
+                return Err(err);
+            };
+            let exhausted = policy.max_attempts.is_some_and(|max| n >= max);
+            if !policy.retries(&err) || exhausted {
+                return Err(err);
+            }
+            let delay = policy.backoff.delay(n, jitter);
+            tracing::info!(%rpc, attempt = n, ?delay, error = %err,
+                "CSI call failed transiently; retrying after a backoff");
+            tokio::select! {
+                biased;
+                () = self.cancel.cancelled() => return Err(err),
+                () = tokio::time::sleep(delay) => {}
+            }
+            n = n.saturating_add(1);
         }
     }
 }

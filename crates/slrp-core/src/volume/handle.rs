@@ -305,6 +305,16 @@ pub(super) enum Command {
     },
 }
 
+impl Command {
+    /// Whether the command waits until recovery is done (everything but introspection).
+    pub(super) fn waits_for_recovery(&self) -> bool {
+        match self {
+            Self::Job(..) | Self::List { .. } | Self::Capacity { .. } => true,
+            Self::Snapshot { .. } | Self::Jobs { .. } => false,
+        }
+    }
+}
+
 impl fmt::Debug for Command {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

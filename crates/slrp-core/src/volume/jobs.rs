@@ -10,6 +10,7 @@ use slrp_csi::{
 };
 use slrp_store::Store;
 use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
 
 use super::driver::is_already_done;
 use super::error::{Mismatched, Subject, ValidationFailure, VolumeError};
@@ -127,7 +128,11 @@ pub(super) struct Ctx<C> {
     pub(super) csi: Arc<C>,
     pub(super) store: Store,
     pub(super) cfg: VolumeManagerConfig,
+    /// Bounds the CSI calls in flight: an attempt holds a permit, a retry backoff holds
+    /// none ([`Ctx::call`]).
     pub(super) permits: Arc<Semaphore>,
+    /// The manager's cancellation: ends retry backoffs at once on shutdown.
+    pub(super) cancel: CancellationToken,
 }
 
 /// `readonly` of the volumes the manager creates or validates. Mesos never sets it for
@@ -145,8 +150,6 @@ impl<C: CsiVolumes> Ctx<C> {
         job: Job,
         record: Option<VolumeRecord>,
     ) -> Done {
-        // The semaphore is never closed; if it were, the job simply runs unlimited.
-        let _permit = self.permits.clone().acquire_owned().await.ok();
         let recovery = job.is_recovery();
         let (change, answer, fatal, result) = match job {
             Job::Create { req, reply } => {
@@ -281,16 +284,16 @@ impl<C: CsiVolumes> Ctx<C> {
         tx.put(req).map_err(store_err)?;
         tx.commit().await.map_err(store_err)?;
         injected(failpoints::BEFORE_CALL)?;
+        let request = CreateVolumeRequest {
+            name: req.name.clone(),
+            required_bytes: req.required_bytes,
+            limit_bytes: req.limit_bytes,
+            capabilities: vec![req.capability.clone()],
+            parameters: req.parameters.clone(),
+            secrets: Secrets::default(),
+        };
         let result = self
-            .csi
-            .create_volume(&CreateVolumeRequest {
-                name: req.name.clone(),
-                required_bytes: req.required_bytes,
-                limit_bytes: req.limit_bytes,
-                capabilities: vec![req.capability.clone()],
-                parameters: req.parameters.clone(),
-                secrets: Secrets::default(),
-            })
+            .call(CsiRpc::CreateVolume, || self.csi.create_volume(&request))
             .await;
         injected(failpoints::AFTER_CALL)?;
         let volume = match result {
@@ -371,13 +374,15 @@ impl<C: CsiVolumes> Ctx<C> {
             let result = self.compare_tracked(&rec, &req.capability, &req.parameters);
             return (result, Change::None);
         }
+        let request = ValidateRequest {
+            volume_id: req.id.clone(),
+            capabilities: vec![req.capability.clone()],
+            volume_context: req.volume_context.clone(),
+            parameters: req.parameters.clone(),
+        };
         let validation = self
-            .csi
-            .validate(&ValidateRequest {
-                volume_id: req.id.clone(),
-                capabilities: vec![req.capability.clone()],
-                volume_context: req.volume_context.clone(),
-                parameters: req.parameters.clone(),
+            .call(CsiRpc::ValidateVolumeCapabilities, || {
+                self.csi.validate(&request)
             })
             .await;
         let result = match validation {
@@ -435,7 +440,12 @@ impl<C: CsiVolumes> Ctx<C> {
             return Ok(false);
         }
         injected(failpoints::BEFORE_CALL)?;
-        let result = self.csi.delete_volume(id, &Secrets::default()).await;
+        let secrets = Secrets::default();
+        let result = self
+            .call(CsiRpc::DeleteVolume, || {
+                self.csi.delete_volume(id, &secrets)
+            })
+            .await;
         injected(failpoints::AFTER_CALL)?;
         match result {
             Ok(()) => Ok(true),
@@ -553,14 +563,15 @@ impl<C: CsiVolumes> Ctx<C> {
                 next_token: None,
             });
         }
-        self.csi
-            .list_volumes_page(max_entries, token)
-            .await
-            .map_err(|source| VolumeError::Csi {
-                rpc: CsiRpc::ListVolumes,
-                subject: Subject::None,
-                source,
-            })
+        self.call(CsiRpc::ListVolumes, || {
+            self.csi.list_volumes_page(max_entries, token)
+        })
+        .await
+        .map_err(|source| VolumeError::Csi {
+            rpc: CsiRpc::ListVolumes,
+            subject: Subject::None,
+            source,
+        })
     }
 
     pub(super) async fn capacity(
@@ -571,14 +582,16 @@ impl<C: CsiVolumes> Ctx<C> {
         if !self.cfg.caps.controller.get_capacity {
             return Ok(0);
         }
-        self.csi
-            .capacity(&[capability], &parameters)
-            .await
-            .map(|c| c.available_bytes)
-            .map_err(|source| VolumeError::Csi {
-                rpc: CsiRpc::GetCapacity,
-                subject: Subject::None,
-                source,
-            })
+        let capabilities = [capability];
+        self.call(CsiRpc::GetCapacity, || {
+            self.csi.capacity(&capabilities, &parameters)
+        })
+        .await
+        .map(|c| c.available_bytes)
+        .map_err(|source| VolumeError::Csi {
+            rpc: CsiRpc::GetCapacity,
+            subject: Subject::None,
+            source,
+        })
     }
 }

@@ -8,9 +8,18 @@
 //! Each request becomes a *job* on a *lane*: the lane of its volume id, or for
 //! CreateVolume the lane of its name (the id is not known yet). A lane runs one job at
 //! a time, in arrival order; a busy lane queues. Jobs of different lanes run as tasks in
-//! parallel, each first taking a permit of a semaphore sized
-//! [`VolumeManagerConfig::max_concurrent`]. A job that hangs holds its lane and one
-//! permit, nothing else, so it never blocks other volumes while permits remain.
+//! parallel; each CSI call attempt they make takes a permit of a semaphore sized
+//! [`VolumeManagerConfig::max_concurrent`], and a retry backoff between attempts holds
+//! none (Mesos retries CreateVolume and DeleteVolume without limit, so creates waiting
+//! out an unavailable controller would otherwise starve every other call). A call that
+//! hangs holds its lane and one permit, nothing else, so it never blocks other volumes
+//! while permits remain.
+//!
+//! Every request waits until recovery is done (as every Mesos volume manager call
+//! waits for `recovered`): commands that arrive before are held in arrival order and
+//! handled when recovery ends, whatever its outcome. Only the introspection commands
+//! ([`VolumeManagerHandle::volumes`], [`VolumeManagerHandle::jobs`]) are answered at
+//! once.
 //!
 //! Lanes alone do not separate a CreateVolume from requests for the id it is about to
 //! learn (e.g. a validate or delete of an id the provider saw in ListVolumes while the
@@ -71,11 +80,11 @@
 //! at once and ends [`VolumeManager::spawn`]'s task with the error: the process is
 //! expected to restart and recover from disk.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
-use slrp_csi::{CsiCapabilities, CsiVersion, CsiVolumes, VolumeId};
+use slrp_csi::{CsiCapabilities, CsiVersion, CsiVolumes, RetryConfig, VolumeId};
 use slrp_store::Store;
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::{JoinHandle, JoinSet};
@@ -131,7 +140,7 @@ pub struct VolumeManagerConfig {
     pub plugin_name: String,
     /// The current boot id ([`super::host::read_boot_id`]).
     pub boot_id: BootId,
-    /// Most volumes with a job running at once.
+    /// Most CSI call attempts in flight at once (retry backoffs hold no permit).
     pub max_concurrent: usize,
     /// Commands that may wait for the worker before senders wait (backpressure).
     pub command_buffer: usize,
@@ -140,6 +149,12 @@ pub struct VolumeManagerConfig {
     pub target_path: TargetPath,
     /// How long running jobs may take to finish on shutdown.
     pub shutdown_grace: Duration,
+    /// Which CSI calls the manager retries, and how (default Mesos's: CreateVolume and
+    /// DeleteVolume on `UNAVAILABLE`/`DEADLINE_EXCEEDED`, without limit). The manager
+    /// retries so that a call waiting out a backoff holds no concurrency permit; the
+    /// client it is given should therefore not retry these calls itself
+    /// (`ClientConfig::retry(RetryConfig::none())`).
+    pub retry: RetryConfig,
     /// The mount table recovery compares states with.
     pub mounts: Arc<dyn MountTable>,
     /// Resolves the secret references of stage and publish requests.
@@ -195,6 +210,7 @@ impl VolumeManagerConfig {
             command_buffer: 256,
             target_path,
             shutdown_grace: Duration::from_secs(30),
+            retry: RetryConfig::default(),
             mounts: Arc::new(ProcMountTable),
             secrets: Arc::new(NoSecrets),
         }
@@ -233,6 +249,13 @@ impl VolumeManagerConfig {
     #[must_use]
     pub fn shutdown_grace(mut self, d: Duration) -> Self {
         self.shutdown_grace = d;
+        self
+    }
+
+    /// Sets the manager's retry policies.
+    #[must_use]
+    pub fn retry(mut self, r: RetryConfig) -> Self {
+        self.retry = r;
         self
     }
 
@@ -276,6 +299,7 @@ impl VolumeManager {
                 store,
                 cfg: config,
                 permits,
+                cancel: cancel.clone(),
             }),
             rx,
             volumes: HashMap::new(),
@@ -285,6 +309,7 @@ impl VolumeManager {
             tasks: JoinSet::new(),
             ready_tx,
             recovery: None,
+            deferred: VecDeque::new(),
         };
         let task = tokio::spawn(
             worker
@@ -311,6 +336,9 @@ pub(super) struct Worker<C> {
     pub(super) ready_tx: watch::Sender<Readiness>,
     /// `Some` until recovery has finished.
     pub(super) recovery: Option<RecoveryProgress>,
+    /// Requests that arrived during recovery, in arrival order; handled when it ends.
+    /// Cleared on shutdown, so their callers hear `Stopped`.
+    pub(super) deferred: VecDeque<Command>,
 }
 
 impl<C: CsiVolumes> Worker<C> {
@@ -359,6 +387,7 @@ impl<C: CsiVolumes> Worker<C> {
                 lane.queue.clear();
             }
             self.gate.parked.clear();
+            self.deferred.clear();
             let grace = self.ctx.cfg.shutdown_grace;
             let drain = async {
                 while let Some(joined) = self.tasks.join_next().await {
@@ -385,7 +414,11 @@ impl<C: CsiVolumes> Worker<C> {
         outcome
     }
 
-    fn on_command(&mut self, cmd: Command) {
+    pub(super) fn on_command(&mut self, cmd: Command) {
+        if self.recovery.is_some() && cmd.waits_for_recovery() {
+            self.deferred.push_back(cmd);
+            return;
+        }
         match cmd {
             Command::Job(key, job) => self.enqueue(key, job),
             Command::List {
@@ -427,6 +460,7 @@ impl<C: CsiVolumes> Worker<C> {
                     creating: self.gate.creates,
                     parked,
                     queued: self.lanes.values().map(|l| l.queue.len()).sum(),
+                    deferred: self.deferred.len(),
                 }));
             }
         }

@@ -190,6 +190,11 @@ impl<C: CsiVolumes> Worker<C> {
                 tracing::error!(failures = ?p.failures, "volume recovery failed");
                 self.ready_tx.send_replace(Readiness::Failed(p.failures));
             }
+            // Served whatever the outcome: readiness tells the caller whether to trust
+            // the volumes; the requests themselves are answered on their own merits.
+            for cmd in std::mem::take(&mut self.deferred) {
+                self.on_command(cmd);
+            }
         }
     }
 }

@@ -25,6 +25,8 @@ pub struct JobCounts {
     pub parked: usize,
     /// Jobs waiting behind another job of their volume (or name).
     pub queued: usize,
+    /// Requests waiting for recovery to finish.
+    pub deferred: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -736,6 +736,9 @@ impl Harness {
             target,
         )
         .plugin("org.test", "fake", slrp_csi::CsiVersion::V1)
+        // Tests script transient failures and expect to hear them; the retry tests
+        // set their own policy.
+        .retry(slrp_csi::RetryConfig::none())
         .max_concurrent(self.max_concurrent)
         .shutdown_grace(Duration::from_secs(5))
         .mounts(Arc::new(FakeMounts(self.fake.clone())))
@@ -794,6 +797,25 @@ pub fn validate_req(id: &VolumeId) -> ValidateVolume {
         node_stage_secrets: BTreeMap::new(),
         node_publish_secrets: BTreeMap::new(),
     }
+}
+
+/// Polls the manager's job counts until `want` holds or `escape` does (a call reached
+/// the plugin that should have waited); returns the counts seen last.
+pub async fn jobs_until(
+    handle: &VolumeManagerHandle,
+    want: impl Fn(&JobCounts) -> bool,
+    escape: impl Fn() -> bool,
+) -> JobCounts {
+    within(async {
+        loop {
+            let jobs = handle.jobs().await.unwrap();
+            if want(&jobs) || escape() {
+                return jobs;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await
 }
 
 /// Waits until the worker has stopped taking commands (it is shutting down).
