@@ -799,7 +799,7 @@ impl CsiClient {
                     };
                     guard.finish(outcome);
                     let err = e.into_csi(rpc, version, &self.inner.endpoint, timeout);
-                    tracing::debug!(%rpc, endpoint = %self.inner.endpoint, error = %err, "CSI call failed");
+                    tracing::debug!(%rpc, endpoint = %self.inner.endpoint, error = %slrp_types::DisplayChain(&err), "CSI call failed");
                     return Err(err);
                 }
                 Err(_elapsed) => {

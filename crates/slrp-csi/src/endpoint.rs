@@ -291,7 +291,7 @@ pub fn sweep_stale_aliases(base: &Path) -> Vec<PathBuf> {
                 removed.push(dir);
             }
             Err(e) => {
-                tracing::debug!(dir = %dir.display(), error = %e, "could not remove stale CSI socket alias");
+                tracing::debug!(dir = %dir.display(), error = %slrp_types::DisplayChain(&e), "could not remove stale CSI socket alias");
             }
         }
     }

@@ -132,7 +132,7 @@ pub async fn retry<T, E, F, Fut>(
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, E>>,
-    E: std::fmt::Display,
+    E: std::error::Error + 'static,
 {
     let mut jitter = JitterRng::new(policy.jitter);
     let mut attempt: u32 = 1;
@@ -153,9 +153,9 @@ where
         }
         let delay = policy.backoff.delay(attempt, &mut jitter);
         if attempt >= WARN_AFTER_ATTEMPTS {
-            tracing::warn!(%what, attempt, ?delay, error = %err, "retrying after transient failure");
+            tracing::warn!(%what, attempt, ?delay, error = %slrp_types::DisplayChain(&err), "retrying after transient failure");
         } else {
-            tracing::info!(%what, attempt, ?delay, error = %err, "retrying after transient failure");
+            tracing::info!(%what, attempt, ?delay, error = %slrp_types::DisplayChain(&err), "retrying after transient failure");
         }
         tokio::select! {
             biased;
@@ -191,7 +191,7 @@ mod tests {
                 async move {
                     times.lock().unwrap().push(start.elapsed().as_secs());
                     if calls.fetch_add(1, Ordering::SeqCst) < 4 {
-                        Err("busy".to_owned())
+                        Err(std::io::Error::other("busy"))
                     } else {
                         Ok(42)
                     }
@@ -202,7 +202,7 @@ mod tests {
             &CancellationToken::new(),
         )
         .await;
-        assert_eq!(out, Some(Ok(42)));
+        assert!(matches!(out, Some(Ok(42))), "{out:?}");
         // Waits of 10, 20, 40, 80 seconds between the five attempts.
         assert_eq!(*times.lock().unwrap(), vec![0, 10, 30, 70, 150]);
     }
@@ -213,11 +213,11 @@ mod tests {
             .with_jitter(Jitter::None)
             .with_max_attempts(Some(3));
         let calls = AtomicU32::new(0);
-        let out: Option<Result<(), String>> = retry(
+        let out: Option<Result<(), std::io::Error>> = retry(
             "t",
             || {
                 calls.fetch_add(1, Ordering::SeqCst);
-                async { Err("x".to_owned()) }
+                async { Err(std::io::Error::other("x")) }
             },
             |_| RetryClass::Transient,
             &policy,
@@ -228,11 +228,11 @@ mod tests {
         assert_eq!(calls.load(Ordering::SeqCst), 3);
 
         let calls = AtomicU32::new(0);
-        let out: Option<Result<(), String>> = retry(
+        let out: Option<Result<(), std::io::Error>> = retry(
             "t",
             || {
                 calls.fetch_add(1, Ordering::SeqCst);
-                async { Err("x".to_owned()) }
+                async { Err(std::io::Error::other("x")) }
             },
             |_| RetryClass::Permanent,
             &RetryPolicy::mesos(),
@@ -253,9 +253,9 @@ mod tests {
             c2.cancel();
         });
         let start = Instant::now();
-        let out: Option<Result<(), String>> = retry(
+        let out: Option<Result<(), std::io::Error>> = retry(
             "t",
-            || async { Err("busy".to_owned()) },
+            || async { Err(std::io::Error::other("busy")) },
             |_| RetryClass::Transient,
             &policy,
             &cancel,

@@ -426,7 +426,7 @@ impl ProfileAdaptorWorker {
                 self.state_error = Some(DisplayChain(&e).to_string());
             }
             Err(join) => {
-                tracing::error!(error = %join, "loading the profile state file panicked");
+                tracing::error!(error = %DisplayChain(&join), "loading the profile state file panicked");
                 self.state_error = Some(join.to_string());
             }
         }
@@ -518,7 +518,7 @@ impl ProfileAdaptorWorker {
             }
             Err(join) => {
                 self.metrics.persist_failures.inc();
-                tracing::error!(error = %join, "persisting profiles panicked");
+                tracing::error!(error = %DisplayChain(&join), "persisting profiles panicked");
                 self.state_error = Some(join.to_string());
             }
         }

@@ -107,7 +107,7 @@ pub(crate) fn run(
             }
             Err(e) => {
                 if !matches!(e, StoreError::Poisoned) {
-                    tracing::error!(error = %e, "state store commit failed; refusing further writes");
+                    tracing::error!(error = %slrp_types::DisplayChain(&e), "state store commit failed; refusing further writes");
                 }
                 shared.poisoned.store(true, Ordering::Release);
                 for r in batch.drain(..) {
@@ -125,7 +125,7 @@ pub(crate) fn run(
             r.get::<_, String>(0)
         })
     {
-        tracing::debug!(error = %e, "state store stays in WAL mode at shutdown");
+        tracing::debug!(error = %slrp_types::DisplayChain(&e), "state store stays in WAL mode at shutdown");
     }
 }
 

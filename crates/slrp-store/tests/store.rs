@@ -591,32 +591,13 @@ async fn inspect_renders_human_and_json() {
     assert_eq!(json["corrupt"], serde_json::json!([]));
 }
 
-/// Unmounts and removes the mount point even when the test fails.
-struct TmpfsGuard(std::path::PathBuf);
-
-impl Drop for TmpfsGuard {
-    fn drop(&mut self) {
-        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
-    }
-}
-
 /// A full disk surfaces as a typed, fatal error, and poisons the store.
 #[tokio::test]
 async fn disk_full_is_fatal_and_typed() {
-    if !nix::unistd::Uid::effective().is_root() {
-        eprintln!("skipped: needs root to mount a small tmpfs");
+    if !slrp_test_support::require_root("disk_full_is_fatal_and_typed") {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    nix::mount::mount(
-        Some("tmpfs"),
-        dir.path(),
-        Some("tmpfs"),
-        nix::mount::MsFlags::empty(),
-        Some("size=256k"),
-    )
-    .unwrap();
-    let _guard = TmpfsGuard(dir.path().to_owned());
+    let dir = slrp_test_support::Tmpfs::mount("256k");
     let store = Store::open(dir.path()).unwrap();
     let big = "x".repeat(64 * 1024);
     let mut result = Ok(());

@@ -235,7 +235,7 @@ impl PluginProcess {
                     });
                 }
                 Err(e) => {
-                    tracing::debug!(pid, attempt, error = %e, "start time of new plugin process unreadable; retrying");
+                    tracing::debug!(pid, attempt, error = %slrp_types::DisplayChain(&e), "start time of new plugin process unreadable; retrying");
                     attempt += 1;
                     tokio::time::sleep(IDENTIFY_RETRY).await;
                 }

@@ -279,7 +279,7 @@ fn read_record(dir: &Path) -> Option<PidRecord> {
     match serde_json::from_slice(&text) {
         Ok(r) => Some(r),
         Err(e) => {
-            tracing::warn!(dir = %dir.display(), error = %e, "ignoring unreadable pid record");
+            tracing::warn!(dir = %dir.display(), error = %DisplayChain(&e), "ignoring unreadable pid record");
             None
         }
     }
@@ -704,7 +704,7 @@ async fn join(tasks: &mut Vec<JoinHandle<()>>) {
         if let Err(e) = t.await
             && e.is_panic()
         {
-            tracing::error!(error = %e, "plugin worker panicked");
+            tracing::error!(error = %DisplayChain(&e), "plugin worker panicked");
         }
     }
 }

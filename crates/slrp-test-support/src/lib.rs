@@ -6,6 +6,10 @@
 //! it in a private temporary directory with a fault-injection file, so every test gets its
 //! own plugin, socket and volumes.
 //!
+//! [`require`](mod@require) decides whether a test may run on this machine (root, tools,
+//! capabilities, prepared environments): a notice and a skip locally, a failure under
+//! `CI=true`.
+//!
 //! # Invariants
 //! A [`Plugin`] kills its process when dropped; its directory is removed with it.
 //!
@@ -16,6 +20,13 @@
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+pub mod require;
+
+pub use require::{
+    Cap, find_tool, has_cap, in_ci, is_root, require, require_cap, require_path, require_root,
+    require_tool,
+};
 
 /// Path of the `slrp-csi-local` binary: `$SLRP_CSI_LOCAL_BIN`, else beside the running
 /// test's target directory (`cargo nextest run --workspace` builds it; if it is absent it
@@ -129,4 +140,42 @@ pub async fn wait_for(socket: &Path) {
 #[must_use]
 pub fn sh_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// A tmpfs of a fixed size mounted on a fresh temporary directory, for tests that need a
+/// disk that fills up; unmounted (lazily) and removed on drop, even when the test fails.
+#[derive(Debug)]
+pub struct Tmpfs {
+    dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    /// Mounts a tmpfs of `size` (tmpfs syntax: `256k`, `8m`). Needs root.
+    ///
+    /// # Panics
+    /// If the directory cannot be made or the mount fails.
+    pub fn mount(size: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        nix::mount::mount(
+            Some("tmpfs"),
+            dir.path(),
+            Some("tmpfs"),
+            nix::mount::MsFlags::empty(),
+            Some(format!("size={size}").as_str()),
+        )
+        .unwrap();
+        Self { dir }
+    }
+
+    /// The mount point.
+    #[must_use]
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(self.dir.path(), nix::mount::MntFlags::MNT_DETACH);
+    }
 }

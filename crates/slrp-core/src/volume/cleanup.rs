@@ -62,7 +62,7 @@ impl<C: CsiVolumes> Ctx<C> {
         match remove_mount_dir(dir).await {
             Ok(()) => true,
             Err(e) => {
-                tracing::warn!(dir = %dir.display(), error = %e,
+                tracing::warn!(dir = %dir.display(), error = %slrp_types::DisplayChain(&e),
                     "mount directory not removed; left in place");
                 false
             }
@@ -92,7 +92,7 @@ impl<C: CsiVolumes> Ctx<C> {
                     .await
                     && !is_already_done(&e)
                 {
-                    tracing::warn!(volume = %id, error = %e, "NodeUnpublishVolume of a leftover failed");
+                    tracing::warn!(volume = %id, error = %slrp_types::DisplayChain(&e), "NodeUnpublishVolume of a leftover failed");
                 }
             }
             if self.cfg.caps.node_stage() && mounted.iter().any(|m| m == &staging) {
@@ -102,7 +102,7 @@ impl<C: CsiVolumes> Ctx<C> {
                     .await
                     && !is_already_done(&e)
                 {
-                    tracing::warn!(volume = %id, error = %e, "NodeUnstageVolume of a leftover failed");
+                    tracing::warn!(volume = %id, error = %slrp_types::DisplayChain(&e), "NodeUnstageVolume of a leftover failed");
                 }
             }
         }

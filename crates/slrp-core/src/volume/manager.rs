@@ -344,7 +344,7 @@ pub(super) struct Worker<C> {
 impl<C: CsiVolumes> Worker<C> {
     async fn run(mut self, cancel: CancellationToken) -> Result<(), VolumeError> {
         if let Err(e) = self.start().await {
-            tracing::error!(error = %e, "volume manager recovery could not start");
+            tracing::error!(error = %slrp_types::DisplayChain(&e), "volume manager recovery could not start");
             self.ready_tx.send_replace(Readiness::Stopped);
             return Err(e);
         }
@@ -357,12 +357,12 @@ impl<C: CsiVolumes> Worker<C> {
                     let done = match joined {
                         Ok(done) => done,
                         Err(e) => {
-                            tracing::error!(error = %e, "a volume job panicked; stopping");
+                            tracing::error!(error = %slrp_types::DisplayChain(&e), "a volume job panicked; stopping");
                             break Err(VolumeError::Stopped);
                         }
                     };
                     if let Some(fatal) = self.on_done(done) {
-                        tracing::error!(error = %fatal, "fatal volume manager error; stopping");
+                        tracing::error!(error = %slrp_types::DisplayChain(&fatal), "fatal volume manager error; stopping");
                         break Err(fatal);
                     }
                 }
@@ -392,11 +392,11 @@ impl<C: CsiVolumes> Worker<C> {
             let drain = async {
                 while let Some(joined) = self.tasks.join_next().await {
                     let done = joined.map_err(|e| {
-                        tracing::error!(error = %e, "a volume job panicked during shutdown");
+                        tracing::error!(error = %slrp_types::DisplayChain(&e), "a volume job panicked during shutdown");
                         VolumeError::Stopped
                     })?;
                     if let Some(fatal) = self.on_done(done) {
-                        tracing::error!(error = %fatal, "fatal volume manager error during shutdown");
+                        tracing::error!(error = %slrp_types::DisplayChain(&fatal), "fatal volume manager error during shutdown");
                         return Err(fatal);
                     }
                 }
