@@ -209,14 +209,14 @@ impl Claimed {
                 if let Err(e) = std::fs::remove_file(path)
                     && e.kind() != io::ErrorKind::NotFound
                 {
-                    tracing::warn!(endpoint = %path.display(), error = %e, "could not remove socket");
+                    tracing::warn!(endpoint = %path.display(), error = %slrp_types::DisplayChain(&e), "could not remove socket");
                 }
             }
             Ok(_) => tracing::info!(endpoint = %path.display(),
                 "the socket was replaced by another process; leaving it in place"),
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => {
-                tracing::warn!(endpoint = %path.display(), error = %e, "could not inspect socket");
+                tracing::warn!(endpoint = %path.display(), error = %slrp_types::DisplayChain(&e), "could not inspect socket");
             }
         }
     }

@@ -153,7 +153,7 @@ impl Faults {
             // No file means no faults: tests create it when they want some.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return proceed,
             Err(e) => {
-                tracing::error!(path = %path.display(), error = %e, "cannot read faults file; no faults injected");
+                tracing::error!(path = %path.display(), error = %slrp_types::DisplayChain(&e), "cannot read faults file; no faults injected");
                 return proceed;
             }
         };

@@ -145,6 +145,6 @@ async fn release(claimed: Option<endpoint::Claimed>) {
     if let Some(c) = claimed
         && let Err(e) = tokio::task::spawn_blocking(move || c.release()).await
     {
-        tracing::warn!(error = %e, "releasing the socket failed");
+        tracing::warn!(error = %slrp_types::DisplayChain(&e), "releasing the socket failed");
     }
 }

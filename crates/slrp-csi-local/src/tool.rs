@@ -168,7 +168,9 @@ impl ToolRunner {
                 // redacted in `command`, and mount prints nothing).
                 match &res {
                     Ok(out) => tracing::debug!(%command, output = %out.trim(), "ran"),
-                    Err(e) => tracing::debug!(%command, error = %e, "failed"),
+                    Err(e) => {
+                        tracing::debug!(%command, error = %slrp_types::DisplayChain(e), "failed")
+                    }
                 }
                 res
             }
@@ -349,7 +351,9 @@ fn die_with_parent(cmd: &mut Command) {
 fn kill_group(pid: Pid) {
     match killpg(pid, Signal::SIGKILL) {
         Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
-        Err(e) => tracing::warn!(pgid = pid.as_raw(), error = %e, "killing tool process group"),
+        Err(e) => {
+            tracing::warn!(pgid = pid.as_raw(), error = %slrp_types::DisplayChain(&e), "killing tool process group")
+        }
     }
 }
 

@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use slrp_csi::{CsiRpc, CsiVolumes, VolumeId};
+use slrp_types::DisplayChain;
 
 use super::driver::{is_already_done, path_str};
 use super::error::VolumeError;
@@ -62,7 +63,7 @@ impl<C: CsiVolumes> Ctx<C> {
         match remove_mount_dir(dir).await {
             Ok(()) => true,
             Err(e) => {
-                tracing::warn!(dir = %dir.display(), error = %slrp_types::DisplayChain(&e),
+                tracing::warn!(dir = %dir.display(), error = %DisplayChain(&e),
                     "mount directory not removed; left in place");
                 false
             }
@@ -92,7 +93,7 @@ impl<C: CsiVolumes> Ctx<C> {
                     .await
                     && !is_already_done(&e)
                 {
-                    tracing::warn!(volume = %id, error = %slrp_types::DisplayChain(&e), "NodeUnpublishVolume of a leftover failed");
+                    tracing::warn!(volume = %id, error = %DisplayChain(&e), "NodeUnpublishVolume of a leftover failed");
                 }
             }
             if self.cfg.caps.node_stage() && mounted.iter().any(|m| m == &staging) {
@@ -102,7 +103,7 @@ impl<C: CsiVolumes> Ctx<C> {
                     .await
                     && !is_already_done(&e)
                 {
-                    tracing::warn!(volume = %id, error = %slrp_types::DisplayChain(&e), "NodeUnstageVolume of a leftover failed");
+                    tracing::warn!(volume = %id, error = %DisplayChain(&e), "NodeUnstageVolume of a leftover failed");
                 }
             }
         }

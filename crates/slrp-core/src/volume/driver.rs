@@ -9,6 +9,7 @@ use slrp_csi::{
     ControllerPublishRequest, CsiError, CsiRpc, CsiVolumes, NodePublishRequest, NodeStageRequest,
     RetryClass, Secrets, StringMap, VolumeId,
 };
+use slrp_types::DisplayChain;
 
 use super::error::{PreparedDir, Subject, VolumeError};
 use super::jobs::Ctx;
@@ -94,7 +95,7 @@ impl<C: CsiVolumes> Ctx<C> {
                 Ok(pc) => pc,
                 Err(e) if !call.is_forward() && is_already_done(&e) => StringMap::new(),
                 Err(source) => {
-                    tracing::warn!(volume = %rec.id, rpc = %call, error = %slrp_types::DisplayChain(&source),
+                    tracing::warn!(volume = %rec.id, rpc = %call, error = %DisplayChain(&source),
                         "CSI call failed; the volume stays in flight");
                     return Err(VolumeError::Csi {
                         rpc: call.rpc(),
@@ -344,7 +345,7 @@ impl<C: CsiVolumes> Ctx<C> {
                 return Err(err);
             }
             let delay = policy.backoff.delay(n, jitter);
-            tracing::info!(%rpc, attempt = n, ?delay, error = %slrp_types::DisplayChain(&err),
+            tracing::info!(%rpc, attempt = n, ?delay, error = %DisplayChain(&err),
                 "CSI call failed transiently; retrying after a backoff");
             tokio::select! {
                 biased;

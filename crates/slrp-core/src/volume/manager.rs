@@ -86,6 +86,7 @@ use std::time::Duration;
 
 use slrp_csi::{CsiCapabilities, CsiVersion, CsiVolumes, RetryConfig, VolumeId};
 use slrp_store::Store;
+use slrp_types::DisplayChain;
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
@@ -344,7 +345,7 @@ pub(super) struct Worker<C> {
 impl<C: CsiVolumes> Worker<C> {
     async fn run(mut self, cancel: CancellationToken) -> Result<(), VolumeError> {
         if let Err(e) = self.start().await {
-            tracing::error!(error = %slrp_types::DisplayChain(&e), "volume manager recovery could not start");
+            tracing::error!(error = %DisplayChain(&e), "volume manager recovery could not start");
             self.ready_tx.send_replace(Readiness::Stopped);
             return Err(e);
         }
@@ -357,12 +358,12 @@ impl<C: CsiVolumes> Worker<C> {
                     let done = match joined {
                         Ok(done) => done,
                         Err(e) => {
-                            tracing::error!(error = %slrp_types::DisplayChain(&e), "a volume job panicked; stopping");
+                            tracing::error!(error = %DisplayChain(&e), "a volume job panicked; stopping");
                             break Err(VolumeError::Stopped);
                         }
                     };
                     if let Some(fatal) = self.on_done(done) {
-                        tracing::error!(error = %slrp_types::DisplayChain(&fatal), "fatal volume manager error; stopping");
+                        tracing::error!(error = %DisplayChain(&fatal), "fatal volume manager error; stopping");
                         break Err(fatal);
                     }
                 }
@@ -392,11 +393,11 @@ impl<C: CsiVolumes> Worker<C> {
             let drain = async {
                 while let Some(joined) = self.tasks.join_next().await {
                     let done = joined.map_err(|e| {
-                        tracing::error!(error = %slrp_types::DisplayChain(&e), "a volume job panicked during shutdown");
+                        tracing::error!(error = %DisplayChain(&e), "a volume job panicked during shutdown");
                         VolumeError::Stopped
                     })?;
                     if let Some(fatal) = self.on_done(done) {
-                        tracing::error!(error = %slrp_types::DisplayChain(&fatal), "fatal volume manager error during shutdown");
+                        tracing::error!(error = %DisplayChain(&fatal), "fatal volume manager error during shutdown");
                         return Err(fatal);
                     }
                 }

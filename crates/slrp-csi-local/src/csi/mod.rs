@@ -34,7 +34,7 @@ impl<H: Host> Clone for Shared<H> {
 }
 
 fn join_error(e: tokio::task::JoinError) -> Status {
-    tracing::error!(error = %e, "request task failed");
+    tracing::error!(error = %slrp_types::DisplayChain(&e), "request task failed");
     Status::internal(format!("request task failed: {e}"))
 }
 

@@ -342,7 +342,7 @@ impl<H: Host> Plugin<H> {
                             .and_then(|()| fs::remove_file(&path))
                     };
                     if let Err(err) = res {
-                        tracing::warn!(path = %path.display(), error = %err, "could not remove orphaned storage");
+                        tracing::warn!(path = %path.display(), error = %slrp_types::DisplayChain(&err), "could not remove orphaned storage");
                     }
                 }
             }
