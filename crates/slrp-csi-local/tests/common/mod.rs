@@ -60,6 +60,8 @@ pub struct TestPlugin {
     /// When set, the plugin's stderr (its log) is appended to this file instead of the
     /// test's own stderr, so a test can read what the plugin logged.
     pub stderr_log: Option<PathBuf>,
+    /// Whether `--faults-file` is passed (off only for runs with the default flags).
+    pub faults_flag: bool,
     pub child: Option<Child>,
 }
 
@@ -85,13 +87,27 @@ impl TestPlugin {
         p
     }
 
+    /// Starts the plugin with no flags but `--endpoint`, `--root` and `--node-id`, as an
+    /// operator running csi-sanity against a default installation would.
+    pub async fn start_defaults() -> Self {
+        let mut p = Self::prepare(None, &[], &[], false);
+        p.faults_flag = false;
+        p.spawn().await;
+        p
+    }
+
     /// A plugin not started yet, with its own tempdir, root and log, that will serve
     /// `socket` (typically another plugin's).
     pub fn on_socket(socket: &Path) -> Self {
         Self::prepare(Some(socket), &[], &[], true)
     }
 
-    fn prepare(socket: Option<&Path>, extra: &[&str], env: &[(&str, &str)], logged: bool) -> Self {
+    pub fn prepare(
+        socket: Option<&Path>,
+        extra: &[&str],
+        env: &[(&str, &str)],
+        logged: bool,
+    ) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("csil")
             .tempdir_in("/tmp")
@@ -109,6 +125,7 @@ impl TestPlugin {
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
             stderr_log: logged.then(|| dir.path().join("plugin.log")),
+            faults_flag: true,
             child: None,
             dir,
         }
@@ -155,8 +172,12 @@ impl TestPlugin {
             .arg(&self.root)
             .arg("--node-id")
             .arg("test-node")
-            .arg("--faults-file")
-            .arg(&self.faults)
+            .args(
+                self.faults_flag
+                    .then(|| [PathBuf::from("--faults-file"), self.faults.clone()])
+                    .into_iter()
+                    .flatten(),
+            )
             .args(&self.args)
             .env("RUST_LOG", "info")
             .envs(self.env.iter().map(|(k, v)| (k, v)))

@@ -68,9 +68,9 @@ impl Sanity {
     }
 
     async fn start_with(flavour: Flavour) -> Self {
-        // A pool large enough for csi-sanity's 10 GiB volumes (dir volumes are only
-        // accounted; loop images are sparse).
-        let p = TestPlugin::start(&["--pool", "default=1024GiB"]).await;
+        // Default flags, as csi-sanity is run against a default installation: the default
+        // pool must hold its 10 GiB volumes and their growth to 11 GiB.
+        let p = TestPlugin::start_defaults().await;
         let c = p.v1().await;
         // csi-sanity creates both directories before the suite runs.
         let staging = p.path_str("csi-staging");
@@ -299,4 +299,23 @@ impl Sanity {
             .await
             .unwrap();
     }
+}
+
+/// NodeExpandVolume of the published volume to csi-sanity's expansion size.
+async fn node_expand(s: &mut Sanity, v: &v1::Volume) -> i64 {
+    let req = v1::NodeExpandVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        volume_path: s.target(),
+        capacity_range: Some(v1::CapacityRange {
+            required_bytes: EXPAND_SIZE,
+            limit_bytes: 0,
+        }),
+        ..Default::default()
+    };
+    s.c.node
+        .node_expand_volume(req)
+        .await
+        .unwrap()
+        .into_inner()
+        .capacity_bytes
 }

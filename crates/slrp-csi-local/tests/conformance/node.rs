@@ -399,21 +399,7 @@ async fn node_expand_after_publish(flavour: Flavour) {
     let v = s.must_create("sanity-node-expand-volume").await;
     assert_eq!(controller_expand(&mut s, &v, false).await, EXPAND_SIZE);
     s.stage_and_publish(&v).await;
-    let res =
-        s.c.node
-            .node_expand_volume(v1::NodeExpandVolumeRequest {
-                volume_id: v.volume_id.clone(),
-                volume_path: s.target(),
-                capacity_range: Some(v1::CapacityRange {
-                    required_bytes: EXPAND_SIZE,
-                    limit_bytes: 0,
-                }),
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner();
-    assert_eq!(res.capacity_bytes, EXPAND_SIZE);
+    assert_eq!(node_expand(&mut s, &v).await, EXPAND_SIZE);
     s.cleanup().await;
 }
 
