@@ -107,8 +107,13 @@ impl Layout {
         let client = self.client();
         let caps = client.capabilities().await.unwrap();
         let node = client.node_info().await.unwrap();
-        let cfg =
-            VolumeManagerConfig::new(self.paths(), node.node_id, caps, read_boot_id().unwrap());
+        let cfg = VolumeManagerConfig::new(
+            self.paths(),
+            node.node_id,
+            caps,
+            read_boot_id().unwrap(),
+            TargetPath::for_plugin(client.version().await.unwrap(), false),
+        );
         let store = Store::open(self.state()).unwrap();
         let cancel = CancellationToken::new();
         let (handle, task) = VolumeManager::spawn(cfg, store, Arc::new(client), cancel.clone());
