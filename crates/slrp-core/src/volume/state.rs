@@ -782,10 +782,22 @@ pub struct VolumeRecord {
     /// Capacity in bytes as the plugin reported it (or as requested when it did not).
     #[serde(default)]
     pub capacity_bytes: i64,
-    /// A deletion was requested: written before the first step of the deletion, so that
-    /// recovery finishes it instead of publishing the volume again.
+    /// A deletion is in progress: written before the first step of the deletion, so that
+    /// recovery finishes one that was *interrupted* (a crash, a shutdown) instead of
+    /// publishing the volume again. A deletion that *failed* (the plugin refused, a step
+    /// failed) clears it and records [`VolumeRecord::delete_failed`]: the volume stays
+    /// usable and nothing deletes it unasked (Mesos leaves it tracked).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub deleting: bool,
+    /// Users may have written to the volume: set when it is published, cleared only once
+    /// its contents were removed before a deletion. Unlike `node_publish_required`, an
+    /// unpublish keeps it, so data never passes to the next user of the space (Mesos
+    /// cleans a volume that was published before DeleteVolume).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub needs_cleanup: bool,
+    /// Why the last deletion failed, for operators; cleared when a deletion starts again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delete_failed: Option<String>,
 }
 
 impl Record for VolumeRecord {
@@ -806,6 +818,8 @@ impl VolumeRecord {
             node_publish_required: false,
             capacity_bytes: 0,
             deleting: false,
+            needs_cleanup: false,
+            delete_failed: None,
         }
     }
 
@@ -833,12 +847,13 @@ impl VolumeRecord {
     }
 
     /// [`VolumeState::finish`] on this record; a successful publish sets
-    /// `node_publish_required`.
+    /// `node_publish_required` and `needs_cleanup`.
     pub fn finish(&self, call: CsiCall, outcome: CallOutcome) -> Result<Self, TransitionError> {
         let published =
             call == CsiCall::NodePublish && matches!(outcome, CallOutcome::Succeeded { .. });
         let mut next = self.with_state(self.state.finish(call, outcome)?);
         next.node_publish_required |= published;
+        next.needs_cleanup |= published;
         Ok(next)
     }
 
