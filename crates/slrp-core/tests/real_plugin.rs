@@ -213,7 +213,7 @@ async fn lifecycle_with_kill_9_of_plugin_and_manager() {
     let m = env.manager(boot()).await;
     m.handle.ready().await.unwrap();
     let rec = &m.handle.volumes().await.unwrap()[0];
-    assert!(!rec.state.is_in_flight());
+    assert!(rec.state.in_flight_call().is_none());
     m.handle.unpublish(&v.id).await.unwrap();
     let target = m.handle.publish(&v.id).await.unwrap();
     assert_eq!(std::fs::read(target.join("data")).unwrap(), b"survives");

@@ -14,7 +14,7 @@ use slrp_types::DisplayChain;
 use super::error::{PreparedDir, Subject, VolumeError};
 use super::jobs::Ctx;
 use super::manager::{failpoints, injected};
-use super::state::{CallOutcome, CsiCall, Goal, SecretRef, VolumeRecord};
+use super::state::{CsiCall, Goal, SecretRef, VolumeRecord};
 
 /// A built request for one transition RPC (built before the intent is committed, so a
 /// missing secret fails without changing anything).
@@ -104,13 +104,13 @@ impl<C: CsiVolumes> Ctx<C> {
                     });
                 }
             };
-            let done = rec
-                .finish(call, CallOutcome::Succeeded { publish_context })
-                .map_err(|source| VolumeError::Transition {
-                    id: rec.id.clone(),
-                    state: rec.state.name(),
-                    source,
-                })?;
+            let done =
+                rec.finish(call, publish_context)
+                    .map_err(|source| VolumeError::Transition {
+                        id: rec.id.clone(),
+                        state: rec.state.name(),
+                        source,
+                    })?;
             self.persist(&done).await?;
             tracing::debug!(volume = %done.id, state = %done.state.name(), "volume moved");
             *rec = done;

@@ -44,8 +44,8 @@ pub use plan::{MountMismatch, PlannedJob, RecoveryGoal, RecoveryPlan, plan_recov
 pub use recovery::RecoveryReport;
 pub use schedule::JobCounts;
 pub use state::{
-    BootId, CallOutcome, CsiCall, Goal, OnCallFail, SecretRef, StateName, Step, TransitionError,
-    VolumeRecord, VolumeSpec, VolumeState,
+    BootId, CsiCall, Goal, SecretRef, StateName, Step, TransitionError, VolumeRecord, VolumeSpec,
+    VolumeState,
 };
 
 // The CSI domain types live in `slrp-csi` (one definition each); re-exported because the
