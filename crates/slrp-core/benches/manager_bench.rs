@@ -78,9 +78,15 @@ async fn setup(base: &PathBuf, n: usize, max_concurrent: usize) -> Setup {
         }
     }
     let paths = MountPaths::under_work_dir(&dir.path().join("work"), "org.bench", "fake").unwrap();
-    let cfg = VolumeManagerConfig::new(paths, "node-1", fake.caps, BootId::new("boot-1"))
-        .max_concurrent(max_concurrent)
-        .mounts(Arc::new(FakeMounts(fake.clone())));
+    let cfg = VolumeManagerConfig::new(
+        paths,
+        "node-1",
+        fake.caps,
+        BootId::new("boot-1"),
+        TargetPath::PluginCreates,
+    )
+    .max_concurrent(max_concurrent)
+    .mounts(Arc::new(FakeMounts(fake.clone())));
     let t0 = Instant::now();
     let store = Store::open(&state).unwrap();
     let cancel = CancellationToken::new();

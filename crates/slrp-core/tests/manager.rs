@@ -247,19 +247,26 @@ async fn validate_tracks_pre_existing_volumes() {
 }
 
 #[tokio::test]
-async fn reader_only_volumes_are_published_read_only() {
-    let h = Harness::new(FakeCsi::full());
-    let m = h.start();
-    let mut req = create_req("ro");
-    req.capability.access_mode = AccessMode::SingleNodeReaderOnly;
-    let v = m.handle.create(req).await.unwrap();
-    m.handle.publish(&v.id).await.unwrap();
-    assert_eq!(
-        h.fake.volume(&v.id).unwrap().published,
-        Some((published_target(&h, &v.id), true))
-    );
-    assert!(m.handle.volumes().await.unwrap()[0].spec.readonly);
-    m.stop().await.unwrap();
+async fn reader_only_volumes_are_published_writable_as_mesos_does() {
+    // Mesos never sets `readonly` for provider volumes (v1_volume_manager.cpp): the
+    // provider lays out persistent volumes and cleans the disk through the mount.
+    for mode in [
+        AccessMode::SingleNodeReaderOnly,
+        AccessMode::MultiNodeReaderOnly,
+    ] {
+        let h = Harness::new(FakeCsi::full());
+        let m = h.start();
+        let mut req = create_req("ro");
+        req.capability.access_mode = mode;
+        let v = m.handle.create(req).await.unwrap();
+        m.handle.publish(&v.id).await.unwrap();
+        assert_eq!(
+            h.fake.volume(&v.id).unwrap().published,
+            Some((published_target(&h, &v.id), false))
+        );
+        assert!(!m.handle.volumes().await.unwrap()[0].spec.readonly);
+        m.stop().await.unwrap();
+    }
 }
 
 #[tokio::test]

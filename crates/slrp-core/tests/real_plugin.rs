@@ -18,14 +18,9 @@ use slrp_csi::{ClientConfig, CsiClient, CsiEndpoint, CsiMetrics, RetryConfig, Vo
 use slrp_store::Store;
 use tokio_util::sync::CancellationToken;
 
-fn is_root() -> bool {
-    nix::unistd::Uid::effective().is_root()
-}
-
 macro_rules! require_root {
     () => {
-        if !is_root() {
-            eprintln!("skipped: needs root for mounts");
+        if !slrp_test_support::require_root(&slrp_test_support::current_test()) {
             return;
         }
     };
@@ -138,7 +133,8 @@ impl Env {
         let client = self.client();
         let caps = client.capabilities().await.unwrap();
         let node = client.node_info().await.unwrap();
-        let cfg = VolumeManagerConfig::new(self.paths(), node.node_id, caps, boot);
+        let target = TargetPath::for_plugin(client.version().await.unwrap(), false);
+        let cfg = VolumeManagerConfig::new(self.paths(), node.node_id, caps, boot, target);
         let store = Store::open(self.dir.path().join("state")).unwrap();
         let cancel = CancellationToken::new();
         let (handle, task) = VolumeManager::spawn(cfg, store, Arc::new(client), cancel.clone());
@@ -329,5 +325,32 @@ async fn reboot_republishes_published_volumes_and_resets_staged_ones() {
         m.handle.delete(&id).await.unwrap();
     }
     assert!(m.handle.list_all(0).await.unwrap().is_empty());
+    m.stop().await;
+}
+
+/// A volume of a reader-only profile: Mesos never sets `readonly` for the volumes its
+/// provider creates (`VolumeState.readonly` stays false), so the provider can still lay
+/// out persistent volumes on it and clean it before deletion.
+fn reader_only(name: &str) -> CreateVolume {
+    let mut r = req(name);
+    r.capability.access_mode = AccessMode::SingleNodeReaderOnly;
+    r
+}
+
+#[tokio::test]
+async fn a_reader_only_volume_is_published_writable_as_mesos_does() {
+    require_root!();
+    let mut env = Env::new();
+    env.start_plugin().await;
+    let m = env.manager(boot()).await;
+    m.handle.ready().await.unwrap();
+    let v = m.handle.create(reader_only("ro-profile")).await.unwrap();
+    let rec = &m.handle.volumes().await.unwrap()[0];
+    assert!(!rec.spec.readonly);
+    let target = m.handle.publish(&v.id).await.unwrap();
+    // What creating a persistent volume on the disk does.
+    std::fs::create_dir(target.join("persistent")).unwrap();
+    std::fs::write(target.join("persistent/data"), b"x").unwrap();
+    assert!(m.handle.delete(&v.id).await.unwrap());
     m.stop().await;
 }

@@ -12,8 +12,6 @@ use crate::tool::DEFAULT_TOOL_TIMEOUT;
 pub const DEFAULT_ROOT: &str = "/var/lib/slrp-csi-local";
 /// Name of the pool used when no `--pool` is given and when CreateVolume names none.
 pub const DEFAULT_POOL: &str = "default";
-/// Capacity of the implicit default pool.
-pub const DEFAULT_POOL_SIZE: u64 = 10 << 30;
 
 /// Which CSI package the plugin serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -44,7 +42,9 @@ pub struct Args {
     /// CSI package to serve.
     #[arg(long, value_enum, default_value = "v1")]
     pub csi_version: CsiVersion,
-    /// A storage pool, `NAME=SIZE` (repeatable), e.g. `fast=10GiB`.
+    /// A storage pool, `NAME=SIZE` (repeatable), e.g. `fast=10GiB`. Without any, one pool
+    /// `default` as large as the file system under --root (less its root-reserved blocks),
+    /// measured at start.
     #[arg(long = "pool")]
     pub pools: Vec<String>,
     /// Largest volume CreateVolume accepts.
@@ -73,7 +73,8 @@ pub struct Config {
     pub node_id: String,
     /// Served CSI package.
     pub csi_version: CsiVersion,
-    /// Pool name → total bytes.
+    /// Pool name → total bytes. Empty when no `--pool` is given: the plugin then sizes a
+    /// pool `default` from the file system under the root when it opens it.
     pub pools: BTreeMap<String, u64>,
     /// Upper bound for a single volume, if any.
     pub max_volume_size: Option<u64>,
@@ -157,9 +158,6 @@ impl TryFrom<Args> for Config {
                 return Err(ConfigError::DuplicatePool(name.to_owned()));
             }
         }
-        if pools.is_empty() {
-            pools.insert(DEFAULT_POOL.to_owned(), DEFAULT_POOL_SIZE);
-        }
         let max_volume_size = args
             .max_volume_size
             .as_deref()
@@ -240,7 +238,7 @@ mod tests {
     fn defaults_give_one_pool() {
         let args = Args::try_parse_from(["x", "--endpoint", "/s.sock", "--node-id", "n1"]).unwrap();
         let cfg = Config::try_from(args).unwrap();
-        assert_eq!(cfg.pools.get(DEFAULT_POOL), Some(&DEFAULT_POOL_SIZE));
+        assert!(cfg.pools.is_empty(), "the default pool is sized at open");
         assert_eq!(cfg.root, PathBuf::from(DEFAULT_ROOT));
         assert_eq!(cfg.csi_version, CsiVersion::V1);
         assert_eq!(cfg.tool_timeout, DEFAULT_TOOL_TIMEOUT);

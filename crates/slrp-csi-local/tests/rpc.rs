@@ -905,3 +905,58 @@ async fn concurrent_creates_never_oversubscribe_a_pool() {
         "100 MiB holds exactly three 30 MiB volumes"
     );
 }
+
+async fn available(p: &TestPlugin) -> i64 {
+    v1::controller_client::ControllerClient::new(p.channel().await.unwrap())
+        .get_capacity(v1::GetCapacityRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .available_capacity
+}
+
+/// Without `--pool`, the default pool is as large as the file system under the root, and
+/// data written into a volume does not shrink it at the next start. The root is a tmpfs
+/// of known size.
+#[tokio::test]
+async fn default_pool_is_the_root_file_system_and_keeps_its_size_across_restarts() {
+    if !can_mount("default_pool_is_the_root_file_system_and_keeps_its_size_across_restarts") {
+        return;
+    }
+    let mut p = TestPlugin::prepare(None, &[], &[], false);
+    p.faults_flag = false;
+    std::fs::create_dir_all(&p.root).unwrap();
+    nix::mount::mount(
+        Some("tmpfs"),
+        &p.root,
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        Some("size=256m"),
+    )
+    .unwrap();
+    p.spawn().await;
+    let before = available(&p).await;
+    assert_eq!(before, 256 * MIB);
+    let mut c = p.v1().await;
+    let v = c
+        .controller
+        .create_volume(create_req("data", 64 * MIB, mount_cap(""), &[]))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    // 32 MiB of data written into the directory volume.
+    let backing = p.root.join("volumes/dir").join(&v.volume_id).join("data");
+    std::fs::write(&backing, vec![7u8; 32 << 20]).unwrap();
+    let accounted = before - 64 * MIB;
+    assert!(available(&p).await.abs_diff(accounted) < MIB.unsigned_abs());
+    drop(c);
+    p.crash_and_restart().await;
+    let after = available(&p).await;
+    // Free space alone would give 32 MiB less.
+    assert!(
+        after.abs_diff(accounted) < MIB.unsigned_abs(),
+        "{after} vs {accounted}"
+    );
+}

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use slrp_csi::{
-    AccessMode, CreateVolumeRequest, CsiRpc, CsiVolumes, RetryClass, Secrets, StringMap,
-    ValidateRequest, VolumeCapability, VolumeId, VolumePage,
+    CreateVolumeRequest, CsiRpc, CsiVolumes, RetryClass, Secrets, StringMap, ValidateRequest,
+    VolumeCapability, VolumeId, VolumePage,
 };
 use slrp_store::Store;
 use tokio::sync::Semaphore;
@@ -136,17 +136,12 @@ pub(super) struct Ctx<C> {
     pub(super) cancel: CancellationToken,
 }
 
-/// Whether volumes with `cap` are published read-only (the reader-only access modes).
-fn is_read_only(cap: &VolumeCapability) -> bool {
-    match cap.access_mode {
-        AccessMode::SingleNodeReaderOnly | AccessMode::MultiNodeReaderOnly => true,
-        AccessMode::SingleNodeWriter
-        | AccessMode::MultiNodeSingleWriter
-        | AccessMode::MultiNodeMultiWriter
-        | AccessMode::SingleNodeSingleWriter
-        | AccessMode::SingleNodeMultiWriter => false,
-    }
-}
+/// `readonly` of the volumes the manager creates or validates. Mesos never sets it for
+/// provider volumes (`VolumeState.readonly` is only set for pre-provisioned volumes its
+/// CSI server publishes for task volumes), whatever the access mode: the provider must
+/// be able to lay out persistent volumes on the disk and clean it before deletion, and a
+/// reader-only profile is about who may use the volume, not a read-only mount for slrp.
+const SLRP_VOLUMES_READONLY: bool = false;
 
 impl<C: CsiVolumes> Ctx<C> {
     pub(super) async fn run_job(
@@ -345,7 +340,7 @@ impl<C: CsiVolumes> Ctx<C> {
                 capability: req.capability.clone(),
                 parameters: req.parameters.clone(),
                 volume_context: volume.volume_context,
-                readonly: is_read_only(&req.capability),
+                readonly: SLRP_VOLUMES_READONLY,
                 pre_provisioned: false,
                 node_stage_secrets: Default::default(),
                 node_publish_secrets: Default::default(),
@@ -403,7 +398,7 @@ impl<C: CsiVolumes> Ctx<C> {
                     req.id.clone(),
                     None,
                     VolumeSpec {
-                        readonly: is_read_only(&req.capability),
+                        readonly: SLRP_VOLUMES_READONLY,
                         capability: req.capability,
                         parameters: req.parameters,
                         volume_context: req.volume_context,

@@ -145,9 +145,9 @@ pub struct VolumeManagerConfig {
     pub max_concurrent: usize,
     /// Commands that may wait for the worker before senders wait (backpressure).
     pub command_buffer: usize,
-    /// Create the target directory before NodePublishVolume (CSI v0 plugins expect it;
-    /// v1 plugins create it themselves and get only its parent).
-    pub create_target_dir: bool,
+    /// Who creates the target path of NodePublishVolume: follows the plugin's CSI
+    /// version and `CSIPluginInfo.target_path_exists` ([`TargetPath::for_plugin`]).
+    pub target_path: TargetPath,
     /// How long running jobs may take to finish on shutdown.
     pub shutdown_grace: Duration,
     /// Which CSI calls the manager retries, and how (default Mesos's: CreateVolume and
@@ -162,15 +162,42 @@ pub struct VolumeManagerConfig {
     pub secrets: Arc<dyn SecretResolver>,
 }
 
+/// Who creates the target path of NodePublishVolume, and so what the manager checks
+/// after NodeUnpublishVolume. A property of the plugin, never a default: pass
+/// [`TargetPath::for_plugin`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TargetPath {
+    /// CSI v1: the CO creates the parent directory and the plugin the target ("Creation
+    /// of target_path is the responsibility of the SP"), which it removes again on
+    /// NodeUnpublishVolume; the manager checks that it is gone afterwards.
+    PluginCreates,
+    /// CSI 0.2/0.3 ("The CO SHALL ensure that the path exists"), or a v1 plugin
+    /// configured with `target_path_exists`: the manager creates the target directory
+    /// and does not expect the plugin to remove it.
+    CoCreates,
+}
+
+impl TargetPath {
+    /// As Mesos decides: v0 always creates the target (`v0_volume_manager.cpp`), v1 only
+    /// if `CSIPluginInfo.target_path_exists` is set.
+    pub fn for_plugin(version: CsiVersion, target_path_exists: bool) -> Self {
+        match version {
+            CsiVersion::V0 => Self::CoCreates,
+            CsiVersion::V1 if target_path_exists => Self::CoCreates,
+            CsiVersion::V1 => Self::PluginCreates,
+        }
+    }
+}
+
 impl VolumeManagerConfig {
-    /// Defaults: CSI v1 and an unnamed plugin, 16 concurrent volumes, 256 queued
-    /// commands, target dir left to the plugin, 30 s grace, the real mount table, no
-    /// secrets.
+    /// Defaults: CSI v1 and an unnamed plugin (for messages), 16 concurrent volumes, 256
+    /// queued commands, 30 s grace, the real mount table, no secrets.
     pub fn new(
         mount_paths: MountPaths,
         node_id: impl Into<String>,
         caps: CsiCapabilities,
         boot_id: BootId,
+        target_path: TargetPath,
     ) -> Self {
         Self {
             mount_paths,
@@ -182,7 +209,7 @@ impl VolumeManagerConfig {
             boot_id,
             max_concurrent: 16,
             command_buffer: 256,
-            create_target_dir: false,
+            target_path,
             shutdown_grace: Duration::from_secs(30),
             retry: RetryConfig::default(),
             mounts: Arc::new(ProcMountTable),
@@ -216,13 +243,6 @@ impl VolumeManagerConfig {
         self.plugin_type = plugin_type.into();
         self.plugin_name = plugin_name.into();
         self.csi_version = version;
-        self
-    }
-
-    /// Whether to create the target directory before NodePublishVolume.
-    #[must_use]
-    pub fn create_target_dir(mut self, yes: bool) -> Self {
-        self.create_target_dir = yes;
         self
     }
 

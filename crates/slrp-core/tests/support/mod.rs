@@ -58,6 +58,14 @@ pub struct FakeState {
     pub max_running_total: usize,
     /// Mount points that exist (staging and target paths).
     pub mounted: HashSet<PathBuf>,
+    /// Behave like a CSI 0.x plugin: the CO creates the target path (NodePublish
+    /// requires it) and NodeUnpublish leaves it. Otherwise (v1) NodePublish creates the
+    /// target directory and NodeUnpublish removes it.
+    pub co_creates_target: bool,
+    /// A broken plugin: NodePublish succeeds without creating the target (v1 mode).
+    pub forget_target: bool,
+    /// A broken plugin: NodeUnpublish succeeds but leaves the target (v1 mode).
+    pub leave_target: bool,
 }
 
 /// The in-memory plugin.
@@ -592,8 +600,18 @@ impl CsiVolumes for FakeCsi {
                     }
                     Some(_) | None => {}
                 }
+                let target = PathBuf::from(&req.target_path);
+                if st.co_creates_target {
+                    if !target.is_dir() {
+                        return Err(err(rpc, Code::InvalidArgument, "target missing"));
+                    }
+                } else if !st.forget_target {
+                    std::fs::create_dir_all(&target)
+                        .map_err(|e| err(rpc, Code::Internal, &e.to_string()))?;
+                }
+                let v = st.volumes.get_mut(&req.volume_id).unwrap();
                 v.published = Some((req.target_path.clone(), req.readonly));
-                st.mounted.insert(PathBuf::from(&req.target_path));
+                st.mounted.insert(target);
                 Ok(())
             })
             .await
@@ -611,6 +629,14 @@ impl CsiVolumes for FakeCsi {
             self.enter(CsiRpc::NodeUnpublishVolume, Some(&id.clone()), move |st| {
                 let rpc = CsiRpc::NodeUnpublishVolume;
                 st.mounted.remove(Path::new(&path));
+                if !st.co_creates_target && !st.leave_target {
+                    match std::fs::remove_dir(&path) {
+                        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                            return Err(err(rpc, Code::Internal, &e.to_string()));
+                        }
+                        Ok(()) | Err(_) => {}
+                    }
+                }
                 let v = st
                     .volumes
                     .get_mut(&id)
@@ -697,15 +723,26 @@ impl Harness {
     }
 
     pub fn config(&self) -> VolumeManagerConfig {
-        VolumeManagerConfig::new(self.paths(), "node-1", self.fake.caps, self.boot.clone())
-            .plugin("org.test", "fake", slrp_csi::CsiVersion::V1)
-            // Tests script transient failures and expect to hear them; the retry tests
-            // set their own policy.
-            .retry(slrp_csi::RetryConfig::none())
-            .max_concurrent(self.max_concurrent)
-            .shutdown_grace(Duration::from_secs(5))
-            .mounts(Arc::new(FakeMounts(self.fake.clone())))
-            .secrets(self.secrets.clone())
+        let target = if self.fake.st().co_creates_target {
+            TargetPath::CoCreates
+        } else {
+            TargetPath::PluginCreates
+        };
+        VolumeManagerConfig::new(
+            self.paths(),
+            "node-1",
+            self.fake.caps,
+            self.boot.clone(),
+            target,
+        )
+        .plugin("org.test", "fake", slrp_csi::CsiVersion::V1)
+        // Tests script transient failures and expect to hear them; the retry tests
+        // set their own policy.
+        .retry(slrp_csi::RetryConfig::none())
+        .max_concurrent(self.max_concurrent)
+        .shutdown_grace(Duration::from_secs(5))
+        .mounts(Arc::new(FakeMounts(self.fake.clone())))
+        .secrets(self.secrets.clone())
     }
 
     pub fn start(&self) -> Running {

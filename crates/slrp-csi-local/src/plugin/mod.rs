@@ -29,7 +29,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Condvar, Mutex, MutexGuard};
 
-use crate::config::Config;
+use crate::config::{Config, DEFAULT_POOL};
 use slrp_types::DisplayChain;
 
 use crate::error::VolumeError;
@@ -68,6 +68,16 @@ pub enum OpenError {
         /// The cause.
         #[source]
         source: StoreError,
+    },
+    /// The size of the file system under the root, which sizes the default pool, could
+    /// not be read.
+    #[error("reading the size of the file system under {root} to size the default pool")]
+    FileSystemSize {
+        /// The root directory.
+        root: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
     },
     /// Rolling back or finishing an interrupted operation failed.
     #[error("recovering volume {volume_id}")]
@@ -274,7 +284,7 @@ impl<H: Host> Plugin<H> {
         for e in &bad {
             tracing::error!(error = %DisplayChain(e), "ignoring unreadable volume record; its backing is kept");
         }
-        let plugin = Self {
+        let mut plugin = Self {
             host,
             layout,
             node_id: config.node_id.clone(),
@@ -290,8 +300,35 @@ impl<H: Host> Plugin<H> {
             warned_imports: Mutex::new(BTreeSet::new()),
         };
         plugin.recover(records, &meta_dir)?;
+        if plugin.pools.is_empty() {
+            let size = plugin.default_pool_size()?;
+            tracing::info!(pool = DEFAULT_POOL, size, root = %plugin.layout.root.display(),
+                "no --pool given: the default pool is the size of the file system under the root");
+            plugin.pools.insert(DEFAULT_POOL.to_owned(), size);
+        }
         plugin.adopt_imports();
         Ok(plugin)
+    }
+
+    /// The default pool's size: the size of the file system under the root, less the
+    /// blocks reserved for the superuser. A file system's size does not change with what
+    /// is written, by the pool's volumes or anyone else, so the pool is the same at every
+    /// start; the free space would shrink it by every byte written (and make the reported
+    /// capacity depend on unrelated writers). The price: on a file system shared with other
+    /// data the pool can promise more than is free, as `dir` volumes (accounted, not
+    /// allocated) and sparse loop images already can. `--pool` sets a firm size.
+    fn default_pool_size(&self) -> Result<u64, OpenError> {
+        let st = nix::sys::statvfs::statvfs(&self.layout.root).map_err(|e| {
+            OpenError::FileSystemSize {
+                root: self.layout.root.clone(),
+                source: e.into(),
+            }
+        })?;
+        let reserved = st.blocks_free().saturating_sub(st.blocks_available());
+        Ok(st
+            .blocks()
+            .saturating_sub(reserved)
+            .saturating_mul(st.fragment_size()))
     }
 
     fn recover(&self, records: Vec<VolumeRecord>, meta_dir: &Path) -> Result<(), OpenError> {

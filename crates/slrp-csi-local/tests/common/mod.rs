@@ -21,32 +21,21 @@ use tonic::transport::{Channel, Endpoint};
 
 pub const MIB: i64 = 1 << 20;
 
-/// Whether this process may mount and attach loop devices; prints why not.
+/// Whether this process may mount and attach loop devices: a skip notice locally, a
+/// failure under `CI=true` (see `slrp_test_support::require`).
 pub fn can_mount(test: &str) -> bool {
-    if nix::unistd::geteuid().is_root() {
-        true
-    } else {
-        eprintln!("skipping {test}: needs root for mounts and loop devices");
-        false
-    }
+    slrp_test_support::require_root(test)
 }
 
-/// Whether the effective capability set holds CAP_SYS_RESOURCE (bit 24).
+/// Whether the effective capability set holds CAP_SYS_RESOURCE (a fact; tests that
+/// cannot do without it call `slrp_test_support::require_cap`).
 pub fn has_cap_sys_resource() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("CapEff:"))
-                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        })
-        .is_some_and(|caps| caps & (1 << 24) != 0)
+    slrp_test_support::has_cap(slrp_test_support::Cap::SysResource)
 }
 
+/// Whether `tool` is installed (a fact; tests that need it call `require_tool`).
 pub fn has_tool(tool: &str) -> bool {
-    ["/sbin", "/usr/sbin", "/bin", "/usr/bin"]
-        .iter()
-        .any(|d| Path::new(d).join(tool).exists())
+    slrp_test_support::find_tool(tool).is_some()
 }
 
 pub struct TestPlugin {
@@ -60,6 +49,8 @@ pub struct TestPlugin {
     /// When set, the plugin's stderr (its log) is appended to this file instead of the
     /// test's own stderr, so a test can read what the plugin logged.
     pub stderr_log: Option<PathBuf>,
+    /// Whether `--faults-file` is passed (off only for runs with the default flags).
+    pub faults_flag: bool,
     pub child: Option<Child>,
 }
 
@@ -85,13 +76,27 @@ impl TestPlugin {
         p
     }
 
+    /// Starts the plugin with no flags but `--endpoint`, `--root` and `--node-id`, as an
+    /// operator running csi-sanity against a default installation would.
+    pub async fn start_defaults() -> Self {
+        let mut p = Self::prepare(None, &[], &[], false);
+        p.faults_flag = false;
+        p.spawn().await;
+        p
+    }
+
     /// A plugin not started yet, with its own tempdir, root and log, that will serve
     /// `socket` (typically another plugin's).
     pub fn on_socket(socket: &Path) -> Self {
         Self::prepare(Some(socket), &[], &[], true)
     }
 
-    fn prepare(socket: Option<&Path>, extra: &[&str], env: &[(&str, &str)], logged: bool) -> Self {
+    pub fn prepare(
+        socket: Option<&Path>,
+        extra: &[&str],
+        env: &[(&str, &str)],
+        logged: bool,
+    ) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("csil")
             .tempdir_in("/tmp")
@@ -109,6 +114,7 @@ impl TestPlugin {
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
             stderr_log: logged.then(|| dir.path().join("plugin.log")),
+            faults_flag: true,
             child: None,
             dir,
         }
@@ -155,8 +161,12 @@ impl TestPlugin {
             .arg(&self.root)
             .arg("--node-id")
             .arg("test-node")
-            .arg("--faults-file")
-            .arg(&self.faults)
+            .args(
+                self.faults_flag
+                    .then(|| [PathBuf::from("--faults-file"), self.faults.clone()])
+                    .into_iter()
+                    .flatten(),
+            )
             .args(&self.args)
             .env("RUST_LOG", "info")
             .envs(self.env.iter().map(|(k, v)| (k, v)))

@@ -438,3 +438,20 @@ async fn sanity_controller_expand_works() {
     assert_eq!(controller_expand(&mut s, &v, true).await, EXPAND_SIZE);
     s.cleanup().await;
 }
+
+/// csi-sanity's sizes against a plugin started with default flags only (no `--pool`): a
+/// plain 10 GiB CreateVolume, ControllerExpandVolume by 1 GiB, then NodeExpandVolume of the
+/// published volume. The default pool must hold them.
+#[tokio::test]
+async fn sanity_default_flags_fit_the_default_sizes() {
+    let mut s = Sanity::start().await;
+    let plain = s.must_create("sanity-defaults-plain").await;
+    assert_eq!(plain.capacity_bytes, SIZE);
+    let v = s.must_create("sanity-defaults-expand").await;
+    assert_eq!(controller_expand(&mut s, &v, true).await, EXPAND_SIZE);
+    if can_mount("sanity_default_flags_fit_the_default_sizes (node expansion)") {
+        s.stage_and_publish(&v).await;
+        assert_eq!(node_expand(&mut s, &v).await, EXPAND_SIZE);
+    }
+    s.cleanup().await;
+}

@@ -60,6 +60,8 @@ struct Sanity {
     staging: String,
     target_parent: String,
     created: Vec<String>,
+    /// `MountVolume.fs_type` of mount capabilities; empty = the plugin's default (ext4).
+    fs_type: String,
 }
 
 impl Sanity {
@@ -68,9 +70,9 @@ impl Sanity {
     }
 
     async fn start_with(flavour: Flavour) -> Self {
-        // A pool large enough for csi-sanity's 10 GiB volumes (dir volumes are only
-        // accounted; loop images are sparse).
-        let p = TestPlugin::start(&["--pool", "default=1024GiB"]).await;
+        // Default flags, as csi-sanity is run against a default installation: the default
+        // pool must hold its 10 GiB volumes and their growth to 11 GiB.
+        let p = TestPlugin::start_defaults().await;
         let c = p.v1().await;
         // csi-sanity creates both directories before the suite runs.
         let staging = p.path_str("csi-staging");
@@ -84,6 +86,7 @@ impl Sanity {
             staging,
             target_parent,
             created: Vec::new(),
+            fs_type: String::new(),
         }
     }
 
@@ -99,7 +102,10 @@ impl Sanity {
             access_type: Some(if self.flavour == Flavour::Block {
                 AccessType::Block(BlockVolume {})
             } else {
-                AccessType::Mount(MountVolume::default())
+                AccessType::Mount(MountVolume {
+                    fs_type: self.fs_type.clone(),
+                    ..MountVolume::default()
+                })
             }),
         }
     }
@@ -232,8 +238,7 @@ fn flavour_runs(test: &str, flavour: Flavour) -> bool {
     if !can_mount(test) {
         return false;
     }
-    if flavour == Flavour::LoopMount && !has_tool("mkfs.ext4") {
-        eprintln!("skipping {test}: mkfs.ext4 is not installed");
+    if flavour == Flavour::LoopMount && !slrp_test_support::require_tool(test, "mkfs.ext4") {
         return false;
     }
     true
@@ -299,4 +304,23 @@ impl Sanity {
             .await
             .unwrap();
     }
+}
+
+/// NodeExpandVolume of the published volume to csi-sanity's expansion size.
+async fn node_expand(s: &mut Sanity, v: &v1::Volume) -> i64 {
+    let req = v1::NodeExpandVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        volume_path: s.target(),
+        capacity_range: Some(v1::CapacityRange {
+            required_bytes: EXPAND_SIZE,
+            limit_bytes: 0,
+        }),
+        ..Default::default()
+    };
+    s.c.node
+        .node_expand_volume(req)
+        .await
+        .unwrap()
+        .into_inner()
+        .capacity_bytes
 }
