@@ -18,14 +18,9 @@ use slrp_csi::{ClientConfig, CsiClient, CsiEndpoint, CsiMetrics, RetryConfig, Vo
 use slrp_store::Store;
 use tokio_util::sync::CancellationToken;
 
-fn is_root() -> bool {
-    nix::unistd::Uid::effective().is_root()
-}
-
 macro_rules! require_root {
     () => {
-        if !is_root() {
-            eprintln!("skipped: needs root for mounts");
+        if !slrp_test_support::require_root(&slrp_test_support::current_test()) {
             return;
         }
     };
@@ -214,7 +209,7 @@ async fn lifecycle_with_kill_9_of_plugin_and_manager() {
     let m = env.manager(boot()).await;
     m.handle.ready().await.unwrap();
     let rec = &m.handle.volumes().await.unwrap()[0];
-    assert!(!rec.state.is_in_flight());
+    assert!(rec.state.in_flight_call().is_none());
     m.handle.unpublish(&v.id).await.unwrap();
     let target = m.handle.publish(&v.id).await.unwrap();
     assert_eq!(std::fs::read(target.join("data")).unwrap(), b"survives");

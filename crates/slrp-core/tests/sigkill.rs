@@ -254,10 +254,6 @@ fn sigkill_driver() {
 
 // === the parent ===
 
-fn is_root() -> bool {
-    nix::unistd::Uid::effective().is_root()
-}
-
 /// splitmix64: tiny, and its sequence for a seed never changes with a dependency upgrade.
 struct Rng(u64);
 
@@ -547,7 +543,7 @@ async fn verify(env: &Env, seen: &Seen, what: &str) -> usize {
 
     for r in &recs {
         assert!(
-            !r.state.is_in_flight(),
+            r.state.in_flight_call().is_none(),
             "{what}: {} in flight: {r:?}; recovery: {report:?}; plugin log:\n{}",
             r.id,
             layout.evidence(r.id.as_str())
@@ -745,8 +741,7 @@ enum PluginKill {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_of_the_manager_process_mid_workload() {
-    if !is_root() {
-        eprintln!("skipped: needs root for mounts and loop devices");
+    if !slrp_test_support::require_root("sigkill_of_the_manager_process_mid_workload") {
         return;
     }
     let seed = std::env::var(SEED_ENV)

@@ -17,7 +17,8 @@ use super::driver::is_already_done;
 use super::error::{Mismatched, Subject, ValidationFailure, VolumeError, VolumeErrorKind};
 use super::handle::{CreateVolume, Reply, ValidateVolume, VolumeInfo};
 use super::manager::{VolumeManagerConfig, failpoints, injected};
-use super::recovery::{RecoveryGoal, RecoveryResult, recovery_summary};
+use super::plan::RecoveryGoal;
+use super::recovery::{RecoveryResult, recovery_summary};
 use super::schedule::{Class, Key};
 use super::state::{Goal, VolumeRecord, VolumeSpec, VolumeState};
 
@@ -185,11 +186,7 @@ impl<C: CsiVolumes> Ctx<C> {
             }
             Job::Recover { goal } => {
                 let (result, change) = self.recover(&key, goal, record).await;
-                let required = matches!(
-                    goal,
-                    RecoveryGoal::Republish | RecoveryGoal::AfterReboot { republish: true }
-                );
-                let summary = recovery_summary(&result, required);
+                let summary = recovery_summary(&result, goal.is_required());
                 let (_, fatal) = settle::<()>(None, result.map(|_| ()));
                 (
                     change,
