@@ -543,7 +543,7 @@ async fn verify(env: &Env, seen: &Seen, what: &str) -> usize {
 
     for r in &recs {
         assert!(
-            !r.state.is_in_flight(),
+            r.state.in_flight_call().is_none(),
             "{what}: {} in flight: {r:?}; recovery: {report:?}; plugin log:\n{}",
             r.id,
             layout.evidence(r.id.as_str())

@@ -14,7 +14,7 @@ use slrp_types::DisplayChain;
 use super::error::{PreparedDir, Subject, VolumeError};
 use super::jobs::Ctx;
 use super::manager::{TargetPath, failpoints, injected};
-use super::state::{CallOutcome, CsiCall, Goal, SecretRef, VolumeRecord};
+use super::state::{CsiCall, Goal, SecretRef, VolumeRecord};
 
 /// A built request for one transition RPC (built before the intent is committed, so a
 /// missing secret fails without changing anything).
@@ -108,13 +108,13 @@ impl<C: CsiVolumes> Ctx<C> {
             // call "succeeded" but the path says otherwise, so the volume stays in flight
             // and the next request or recovery drives the call again.
             self.check_target(call, &rec.id).await?;
-            let done = rec
-                .finish(call, CallOutcome::Succeeded { publish_context })
-                .map_err(|source| VolumeError::Transition {
-                    id: rec.id.clone(),
-                    state: rec.state.name(),
-                    source,
-                })?;
+            let done =
+                rec.finish(call, publish_context)
+                    .map_err(|source| VolumeError::Transition {
+                        id: rec.id.clone(),
+                        state: rec.state.name(),
+                        source,
+                    })?;
             self.persist(&done).await?;
             tracing::debug!(volume = %done.id, state = %done.state.name(), "volume moved");
             *rec = done;

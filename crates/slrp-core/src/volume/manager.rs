@@ -53,7 +53,7 @@
 //! # Recovery
 //!
 //! At start the worker loads every record and intent, then:
-//! 1. maps each record to the current boot ([`VolumeRecord::recover`]): after a reboot
+//! 1. maps each record to the current boot ([`plan_recovery`](super::plan_recovery)): after a reboot
 //!    (changed boot id) a staged or published volume is walked back to NODE_READY through
 //!    NodeUnpublish/NodeUnstage (idempotent; they clear what the plugin still records
 //!    of mounts the reboot removed) and published again if it must be;
