@@ -348,3 +348,75 @@ async fn a_reader_only_volume_is_published_writable_as_mesos_does() {
     assert!(m.handle.delete(&v.id).await.unwrap());
     m.stop().await;
 }
+
+/// Publishes `v`, lets a "user" write `secret` through `write`, unpublishes it, then
+/// deletes it with DeleteVolume refused once: the cleanup ran before the refused call, so
+/// publishing it again shows what the next user would see.
+async fn cleaned_before_delete(
+    env: &Env,
+    m: &Manager,
+    v: &VolumeId,
+    write: impl Fn(&Path),
+    read: impl Fn(&Path),
+) {
+    let target = m.handle.publish(v).await.unwrap();
+    write(&target);
+    m.handle.unpublish(v).await.unwrap();
+    env.set_faults(r#"[{"rpc": "DeleteVolume", "fail": "INTERNAL", "times": 1}]"#);
+    assert!(m.handle.delete(v).await.is_err());
+    let rec = m.handle.volumes().await.unwrap().remove(0);
+    assert!(!rec.deleting && !rec.needs_cleanup, "{rec:?}");
+    let target = m.handle.publish(v).await.unwrap();
+    read(&target);
+    assert!(m.handle.delete(v).await.unwrap());
+}
+
+#[tokio::test]
+async fn data_written_by_one_user_is_gone_before_the_volume_is_deleted() {
+    require_root!();
+    let mut env = Env::new();
+    env.start_plugin().await;
+    let m = env.manager(boot()).await;
+    m.handle.ready().await.unwrap();
+    let v = m.handle.create(reader_only("mount")).await.unwrap().id;
+    let outside = env.dir.path().join("outside");
+    std::fs::create_dir(&outside).unwrap();
+    std::fs::write(outside.join("keep"), b"not the volume's").unwrap();
+    cleaned_before_delete(
+        &env,
+        &m,
+        &v,
+        |t| {
+            std::fs::create_dir(t.join("persistent")).unwrap();
+            std::fs::write(t.join("persistent/data"), b"secret").unwrap();
+            // A link out of the volume is removed, not followed.
+            std::os::unix::fs::symlink(&outside, t.join("link")).unwrap();
+        },
+        |t| assert_eq!(std::fs::read_dir(t).unwrap().count(), 0, "not emptied"),
+    )
+    .await;
+    assert!(outside.join("keep").exists());
+
+    let mut block = req("block");
+    block.capability = VolumeCapability::block();
+    block.required_bytes = 4 << 20;
+    let b = m.handle.create(block).await.unwrap().id;
+    cleaned_before_delete(
+        &env,
+        &m,
+        &b,
+        |t| {
+            use std::io::Write as _;
+            let mut dev = std::fs::OpenOptions::new().write(true).open(t).unwrap();
+            dev.write_all(&[0xAB; 4096]).unwrap();
+            dev.sync_all().unwrap();
+        },
+        |t| {
+            let bytes = std::fs::read(t).unwrap();
+            assert_eq!(bytes.len(), 4 << 20);
+            assert!(bytes.iter().all(|&b| b == 0), "not zeroed");
+        },
+    )
+    .await;
+    m.stop().await;
+}

@@ -388,6 +388,8 @@ fn record_serde_round_trip_every_state() {
             node_publish_required: true,
             capacity_bytes: 1 << 30,
             deleting: false,
+            needs_cleanup: true,
+            delete_failed: Some("DeleteVolume failed".into()),
         };
         let json = serde_json::to_value(&rec).unwrap();
         assert_eq!(json["state"]["state"], state.name().as_str());

@@ -188,7 +188,10 @@ impl<C: CsiVolumes> Ctx<C> {
         match goal {
             RecoveryGoal::Delete => match self.delete_steps(&mut rec).await {
                 Ok(_) => (Ok(()), Change::Remove(rec.id)),
-                Err(e) => (Err(e), Change::Put(Box::new(rec))),
+                Err(e) => {
+                    let e = self.delete_ended(&mut rec, e).await;
+                    (Err(e), Change::Put(Box::new(rec)))
+                }
             },
             RecoveryGoal::Republish => {
                 let result = self.drive(&mut rec, Goal::Published).await;

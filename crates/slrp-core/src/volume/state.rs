@@ -645,10 +645,22 @@ pub struct VolumeRecord {
     /// Capacity in bytes as the plugin reported it (or as requested when it did not).
     #[serde(default)]
     pub capacity_bytes: i64,
-    /// A deletion was requested: written before the first step of the deletion, so that
-    /// recovery finishes it instead of publishing the volume again.
+    /// A deletion is in progress: written before the first step of the deletion, so that
+    /// recovery finishes one that was *interrupted* (a crash, a shutdown) instead of
+    /// publishing the volume again. A deletion that *failed* (the plugin refused, a step
+    /// failed) clears it and records [`VolumeRecord::delete_failed`]: the volume stays
+    /// usable and nothing deletes it unasked (Mesos leaves it tracked).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub deleting: bool,
+    /// Users may have written to the volume: set when it is published, cleared only once
+    /// its contents were removed before a deletion. Unlike `node_publish_required`, an
+    /// unpublish keeps it, so data never passes to the next user of the space (Mesos
+    /// cleans a volume that was published before DeleteVolume).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub needs_cleanup: bool,
+    /// Why the last deletion failed, for operators; cleared when a deletion starts again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delete_failed: Option<String>,
 }
 
 impl Record for VolumeRecord {
@@ -669,6 +681,8 @@ impl VolumeRecord {
             node_publish_required: false,
             capacity_bytes: 0,
             deleting: false,
+            needs_cleanup: false,
+            delete_failed: None,
         }
     }
 
@@ -695,7 +709,8 @@ impl VolumeRecord {
         Ok(self.with_state(self.state.begin(call, now)?))
     }
 
-    /// [`VolumeState::finish`] on this record; a publish sets `node_publish_required`.
+    /// [`VolumeState::finish`] on this record; a publish sets `node_publish_required` and
+    /// `needs_cleanup`.
     pub fn finish(
         &self,
         call: CsiCall,
@@ -703,6 +718,7 @@ impl VolumeRecord {
     ) -> Result<Self, TransitionError> {
         let mut next = self.with_state(self.state.finish(call, publish_context)?);
         next.node_publish_required |= call == CsiCall::NodePublish;
+        next.needs_cleanup |= call == CsiCall::NodePublish;
         Ok(next)
     }
 }
