@@ -6,11 +6,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
-
 use slrp_core::volume::*;
 use slrp_csi::{Code, CsiRpc};
-use support::*;
+use slrp_test_support::fake_csi::*;
+use slrp_test_support::harness::*;
 
 fn state_of(recs: &[VolumeRecord], id: &VolumeId) -> StateName {
     recs.iter().find(|r| &r.id == id).unwrap().state.name()
