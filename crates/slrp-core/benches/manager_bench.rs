@@ -31,8 +31,7 @@ struct Setup {
     _dir: tempfile::TempDir,
     store: Store,
     handle: VolumeManagerHandle,
-    cancel: CancellationToken,
-    task: tokio::task::JoinHandle<Result<(), VolumeError>>,
+    guard: VolumeManagerGuard,
     ids: Vec<VolumeId>,
     start: Duration,
 }
@@ -89,16 +88,15 @@ async fn setup(base: &PathBuf, n: usize, max_concurrent: usize) -> Setup {
     .mounts(Arc::new(FakeMounts(fake.clone())));
     let t0 = Instant::now();
     let store = Store::open(&state).unwrap();
-    let cancel = CancellationToken::new();
-    let (handle, task) = VolumeManager::spawn(cfg, store.clone(), fake, cancel.clone());
+    let (handle, guard) =
+        VolumeManager::spawn(cfg, store.clone(), fake, &CancellationToken::new()).unwrap();
     handle.ready().await.unwrap();
     let start = t0.elapsed();
     Setup {
         _dir: dir,
         store,
         handle,
-        cancel,
-        task,
+        guard,
         ids,
         start,
     }
@@ -106,8 +104,7 @@ async fn setup(base: &PathBuf, n: usize, max_concurrent: usize) -> Setup {
 
 impl Setup {
     async fn finish(self) {
-        self.cancel.cancel();
-        self.task.await.unwrap().unwrap();
+        self.guard.stop().await.unwrap();
     }
 }
 

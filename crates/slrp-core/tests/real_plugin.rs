@@ -136,26 +136,20 @@ impl Env {
         let target = TargetPath::for_plugin(client.version().await.unwrap(), false);
         let cfg = VolumeManagerConfig::new(self.paths(), node.node_id, caps, boot, target);
         let store = Store::open(self.dir.path().join("state")).unwrap();
-        let cancel = CancellationToken::new();
-        let (handle, task) = VolumeManager::spawn(cfg, store, Arc::new(client), cancel.clone());
-        Manager {
-            handle,
-            task,
-            cancel,
-        }
+        let (handle, guard) =
+            VolumeManager::spawn(cfg, store, Arc::new(client), &CancellationToken::new()).unwrap();
+        Manager { handle, guard }
     }
 }
 
 struct Manager {
     handle: VolumeManagerHandle,
-    task: tokio::task::JoinHandle<Result<(), VolumeError>>,
-    cancel: CancellationToken,
+    guard: VolumeManagerGuard,
 }
 
 impl Manager {
     async fn stop(self) {
-        self.cancel.cancel();
-        self.task.await.unwrap().unwrap();
+        self.guard.stop().await.unwrap();
     }
 }
 
@@ -203,7 +197,7 @@ async fn lifecycle_with_kill_9_of_plugin_and_manager() {
     fail::cfg(vfp::AFTER_CALL, "1*return->off").unwrap();
     assert!(m.handle.unpublish(&v.id).await.is_err());
     fail::remove(vfp::AFTER_CALL);
-    assert!(m.task.await.unwrap().is_err());
+    assert!(m.guard.join().await.is_err());
     assert!(!is_mounted(&target));
 
     let m = env.manager(boot()).await;
@@ -267,7 +261,7 @@ async fn a_created_volume_is_tracked_even_if_the_manager_dies_before_recording_i
     fail::cfg(vfp::AFTER_CALL, "1*return->off").unwrap();
     assert!(m.handle.create(req("op-1")).await.is_err());
     fail::remove(vfp::AFTER_CALL);
-    assert!(m.task.await.unwrap().is_err());
+    assert!(m.guard.join().await.is_err());
     let m = env.manager(boot()).await;
     let r = m.handle.ready().await.unwrap();
     assert_eq!(r.intents, 1);

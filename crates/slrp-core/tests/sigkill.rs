@@ -115,26 +115,20 @@ impl Layout {
             TargetPath::for_plugin(client.version().await.unwrap(), false),
         );
         let store = Store::open(self.state()).unwrap();
-        let cancel = CancellationToken::new();
-        let (handle, task) = VolumeManager::spawn(cfg, store, Arc::new(client), cancel.clone());
-        Manager {
-            handle,
-            task,
-            cancel,
-        }
+        let (handle, guard) =
+            VolumeManager::spawn(cfg, store, Arc::new(client), &CancellationToken::new()).unwrap();
+        Manager { handle, guard }
     }
 }
 
 struct Manager {
     handle: VolumeManagerHandle,
-    task: tokio::task::JoinHandle<Result<(), VolumeError>>,
-    cancel: CancellationToken,
+    guard: VolumeManagerGuard,
 }
 
 impl Manager {
     async fn stop(self) {
-        self.cancel.cancel();
-        self.task.await.unwrap().unwrap();
+        self.guard.stop().await.unwrap();
     }
 }
 

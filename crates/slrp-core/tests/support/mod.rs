@@ -686,23 +686,20 @@ pub struct Harness {
 
 pub struct Running {
     pub handle: VolumeManagerHandle,
-    pub task: tokio::task::JoinHandle<Result<(), VolumeError>>,
-    pub cancel: CancellationToken,
+    pub guard: VolumeManagerGuard,
 }
 
 impl Running {
     /// Orderly stop; returns the worker's result.
     pub async fn stop(self) -> Result<(), VolumeError> {
-        self.cancel.cancel();
-        self.task.await.unwrap()
+        self.guard.stop().await
     }
 
     /// Waits for the worker to die (after a fatal fail point); returns its result.
     pub async fn died(self) -> Result<(), VolumeError> {
-        let r = tokio::time::timeout(Duration::from_secs(60), self.task)
+        let r = tokio::time::timeout(Duration::from_secs(60), self.guard.join())
             .await
-            .expect("manager did not stop")
-            .unwrap();
+            .expect("manager did not stop");
         drop(self.handle);
         r
     }
@@ -760,13 +757,9 @@ impl Harness {
 
     pub fn start_with(&self, cfg: VolumeManagerConfig) -> Running {
         let store = Store::open(self.state_dir()).unwrap();
-        let cancel = CancellationToken::new();
-        let (handle, task) = VolumeManager::spawn(cfg, store, self.fake.clone(), cancel.clone());
-        Running {
-            handle,
-            task,
-            cancel,
-        }
+        let (handle, guard) =
+            VolumeManager::spawn(cfg, store, self.fake.clone(), &CancellationToken::new()).unwrap();
+        Running { handle, guard }
     }
 
     /// The records on disk (the manager must be stopped).
