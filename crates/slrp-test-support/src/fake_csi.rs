@@ -13,8 +13,9 @@ use std::time::Duration;
 
 use slrp_core::volume::*;
 use slrp_csi::{
-    Capacity, Code, ControllerPublishRequest, CreateVolumeRequest, CsiError, CsiRpc, CsiVolumes,
-    NodePublishRequest, NodeStageRequest, Secrets, ValidateRequest, Validation, Volume, VolumePage,
+    Capacity, Code, Confirmed, ControllerPublishRequest, CreateVolumeRequest, CsiError, CsiRpc,
+    CsiVolumes, NodePublishRequest, NodeStageRequest, Secrets, ValidateRequest, Validation, Volume,
+    VolumePage,
 };
 use tokio::sync::Notify;
 
@@ -82,6 +83,8 @@ pub struct FakeState {
     pub forget_target: bool,
     /// A broken plugin: NodeUnpublish succeeds but leaves the target (v1 mode).
     pub leave_target: bool,
+    /// What ValidateVolumeCapabilities confirms instead of echoing the request.
+    pub confirm: Option<Confirmed>,
 }
 
 /// The in-memory plugin.
@@ -382,6 +385,11 @@ impl CsiVolumes for FakeCsi {
                     ));
                 }
                 let confirmed = !req.parameters.contains_key("unsupported");
+                let echo = Confirmed {
+                    volume_context: req.volume_context.clone(),
+                    capabilities: req.capabilities.clone(),
+                    parameters: req.parameters.clone(),
+                };
                 Ok(Validation {
                     confirmed,
                     message: if confirmed {
@@ -389,6 +397,7 @@ impl CsiVolumes for FakeCsi {
                     } else {
                         "nope".into()
                     },
+                    confirmed_fields: confirmed.then(|| st.confirm.clone().unwrap_or(echo)),
                 })
             })
             .await
