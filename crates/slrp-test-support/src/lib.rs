@@ -131,6 +131,21 @@ impl Plugin {
     }
 }
 
+/// Waits until something accepts connections on `socket`, for at most 20 s (a hang guard,
+/// not a timing assertion): polling, since a plugin signals readiness only by listening.
+///
+/// # Panics
+/// If nothing ever listens there.
+pub async fn wait_until_listening(socket: &Path) {
+    for _ in 0..2000 {
+        if tokio::net::UnixStream::connect(socket).await.is_ok() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("nothing ever listened on {}", socket.display());
+}
+
 /// Waits until `socket` exists, for at most 20 s (a hang guard, not a timing assertion).
 ///
 /// # Panics
