@@ -31,8 +31,7 @@ struct Setup {
     _dir: tempfile::TempDir,
     store: Store,
     handle: VolumeManagerHandle,
-    cancel: CancellationToken,
-    task: tokio::task::JoinHandle<Result<(), VolumeError>>,
+    guard: VolumeManagerGuard,
     ids: Vec<VolumeId>,
     start: Duration,
 }
@@ -78,21 +77,26 @@ async fn setup(base: &PathBuf, n: usize, max_concurrent: usize) -> Setup {
         }
     }
     let paths = MountPaths::under_work_dir(&dir.path().join("work"), "org.bench", "fake").unwrap();
-    let cfg = VolumeManagerConfig::new(paths, "node-1", fake.caps, BootId::new("boot-1"))
-        .max_concurrent(max_concurrent)
-        .mounts(Arc::new(FakeMounts(fake.clone())));
+    let cfg = VolumeManagerConfig::new(
+        paths,
+        "node-1",
+        fake.caps,
+        BootId::new("boot-1"),
+        TargetPath::PluginCreates,
+    )
+    .max_concurrent(max_concurrent)
+    .mounts(Arc::new(FakeMounts(fake.clone())));
     let t0 = Instant::now();
     let store = Store::open(&state).unwrap();
-    let cancel = CancellationToken::new();
-    let (handle, task) = VolumeManager::spawn(cfg, store.clone(), fake, cancel.clone());
+    let (handle, guard) =
+        VolumeManager::spawn(cfg, store.clone(), fake, &CancellationToken::new()).unwrap();
     handle.ready().await.unwrap();
     let start = t0.elapsed();
     Setup {
         _dir: dir,
         store,
         handle,
-        cancel,
-        task,
+        guard,
         ids,
         start,
     }
@@ -100,8 +104,7 @@ async fn setup(base: &PathBuf, n: usize, max_concurrent: usize) -> Setup {
 
 impl Setup {
     async fn finish(self) {
-        self.cancel.cancel();
-        self.task.await.unwrap().unwrap();
+        self.guard.stop().await.unwrap();
     }
 }
 

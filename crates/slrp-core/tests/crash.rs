@@ -155,7 +155,7 @@ async fn check_after_restart(op: Op, h: &Harness, what: &str, crashed: bool) {
     let recs = m.handle.volumes().await.unwrap();
     for r in &recs {
         assert!(
-            !r.state.is_in_flight(),
+            r.state.in_flight_call().is_none(),
             "{what}: {:?} after recovery",
             r.state
         );

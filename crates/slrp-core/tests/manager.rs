@@ -247,19 +247,26 @@ async fn validate_tracks_pre_existing_volumes() {
 }
 
 #[tokio::test]
-async fn reader_only_volumes_are_published_read_only() {
-    let h = Harness::new(FakeCsi::full());
-    let m = h.start();
-    let mut req = create_req("ro");
-    req.capability.access_mode = AccessMode::SingleNodeReaderOnly;
-    let v = m.handle.create(req).await.unwrap();
-    m.handle.publish(&v.id).await.unwrap();
-    assert_eq!(
-        h.fake.volume(&v.id).unwrap().published,
-        Some((published_target(&h, &v.id), true))
-    );
-    assert!(m.handle.volumes().await.unwrap()[0].spec.readonly);
-    m.stop().await.unwrap();
+async fn reader_only_volumes_are_published_writable_as_mesos_does() {
+    // Mesos never sets `readonly` for provider volumes (v1_volume_manager.cpp): the
+    // provider lays out persistent volumes and cleans the disk through the mount.
+    for mode in [
+        AccessMode::SingleNodeReaderOnly,
+        AccessMode::MultiNodeReaderOnly,
+    ] {
+        let h = Harness::new(FakeCsi::full());
+        let m = h.start();
+        let mut req = create_req("ro");
+        req.capability.access_mode = mode;
+        let v = m.handle.create(req).await.unwrap();
+        m.handle.publish(&v.id).await.unwrap();
+        assert_eq!(
+            h.fake.volume(&v.id).unwrap().published,
+            Some((published_target(&h, &v.id), false))
+        );
+        assert!(!m.handle.volumes().await.unwrap()[0].spec.readonly);
+        m.stop().await.unwrap();
+    }
 }
 
 #[tokio::test]
@@ -790,7 +797,7 @@ async fn a_job_that_finishes_within_the_shutdown_grace_is_applied_and_answered()
     // Usually queued on the lane by now; if not, it arrives after the close. Either way
     // its answer is `Stopped`.
     tokio::time::sleep(Duration::from_millis(20)).await;
-    m.cancel.cancel();
+    m.guard.request_stop();
     wait_until_not_accepting(&m.handle).await;
     // The running job may finish: its work is durable and its caller hears the result.
     h.fake.unhold(&v.id);
@@ -800,14 +807,14 @@ async fn a_job_that_finishes_within_the_shutdown_grace_is_applied_and_answered()
         within(queued).await.unwrap(),
         Err(VolumeError::Stopped)
     ));
-    within(m.task).await.unwrap().unwrap();
+    within(m.guard.join()).await.unwrap();
     assert_eq!(h.stored()[0].state.name(), StateName::Published);
 }
 
 #[tokio::test]
 async fn a_fatal_error_within_the_shutdown_grace_ends_the_worker_with_it() {
     let (h, m, v, publishing) = publish_held_at_the_plugin(Duration::from_secs(5)).await;
-    m.cancel.cancel();
+    m.guard.request_stop();
     wait_until_not_accepting(&m.handle).await;
     // The commit after the call fails: the process must learn that shutdown was not clean.
     fail::cfg(slrp_store::failpoints::BEFORE_COMMIT, "return").unwrap();
@@ -816,7 +823,7 @@ async fn a_fatal_error_within_the_shutdown_grace_ends_the_worker_with_it() {
         within(publishing).await.unwrap(),
         Err(VolumeError::Stopped)
     ));
-    let r = within(m.task).await.unwrap();
+    let r = within(m.guard.join()).await;
     fail::cfg(slrp_store::failpoints::BEFORE_COMMIT, "off").unwrap();
     assert!(
         matches!(r, Err(VolumeError::Store { .. })),
@@ -879,4 +886,63 @@ async fn create_returning_an_already_tracked_id_fails_and_keeps_the_record() {
     assert_eq!(h.stored(), recs);
     // Nothing left for recovery to re-create.
     assert!(h.stored_intents().is_empty());
+}
+
+/// Settings that cannot work are refused by name, not silently clamped, and nothing is
+/// started.
+#[tokio::test]
+async fn unusable_configs_are_refused_naming_the_field() {
+    let h = Harness::new(FakeCsi::full());
+    let relative = VolumeManagerConfig {
+        mount_paths: MountPaths::new("relative/mounts"),
+        ..h.config()
+    };
+    let cases = [
+        (h.config().max_concurrent(0), "max_concurrent"),
+        (h.config().command_buffer(0), "command_buffer"),
+        (relative, "mount_paths"),
+        (
+            VolumeManagerConfig {
+                node_id: String::new(),
+                ..h.config()
+            },
+            "node_id",
+        ),
+    ];
+    for (cfg, want) in cases {
+        let store = Store::open(h.state_dir()).unwrap();
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        match VolumeManager::spawn(cfg, store, h.fake.clone(), &shutdown) {
+            Err(e @ VolumeError::Config { field, .. }) => {
+                assert_eq!(field, want, "{e}");
+                assert!(e.to_string().contains(want), "{e}");
+            }
+            Err(e) => panic!("{want}: {e:?}"),
+            Ok(_) => panic!("{want}: started"),
+        }
+    }
+    // Without PUBLISH_UNPUBLISH_VOLUME no node id is needed.
+    let mut caps = full_caps();
+    caps.controller.publish_unpublish_volume = false;
+    let h = Harness::new(FakeCsi::new(caps));
+    let cfg = VolumeManagerConfig {
+        node_id: String::new(),
+        ..h.config()
+    };
+    assert!(cfg.validate().is_ok());
+}
+
+/// Dropping the guard stops the manager: nothing keeps running unowned.
+#[tokio::test]
+async fn dropping_the_guard_stops_the_manager() {
+    let h = Harness::new(FakeCsi::full());
+    let m = h.start();
+    within(m.handle.ready()).await.unwrap();
+    let handle = m.handle.clone();
+    drop(m);
+    wait_until_not_accepting(&handle).await;
+    assert!(matches!(
+        handle.create(create_req("late")).await,
+        Err(VolumeError::Stopped)
+    ));
 }

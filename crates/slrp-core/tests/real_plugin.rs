@@ -18,14 +18,9 @@ use slrp_csi::{ClientConfig, CsiClient, CsiEndpoint, CsiMetrics, RetryConfig, Vo
 use slrp_store::Store;
 use tokio_util::sync::CancellationToken;
 
-fn is_root() -> bool {
-    nix::unistd::Uid::effective().is_root()
-}
-
 macro_rules! require_root {
     () => {
-        if !is_root() {
-            eprintln!("skipped: needs root for mounts");
+        if !slrp_test_support::require_root(&slrp_test_support::current_test()) {
             return;
         }
     };
@@ -138,28 +133,23 @@ impl Env {
         let client = self.client();
         let caps = client.capabilities().await.unwrap();
         let node = client.node_info().await.unwrap();
-        let cfg = VolumeManagerConfig::new(self.paths(), node.node_id, caps, boot);
+        let target = TargetPath::for_plugin(client.version().await.unwrap(), false);
+        let cfg = VolumeManagerConfig::new(self.paths(), node.node_id, caps, boot, target);
         let store = Store::open(self.dir.path().join("state")).unwrap();
-        let cancel = CancellationToken::new();
-        let (handle, task) = VolumeManager::spawn(cfg, store, Arc::new(client), cancel.clone());
-        Manager {
-            handle,
-            task,
-            cancel,
-        }
+        let (handle, guard) =
+            VolumeManager::spawn(cfg, store, Arc::new(client), &CancellationToken::new()).unwrap();
+        Manager { handle, guard }
     }
 }
 
 struct Manager {
     handle: VolumeManagerHandle,
-    task: tokio::task::JoinHandle<Result<(), VolumeError>>,
-    cancel: CancellationToken,
+    guard: VolumeManagerGuard,
 }
 
 impl Manager {
     async fn stop(self) {
-        self.cancel.cancel();
-        self.task.await.unwrap().unwrap();
+        self.guard.stop().await.unwrap();
     }
 }
 
@@ -207,13 +197,13 @@ async fn lifecycle_with_kill_9_of_plugin_and_manager() {
     fail::cfg(vfp::AFTER_CALL, "1*return->off").unwrap();
     assert!(m.handle.unpublish(&v.id).await.is_err());
     fail::remove(vfp::AFTER_CALL);
-    assert!(m.task.await.unwrap().is_err());
+    assert!(m.guard.join().await.is_err());
     assert!(!is_mounted(&target));
 
     let m = env.manager(boot()).await;
     m.handle.ready().await.unwrap();
     let rec = &m.handle.volumes().await.unwrap()[0];
-    assert!(!rec.state.is_in_flight());
+    assert!(rec.state.in_flight_call().is_none());
     m.handle.unpublish(&v.id).await.unwrap();
     let target = m.handle.publish(&v.id).await.unwrap();
     assert_eq!(std::fs::read(target.join("data")).unwrap(), b"survives");
@@ -271,7 +261,7 @@ async fn a_created_volume_is_tracked_even_if_the_manager_dies_before_recording_i
     fail::cfg(vfp::AFTER_CALL, "1*return->off").unwrap();
     assert!(m.handle.create(req("op-1")).await.is_err());
     fail::remove(vfp::AFTER_CALL);
-    assert!(m.task.await.unwrap().is_err());
+    assert!(m.guard.join().await.is_err());
     let m = env.manager(boot()).await;
     let r = m.handle.ready().await.unwrap();
     assert_eq!(r.intents, 1);
@@ -329,5 +319,104 @@ async fn reboot_republishes_published_volumes_and_resets_staged_ones() {
         m.handle.delete(&id).await.unwrap();
     }
     assert!(m.handle.list_all(0).await.unwrap().is_empty());
+    m.stop().await;
+}
+
+/// A volume of a reader-only profile: Mesos never sets `readonly` for the volumes its
+/// provider creates (`VolumeState.readonly` stays false), so the provider can still lay
+/// out persistent volumes on it and clean it before deletion.
+fn reader_only(name: &str) -> CreateVolume {
+    let mut r = req(name);
+    r.capability.access_mode = AccessMode::SingleNodeReaderOnly;
+    r
+}
+
+#[tokio::test]
+async fn a_reader_only_volume_is_published_writable_as_mesos_does() {
+    require_root!();
+    let mut env = Env::new();
+    env.start_plugin().await;
+    let m = env.manager(boot()).await;
+    m.handle.ready().await.unwrap();
+    let v = m.handle.create(reader_only("ro-profile")).await.unwrap();
+    let rec = &m.handle.volumes().await.unwrap()[0];
+    assert!(!rec.spec.readonly);
+    let target = m.handle.publish(&v.id).await.unwrap();
+    // What creating a persistent volume on the disk does.
+    std::fs::create_dir(target.join("persistent")).unwrap();
+    std::fs::write(target.join("persistent/data"), b"x").unwrap();
+    assert!(m.handle.delete(&v.id).await.unwrap());
+    m.stop().await;
+}
+
+/// Publishes `v`, lets a "user" write `secret` through `write`, unpublishes it, then
+/// deletes it with DeleteVolume refused once: the cleanup ran before the refused call, so
+/// publishing it again shows what the next user would see.
+async fn cleaned_before_delete(
+    env: &Env,
+    m: &Manager,
+    v: &VolumeId,
+    write: impl Fn(&Path),
+    read: impl Fn(&Path),
+) {
+    let target = m.handle.publish(v).await.unwrap();
+    write(&target);
+    m.handle.unpublish(v).await.unwrap();
+    env.set_faults(r#"[{"rpc": "DeleteVolume", "fail": "INTERNAL", "times": 1}]"#);
+    assert!(m.handle.delete(v).await.is_err());
+    let rec = m.handle.volumes().await.unwrap().remove(0);
+    assert!(!rec.deleting && !rec.needs_cleanup, "{rec:?}");
+    let target = m.handle.publish(v).await.unwrap();
+    read(&target);
+    assert!(m.handle.delete(v).await.unwrap());
+}
+
+#[tokio::test]
+async fn data_written_by_one_user_is_gone_before_the_volume_is_deleted() {
+    require_root!();
+    let mut env = Env::new();
+    env.start_plugin().await;
+    let m = env.manager(boot()).await;
+    m.handle.ready().await.unwrap();
+    let v = m.handle.create(reader_only("mount")).await.unwrap().id;
+    let outside = env.dir.path().join("outside");
+    std::fs::create_dir(&outside).unwrap();
+    std::fs::write(outside.join("keep"), b"not the volume's").unwrap();
+    cleaned_before_delete(
+        &env,
+        &m,
+        &v,
+        |t| {
+            std::fs::create_dir(t.join("persistent")).unwrap();
+            std::fs::write(t.join("persistent/data"), b"secret").unwrap();
+            // A link out of the volume is removed, not followed.
+            std::os::unix::fs::symlink(&outside, t.join("link")).unwrap();
+        },
+        |t| assert_eq!(std::fs::read_dir(t).unwrap().count(), 0, "not emptied"),
+    )
+    .await;
+    assert!(outside.join("keep").exists());
+
+    let mut block = req("block");
+    block.capability = VolumeCapability::block();
+    block.required_bytes = 4 << 20;
+    let b = m.handle.create(block).await.unwrap().id;
+    cleaned_before_delete(
+        &env,
+        &m,
+        &b,
+        |t| {
+            use std::io::Write as _;
+            let mut dev = std::fs::OpenOptions::new().write(true).open(t).unwrap();
+            dev.write_all(&[0xAB; 4096]).unwrap();
+            dev.sync_all().unwrap();
+        },
+        |t| {
+            let bytes = std::fs::read(t).unwrap();
+            assert_eq!(bytes.len(), 4 << 20);
+            assert!(bytes.iter().all(|&b| b == 0), "not zeroed");
+        },
+    )
+    .await;
     m.stop().await;
 }

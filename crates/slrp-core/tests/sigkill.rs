@@ -107,29 +107,28 @@ impl Layout {
         let client = self.client();
         let caps = client.capabilities().await.unwrap();
         let node = client.node_info().await.unwrap();
-        let cfg =
-            VolumeManagerConfig::new(self.paths(), node.node_id, caps, read_boot_id().unwrap());
+        let cfg = VolumeManagerConfig::new(
+            self.paths(),
+            node.node_id,
+            caps,
+            read_boot_id().unwrap(),
+            TargetPath::for_plugin(client.version().await.unwrap(), false),
+        );
         let store = Store::open(self.state()).unwrap();
-        let cancel = CancellationToken::new();
-        let (handle, task) = VolumeManager::spawn(cfg, store, Arc::new(client), cancel.clone());
-        Manager {
-            handle,
-            task,
-            cancel,
-        }
+        let (handle, guard) =
+            VolumeManager::spawn(cfg, store, Arc::new(client), &CancellationToken::new()).unwrap();
+        Manager { handle, guard }
     }
 }
 
 struct Manager {
     handle: VolumeManagerHandle,
-    task: tokio::task::JoinHandle<Result<(), VolumeError>>,
-    cancel: CancellationToken,
+    guard: VolumeManagerGuard,
 }
 
 impl Manager {
     async fn stop(self) {
-        self.cancel.cancel();
-        self.task.await.unwrap().unwrap();
+        self.guard.stop().await.unwrap();
     }
 }
 
@@ -248,10 +247,6 @@ fn sigkill_driver() {
 }
 
 // === the parent ===
-
-fn is_root() -> bool {
-    nix::unistd::Uid::effective().is_root()
-}
 
 /// splitmix64: tiny, and its sequence for a seed never changes with a dependency upgrade.
 struct Rng(u64);
@@ -542,7 +537,7 @@ async fn verify(env: &Env, seen: &Seen, what: &str) -> usize {
 
     for r in &recs {
         assert!(
-            !r.state.is_in_flight(),
+            r.state.in_flight_call().is_none(),
             "{what}: {} in flight: {r:?}; recovery: {report:?}; plugin log:\n{}",
             r.id,
             layout.evidence(r.id.as_str())
@@ -740,8 +735,7 @@ enum PluginKill {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_of_the_manager_process_mid_workload() {
-    if !is_root() {
-        eprintln!("skipped: needs root for mounts and loop devices");
+    if !slrp_test_support::require_root("sigkill_of_the_manager_process_mid_workload") {
         return;
     }
     let seed = std::env::var(SEED_ENV)

@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 
 use slrp_core::volume::state::*;
 use slrp_core::volume::{
-    AccessMode, AccessType, CsiCapabilities, StringMap, VolumeCapability, VolumeId,
+    AccessMode, AccessType, CsiCapabilities, MountPaths, PlannedJob, RecoveryGoal, StringMap,
+    VolumeCapability, VolumeId, plan_recovery,
 };
 
 use CsiCall::{
@@ -128,6 +129,11 @@ const CALLS: &[(CsiCall, StateName, StateName)] = &[
     (NUP, StateName::NodeUnpublish, StateName::VolReady),
 ];
 
+/// Whether `state` is at `goal` exactly (no step left, whatever the capabilities).
+fn is_at(state: &VolumeState, goal: Goal) -> bool {
+    state.next_step(goal, &CsiCapabilities::default()).is_none()
+}
+
 fn call_row(call: CsiCall) -> (StateName, StateName) {
     let (_, a, b) = CALLS.iter().find(|(c, _, _)| *c == call).unwrap();
     (*a, *b)
@@ -151,7 +157,7 @@ fn plan_table_covers_every_state_goal_and_capability_set() {
                     }
                 });
                 assert_eq!(step, want, "{} → {goal:?} with {caps:?}", state.name());
-                assert_eq!(state.is_at(*goal), expected.is_none());
+                assert_eq!(is_at(state, *goal), expected.is_none());
                 if let Some(c) = expected {
                     assert!(
                         state.can_begin(*c),
@@ -162,7 +168,7 @@ fn plan_table_covers_every_state_goal_and_capability_set() {
                     let (flight, target) = call_row(*c);
                     let started = state.begin(*c, &boot(2)).unwrap();
                     assert_eq!(started.name(), flight);
-                    let done = started.finish(*c, CallOutcome::ok()).unwrap();
+                    let done = started.finish(*c, StringMap::new()).unwrap();
                     assert_eq!(done.name(), target);
                 }
                 checked += 1;
@@ -189,14 +195,7 @@ fn every_state_converges_to_every_goal() {
                     let Some(call) = call else { break };
                     assert!(call.is_supported(&caps), "{call} sent without capability");
                     state = state.begin(call, &now).unwrap();
-                    state = state
-                        .finish(
-                            call,
-                            CallOutcome::Succeeded {
-                                publish_context: pc(),
-                            },
-                        )
-                        .unwrap();
+                    state = state.finish(call, pc()).unwrap();
                     rpcs.push(call);
                     assert!(
                         rpcs.len() <= 8,
@@ -205,7 +204,7 @@ fn every_state_converges_to_every_goal() {
                     );
                 }
                 assert!(
-                    state.is_at(goal),
+                    is_at(&state, goal),
                     "{} → {goal:?} ended in {}",
                     start.name(),
                     state.name()
@@ -291,7 +290,7 @@ fn finish_only_settles_the_call_in_flight() {
     for state in samples() {
         for call in CsiCall::ALL {
             let before = state.clone();
-            let r = state.finish(call, CallOutcome::ok());
+            let r = state.finish(call, StringMap::new());
             if state.in_flight_call() == Some(call) {
                 assert!(r.is_ok());
             } else {
@@ -304,86 +303,6 @@ fn finish_only_settles_the_call_in_flight() {
                 );
             }
             assert_eq!(state, before);
-        }
-    }
-}
-
-#[test]
-fn failure_policies() {
-    let expected_rollback = [
-        (StateName::ControllerPublish, StateName::Created),
-        (
-            StateName::ControllerUnpublish,
-            StateName::ControllerUnpublish,
-        ),
-        (StateName::NodeStage, StateName::NodeReady),
-        (StateName::NodeUnstage, StateName::NodeUnstage),
-        (StateName::NodePublish, StateName::VolReady),
-        (StateName::NodeUnpublish, StateName::NodeUnpublish),
-    ];
-    for state in samples().into_iter().filter(VolumeState::is_in_flight) {
-        let call = state.in_flight_call().unwrap();
-        let stay = state
-            .finish(call, CallOutcome::Failed(OnCallFail::StayInFlight))
-            .unwrap();
-        assert_eq!(stay, state, "StayInFlight must not move");
-        let back = state
-            .finish(call, CallOutcome::Failed(OnCallFail::RollBack))
-            .unwrap();
-        let (_, want) = expected_rollback
-            .iter()
-            .find(|(n, _)| *n == state.name())
-            .unwrap();
-        assert_eq!(back.name(), *want, "RollBack of {}", state.name());
-        assert_eq!(
-            back.publish_context().is_some(),
-            *want != StateName::Created && *want != StateName::ControllerUnpublish
-        );
-    }
-}
-
-#[test]
-fn recover_table() {
-    // (state, call to re-drive in the same boot, state after a reboot)
-    let table = [
-        (StateName::Created, None, StateName::Created),
-        (
-            StateName::ControllerPublish,
-            Some(CP),
-            StateName::ControllerPublish,
-        ),
-        (StateName::NodeReady, None, StateName::NodeReady),
-        (
-            StateName::ControllerUnpublish,
-            Some(CU),
-            StateName::ControllerUnpublish,
-        ),
-        (StateName::NodeStage, Some(NS), StateName::NodeReady),
-        (StateName::VolReady, None, StateName::NodeReady),
-        (StateName::NodePublish, Some(NP), StateName::NodeReady),
-        (StateName::Published, None, StateName::NodeReady),
-        (StateName::NodeUnpublish, Some(NUP), StateName::NodeReady),
-        (StateName::NodeUnstage, Some(NU), StateName::NodeReady),
-    ];
-    for state in samples() {
-        let (_, redrive, after_reboot) = table.iter().find(|(n, _, _)| *n == state.name()).unwrap();
-        // Same boot: nothing changes; an in-flight RPC is re-driven.
-        let (same, call) = state.recover(&boot(1));
-        assert_eq!(same, state);
-        assert_eq!(call, *redrive, "{}", state.name());
-        if let Some(c) = call {
-            // The re-driven call can begin from the recovered state without a new checkpoint.
-            assert_eq!(same.begin(c, &boot(1)).unwrap(), same);
-        }
-        // New boot: staging and publishing are gone; the controller side is untouched.
-        let (rebooted, call) = state.recover(&boot(9));
-        assert_eq!(rebooted.name(), *after_reboot, "{}", state.name());
-        if *after_reboot == StateName::NodeReady && state.name() != StateName::NodeReady {
-            assert_eq!(call, None);
-            assert_eq!(rebooted.publish_context(), Some(&pc()));
-            assert_eq!(rebooted.boot_id(), None);
-        } else {
-            assert_eq!(call, *redrive);
         }
     }
 }
@@ -417,7 +336,7 @@ fn record_publish_sets_node_publish_required_and_reboot_republishes() {
     let caps = full();
     let now = boot(1);
     let mut rec = VolumeRecord::created(VolumeId::new("v1"), Some("op-uuid".into()), spec());
-    assert_eq!(rec.recovery_goal(), None);
+    assert!(!rec.node_publish_required);
     loop {
         let (r, call) = rec.next_call(Goal::Published, &caps, &now);
         let Some(call) = call else {
@@ -425,22 +344,35 @@ fn record_publish_sets_node_publish_required_and_reboot_republishes() {
             break;
         };
         rec = r.begin(call, &now).unwrap();
-        rec = rec.finish(call, CallOutcome::ok()).unwrap();
+        rec = rec.finish(call, StringMap::new()).unwrap();
     }
     assert!(rec.node_publish_required);
     assert_eq!(rec.state.name(), StateName::Published);
 
-    // Reboot: back to NODE_READY, and recovery must publish it again.
-    let (after, call) = rec.recover(&boot(2));
-    assert_eq!((after.state.name(), call), (StateName::NodeReady, None));
-    assert_eq!(after.recovery_goal(), Some(Goal::Published));
-    let (_, call) = after.next_call(Goal::Published, &caps, &boot(2));
-    assert_eq!(call, Some(NS));
+    // Reboot: walked back to NODE_READY, and recovery must publish it again.
+    let plan = plan_recovery(
+        vec![rec.clone()],
+        Vec::new(),
+        &boot(2),
+        Some(&[]),
+        &MountPaths::new("/m"),
+    );
+    assert_eq!(
+        plan.jobs,
+        vec![PlannedJob::Recover {
+            id: rec.id.clone(),
+            goal: RecoveryGoal::AfterReboot { republish: true },
+        }]
+    );
+    let after = &plan.records[0];
+    assert_eq!(after.state.name(), StateName::NodeUnpublish);
+    let (_, call) = after.next_call(Goal::NodeReady, &caps, &boot(2));
+    assert_eq!(call, Some(NUP));
     // Unpublishing does not clear the flag (only deletion does).
     let unpub = rec
         .begin(NUP, &now)
         .unwrap()
-        .finish(NUP, CallOutcome::ok())
+        .finish(NUP, StringMap::new())
         .unwrap();
     assert!(unpub.node_publish_required);
 }
@@ -456,6 +388,8 @@ fn record_serde_round_trip_every_state() {
             node_publish_required: true,
             capacity_bytes: 1 << 30,
             deleting: false,
+            needs_cleanup: true,
+            delete_failed: Some("DeleteVolume failed".into()),
         };
         let json = serde_json::to_value(&rec).unwrap();
         assert_eq!(json["state"]["state"], state.name().as_str());
@@ -499,24 +433,20 @@ fn records_survive_the_store() {
 
 #[test]
 fn state_names_match_mesos() {
-    let values: Vec<(String, i32)> = samples()
-        .iter()
-        .map(|s| (s.name().to_string(), s.name().mesos_value()))
-        .collect();
+    let names: Vec<String> = samples().iter().map(|s| s.name().to_string()).collect();
     assert_eq!(
-        values,
+        names,
         [
-            ("CREATED", 1),
-            ("CONTROLLER_PUBLISH", 4),
-            ("NODE_READY", 2),
-            ("CONTROLLER_UNPUBLISH", 5),
-            ("NODE_STAGE", 9),
-            ("VOL_READY", 8),
-            ("NODE_PUBLISH", 6),
-            ("PUBLISHED", 3),
-            ("NODE_UNPUBLISH", 7),
-            ("NODE_UNSTAGE", 10),
+            "CREATED",
+            "CONTROLLER_PUBLISH",
+            "NODE_READY",
+            "CONTROLLER_UNPUBLISH",
+            "NODE_STAGE",
+            "VOL_READY",
+            "NODE_PUBLISH",
+            "PUBLISHED",
+            "NODE_UNPUBLISH",
+            "NODE_UNSTAGE",
         ]
-        .map(|(n, v)| (n.to_owned(), v))
     );
 }

@@ -115,11 +115,11 @@ async fn creates_backing_off_hold_no_permit_so_a_publish_completes() {
 
     // Shutdown ends the backoffs at once: each create hears its last (transient) error
     // and keeps its intent for recovery.
-    m.cancel.cancel();
+    m.guard.request_stop();
     for c in creates {
         let e = within(c).await.unwrap().unwrap_err();
         assert_eq!(e.kind(), VolumeErrorKind::Unavailable, "{e}");
     }
-    within(m.task).await.unwrap().unwrap();
+    within(m.guard.join()).await.unwrap();
     assert_eq!(h.stored_intents().len(), 16);
 }

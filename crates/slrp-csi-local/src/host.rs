@@ -575,8 +575,7 @@ mod tests {
     /// until that close; it is not offered for reuse (nor detached again).
     #[test]
     fn a_loop_device_being_detached_is_not_listed() {
-        if !nix::unistd::geteuid().is_root() {
-            eprintln!("skipping: needs root for loop devices");
+        if !slrp_test_support::require_root("a_loop_device_being_detached_is_not_listed") {
             return;
         }
         let dir = tempfile::tempdir().unwrap();
@@ -608,8 +607,8 @@ mod tests {
     /// plugin's checks: the real host neither mounts through it nor unmounts through it.
     #[test]
     fn real_host_never_follows_a_symlink_at_the_mount_point() {
-        if !nix::unistd::geteuid().is_root() {
-            eprintln!("skipping: needs root for mounts");
+        if !slrp_test_support::require_root("real_host_never_follows_a_symlink_at_the_mount_point")
+        {
             return;
         }
         let dir = tempfile::tempdir().unwrap();

@@ -221,8 +221,7 @@ async fn loop_xfs_mount_lifecycle_with_restart() {
     if !can_mount("loop_xfs_mount_lifecycle_with_restart") {
         return;
     }
-    if !has_tool("mkfs.xfs") {
-        eprintln!("skipping loop_xfs_mount_lifecycle_with_restart: mkfs.xfs is not installed");
+    if !slrp_test_support::require_tool("loop_xfs_mount_lifecycle_with_restart", "mkfs.xfs") {
         return;
     }
     let mut p = TestPlugin::start(&[]).await;
@@ -335,8 +334,10 @@ async fn loop_volume_expands_online() {
     } else if has_cap_sys_resource() {
         ("ext4", 32 * MIB, 128 * MIB)
     } else {
-        eprintln!(
-            "skipping loop_volume_expands_online: no mkfs.xfs and no CAP_SYS_RESOURCE for online ext4 resize"
+        let _ = slrp_test_support::require(
+            "loop_volume_expands_online",
+            "mkfs.xfs, or CAP_SYS_RESOURCE for online ext4 resize",
+            false,
         );
         return;
     };

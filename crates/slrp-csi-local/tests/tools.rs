@@ -80,10 +80,11 @@ async fn interrupted_mkfs_is_redone(test: &str, fs: &str, size: i64) {
     if !can_mount(test) {
         return;
     }
-    let Some(real_mkfs) = real_tool(&format!("mkfs.{fs}")) else {
-        eprintln!("skipping {test}: mkfs.{fs} is not installed");
+    let mkfs = format!("mkfs.{fs}");
+    if !slrp_test_support::require_tool(test, &mkfs) {
         return;
-    };
+    }
+    let real_mkfs = real_tool(&mkfs).expect("require_tool found it");
     let tools = tempfile::tempdir().unwrap();
     let t = tools.path().display().to_string();
     std::fs::write(

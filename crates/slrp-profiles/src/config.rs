@@ -206,8 +206,15 @@ impl TryFrom<ProfilesConfigFile> for ProfilesConfig {
             (Some(uri), None) => ProfileSource::parse_uri(&uri)?,
             (None, Some(inline)) => {
                 let value = match inline {
-                    serde_json::Value::String(text) => serde_json::from_str(&text)
-                        .map_err(|e| ConfigError::InlineInvalid(DocumentError::Json(e)))?,
+                    serde_json::Value::String(text) => {
+                        serde_json::from_str(&text).map_err(|e| {
+                            ConfigError::InlineInvalid(DocumentError::json_at(
+                                &e,
+                                e.line(),
+                                e.column(),
+                            ))
+                        })?
+                    }
                     other => other,
                 };
                 // Validate now so a bad inline set is a startup error, not a runtime one.
@@ -353,6 +360,29 @@ mod tests {
             cfg.ca_file.as_deref(),
             Some(Path::new("/etc/slrp/profiles-ca.pem"))
         );
+    }
+
+    /// slrp's own configuration stays strict: the protobuf dialect accepted in fetched
+    /// profile documents (for Mesos compatibility) is refused in inline JSON text.
+    #[test]
+    fn inline_json_text_is_strict() {
+        for text in [
+            r#"{"profile_matrix": {},}"#,
+            "{'profile_matrix': {}}",
+            "{profile_matrix: {}}",
+        ] {
+            let toml_text = format!("inline = '''{text}'''");
+            let e = ProfilesConfig::try_from(raw(&toml_text)).unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    ConfigError::InlineInvalid(DocumentError::Json { line: 1, .. })
+                ),
+                "{text}: {e:?}"
+            );
+            // The same text is a valid profile document when fetched.
+            assert!(ProfileMapping::parse(text.as_bytes()).is_ok(), "{text}");
+        }
     }
 
     #[test]

@@ -19,6 +19,8 @@ use slrp_proto::mesos::v1::volume::source::csi_volume::{
     volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume, access_mode::Mode},
 };
 
+use crate::lenient;
+
 /// Mesos caps the summed length of all mount flags of one capability at 4 KB (the CSI spec's
 /// limit for repeated string fields), counting only the flag bytes.
 pub const MAX_MOUNT_FLAGS_BYTES: usize = 4096;
@@ -244,9 +246,17 @@ pub struct ProfileMapping {
 /// Why a profile document was rejected. Any error rejects the whole document, as in Mesos.
 #[derive(Debug, thiserror::Error)]
 pub enum DocumentError {
-    /// The bytes are not JSON at all.
-    #[error("profile document is not valid JSON")]
-    Json(#[source] serde_json::Error),
+    /// The bytes are not JSON at all (not even in the dialect Mesos accepts).
+    #[error("profile document is not valid JSON at line {line}, column {column}")]
+    Json {
+        /// 1-based line in the document as given.
+        line: usize,
+        /// 1-based column (in bytes) in the document as given.
+        column: usize,
+        /// What the JSON parser found there.
+        #[source]
+        source: JsonSyntaxError,
+    },
     /// The document is JSON but not an object.
     #[error("profile document must be a JSON object, found {found}")]
     NotAnObject {
@@ -363,7 +373,7 @@ impl DocumentError {
     #[must_use]
     pub fn profile(&self) -> Option<&str> {
         match self {
-            Self::Json(_) | Self::NotAnObject { .. } => None,
+            Self::Json { .. } | Self::NotAnObject { .. } => None,
             Self::WrongType { profile, .. } => profile.as_deref(),
             Self::NoSelector { profile }
             | Self::TwoSelectors { profile }
@@ -380,17 +390,61 @@ impl DocumentError {
     }
 }
 
+/// A JSON syntax error, without the parser's own position (which refers to the normalised
+/// text; [`DocumentError::Json`] carries the position in the document as given).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct JsonSyntaxError(pub String);
+
+impl DocumentError {
+    /// A syntax error of `serde_json` at (`line`, `column`) of the document as given.
+    pub(crate) fn json_at(e: &serde_json::Error, line: usize, column: usize) -> Self {
+        let text = e.to_string();
+        // serde_json appends " at line L column C" (its own coordinates): drop it.
+        let message = match text.rfind(" at line ") {
+            Some(i) => text[..i].to_owned(),
+            None => text,
+        };
+        Self::Json {
+            line,
+            column,
+            source: JsonSyntaxError(message),
+        }
+    }
+}
+
 // === Parsing and validation ===
 
 impl ProfileMapping {
     /// Parses and validates a profile document.
     ///
+    /// The document is read in the JSON dialect of protobuf's parser, which Mesos uses
+    /// (single quotes, unquoted keys, trailing commas, ...; see `docs/profiles.md`), so a
+    /// file Mesos loads loads here unchanged.
+    ///
     /// # Errors
-    /// The first problem found, naming the profile and field; the document is rejected as a
-    /// whole.
+    /// The first problem found: a syntax error with the line and column of the document
+    /// as given, or a validation error naming the profile and field; the document is
+    /// rejected as a whole.
     pub fn parse(bytes: &[u8]) -> Result<Self, DocumentError> {
-        let value: serde_json::Value =
-            serde_json::from_slice(bytes).map_err(DocumentError::Json)?;
+        let text = std::str::from_utf8(bytes).map_err(|e| {
+            let before = &bytes[..e.valid_up_to()];
+            let line = before.iter().filter(|b| **b == b'\n').count() + 1;
+            let start = before
+                .iter()
+                .rposition(|b| *b == b'\n')
+                .map_or(0, |p| p + 1);
+            DocumentError::Json {
+                line,
+                column: e.valid_up_to() - start + 1,
+                source: JsonSyntaxError("the document is not UTF-8".to_owned()),
+            }
+        })?;
+        let strict = lenient::normalize(text);
+        let value: serde_json::Value = serde_json::from_str(&strict.text).map_err(|e| {
+            let (line, column) = strict.input_position(text, e.line(), e.column());
+            DocumentError::json_at(&e, line, column)
+        })?;
         Self::from_value(value)
     }
 

@@ -39,6 +39,8 @@
 //! # Layout
 //! - [`document`]: the JSON format, validation, and the domain types ([`ProfileInfo`],
 //!   [`Manifest`], [`Selector`], [`ProviderKey`]).
+//! - `lenient`: the JSON dialect Mesos reads documents in (protobuf's parser), rewritten to
+//!   strict JSON with positions kept.
 //! - [`table`]: the pure table of every profile ever seen and the update rules.
 //! - [`source`]: where documents come from and how they are fetched (file, HTTP, HTTPS with
 //!   its trust roots).
@@ -70,6 +72,7 @@
 pub mod adaptor;
 pub mod config;
 pub mod document;
+mod lenient;
 pub mod metrics;
 mod persist;
 pub mod source;
@@ -81,7 +84,8 @@ pub use adaptor::{
 };
 pub use config::{ConfigError, ProfilesConfig, ProfilesConfigFile};
 pub use document::{
-    DocumentError, Manifest, ProfileInfo, ProfileMapping, ProviderKey, ProviderRef, Selector,
+    DocumentError, JsonSyntaxError, Manifest, ProfileInfo, ProfileMapping, ProviderKey,
+    ProviderRef, Selector,
 };
 pub use metrics::Metrics;
 pub use persist::PersistError;

@@ -520,7 +520,7 @@ async fn unreachable_or_bad_source_keeps_last_good() {
     server.set(StatusCode::OK, "{ not json");
     let e = failed(adaptor.handle.poll_now().await.unwrap());
     assert!(
-        matches!(&*e, UpdateError::Document(DocumentError::Json(_))),
+        matches!(&*e, UpdateError::Document(DocumentError::Json { .. })),
         "{e:?}"
     );
 

@@ -141,7 +141,7 @@ fn parse_invalids() {
     );
     let cases: Vec<(String, Check)> = vec![
         ("Not an object, but still JSON".into(), |e| {
-            matches!(e, DocumentError::Json(_))
+            matches!(e, DocumentError::Json { .. })
         }),
         (r#""a JSON string""#.into(), |e| {
             matches!(e, DocumentError::NotAnObject { found: "a string" })

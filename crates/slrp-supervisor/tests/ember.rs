@@ -26,16 +26,12 @@ fn ember_bin() -> Option<PathBuf> {
     let venv = std::env::var_os("SLRP_EMBER_CSI_VENV")
         .map_or_else(|| PathBuf::from("/opt/slrp-ci/ember-venv"), PathBuf::from);
     let bin = venv.join("bin/ember-csi");
-    if bin.exists() {
-        return Some(bin);
-    }
-    let msg = format!(
-        "Ember-CSI not installed at {} (run .ci/ember-csi.sh)",
-        venv.display()
+    let found = slrp_test_support::require_path(
+        &slrp_test_support::current_test(),
+        "the Ember-CSI venv (run .ci/ember-csi.sh)",
+        &bin,
     );
-    assert!(std::env::var("CI").as_deref() != Ok("true"), "{msg}");
-    eprintln!("SKIPPED: {msg}");
-    None
+    found.then_some(bin)
 }
 
 fn var(name: &str, value: &str) -> mesos::environment::Variable {

@@ -26,8 +26,7 @@ const WAIT: Duration = Duration::from_secs(30);
 
 macro_rules! require_root {
     () => {
-        if !nix::unistd::Uid::effective().is_root() {
-            eprintln!("skipped: needs root for mounts");
+        if !slrp_test_support::require_root(&slrp_test_support::current_test()) {
             return;
         }
     };

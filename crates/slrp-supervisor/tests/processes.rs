@@ -244,11 +244,18 @@ async fn crash_loop_backs_off_exponentially_up_to_the_cap() {
 async fn backoff_resets_after_a_healthy_period() {
     let env = Env::new();
     let mut cfg = env.config();
-    cfg.healthy_reset = Duration::from_millis(100);
-    // Each run stays ready well past `healthy_reset` before it exits.
+    let healthy_reset = Duration::from_millis(100);
+    cfg.healthy_reset = healthy_reset;
+    // Each run exits only when told to (the file `exit-now` appears), and the test tells
+    // it only after it has been ready for longer than `healthy_reset`: how long a run
+    // stays ready is the test's decision, not a race against the machine's speed.
+    let exit_now = env.path("exit-now");
     let h = env
         .start(
-            spec(&format!(r#"{SOCK} touch "$S"; sleep 0.4; exit 1"#)),
+            spec(&format!(
+                r#"{SOCK} touch "$S"; while [ ! -e {go} ]; do sleep 0.01; done; rm -f {go}; exit 1"#,
+                go = exit_now.display()
+            )),
             cfg,
         )
         .await;
@@ -256,8 +263,17 @@ async fn backoff_resets_after_a_healthy_period() {
     let mut seen = Vec::new();
     while seen.len() < 3 {
         rx.changed().await.unwrap();
-        if let ContainerState::BackingOff { delay, failures } = *rx.borrow_and_update() {
-            seen.push((delay.as_millis(), failures));
+        let state = rx.borrow_and_update().clone();
+        match state {
+            ContainerState::Ready { .. } => {
+                // The supervisor saw it ready before we did, so this is a lower bound.
+                tokio::time::sleep(healthy_reset * 2).await;
+                std::fs::write(&exit_now, b"").unwrap();
+            }
+            ContainerState::BackingOff { delay, failures } => {
+                seen.push((delay.as_millis(), failures));
+            }
+            _ => {}
         }
     }
     assert_eq!(seen, vec![(100, 1), (100, 1), (100, 1)]);
@@ -549,17 +565,21 @@ async fn a_failed_start_leaves_no_plugin_running() {
     )
     .await;
     assert!(result.is_err(), "start must fail");
-    // Give a worker that outlived the failed start the time to launch its plugin.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // `start` does every fallible step before it spawns its first worker, so a failed
+    // start must leave no task behind that could launch a plugin later (checked now, not
+    // after a wait that could be too short), and must have launched nothing.
+    let tasks = tokio::runtime::Handle::current()
+        .metrics()
+        .num_alive_tasks();
     if let Ok(text) = std::fs::read_to_string(&node_pid) {
         let pid: i32 = text.trim().parse().unwrap();
-        let running_now = running(pid);
         let _ = nix::sys::signal::killpg(
             nix::unistd::Pid::from_raw(pid),
             nix::sys::signal::Signal::SIGKILL,
         );
-        assert!(!running_now, "a failed start left a plugin running");
+        panic!("a failed start launched plugin {pid}");
     }
+    assert_eq!(tasks, 0, "a failed start left {tasks} task(s) running");
 }
 
 /// SIGKILLs a test's bystander process group even if an assertion fails first.

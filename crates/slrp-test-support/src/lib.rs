@@ -24,8 +24,8 @@ use std::time::Duration;
 pub mod require;
 
 pub use require::{
-    Cap, find_tool, has_cap, in_ci, is_root, require, require_cap, require_path, require_root,
-    require_tool,
+    Cap, current_test, find_tool, has_cap, in_ci, is_root, require, require_cap, require_path,
+    require_root, require_tool,
 };
 
 /// Path of the `slrp-csi-local` binary: `$SLRP_CSI_LOCAL_BIN`, else beside the running

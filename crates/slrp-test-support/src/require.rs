@@ -68,6 +68,16 @@ pub fn require(test: &str, need: &str, available: bool) -> bool {
     false
 }
 
+/// The name of the running test: libtest (and nextest, through it) runs each test on a
+/// thread named after it, and `#[tokio::test]` keeps the body on that thread.
+#[must_use]
+pub fn current_test() -> String {
+    std::thread::current()
+        .name()
+        .unwrap_or("this test")
+        .to_owned()
+}
+
 /// The effective uid is 0.
 #[must_use]
 pub fn is_root() -> bool {

@@ -1,9 +1,11 @@
 //! Mount-directory cleanup: finding the directories of untracked volumes, undoing what
-//! is still mounted there and removing them without ever recursing.
+//! is still mounted there and removing them without ever recursing; and removing what
+//! users wrote to a volume before it is deleted.
 
+use std::io::{self, Seek, Write};
 use std::path::{Path, PathBuf};
 
-use slrp_csi::{CsiRpc, CsiVolumes, VolumeId};
+use slrp_csi::{AccessType, CsiRpc, CsiVolumes, VolumeCapability, VolumeId};
 use slrp_types::DisplayChain;
 
 use super::driver::{is_already_done, path_str};
@@ -134,4 +136,92 @@ async fn remove_mount_dir(dir: &Path) -> std::io::Result<()> {
         }
     }
     gone(tokio::fs::remove_dir(dir).await)
+}
+
+impl<C: CsiVolumes> Ctx<C> {
+    /// Removes what users wrote to a published volume before it is deleted (Mesos
+    /// `_deleteVolume`: the contents of the target path, not the target itself), so that
+    /// no data passes to the next user of the space.
+    ///
+    /// MOUNT: every entry below the target (symbolic links are removed, never followed),
+    /// refused if anything is mounted below the target, since a recursive removal would
+    /// reach into it. BLOCK: the device published at the target is overwritten with
+    /// zeros and synced (Mesos leaves block volumes alone, §12.24).
+    pub(super) async fn remove_contents(
+        &self,
+        id: &VolumeId,
+        capability: &VolumeCapability,
+    ) -> Result<(), VolumeError> {
+        let cleanup_err = |source| VolumeError::Cleanup {
+            id: id.clone(),
+            source,
+        };
+        let target = self
+            .cfg
+            .mount_paths
+            .target(id)
+            .map_err(|source| VolumeError::Path {
+                id: id.clone(),
+                source,
+            })?;
+        let nested: Vec<PathBuf> = self
+            .cfg
+            .mounts
+            .mounts_under(&target)
+            .map_err(cleanup_err)?
+            .into_iter()
+            .filter(|m| m != &target)
+            .collect();
+        if let Some(first) = nested.first() {
+            return Err(cleanup_err(io::Error::new(
+                io::ErrorKind::ResourceBusy,
+                format!("{} is mounted below the target", first.display()),
+            )));
+        }
+        let block = matches!(capability.access_type, AccessType::Block);
+        let path = target.clone();
+        tokio::task::spawn_blocking(move || {
+            if block {
+                zero_fill(&path)
+            } else {
+                remove_entries(&path)
+            }
+        })
+        .await
+        .map_err(|e| cleanup_err(io::Error::other(e)))?
+        .map_err(cleanup_err)?;
+        tracing::info!(volume = %id, target = %target.display(), block, "volume contents removed before deletion");
+        Ok(())
+    }
+}
+
+/// Removes every entry of `dir`, not `dir` itself.
+fn remove_entries(dir: &Path) -> io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let path = entry.path();
+        // `file_type` does not follow links: a link to a directory is removed as a link.
+        if entry.file_type()?.is_dir() {
+            std::fs::remove_dir_all(&path)?;
+        } else {
+            std::fs::remove_file(&path)?;
+        }
+    }
+    Ok(())
+}
+
+/// Overwrites the block device at `path` with zeros, end to end, and syncs it.
+fn zero_fill(path: &Path) -> io::Result<()> {
+    const CHUNK: usize = 1 << 20;
+    let mut dev = std::fs::OpenOptions::new().write(true).open(path)?;
+    let size = dev.seek(io::SeekFrom::End(0))?;
+    dev.seek(io::SeekFrom::Start(0))?;
+    let zeros = vec![0u8; CHUNK];
+    let mut left = size;
+    while left > 0 {
+        let n = usize::try_from(left).map_or(CHUNK, |l| l.min(CHUNK));
+        dev.write_all(&zeros[..n])?;
+        left -= n as u64;
+    }
+    dev.sync_all()
 }

@@ -13,8 +13,8 @@ use slrp_types::DisplayChain;
 
 use super::error::{PreparedDir, Subject, VolumeError};
 use super::jobs::Ctx;
-use super::manager::{failpoints, injected};
-use super::state::{CallOutcome, CsiCall, Goal, SecretRef, VolumeRecord};
+use super::manager::{TargetPath, failpoints, injected};
+use super::state::{CsiCall, Goal, SecretRef, VolumeRecord};
 
 /// A built request for one transition RPC (built before the intent is committed, so a
 /// missing secret fails without changing anything).
@@ -104,13 +104,17 @@ impl<C: CsiVolumes> Ctx<C> {
                     });
                 }
             };
-            let done = rec
-                .finish(call, CallOutcome::Succeeded { publish_context })
-                .map_err(|source| VolumeError::Transition {
-                    id: rec.id.clone(),
-                    state: rec.state.name(),
-                    source,
-                })?;
+            // Mesos's post-checks (v1/v0 `_publishVolume`, v1 `__unpublishVolume`): the
+            // call "succeeded" but the path says otherwise, so the volume stays in flight
+            // and the next request or recovery drives the call again.
+            self.check_target(call, &rec.id).await?;
+            let done =
+                rec.finish(call, publish_context)
+                    .map_err(|source| VolumeError::Transition {
+                        id: rec.id.clone(),
+                        state: rec.state.name(),
+                        source,
+                    })?;
             self.persist(&done).await?;
             tracing::debug!(volume = %done.id, state = %done.state.name(), "volume moved");
             *rec = done;
@@ -211,7 +215,7 @@ impl<C: CsiVolumes> Ctx<C> {
                 let staging = paths.staging(id).map_err(path_err)?;
                 (PreparedDir::Staging, staging.clone(), staging)
             }
-            CsiCall::NodePublish if self.cfg.create_target_dir => {
+            CsiCall::NodePublish if self.cfg.target_path == TargetPath::CoCreates => {
                 let target = paths.target(id).map_err(path_err)?;
                 (PreparedDir::Target, target.clone(), target)
             }
@@ -232,6 +236,41 @@ impl<C: CsiVolumes> Ctx<C> {
                 path: named,
                 source,
             })
+    }
+
+    /// After NodePublishVolume the target must exist; after NodeUnpublishVolume of a
+    /// plugin that creates its targets it must be gone.
+    async fn check_target(&self, call: CsiCall, id: &VolumeId) -> Result<(), VolumeError> {
+        let expect_present = match call {
+            CsiCall::NodePublish => true,
+            CsiCall::NodeUnpublish if self.cfg.target_path == TargetPath::PluginCreates => false,
+            CsiCall::NodeUnpublish
+            | CsiCall::ControllerPublish
+            | CsiCall::ControllerUnpublish
+            | CsiCall::NodeStage
+            | CsiCall::NodeUnstage => return Ok(()),
+        };
+        let path = self
+            .cfg
+            .mount_paths
+            .target(id)
+            .map_err(|source| VolumeError::Path {
+                id: id.clone(),
+                source,
+            })?;
+        // A dangling link at the target counts as present: something is there.
+        let present = tokio::fs::symlink_metadata(&path).await.is_ok();
+        match (expect_present, present) {
+            (true, false) => Err(VolumeError::TargetNotCreated {
+                id: id.clone(),
+                path,
+            }),
+            (false, true) => Err(VolumeError::TargetNotRemoved {
+                id: id.clone(),
+                path,
+            }),
+            (true, true) | (false, false) => Ok(()),
+        }
     }
 
     pub(super) async fn send(

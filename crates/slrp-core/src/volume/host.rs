@@ -200,8 +200,9 @@ mod tests {
     /// recursively, through the mount, with the volume's data.
     #[test]
     fn proc_mount_table_sees_mounts_through_symlinks_and_escapes() {
-        if !nix::unistd::Uid::effective().is_root() {
-            eprintln!("skipped: needs root for mounts");
+        if !slrp_test_support::require_root(
+            "proc_mount_table_sees_mounts_through_symlinks_and_escapes",
+        ) {
             return;
         }
         let dir = tempfile::tempdir().unwrap();

@@ -5,18 +5,20 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use slrp_csi::{
-    AccessMode, CreateVolumeRequest, CsiRpc, CsiVolumes, RetryClass, Secrets, StringMap,
+    CreateVolumeRequest, CsiError, CsiRpc, CsiVolumes, RetryClass, Secrets, StringMap,
     ValidateRequest, VolumeCapability, VolumeId, VolumePage,
 };
 use slrp_store::Store;
+use slrp_types::DisplayChain;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use super::driver::is_already_done;
-use super::error::{Mismatched, Subject, ValidationFailure, VolumeError};
+use super::error::{Mismatched, Subject, ValidationFailure, VolumeError, VolumeErrorKind};
 use super::handle::{CreateVolume, Reply, ValidateVolume, VolumeInfo};
 use super::manager::{VolumeManagerConfig, failpoints, injected};
-use super::recovery::{RecoveryGoal, RecoveryResult, recovery_summary};
+use super::plan::RecoveryGoal;
+use super::recovery::{RecoveryResult, recovery_summary};
 use super::schedule::{Class, Key};
 use super::state::{Goal, VolumeRecord, VolumeSpec, VolumeState};
 
@@ -135,17 +137,12 @@ pub(super) struct Ctx<C> {
     pub(super) cancel: CancellationToken,
 }
 
-/// Whether volumes with `cap` are published read-only (the reader-only access modes).
-fn is_read_only(cap: &VolumeCapability) -> bool {
-    match cap.access_mode {
-        AccessMode::SingleNodeReaderOnly | AccessMode::MultiNodeReaderOnly => true,
-        AccessMode::SingleNodeWriter
-        | AccessMode::MultiNodeSingleWriter
-        | AccessMode::MultiNodeMultiWriter
-        | AccessMode::SingleNodeSingleWriter
-        | AccessMode::SingleNodeMultiWriter => false,
-    }
-}
+/// `readonly` of the volumes the manager creates or validates. Mesos never sets it for
+/// provider volumes (`VolumeState.readonly` is only set for pre-provisioned volumes its
+/// CSI server publishes for task volumes), whatever the access mode: the provider must
+/// be able to lay out persistent volumes on the disk and clean it before deletion, and a
+/// reader-only profile is about who may use the volume, not a read-only mount for slrp.
+const SLRP_VOLUMES_READONLY: bool = false;
 
 impl<C: CsiVolumes> Ctx<C> {
     pub(super) async fn run_job(
@@ -189,11 +186,7 @@ impl<C: CsiVolumes> Ctx<C> {
             }
             Job::Recover { goal } => {
                 let (result, change) = self.recover(&key, goal, record).await;
-                let required = matches!(
-                    goal,
-                    RecoveryGoal::Republish | RecoveryGoal::AfterReboot { republish: true }
-                );
-                let summary = recovery_summary(&result, required);
+                let summary = recovery_summary(&result, goal.is_required());
                 let (_, fatal) = settle::<()>(None, result.map(|_| ()));
                 (
                     change,
@@ -348,7 +341,7 @@ impl<C: CsiVolumes> Ctx<C> {
                 capability: req.capability.clone(),
                 parameters: req.parameters.clone(),
                 volume_context: volume.volume_context,
-                readonly: is_read_only(&req.capability),
+                readonly: SLRP_VOLUMES_READONLY,
                 pre_provisioned: false,
                 node_stage_secrets: Default::default(),
                 node_publish_secrets: Default::default(),
@@ -406,7 +399,7 @@ impl<C: CsiVolumes> Ctx<C> {
                     req.id.clone(),
                     None,
                     VolumeSpec {
-                        readonly: is_read_only(&req.capability),
+                        readonly: SLRP_VOLUMES_READONLY,
                         capability: req.capability,
                         parameters: req.parameters,
                         volume_context: req.volume_context,
@@ -436,7 +429,44 @@ impl<C: CsiVolumes> Ctx<C> {
         };
         match self.delete_steps(&mut rec).await {
             Ok(deprovisioned) => (Ok(deprovisioned), Change::Remove(rec.id)),
-            Err(e) => (Err(e), Change::Put(Box::new(rec))),
+            Err(e) => {
+                let e = self.delete_ended(&mut rec, e).await;
+                (Err(e), Change::Put(Box::new(rec)))
+            }
+        }
+    }
+
+    /// A deletion ended with `e`. If it *failed* (the plugin refused, a step failed), the
+    /// volume is left usable where the failure left it (CREATED after a refused
+    /// DeleteVolume) and `deleting` is cleared durably, so that nothing deletes it later
+    /// unasked (Mesos: a failed DESTROY_DISK leaves the volume tracked and offered). If it
+    /// was *interrupted* (shutdown, a fatal error), `deleting` stays and the next start
+    /// resumes it. Returns the error to answer with.
+    pub(super) async fn delete_ended(&self, rec: &mut VolumeRecord, e: VolumeError) -> VolumeError {
+        let interrupted = e.is_fatal()
+            || e.kind() == VolumeErrorKind::Stopped
+            || matches!(
+                &e,
+                VolumeError::Csi {
+                    source: CsiError::Cancelled { .. },
+                    ..
+                }
+            );
+        if interrupted || !rec.deleting {
+            return e;
+        }
+        let mut failed = rec.clone();
+        failed.deleting = false;
+        failed.delete_failed = Some(DisplayChain(&e).to_string());
+        match self.persist(&failed).await {
+            Ok(()) => {
+                tracing::warn!(volume = %rec.id, state = %failed.state.name(), error = %DisplayChain(&e),
+                    "deletion failed; the volume stays tracked and usable");
+                *rec = failed;
+                e
+            }
+            // Fatal: `deleting` is still on disk, so the next start resumes the deletion.
+            Err(store) => store,
         }
     }
 
@@ -465,14 +495,30 @@ impl<C: CsiVolumes> Ctx<C> {
     }
 
     pub(super) async fn delete_steps(&self, rec: &mut VolumeRecord) -> Result<bool, VolumeError> {
-        if !rec.deleting || rec.node_publish_required {
+        if !rec.deleting || rec.node_publish_required || rec.delete_failed.is_some() {
             // Durable before the first step, so that recovery finishes the deletion
-            // instead of publishing the volume again.
+            // instead of publishing the volume again. Records written before
+            // `needs_cleanup` existed know a published volume by `node_publish_required`.
             let mut marked = rec.clone();
             marked.deleting = true;
+            marked.needs_cleanup |= rec.node_publish_required;
             marked.node_publish_required = false;
+            marked.delete_failed = None;
             self.persist(&marked).await?;
             *rec = marked;
+        }
+        if rec.needs_cleanup {
+            // Spec §4.6 delete step 1, also for a volume unpublished since: published again
+            // (the data is reachable only through the plugin), its contents removed, and
+            // only then made durable, so that a crash in between cleans again and never
+            // deletes without cleaning.
+            self.drive(rec, Goal::Published).await?;
+            self.remove_contents(&rec.id, &rec.spec.capability).await?;
+            let mut cleaned = rec.clone();
+            cleaned.needs_cleanup = false;
+            cleaned.node_publish_required = false;
+            self.persist(&cleaned).await?;
+            *rec = cleaned;
         }
         self.drive(rec, Goal::Created).await?;
         let deprovisioned = self.delete_rpc(&rec.id).await?;

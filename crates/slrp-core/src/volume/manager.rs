@@ -53,7 +53,7 @@
 //! # Recovery
 //!
 //! At start the worker loads every record and intent, then:
-//! 1. maps each record to the current boot ([`VolumeRecord::recover`]): after a reboot
+//! 1. maps each record to the current boot ([`plan_recovery`](super::plan_recovery)): after a reboot
 //!    (changed boot id) a staged or published volume is walked back to NODE_READY through
 //!    NodeUnpublish/NodeUnstage (idempotent; they clear what the plugin still records
 //!    of mounts the reboot removed) and published again if it must be;
@@ -145,9 +145,9 @@ pub struct VolumeManagerConfig {
     pub max_concurrent: usize,
     /// Commands that may wait for the worker before senders wait (backpressure).
     pub command_buffer: usize,
-    /// Create the target directory before NodePublishVolume (CSI v0 plugins expect it;
-    /// v1 plugins create it themselves and get only its parent).
-    pub create_target_dir: bool,
+    /// Who creates the target path of NodePublishVolume: follows the plugin's CSI
+    /// version and `CSIPluginInfo.target_path_exists` ([`TargetPath::for_plugin`]).
+    pub target_path: TargetPath,
     /// How long running jobs may take to finish on shutdown.
     pub shutdown_grace: Duration,
     /// Which CSI calls the manager retries, and how (default Mesos's: CreateVolume and
@@ -162,15 +162,42 @@ pub struct VolumeManagerConfig {
     pub secrets: Arc<dyn SecretResolver>,
 }
 
+/// Who creates the target path of NodePublishVolume, and so what the manager checks
+/// after NodeUnpublishVolume. A property of the plugin, never a default: pass
+/// [`TargetPath::for_plugin`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TargetPath {
+    /// CSI v1: the CO creates the parent directory and the plugin the target ("Creation
+    /// of target_path is the responsibility of the SP"), which it removes again on
+    /// NodeUnpublishVolume; the manager checks that it is gone afterwards.
+    PluginCreates,
+    /// CSI 0.2/0.3 ("The CO SHALL ensure that the path exists"), or a v1 plugin
+    /// configured with `target_path_exists`: the manager creates the target directory
+    /// and does not expect the plugin to remove it.
+    CoCreates,
+}
+
+impl TargetPath {
+    /// As Mesos decides: v0 always creates the target (`v0_volume_manager.cpp`), v1 only
+    /// if `CSIPluginInfo.target_path_exists` is set.
+    pub fn for_plugin(version: CsiVersion, target_path_exists: bool) -> Self {
+        match version {
+            CsiVersion::V0 => Self::CoCreates,
+            CsiVersion::V1 if target_path_exists => Self::CoCreates,
+            CsiVersion::V1 => Self::PluginCreates,
+        }
+    }
+}
+
 impl VolumeManagerConfig {
-    /// Defaults: CSI v1 and an unnamed plugin, 16 concurrent volumes, 256 queued
-    /// commands, target dir left to the plugin, 30 s grace, the real mount table, no
-    /// secrets.
+    /// Defaults: CSI v1 and an unnamed plugin (for messages), 16 concurrent volumes, 256
+    /// queued commands, 30 s grace, the real mount table, no secrets.
     pub fn new(
         mount_paths: MountPaths,
         node_id: impl Into<String>,
         caps: CsiCapabilities,
         boot_id: BootId,
+        target_path: TargetPath,
     ) -> Self {
         Self {
             mount_paths,
@@ -182,7 +209,7 @@ impl VolumeManagerConfig {
             boot_id,
             max_concurrent: 16,
             command_buffer: 256,
-            create_target_dir: false,
+            target_path,
             shutdown_grace: Duration::from_secs(30),
             retry: RetryConfig::default(),
             mounts: Arc::new(ProcMountTable),
@@ -190,18 +217,49 @@ impl VolumeManagerConfig {
         }
     }
 
-    /// Sets the concurrency limit (at least 1).
+    /// Sets the concurrency limit (at least 1; [`Self::validate`]).
     #[must_use]
     pub fn max_concurrent(mut self, n: usize) -> Self {
-        self.max_concurrent = n.max(1);
+        self.max_concurrent = n;
         self
     }
 
-    /// Sets the command buffer (at least 1).
+    /// Sets the command buffer (at least 1; [`Self::validate`]).
     #[must_use]
     pub fn command_buffer(mut self, n: usize) -> Self {
-        self.command_buffer = n.max(1);
+        self.command_buffer = n;
         self
+    }
+
+    /// Checks the settings; [`VolumeManager::spawn`] refuses a config that fails this.
+    ///
+    /// # Errors
+    /// [`VolumeError::Config`] naming the first field at fault: `max_concurrent` or
+    /// `command_buffer` of 0 (nothing could run, or nobody could send), a mount root
+    /// that is relative or not UTF-8 (CSI paths are strings), or an empty `node_id` for a
+    /// plugin with PUBLISH_UNPUBLISH_VOLUME (ControllerPublishVolume needs it).
+    pub fn validate(&self) -> Result<(), VolumeError> {
+        let bad = |field, problem| Err(VolumeError::Config { field, problem });
+        let root = self.mount_paths.root();
+        if self.max_concurrent == 0 {
+            return bad("max_concurrent", "must be at least 1");
+        }
+        if self.command_buffer == 0 {
+            return bad("command_buffer", "must be at least 1");
+        }
+        if !root.is_absolute() {
+            return bad("mount_paths", "must be an absolute path");
+        }
+        if root.to_str().is_none() {
+            return bad("mount_paths", "must be UTF-8");
+        }
+        if self.node_id.is_empty() && self.caps.controller_publish() {
+            return bad(
+                "node_id",
+                "must not be empty for a plugin with PUBLISH_UNPUBLISH_VOLUME",
+            );
+        }
+        Ok(())
     }
 
     /// Names the plugin (Mesos `CSIPluginInfo` type and name) and its CSI version, for
@@ -216,13 +274,6 @@ impl VolumeManagerConfig {
         self.plugin_type = plugin_type.into();
         self.plugin_name = plugin_name.into();
         self.csi_version = version;
-        self
-    }
-
-    /// Whether to create the target directory before NodePublishVolume.
-    #[must_use]
-    pub fn create_target_dir(mut self, yes: bool) -> Self {
-        self.create_target_dir = yes;
         self
     }
 
@@ -261,19 +312,26 @@ pub struct VolumeManager;
 
 impl VolumeManager {
     /// Starts the worker on the current runtime: it recovers from `store` (see the
-    /// module docs) and then serves requests until `cancel` fires or a fatal error.
+    /// module docs) and then serves requests until `shutdown` fires, the guard stops it
+    /// (or is dropped), or a fatal error.
     ///
-    /// The returned task ends with the fatal error, or `Ok` after shutdown; when it has
+    /// The worker's task ends with the fatal error, or `Ok` after shutdown; when it has
     /// ended, every job has stopped and the manager holds no clone of `store`.
+    ///
+    /// # Errors
+    /// [`VolumeError::Config`] if `config` fails [`VolumeManagerConfig::validate`];
+    /// nothing is started then.
     pub fn spawn<C: CsiVolumes>(
         config: VolumeManagerConfig,
         store: Store,
         csi: Arc<C>,
-        cancel: CancellationToken,
-    ) -> (VolumeManagerHandle, JoinHandle<Result<(), VolumeError>>) {
-        let (tx, rx) = mpsc::channel(config.command_buffer.max(1));
+        shutdown: &CancellationToken,
+    ) -> Result<(VolumeManagerHandle, VolumeManagerGuard), VolumeError> {
+        config.validate()?;
+        let cancel = shutdown.child_token();
+        let (tx, rx) = mpsc::channel(config.command_buffer);
         let (ready_tx, ready) = watch::channel(Readiness::Recovering);
-        let permits = Arc::new(Semaphore::new(config.max_concurrent.max(1)));
+        let permits = Arc::new(Semaphore::new(config.max_concurrent));
         let worker = Worker {
             ctx: Arc::new(Ctx {
                 csi,
@@ -294,10 +352,74 @@ impl VolumeManager {
         };
         let task = tokio::spawn(
             worker
-                .run(cancel)
+                .run(cancel.clone())
                 .instrument(tracing::info_span!(parent: None, "volume_manager")),
         );
-        (VolumeManagerHandle { tx, ready }, task)
+        let guard = VolumeManagerGuard {
+            cancel,
+            task: Some(task),
+        };
+        Ok((VolumeManagerHandle { tx, ready }, guard))
+    }
+}
+
+/// The running manager, kept by whoever started it: stopping it, and learning that it
+/// stopped by itself (a fatal error), go through this guard. Dropping it requests a stop
+/// (the shutdown in the module docs) without waiting for it.
+#[derive(Debug)]
+#[must_use = "dropping the guard stops the manager"]
+pub struct VolumeManagerGuard {
+    /// The worker's own token, a child of the caller's shutdown token: cancelled by
+    /// [`Self::request_stop`], [`Self::stop`] and on drop.
+    cancel: CancellationToken,
+    /// The worker's task; `None` once joined.
+    task: Option<JoinHandle<Result<(), VolumeError>>>,
+}
+
+impl VolumeManagerGuard {
+    /// Starts the shutdown and returns at once; [`Self::join`] waits for it.
+    pub fn request_stop(&self) {
+        self.cancel.cancel();
+    }
+
+    /// Stops the manager and waits until its task has ended.
+    ///
+    /// # Errors
+    /// The fatal error the worker ended with, if any (also one that happened during the
+    /// shutdown grace period).
+    pub async fn stop(self) -> Result<(), VolumeError> {
+        self.request_stop();
+        self.join().await
+    }
+
+    /// Waits until the worker's task has ended, by a stop or by itself.
+    ///
+    /// # Errors
+    /// The fatal error the worker ended with; [`VolumeError::Stopped`] if the runtime
+    /// dropped the task.
+    ///
+    /// # Panics
+    /// If the worker panicked (the panic is resumed here).
+    pub async fn join(mut self) -> Result<(), VolumeError> {
+        let Some(task) = self.task.take() else {
+            return Ok(());
+        };
+        match task.await {
+            Ok(result) => result,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => Err(VolumeError::Stopped),
+        }
+    }
+
+    /// Whether the worker's task has ended.
+    pub fn is_finished(&self) -> bool {
+        self.task.as_ref().is_none_or(JoinHandle::is_finished)
+    }
+}
+
+impl Drop for VolumeManagerGuard {
+    fn drop(&mut self) {
+        self.cancel.cancel();
     }
 }
 

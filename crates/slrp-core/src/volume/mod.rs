@@ -3,6 +3,8 @@
 //!
 //! - [`state`]: the pure state machine ([`VolumeState`], [`VolumeRecord`], planning,
 //!   begin/finish, recovery).
+//! - [`plan`]: recovery planning, pure ([`plan_recovery`]: stored records, intents,
+//!   boot id and mounts → [`RecoveryPlan`]).
 //! - [`paths`]: volume id ↔ directory name encoding and the staging/target paths.
 //! - [`manager`]: [`VolumeManager`] (the worker: its loop, config and shutdown) and the
 //!   design of the whole manager; its parts are private modules beside it:
@@ -24,6 +26,7 @@ pub mod host;
 mod jobs;
 pub mod manager;
 pub mod paths;
+pub mod plan;
 mod recovery;
 mod schedule;
 pub mod state;
@@ -35,13 +38,14 @@ pub use handle::{CreateVolume, ValidateVolume, VolumeInfo, VolumeManagerHandle};
 pub use host::{
     MountTable, NoSecrets, ProcMountTable, SecretResolver, StaticSecrets, read_boot_id,
 };
-pub use manager::{VolumeManager, VolumeManagerConfig};
+pub use manager::{TargetPath, VolumeManager, VolumeManagerConfig, VolumeManagerGuard};
 pub use paths::{MountPaths, PathError, decode_volume_id, encode_volume_id};
+pub use plan::{MountMismatch, PlannedJob, RecoveryGoal, RecoveryPlan, plan_recovery};
 pub use recovery::RecoveryReport;
 pub use schedule::JobCounts;
 pub use state::{
-    BootId, CallOutcome, CsiCall, Goal, OnCallFail, SecretRef, StateName, Step, TransitionError,
-    VolumeRecord, VolumeSpec, VolumeState,
+    BootId, CsiCall, Goal, SecretRef, StateName, Step, TransitionError, VolumeRecord, VolumeSpec,
+    VolumeState,
 };
 
 // The CSI domain types live in `slrp-csi` (one definition each); re-exported because the

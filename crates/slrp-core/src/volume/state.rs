@@ -6,12 +6,12 @@
 //!    plugin's capabilities make a no-op (in memory) and names the next RPC, if any;
 //! 2. `record = record.begin(call, boot)?` enters the in-flight state, which the driver
 //!    makes durable *before* sending the RPC;
-//! 3. after the RPC, `record = record.finish(call, outcome)?` settles (a failure keeps the
-//!    in-flight state unless the failure policy says the call certainly had no effect), and
-//!    the driver persists it.
+//! 3. after a successful RPC, `record = record.finish(call, publish_context)?` settles,
+//!    and the driver persists it; a failed RPC keeps the in-flight state (Mesos's rule).
 //!
-//! On start, [`VolumeRecord::recover`] maps a stored state to the state valid in the
-//! current boot and names the interrupted RPC to re-drive. See `docs/state-machines.md`.
+//! On start, [`super::plan::plan_recovery`] maps stored records to the current boot and
+//! the mount table and names the jobs that finish interrupted calls. See
+//! `docs/state-machines.md`.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -171,22 +171,6 @@ impl StateName {
             Self::NodeUnstage => "NODE_UNSTAGE",
         }
     }
-
-    /// Mesos's `VolumeState.State` number (`src/csi/state.proto`).
-    pub fn mesos_value(self) -> i32 {
-        match self {
-            Self::Created => 1,
-            Self::NodeReady => 2,
-            Self::Published => 3,
-            Self::ControllerPublish => 4,
-            Self::ControllerUnpublish => 5,
-            Self::NodePublish => 6,
-            Self::NodeUnpublish => 7,
-            Self::VolReady => 8,
-            Self::NodeStage => 9,
-            Self::NodeUnstage => 10,
-        }
-    }
 }
 
 impl fmt::Display for StateName {
@@ -287,42 +271,6 @@ pub enum Step {
     Skip(CsiCall),
 }
 
-/// What to do with the state when an RPC failed: a named policy, not a flag.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OnCallFail {
-    /// Keep the in-flight state (Mesos's behaviour): the RPC may have taken effect, so the
-    /// next request or recovery re-drives or undoes it. Always safe.
-    StayInFlight,
-    /// Return to the stable state the forward call started from. Only correct when no
-    /// attempt of this call since that state can have taken effect (e.g. the plugin
-    /// rejected the first attempt with `INVALID_ARGUMENT`); the driver decides. For undo
-    /// calls this is the same as `StayInFlight`: re-driving an undo is always safe, while
-    /// claiming the previous state could claim a mount that is gone.
-    RollBack,
-}
-
-/// How an RPC ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CallOutcome {
-    /// It succeeded. `publish_context` is ControllerPublishVolume's result and ignored for
-    /// every other call.
-    Succeeded {
-        /// ControllerPublishVolume's `publish_context`.
-        publish_context: StringMap,
-    },
-    /// It failed; the policy says what that means for the state.
-    Failed(OnCallFail),
-}
-
-impl CallOutcome {
-    /// Success with no result data.
-    pub fn ok() -> Self {
-        Self::Succeeded {
-            publish_context: StringMap::new(),
-        }
-    }
-}
-
 /// A transition that is not allowed from the current state. Returned without any change.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TransitionError {
@@ -375,16 +323,6 @@ impl VolumeState {
             Self::NodePublishing { .. } => Some(CsiCall::NodePublish),
             Self::NodeUnpublishing { .. } => Some(CsiCall::NodeUnpublish),
         }
-    }
-
-    /// Whether an RPC may be in progress or half-done.
-    pub fn is_in_flight(&self) -> bool {
-        self.in_flight_call().is_some()
-    }
-
-    /// Whether the goal is reached exactly.
-    pub fn is_at(&self, goal: Goal) -> bool {
-        self.next_step(goal, &CsiCapabilities::default()).is_none()
     }
 
     /// The boot in which staging happened (or may have), for states past `NodeReady`.
@@ -578,117 +516,62 @@ impl VolumeState {
         })
     }
 
-    /// Settles the in-flight state of `call` after the RPC returned.
+    /// Settles the in-flight state of `call` after its RPC succeeded; `publish_context`
+    /// is ControllerPublishVolume's result and ignored for every other call. A failed RPC
+    /// has no transition: the in-flight state stays (Mesos's rule; the RPC may have taken
+    /// effect), and the next request or recovery re-drives or undoes it.
     pub fn finish(
         &self,
         call: CsiCall,
-        outcome: CallOutcome,
+        publish_context: StringMap,
     ) -> Result<VolumeState, TransitionError> {
-        if self.in_flight_call() != Some(call) {
-            return Err(TransitionError::NotInFlight {
-                call,
-                state: self.name(),
-            });
-        }
-        use CallOutcome::{Failed, Succeeded};
-        use OnCallFail::{RollBack, StayInFlight};
-        let node = |boot_id: &BootId, publish_context: &StringMap| {
-            (boot_id.clone(), publish_context.clone())
+        let not_in_flight = || TransitionError::NotInFlight {
+            call,
+            state: self.name(),
         };
-        Ok(match (self, outcome) {
-            (Self::ControllerPublishing, Succeeded { publish_context }) => {
-                Self::NodeReady { publish_context }
+        if self.in_flight_call() != Some(call) {
+            return Err(not_in_flight());
+        }
+        let (boot_id, kept) = match self {
+            Self::ControllerPublishing => return Ok(Self::NodeReady { publish_context }),
+            Self::ControllerUnpublishing => return Ok(Self::Created),
+            Self::NodeStaging {
+                boot_id,
+                publish_context,
             }
-            (Self::ControllerPublishing, Failed(RollBack)) => Self::Created,
-            (Self::ControllerUnpublishing, Succeeded { .. }) => Self::Created,
-            (
-                Self::NodeStaging {
-                    boot_id,
-                    publish_context,
-                },
-                Succeeded { .. },
-            ) => {
-                let (boot_id, publish_context) = node(boot_id, publish_context);
-                Self::VolReady {
-                    boot_id,
-                    publish_context,
-                }
+            | Self::NodeUnstaging {
+                boot_id,
+                publish_context,
             }
-            (
-                Self::NodeStaging {
-                    publish_context, ..
-                },
-                Failed(RollBack),
-            )
-            | (
-                Self::NodeUnstaging {
-                    publish_context, ..
-                },
-                Succeeded { .. },
-            ) => Self::NodeReady {
-                publish_context: publish_context.clone(),
-            },
-            (
-                Self::NodePublishing {
-                    boot_id,
-                    publish_context,
-                },
-                Succeeded { .. },
-            ) => {
-                let (boot_id, publish_context) = node(boot_id, publish_context);
-                Self::Published {
-                    boot_id,
-                    publish_context,
-                }
+            | Self::NodePublishing {
+                boot_id,
+                publish_context,
             }
-            (
-                Self::NodePublishing {
-                    boot_id,
-                    publish_context,
-                },
-                Failed(RollBack),
-            )
-            | (
-                Self::NodeUnpublishing {
-                    boot_id,
-                    publish_context,
-                },
-                Succeeded { .. },
-            ) => {
-                let (boot_id, publish_context) = node(boot_id, publish_context);
-                Self::VolReady {
-                    boot_id,
-                    publish_context,
-                }
-            }
-            // Undo calls stay in flight even under `RollBack` (see `OnCallFail::RollBack`).
-            (
-                Self::ControllerUnpublishing
-                | Self::NodeUnstaging { .. }
-                | Self::NodeUnpublishing { .. },
-                Failed(RollBack),
-            )
-            | (
-                Self::ControllerPublishing
-                | Self::ControllerUnpublishing
-                | Self::NodeStaging { .. }
-                | Self::NodeUnstaging { .. }
-                | Self::NodePublishing { .. }
-                | Self::NodeUnpublishing { .. },
-                Failed(StayInFlight),
-            ) => self.clone(),
+            | Self::NodeUnpublishing {
+                boot_id,
+                publish_context,
+            } => (boot_id.clone(), publish_context.clone()),
             // Excluded by the in-flight check above.
-            (
-                Self::Created
-                | Self::NodeReady { .. }
-                | Self::VolReady { .. }
-                | Self::Published { .. },
-                Succeeded { .. } | Failed(RollBack | StayInFlight),
-            ) => {
-                return Err(TransitionError::NotInFlight {
-                    call,
-                    state: self.name(),
-                });
+            Self::Created
+            | Self::NodeReady { .. }
+            | Self::VolReady { .. }
+            | Self::Published { .. } => {
+                return Err(not_in_flight());
+            }
+        };
+        let publish_context = kept;
+        Ok(match call {
+            CsiCall::NodeStage | CsiCall::NodeUnpublish => Self::VolReady {
+                boot_id,
+                publish_context,
+            },
+            CsiCall::NodeUnstage => Self::NodeReady { publish_context },
+            CsiCall::NodePublish => Self::Published {
+                boot_id,
+                publish_context,
+            },
+            CsiCall::ControllerPublish | CsiCall::ControllerUnpublish => {
+                return Err(not_in_flight());
             }
         })
     }
@@ -697,7 +580,7 @@ impl VolumeState {
     /// to persist first). `now` becomes the boot id of a no-op staging.
     pub fn skip(&self, call: CsiCall, now: &BootId) -> Result<VolumeState, TransitionError> {
         let started = self.begin(call, now)?;
-        let done = started.finish(call, CallOutcome::ok())?;
+        let done = started.finish(call, StringMap::new())?;
         Ok(match (call, done) {
             // A no-op stage happens now, whatever boot an earlier attempt was made in.
             (
@@ -739,26 +622,6 @@ impl VolumeState {
         });
         (state, call)
     }
-
-    /// The state valid in boot `now`, and the interrupted RPC to re-drive.
-    ///
-    /// A boot id other than `now` means every mount is gone: staged and published states
-    /// (and their in-flight states) return to `NodeReady`. Otherwise an in-flight state
-    /// re-drives its own RPC (all are idempotent), which completes an interrupted step or
-    /// finishes an interrupted undo.
-    pub fn recover(&self, now: &BootId) -> (VolumeState, Option<CsiCall>) {
-        if let (Some(boot), Some(pc)) = (self.boot_id(), self.publish_context())
-            && boot != now
-        {
-            return (
-                Self::NodeReady {
-                    publish_context: pc.clone(),
-                },
-                None,
-            );
-        }
-        (self.clone(), self.in_flight_call())
-    }
 }
 
 /// One tracked volume: the record the store keeps under kind `volume`, key = volume id.
@@ -782,10 +645,22 @@ pub struct VolumeRecord {
     /// Capacity in bytes as the plugin reported it (or as requested when it did not).
     #[serde(default)]
     pub capacity_bytes: i64,
-    /// A deletion was requested: written before the first step of the deletion, so that
-    /// recovery finishes it instead of publishing the volume again.
+    /// A deletion is in progress: written before the first step of the deletion, so that
+    /// recovery finishes one that was *interrupted* (a crash, a shutdown) instead of
+    /// publishing the volume again. A deletion that *failed* (the plugin refused, a step
+    /// failed) clears it and records [`VolumeRecord::delete_failed`]: the volume stays
+    /// usable and nothing deletes it unasked (Mesos leaves it tracked).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub deleting: bool,
+    /// Users may have written to the volume: set when it is published, cleared only once
+    /// its contents were removed before a deletion. Unlike `node_publish_required`, an
+    /// unpublish keeps it, so data never passes to the next user of the space (Mesos
+    /// cleans a volume that was published before DeleteVolume).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub needs_cleanup: bool,
+    /// Why the last deletion failed, for operators; cleared when a deletion starts again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delete_failed: Option<String>,
 }
 
 impl Record for VolumeRecord {
@@ -806,6 +681,8 @@ impl VolumeRecord {
             node_publish_required: false,
             capacity_bytes: 0,
             deleting: false,
+            needs_cleanup: false,
+            delete_failed: None,
         }
     }
 
@@ -832,26 +709,16 @@ impl VolumeRecord {
         Ok(self.with_state(self.state.begin(call, now)?))
     }
 
-    /// [`VolumeState::finish`] on this record; a successful publish sets
-    /// `node_publish_required`.
-    pub fn finish(&self, call: CsiCall, outcome: CallOutcome) -> Result<Self, TransitionError> {
-        let published =
-            call == CsiCall::NodePublish && matches!(outcome, CallOutcome::Succeeded { .. });
-        let mut next = self.with_state(self.state.finish(call, outcome)?);
-        next.node_publish_required |= published;
+    /// [`VolumeState::finish`] on this record; a publish sets `node_publish_required` and
+    /// `needs_cleanup`.
+    pub fn finish(
+        &self,
+        call: CsiCall,
+        publish_context: StringMap,
+    ) -> Result<Self, TransitionError> {
+        let mut next = self.with_state(self.state.finish(call, publish_context)?);
+        next.node_publish_required |= call == CsiCall::NodePublish;
+        next.needs_cleanup |= call == CsiCall::NodePublish;
         Ok(next)
-    }
-
-    /// [`VolumeState::recover`] on this record.
-    pub fn recover(&self, now: &BootId) -> (Self, Option<CsiCall>) {
-        let (state, call) = self.state.recover(now);
-        (self.with_state(state), call)
-    }
-
-    /// The goal recovery must reach before the provider reports ready: a volume that was
-    /// ever published must be published again (Mesos republishes them so persistent-volume
-    /// cleanup can run later).
-    pub fn recovery_goal(&self) -> Option<Goal> {
-        self.node_publish_required.then_some(Goal::Published)
     }
 }

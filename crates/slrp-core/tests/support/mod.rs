@@ -58,6 +58,14 @@ pub struct FakeState {
     pub max_running_total: usize,
     /// Mount points that exist (staging and target paths).
     pub mounted: HashSet<PathBuf>,
+    /// Behave like a CSI 0.x plugin: the CO creates the target path (NodePublish
+    /// requires it) and NodeUnpublish leaves it. Otherwise (v1) NodePublish creates the
+    /// target directory and NodeUnpublish removes it.
+    pub co_creates_target: bool,
+    /// A broken plugin: NodePublish succeeds without creating the target (v1 mode).
+    pub forget_target: bool,
+    /// A broken plugin: NodeUnpublish succeeds but leaves the target (v1 mode).
+    pub leave_target: bool,
 }
 
 /// The in-memory plugin.
@@ -592,8 +600,18 @@ impl CsiVolumes for FakeCsi {
                     }
                     Some(_) | None => {}
                 }
+                let target = PathBuf::from(&req.target_path);
+                if st.co_creates_target {
+                    if !target.is_dir() {
+                        return Err(err(rpc, Code::InvalidArgument, "target missing"));
+                    }
+                } else if !st.forget_target {
+                    std::fs::create_dir_all(&target)
+                        .map_err(|e| err(rpc, Code::Internal, &e.to_string()))?;
+                }
+                let v = st.volumes.get_mut(&req.volume_id).unwrap();
                 v.published = Some((req.target_path.clone(), req.readonly));
-                st.mounted.insert(PathBuf::from(&req.target_path));
+                st.mounted.insert(target);
                 Ok(())
             })
             .await
@@ -611,6 +629,14 @@ impl CsiVolumes for FakeCsi {
             self.enter(CsiRpc::NodeUnpublishVolume, Some(&id.clone()), move |st| {
                 let rpc = CsiRpc::NodeUnpublishVolume;
                 st.mounted.remove(Path::new(&path));
+                if !st.co_creates_target && !st.leave_target {
+                    match std::fs::remove_dir(&path) {
+                        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                            return Err(err(rpc, Code::Internal, &e.to_string()));
+                        }
+                        Ok(()) | Err(_) => {}
+                    }
+                }
                 let v = st
                     .volumes
                     .get_mut(&id)
@@ -651,23 +677,20 @@ pub struct Harness {
 
 pub struct Running {
     pub handle: VolumeManagerHandle,
-    pub task: tokio::task::JoinHandle<Result<(), VolumeError>>,
-    pub cancel: CancellationToken,
+    pub guard: VolumeManagerGuard,
 }
 
 impl Running {
     /// Orderly stop; returns the worker's result.
     pub async fn stop(self) -> Result<(), VolumeError> {
-        self.cancel.cancel();
-        self.task.await.unwrap()
+        self.guard.stop().await
     }
 
     /// Waits for the worker to die (after a fatal fail point); returns its result.
     pub async fn died(self) -> Result<(), VolumeError> {
-        let r = tokio::time::timeout(Duration::from_secs(60), self.task)
+        let r = tokio::time::timeout(Duration::from_secs(60), self.guard.join())
             .await
-            .expect("manager did not stop")
-            .unwrap();
+            .expect("manager did not stop");
         drop(self.handle);
         r
     }
@@ -697,15 +720,26 @@ impl Harness {
     }
 
     pub fn config(&self) -> VolumeManagerConfig {
-        VolumeManagerConfig::new(self.paths(), "node-1", self.fake.caps, self.boot.clone())
-            .plugin("org.test", "fake", slrp_csi::CsiVersion::V1)
-            // Tests script transient failures and expect to hear them; the retry tests
-            // set their own policy.
-            .retry(slrp_csi::RetryConfig::none())
-            .max_concurrent(self.max_concurrent)
-            .shutdown_grace(Duration::from_secs(5))
-            .mounts(Arc::new(FakeMounts(self.fake.clone())))
-            .secrets(self.secrets.clone())
+        let target = if self.fake.st().co_creates_target {
+            TargetPath::CoCreates
+        } else {
+            TargetPath::PluginCreates
+        };
+        VolumeManagerConfig::new(
+            self.paths(),
+            "node-1",
+            self.fake.caps,
+            self.boot.clone(),
+            target,
+        )
+        .plugin("org.test", "fake", slrp_csi::CsiVersion::V1)
+        // Tests script transient failures and expect to hear them; the retry tests
+        // set their own policy.
+        .retry(slrp_csi::RetryConfig::none())
+        .max_concurrent(self.max_concurrent)
+        .shutdown_grace(Duration::from_secs(5))
+        .mounts(Arc::new(FakeMounts(self.fake.clone())))
+        .secrets(self.secrets.clone())
     }
 
     pub fn start(&self) -> Running {
@@ -714,13 +748,9 @@ impl Harness {
 
     pub fn start_with(&self, cfg: VolumeManagerConfig) -> Running {
         let store = Store::open(self.state_dir()).unwrap();
-        let cancel = CancellationToken::new();
-        let (handle, task) = VolumeManager::spawn(cfg, store, self.fake.clone(), cancel.clone());
-        Running {
-            handle,
-            task,
-            cancel,
-        }
+        let (handle, guard) =
+            VolumeManager::spawn(cfg, store, self.fake.clone(), &CancellationToken::new()).unwrap();
+        Running { handle, guard }
     }
 
     /// The records on disk (the manager must be stopped).

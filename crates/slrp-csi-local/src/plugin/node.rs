@@ -12,8 +12,8 @@ use crate::host::Host;
 use crate::ids;
 use crate::store::{Access, Backend, Published, Staged, VolumeRecord};
 use crate::types::{
-    AccessMode, AccessType, Capability, CapacityRange, Condition, PublishVolume, StageVolume,
-    Usage, UsageUnit, VolumeStats,
+    AccessType, Capability, CapacityRange, Condition, PublishVolume, StageVolume, Usage, UsageUnit,
+    VolumeStats,
 };
 
 impl<H: Host> Plugin<H> {
@@ -323,7 +323,10 @@ impl<H: Host> Plugin<H> {
                 staging.display()
             )));
         }
-        let readonly = req.readonly || req.capability.mode == AccessMode::SingleNodeReaderOnly;
+        // Only the request's flag, as Mesos's test plugin does: the CO decides. A CO that
+        // publishes a reader-only volume writable (Mesos, for persistent-volume layout
+        // and cleanup) must get a writable mount.
+        let readonly = req.readonly;
         let mount_flags = match &req.capability.access {
             AccessType::Mount { mount_flags, .. } => mount_flags.clone(),
             AccessType::Block => Vec::new(),

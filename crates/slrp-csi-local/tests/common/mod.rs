@@ -21,32 +21,21 @@ use tonic::transport::{Channel, Endpoint};
 
 pub const MIB: i64 = 1 << 20;
 
-/// Whether this process may mount and attach loop devices; prints why not.
+/// Whether this process may mount and attach loop devices: a skip notice locally, a
+/// failure under `CI=true` (see `slrp_test_support::require`).
 pub fn can_mount(test: &str) -> bool {
-    if nix::unistd::geteuid().is_root() {
-        true
-    } else {
-        eprintln!("skipping {test}: needs root for mounts and loop devices");
-        false
-    }
+    slrp_test_support::require_root(test)
 }
 
-/// Whether the effective capability set holds CAP_SYS_RESOURCE (bit 24).
+/// Whether the effective capability set holds CAP_SYS_RESOURCE (a fact; tests that
+/// cannot do without it call `slrp_test_support::require_cap`).
 pub fn has_cap_sys_resource() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("CapEff:"))
-                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        })
-        .is_some_and(|caps| caps & (1 << 24) != 0)
+    slrp_test_support::has_cap(slrp_test_support::Cap::SysResource)
 }
 
+/// Whether `tool` is installed (a fact; tests that need it call `require_tool`).
 pub fn has_tool(tool: &str) -> bool {
-    ["/sbin", "/usr/sbin", "/bin", "/usr/bin"]
-        .iter()
-        .any(|d| Path::new(d).join(tool).exists())
+    slrp_test_support::find_tool(tool).is_some()
 }
 
 pub struct TestPlugin {

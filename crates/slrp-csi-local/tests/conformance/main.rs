@@ -60,6 +60,8 @@ struct Sanity {
     staging: String,
     target_parent: String,
     created: Vec<String>,
+    /// `MountVolume.fs_type` of mount capabilities; empty = the plugin's default (ext4).
+    fs_type: String,
 }
 
 impl Sanity {
@@ -84,6 +86,7 @@ impl Sanity {
             staging,
             target_parent,
             created: Vec::new(),
+            fs_type: String::new(),
         }
     }
 
@@ -99,7 +102,10 @@ impl Sanity {
             access_type: Some(if self.flavour == Flavour::Block {
                 AccessType::Block(BlockVolume {})
             } else {
-                AccessType::Mount(MountVolume::default())
+                AccessType::Mount(MountVolume {
+                    fs_type: self.fs_type.clone(),
+                    ..MountVolume::default()
+                })
             }),
         }
     }
@@ -232,8 +238,7 @@ fn flavour_runs(test: &str, flavour: Flavour) -> bool {
     if !can_mount(test) {
         return false;
     }
-    if flavour == Flavour::LoopMount && !has_tool("mkfs.ext4") {
-        eprintln!("skipping {test}: mkfs.ext4 is not installed");
+    if flavour == Flavour::LoopMount && !slrp_test_support::require_tool(test, "mkfs.ext4") {
         return false;
     }
     true

@@ -1,0 +1,212 @@
+//! Mesos fidelity of the volume manager, with the in-memory [`FakeCsi`]: target-path
+//! post-checks and who creates the target, read-only flags, failed versus interrupted
+//! deletions, cleanup before deletion, CreateVolume intents, validation that compares.
+//!
+//! Real time (the store commits on its own thread, see `manager.rs`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use slrp_core::volume::*;
+use slrp_csi::{Code, CsiRpc};
+use support::*;
+
+fn state_of(recs: &[VolumeRecord], id: &VolumeId) -> StateName {
+    recs.iter().find(|r| &r.id == id).unwrap().state.name()
+}
+
+// === item 7: target paths ===
+
+#[tokio::test]
+async fn a_publish_that_created_no_target_fails_with_mesos_text_and_stays_in_flight() {
+    let h = Harness::new(FakeCsi::full());
+    h.fake.st().forget_target = true;
+    let m = h.start();
+    let v = m.handle.create(create_req("op-1")).await.unwrap();
+    let err = m.handle.publish(&v.id).await.unwrap_err();
+    let target = h.paths().target(&v.id).unwrap();
+    assert_eq!(
+        err.to_string(),
+        format!("Target path '{}' not created", target.display())
+    );
+    let recs = m.handle.volumes().await.unwrap();
+    assert_eq!(state_of(&recs, &v.id), StateName::NodePublish);
+    assert!(!recs[0].node_publish_required);
+    // A plugin that does its job next time: the publish is driven again.
+    h.fake.st().forget_target = false;
+    assert_eq!(m.handle.publish(&v.id).await.unwrap(), target);
+    m.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_unpublish_that_left_the_target_of_a_v1_plugin_fails_and_stays_in_flight() {
+    let h = Harness::new(FakeCsi::full());
+    let m = h.start();
+    let v = m.handle.create(create_req("op-1")).await.unwrap();
+    let target = m.handle.publish(&v.id).await.unwrap();
+    h.fake.st().leave_target = true;
+    let err = m.handle.unpublish(&v.id).await.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!("Target path '{}' not removed", target.display())
+    );
+    let recs = m.handle.volumes().await.unwrap();
+    assert_eq!(state_of(&recs, &v.id), StateName::NodeUnpublish);
+    h.fake.st().leave_target = false;
+    std::fs::remove_dir(&target).unwrap();
+    m.handle.unpublish(&v.id).await.unwrap();
+    m.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_target_is_created_by_the_manager_only_for_plugins_that_expect_it() {
+    // A CSI 0.x plugin: the CO creates the target and the plugin leaves it in place.
+    let h = Harness::new(FakeCsi::full());
+    h.fake.st().co_creates_target = true;
+    let m = h.start();
+    let v = m.handle.create(create_req("op-1")).await.unwrap();
+    let target = m.handle.publish(&v.id).await.unwrap();
+    assert!(target.is_dir());
+    m.handle.unpublish(&v.id).await.unwrap();
+    assert!(
+        target.is_dir(),
+        "left for the CO, and no 'not removed' check"
+    );
+    m.handle.publish(&v.id).await.unwrap();
+    m.stop().await.unwrap();
+
+    // The same plugin driven as a v1 plugin: the manager makes only the parent.
+    let cfg = h
+        .config()
+        .max_concurrent(1)
+        .mounts(std::sync::Arc::new(FakeMounts(h.fake.clone())));
+    let cfg = VolumeManagerConfig {
+        target_path: TargetPath::PluginCreates,
+        ..cfg
+    };
+    let m = h.start_with(cfg);
+    m.handle.ready().await.unwrap();
+    let w = m.handle.create(create_req("op-2")).await.unwrap();
+    let err = m.handle.publish(&w.id).await.unwrap_err();
+    assert!(matches!(err, VolumeError::Csi { .. }), "{err}");
+    assert!(!h.paths().target(&w.id).unwrap().exists());
+    assert!(h.paths().volume_dir(&w.id).unwrap().is_dir());
+    m.stop().await.unwrap();
+
+    assert_eq!(
+        TargetPath::for_plugin(slrp_csi::CsiVersion::V0, false),
+        TargetPath::CoCreates
+    );
+    assert_eq!(
+        TargetPath::for_plugin(slrp_csi::CsiVersion::V1, true),
+        TargetPath::CoCreates
+    );
+    assert_eq!(
+        TargetPath::for_plugin(slrp_csi::CsiVersion::V1, false),
+        TargetPath::PluginCreates
+    );
+}
+
+// === item 4: a failed delete leaves a usable volume; an interrupted one is resumed ===
+
+#[tokio::test]
+async fn a_delete_the_plugin_refuses_leaves_a_usable_volume_never_deleted_unasked() {
+    let h = Harness::new(FakeCsi::full());
+    let m = h.start();
+    let v = m.handle.create(create_req("op-1")).await.unwrap();
+    m.handle.publish(&v.id).await.unwrap();
+    h.fake
+        .fail(CsiRpc::DeleteVolume, Code::FailedPrecondition, 1);
+    let err = m.handle.delete(&v.id).await.unwrap_err();
+    assert!(matches!(err, VolumeError::Csi { .. }), "{err}");
+    let rec = m.handle.volumes().await.unwrap().remove(0);
+    assert_eq!(rec.state.name(), StateName::Created);
+    assert!(!rec.deleting, "a failed deletion is not resumed");
+    assert!(
+        rec.delete_failed
+            .as_deref()
+            .is_some_and(|why| why.contains("DeleteVolume")),
+        "{rec:?}"
+    );
+    m.stop().await.unwrap();
+    assert!(!h.stored()[0].deleting);
+
+    // The next start leaves it alone, and it is still usable.
+    let deletes = h.fake.calls(CsiRpc::DeleteVolume);
+    let m = h.start();
+    let report = m.handle.ready().await.unwrap();
+    assert_eq!(report.jobs, 0, "{report:?}");
+    assert_eq!(h.fake.calls(CsiRpc::DeleteVolume), deletes);
+    m.handle.publish(&v.id).await.unwrap();
+    // Asked again, it goes.
+    assert!(m.handle.delete(&v.id).await.unwrap());
+    assert!(m.handle.volumes().await.unwrap().is_empty());
+    m.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_delete_interrupted_by_a_crash_is_resumed_at_the_next_start() {
+    let h = Harness::new(FakeCsi::full());
+    let m = h.start();
+    let v = m.handle.create(create_req("op-1")).await.unwrap();
+    m.handle.publish(&v.id).await.unwrap();
+    // The process dies at the first call of the deletion.
+    fail::cfg(manager::failpoints::BEFORE_CALL, "1*return->off").unwrap();
+    assert!(m.handle.delete(&v.id).await.is_err());
+    assert!(m.died().await.is_err());
+    fail::remove(manager::failpoints::BEFORE_CALL);
+    let stored = h.stored();
+    assert!(stored[0].deleting && stored[0].delete_failed.is_none());
+    let m = h.start();
+    m.handle.ready().await.unwrap();
+    assert!(m.handle.volumes().await.unwrap().is_empty());
+    assert!(h.fake.ids().is_empty());
+    m.stop().await.unwrap();
+}
+
+// === item 5: no data crosses between users of the space ===
+
+#[tokio::test]
+async fn a_volume_unpublished_since_it_was_used_is_published_again_and_emptied_before_delete() {
+    let h = Harness::new(FakeCsi::full());
+    let m = h.start();
+    let v = m.handle.create(create_req("op-1")).await.unwrap();
+    m.handle.publish(&v.id).await.unwrap();
+    m.handle.unpublish(&v.id).await.unwrap();
+    let rec = m.handle.volumes().await.unwrap().remove(0);
+    assert!(!rec.node_publish_required && rec.needs_cleanup, "{rec:?}");
+    let publishes = h.fake.calls(CsiRpc::NodePublishVolume);
+    h.fake.fail(CsiRpc::DeleteVolume, Code::Internal, 1);
+    assert!(m.handle.delete(&v.id).await.is_err());
+    assert_eq!(
+        h.fake.calls(CsiRpc::NodePublishVolume),
+        publishes + 1,
+        "published again for the cleanup"
+    );
+    let rec = m.handle.volumes().await.unwrap().remove(0);
+    assert!(!rec.needs_cleanup, "cleaned before DeleteVolume: {rec:?}");
+    m.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_cleanup_refuses_to_reach_into_a_mount_below_the_target() {
+    let h = Harness::new(FakeCsi::full());
+    let m = h.start();
+    let v = m.handle.create(create_req("op-1")).await.unwrap();
+    let target = m.handle.publish(&v.id).await.unwrap();
+    let nested = target.join("nested");
+    std::fs::create_dir(&nested).unwrap();
+    std::fs::write(nested.join("theirs"), b"not ours to remove").unwrap();
+    h.fake.st().mounted.insert(nested.clone());
+    let err = m.handle.delete(&v.id).await.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!("Failed to clean up volume '{}'", v.id)
+    );
+    assert!(nested.join("theirs").exists());
+    let rec = m.handle.volumes().await.unwrap().remove(0);
+    assert!(rec.needs_cleanup && !rec.deleting, "{rec:?}");
+    assert_eq!(h.fake.calls(CsiRpc::DeleteVolume), 0);
+    m.stop().await.unwrap();
+}
