@@ -17,15 +17,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
-
 use std::collections::BTreeSet;
 
 use slrp_core::volume::manager::failpoints as vfp;
 use slrp_core::volume::*;
 use slrp_csi::CsiRpc;
 use slrp_store::failpoints as sfp;
-use support::*;
+use slrp_test_support::fake_csi::*;
+use slrp_test_support::harness::*;
 
 const POINTS: [&str; 5] = [
     sfp::BATCH_START,

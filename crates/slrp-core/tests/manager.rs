@@ -7,8 +7,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,7 +14,8 @@ use std::time::Duration;
 use slrp_core::volume::*;
 use slrp_csi::{Code, CsiRpc};
 use slrp_store::Store;
-use support::*;
+use slrp_test_support::fake_csi::*;
+use slrp_test_support::harness::*;
 
 fn published_target(h: &Harness, id: &VolumeId) -> String {
     h.paths().target(id).unwrap().to_str().unwrap().to_owned()
