@@ -14,16 +14,14 @@
 
 #![allow(clippy::unwrap_used, missing_docs, reason = "benchmark binary")]
 
-#[path = "../tests/support/mod.rs"]
-mod support;
-
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use slrp_core::volume::*;
 use slrp_store::Store;
-use support::{FakeCsi, FakeMounts, FakeVolume, mount_cap};
+use slrp_test_support::fake_csi::{FakeCsi, FakeMounts, FakeVolume};
+use slrp_test_support::harness::mount_cap;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -31,8 +29,7 @@ struct Setup {
     _dir: tempfile::TempDir,
     store: Store,
     handle: VolumeManagerHandle,
-    cancel: CancellationToken,
-    task: tokio::task::JoinHandle<Result<(), VolumeError>>,
+    guard: VolumeManagerGuard,
     ids: Vec<VolumeId>,
     start: Duration,
 }
@@ -89,16 +86,15 @@ async fn setup(base: &PathBuf, n: usize, max_concurrent: usize) -> Setup {
     .mounts(Arc::new(FakeMounts(fake.clone())));
     let t0 = Instant::now();
     let store = Store::open(&state).unwrap();
-    let cancel = CancellationToken::new();
-    let (handle, task) = VolumeManager::spawn(cfg, store.clone(), fake, cancel.clone());
+    let (handle, guard) =
+        VolumeManager::spawn(cfg, store.clone(), fake, &CancellationToken::new()).unwrap();
     handle.ready().await.unwrap();
     let start = t0.elapsed();
     Setup {
         _dir: dir,
         store,
         handle,
-        cancel,
-        task,
+        guard,
         ids,
         start,
     }
@@ -106,8 +102,7 @@ async fn setup(base: &PathBuf, n: usize, max_concurrent: usize) -> Setup {
 
 impl Setup {
     async fn finish(self) {
-        self.cancel.cancel();
-        self.task.await.unwrap().unwrap();
+        self.guard.stop().await.unwrap();
     }
 }
 

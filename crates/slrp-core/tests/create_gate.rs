@@ -12,13 +12,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
-
 use std::time::Duration;
 
 use slrp_core::volume::*;
 use slrp_csi::CsiRpc;
-use support::*;
+use slrp_test_support::fake_csi::*;
+use slrp_test_support::harness::*;
 use tokio::task::JoinHandle;
 
 fn spawn_create(
@@ -281,7 +280,7 @@ async fn shutdown_answers_parked_requests_and_never_runs_them() {
     jobs_until(&m.handle, |j| j.queued == 1, ran).await;
     assert!(!ran(), "a call for the id ran under the create");
 
-    m.cancel.cancel();
+    m.guard.request_stop();
     wait_until_not_accepting(&m.handle).await;
     // Answered while the create is still held, not after the grace period.
     assert!(matches!(
@@ -294,7 +293,7 @@ async fn shutdown_answers_parked_requests_and_never_runs_them() {
     ));
     h.fake.unhold_create("op");
     assert_eq!(within(creating).await.unwrap().unwrap().id, id);
-    within(m.task).await.unwrap().unwrap();
+    within(m.guard.join()).await.unwrap();
     assert_eq!(h.fake.calls(CsiRpc::ValidateVolumeCapabilities), 0);
     assert_eq!(h.fake.calls(CsiRpc::DeleteVolume), 0);
     let stored = h.stored();

@@ -6,11 +6,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
-
 use slrp_core::volume::*;
 use slrp_csi::{Code, CsiRpc};
-use support::*;
+use slrp_test_support::fake_csi::*;
+use slrp_test_support::harness::*;
 
 fn state_of(recs: &[VolumeRecord], id: &VolumeId) -> StateName {
     recs.iter().find(|r| &r.id == id).unwrap().state.name()
@@ -147,6 +146,8 @@ async fn a_delete_the_plugin_refuses_leaves_a_usable_volume_never_deleted_unaske
 
 #[tokio::test]
 async fn a_delete_interrupted_by_a_crash_is_resumed_at_the_next_start() {
+    // Tears the fail points down even if this test panics (none leaks into the next).
+    let _scenario = fail::FailScenario::setup();
     let h = Harness::new(FakeCsi::full());
     let m = h.start();
     let v = m.handle.create(create_req("op-1")).await.unwrap();
@@ -208,5 +209,53 @@ async fn a_cleanup_refuses_to_reach_into_a_mount_below_the_target() {
     let rec = m.handle.volumes().await.unwrap().remove(0);
     assert!(rec.needs_cleanup && !rec.deleting, "{rec:?}");
     assert_eq!(h.fake.calls(CsiRpc::DeleteVolume), 0);
+    m.stop().await.unwrap();
+}
+
+// === item 3: validation compares what the plugin confirmed ===
+
+#[tokio::test]
+async fn validation_fails_unless_the_plugin_confirmed_what_was_asked() {
+    let h = Harness::new(FakeCsi::full());
+    let m = h.start();
+    // A pre-existing volume, listed by the plugin.
+    let id = m.handle.create(create_req("listed")).await.unwrap().id;
+    m.stop().await.unwrap();
+    // Forget the record: the volume is the plugin's, unknown to the new manager.
+    std::fs::remove_dir_all(h.state_dir()).unwrap();
+    let m = h.start();
+    m.handle.ready().await.unwrap();
+    let req = validate_req(&id);
+    let asked = slrp_csi::Confirmed {
+        volume_context: req.volume_context.clone(),
+        capabilities: vec![req.capability.clone()],
+        parameters: req.parameters.clone(),
+    };
+    let mut block = asked.clone();
+    block.capabilities = vec![slrp_csi::VolumeCapability::block()];
+    let mut context = asked.clone();
+    context.volume_context.insert("other".into(), "x".into());
+    let mut parameters = asked.clone();
+    parameters.parameters.insert("pool".into(), "fast".into());
+    for (confirmed, detail) in [
+        (context, "Mismatched volume context"),
+        (block, "Unsupported volume capability"),
+        (parameters, "Mismatched parameters"),
+    ] {
+        h.fake.st().confirm = Some(confirmed);
+        let err = m.handle.validate(req.clone()).await.unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!("Validation failed for volume '{id}': {detail}")
+        );
+        assert!(m.handle.volumes().await.unwrap().is_empty(), "not tracked");
+    }
+    // Confirmed as asked (with extra capabilities besides): tracked.
+    let mut more = asked.clone();
+    more.capabilities
+        .insert(0, slrp_csi::VolumeCapability::block());
+    h.fake.st().confirm = Some(more);
+    m.handle.validate(req).await.unwrap();
+    assert_eq!(m.handle.volumes().await.unwrap().len(), 1);
     m.stop().await.unwrap();
 }

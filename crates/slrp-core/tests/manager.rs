@@ -7,8 +7,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,7 +14,8 @@ use std::time::Duration;
 use slrp_core::volume::*;
 use slrp_csi::{Code, CsiRpc};
 use slrp_store::Store;
-use support::*;
+use slrp_test_support::fake_csi::*;
+use slrp_test_support::harness::*;
 
 fn published_target(h: &Harness, id: &VolumeId) -> String {
     h.paths().target(id).unwrap().to_str().unwrap().to_owned()
@@ -781,9 +780,7 @@ async fn publish_held_at_the_plugin(
     let hd = m.handle.clone();
     let id = v.id.clone();
     let publishing = tokio::spawn(async move { hd.publish(&id).await });
-    while h.fake.calls(CsiRpc::ControllerPublishVolume) == 0 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    until(|| h.fake.calls(CsiRpc::ControllerPublishVolume) > 0).await;
     (h, m, v, publishing)
 }
 
@@ -794,10 +791,14 @@ async fn a_job_that_finishes_within_the_shutdown_grace_is_applied_and_answered()
     let hd = m.handle.clone();
     let id = v.id.clone();
     let queued = tokio::spawn(async move { hd.unpublish(&id).await });
-    // Usually queued on the lane by now; if not, it arrives after the close. Either way
-    // its answer is `Stopped`.
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    m.cancel.cancel();
+    // Queued on the lane behind the held publish before shutdown begins.
+    let escaped = || queued.is_finished();
+    jobs_until(&m.handle, |j| j.queued == 1, escaped).await;
+    assert!(
+        !queued.is_finished(),
+        "the unpublish ran beside the held publish"
+    );
+    m.guard.request_stop();
     wait_until_not_accepting(&m.handle).await;
     // The running job may finish: its work is durable and its caller hears the result.
     h.fake.unhold(&v.id);
@@ -807,14 +808,16 @@ async fn a_job_that_finishes_within_the_shutdown_grace_is_applied_and_answered()
         within(queued).await.unwrap(),
         Err(VolumeError::Stopped)
     ));
-    within(m.task).await.unwrap().unwrap();
+    within(m.guard.join()).await.unwrap();
     assert_eq!(h.stored()[0].state.name(), StateName::Published);
 }
 
 #[tokio::test]
 async fn a_fatal_error_within_the_shutdown_grace_ends_the_worker_with_it() {
+    // Tears the fail points down even if this test panics (none leaks into the next).
+    let _scenario = fail::FailScenario::setup();
     let (h, m, v, publishing) = publish_held_at_the_plugin(Duration::from_secs(5)).await;
-    m.cancel.cancel();
+    m.guard.request_stop();
     wait_until_not_accepting(&m.handle).await;
     // The commit after the call fails: the process must learn that shutdown was not clean.
     fail::cfg(slrp_store::failpoints::BEFORE_COMMIT, "return").unwrap();
@@ -823,7 +826,7 @@ async fn a_fatal_error_within_the_shutdown_grace_ends_the_worker_with_it() {
         within(publishing).await.unwrap(),
         Err(VolumeError::Stopped)
     ));
-    let r = within(m.task).await.unwrap();
+    let r = within(m.guard.join()).await;
     fail::cfg(slrp_store::failpoints::BEFORE_COMMIT, "off").unwrap();
     assert!(
         matches!(r, Err(VolumeError::Store { .. })),
@@ -886,4 +889,63 @@ async fn create_returning_an_already_tracked_id_fails_and_keeps_the_record() {
     assert_eq!(h.stored(), recs);
     // Nothing left for recovery to re-create.
     assert!(h.stored_intents().is_empty());
+}
+
+/// Settings that cannot work are refused by name, not silently clamped, and nothing is
+/// started.
+#[tokio::test]
+async fn unusable_configs_are_refused_naming_the_field() {
+    let h = Harness::new(FakeCsi::full());
+    let relative = VolumeManagerConfig {
+        mount_paths: MountPaths::new("relative/mounts"),
+        ..h.config()
+    };
+    let cases = [
+        (h.config().max_concurrent(0), "max_concurrent"),
+        (h.config().command_buffer(0), "command_buffer"),
+        (relative, "mount_paths"),
+        (
+            VolumeManagerConfig {
+                node_id: String::new(),
+                ..h.config()
+            },
+            "node_id",
+        ),
+    ];
+    for (cfg, want) in cases {
+        let store = Store::open(h.state_dir()).unwrap();
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        match VolumeManager::spawn(cfg, store, h.fake.clone(), &shutdown) {
+            Err(e @ VolumeError::Config { field, .. }) => {
+                assert_eq!(field, want, "{e}");
+                assert!(e.to_string().contains(want), "{e}");
+            }
+            Err(e) => panic!("{want}: {e:?}"),
+            Ok(_) => panic!("{want}: started"),
+        }
+    }
+    // Without PUBLISH_UNPUBLISH_VOLUME no node id is needed.
+    let mut caps = full_caps();
+    caps.controller.publish_unpublish_volume = false;
+    let h = Harness::new(FakeCsi::new(caps));
+    let cfg = VolumeManagerConfig {
+        node_id: String::new(),
+        ..h.config()
+    };
+    assert!(cfg.validate().is_ok());
+}
+
+/// Dropping the guard stops the manager: nothing keeps running unowned.
+#[tokio::test]
+async fn dropping_the_guard_stops_the_manager() {
+    let h = Harness::new(FakeCsi::full());
+    let m = h.start();
+    within(m.handle.ready()).await.unwrap();
+    let handle = m.handle.clone();
+    drop(m);
+    wait_until_not_accepting(&handle).await;
+    assert!(matches!(
+        handle.create(create_req("late")).await,
+        Err(VolumeError::Stopped)
+    ));
 }

@@ -98,13 +98,7 @@ impl Env {
             .spawn()
             .unwrap();
         self.plugin = Some(child);
-        for _ in 0..2000 {
-            if tokio::net::UnixStream::connect(self.socket()).await.is_ok() {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        panic!("plugin socket never appeared");
+        slrp_test_support::wait_until_listening(&self.socket()).await;
     }
 
     /// kill -9 the plugin and reap it.
@@ -136,26 +130,20 @@ impl Env {
         let target = TargetPath::for_plugin(client.version().await.unwrap(), false);
         let cfg = VolumeManagerConfig::new(self.paths(), node.node_id, caps, boot, target);
         let store = Store::open(self.dir.path().join("state")).unwrap();
-        let cancel = CancellationToken::new();
-        let (handle, task) = VolumeManager::spawn(cfg, store, Arc::new(client), cancel.clone());
-        Manager {
-            handle,
-            task,
-            cancel,
-        }
+        let (handle, guard) =
+            VolumeManager::spawn(cfg, store, Arc::new(client), &CancellationToken::new()).unwrap();
+        Manager { handle, guard }
     }
 }
 
 struct Manager {
     handle: VolumeManagerHandle,
-    task: tokio::task::JoinHandle<Result<(), VolumeError>>,
-    cancel: CancellationToken,
+    guard: VolumeManagerGuard,
 }
 
 impl Manager {
     async fn stop(self) {
-        self.cancel.cancel();
-        self.task.await.unwrap().unwrap();
+        self.guard.stop().await.unwrap();
     }
 }
 
@@ -183,6 +171,8 @@ fn is_mounted(p: &Path) -> bool {
 
 #[tokio::test]
 async fn lifecycle_with_kill_9_of_plugin_and_manager() {
+    // Tears the fail points down even if this test panics (none leaks into the next).
+    let _scenario = fail::FailScenario::setup();
     require_root!();
     let mut env = Env::new();
     env.start_plugin().await;
@@ -203,7 +193,7 @@ async fn lifecycle_with_kill_9_of_plugin_and_manager() {
     fail::cfg(vfp::AFTER_CALL, "1*return->off").unwrap();
     assert!(m.handle.unpublish(&v.id).await.is_err());
     fail::remove(vfp::AFTER_CALL);
-    assert!(m.task.await.unwrap().is_err());
+    assert!(m.guard.join().await.is_err());
     assert!(!is_mounted(&target));
 
     let m = env.manager(boot()).await;
@@ -259,6 +249,8 @@ async fn plugin_killed_mid_stage_is_re_driven() {
 
 #[tokio::test]
 async fn a_created_volume_is_tracked_even_if_the_manager_dies_before_recording_it() {
+    // Tears the fail points down even if this test panics (none leaks into the next).
+    let _scenario = fail::FailScenario::setup();
     require_root!();
     let mut env = Env::new();
     env.start_plugin().await;
@@ -267,7 +259,7 @@ async fn a_created_volume_is_tracked_even_if_the_manager_dies_before_recording_i
     fail::cfg(vfp::AFTER_CALL, "1*return->off").unwrap();
     assert!(m.handle.create(req("op-1")).await.is_err());
     fail::remove(vfp::AFTER_CALL);
-    assert!(m.task.await.unwrap().is_err());
+    assert!(m.guard.join().await.is_err());
     let m = env.manager(boot()).await;
     let r = m.handle.ready().await.unwrap();
     assert_eq!(r.intents, 1);

@@ -7,14 +7,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
-
 use std::time::Duration;
 
 use slrp_core::volume::*;
 use slrp_csi::retry::{Backoff, Jitter, RetryPolicy};
 use slrp_csi::{Code, CsiRpc, RetryConfig};
-use support::*;
+use slrp_test_support::fake_csi::*;
+use slrp_test_support::harness::*;
 
 /// A manager in recovery: a published volume whose target the fake forgot while the
 /// manager was down, its NodePublishVolume re-drive held at the plugin. Returns the
@@ -115,11 +114,11 @@ async fn creates_backing_off_hold_no_permit_so_a_publish_completes() {
 
     // Shutdown ends the backoffs at once: each create hears its last (transient) error
     // and keeps its intent for recovery.
-    m.cancel.cancel();
+    m.guard.request_stop();
     for c in creates {
         let e = within(c).await.unwrap().unwrap_err();
         assert_eq!(e.kind(), VolumeErrorKind::Unavailable, "{e}");
     }
-    within(m.task).await.unwrap().unwrap();
+    within(m.guard.join()).await.unwrap();
     assert_eq!(h.stored_intents().len(), 16);
 }

@@ -291,6 +291,22 @@ pub struct Validation {
     pub confirmed: bool,
     /// Plugin's explanation, if any.
     pub message: String,
+    /// v1: what the plugin confirmed, for the caller to compare with what it asked
+    /// (Mesos does, spec §4.5). `None` for v0 (only `supported`) and when not confirmed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub confirmed_fields: Option<Confirmed>,
+}
+
+/// The `confirmed` message of a v1 `ValidateVolumeCapabilitiesResponse`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Confirmed {
+    /// The volume context the plugin confirmed.
+    pub volume_context: StringMap,
+    /// The capabilities it confirmed (ones slrp cannot represent are left out: they
+    /// cannot equal a requested one).
+    pub capabilities: Vec<VolumeCapability>,
+    /// The parameters it confirmed.
+    pub parameters: StringMap,
 }
 
 /// `ControllerPublishVolume` request.

@@ -278,6 +278,7 @@ pub(crate) async fn validate(
     Ok(Validation {
         confirmed: r.supported,
         message: r.message,
+        confirmed_fields: None,
     })
 }
 

@@ -256,9 +256,19 @@ pub(crate) async fn validate(
         .validate_volume_capabilities(request(msg, t))
         .await?
         .into_inner();
+    let confirmed_fields = r.confirmed.map(|c| Confirmed {
+        volume_context: map_out(c.volume_context),
+        capabilities: c
+            .volume_capabilities
+            .iter()
+            .filter_map(|cap| VolumeCapability::from_csi_v1(cap).ok())
+            .collect(),
+        parameters: map_out(c.parameters),
+    });
     Ok(Validation {
-        confirmed: r.confirmed.is_some(),
+        confirmed: confirmed_fields.is_some(),
         message: r.message,
+        confirmed_fields,
     })
 }
 

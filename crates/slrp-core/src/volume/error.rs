@@ -184,6 +184,14 @@ pub enum VolumeError {
         /// The plugin's name.
         plugin_name: String,
     },
+    /// A [`super::VolumeManagerConfig`] setting is unusable; nothing was started.
+    #[error("invalid volume manager config: {field} {problem}")]
+    Config {
+        /// The field at fault.
+        field: &'static str,
+        /// What is wrong with it.
+        problem: &'static str,
+    },
     /// The caller's request is malformed.
     #[error("invalid request: {field} {problem}")]
     BadRequest {
@@ -386,6 +394,7 @@ impl VolumeError {
         match self {
             Self::UnknownVolume { .. }
             | Self::Unsupported { .. }
+            | Self::Config { .. }
             | Self::BadRequest { .. }
             | Self::Mismatch { .. }
             | Self::ValidationFailed { .. }
@@ -503,6 +512,13 @@ mod tests {
                     capability: "CREATE_DELETE_VOLUME",
                     plugin_type: "t".into(),
                     plugin_name: "n".into(),
+                },
+                K::Invalid,
+            ),
+            (
+                VolumeError::Config {
+                    field: "max_concurrent",
+                    problem: "must be at least 1",
                 },
                 K::Invalid,
             ),
@@ -628,7 +644,7 @@ mod tests {
         assert!(seen.iter().all(|s| *s), "{seen:?}");
     }
 
-    const VARIANTS: usize = 23;
+    const VARIANTS: usize = 24;
 
     fn variant(e: &VolumeError) -> usize {
         match e {
@@ -655,6 +671,7 @@ mod tests {
             VolumeError::RecoveryFailed { .. } => 20,
             VolumeError::Stopped => 21,
             VolumeError::Injected { .. } => 22,
+            VolumeError::Config { .. } => 23,
         }
     }
 

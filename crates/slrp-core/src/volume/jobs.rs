@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use slrp_csi::{
     CreateVolumeRequest, CsiError, CsiRpc, CsiVolumes, RetryClass, Secrets, StringMap,
-    ValidateRequest, VolumeCapability, VolumeId, VolumePage,
+    ValidateRequest, Validation, VolumeCapability, VolumeId, VolumePage,
 };
 use slrp_store::Store;
 use slrp_types::DisplayChain;
@@ -394,6 +394,13 @@ impl<C: CsiVolumes> Ctx<C> {
                 reason: ValidationFailure::NotConfirmed { message: v.message },
                 version: self.cfg.csi_version,
             }),
+            Ok(v) if let Some(reason) = confirmed_differs(&v, &request) => {
+                Err(VolumeError::ValidationFailed {
+                    id: req.id.clone(),
+                    reason,
+                    version: self.cfg.csi_version,
+                })
+            }
             Ok(_) => {
                 let mut rec = VolumeRecord::created(
                     req.id.clone(),
@@ -645,4 +652,27 @@ impl<C: CsiVolumes> Ctx<C> {
             source,
         })
     }
+}
+
+/// Mesos's checks of a v1 `confirmed` answer (`v1_volume_manager.cpp` `validateVolume`,
+/// in its order): the confirmed volume context and parameters must equal what was sent,
+/// and one confirmed capability must be the requested one. A plugin may confirm less than
+/// it was asked about; slrp must then not track the volume as if it had confirmed all.
+/// v0 answers only `supported` (no `confirmed_fields`): nothing to compare.
+fn confirmed_differs(v: &Validation, sent: &ValidateRequest) -> Option<ValidationFailure> {
+    let confirmed = v.confirmed_fields.as_ref()?;
+    if confirmed.volume_context != sent.volume_context {
+        return Some(ValidationFailure::MismatchedVolumeContext);
+    }
+    if !confirmed
+        .capabilities
+        .iter()
+        .any(|c| sent.capabilities.contains(c))
+    {
+        return Some(ValidationFailure::UnsupportedCapability);
+    }
+    if confirmed.parameters != sent.parameters {
+        return Some(ValidationFailure::MismatchedParameters);
+    }
+    None
 }

@@ -217,18 +217,49 @@ impl VolumeManagerConfig {
         }
     }
 
-    /// Sets the concurrency limit (at least 1).
+    /// Sets the concurrency limit (at least 1; [`Self::validate`]).
     #[must_use]
     pub fn max_concurrent(mut self, n: usize) -> Self {
-        self.max_concurrent = n.max(1);
+        self.max_concurrent = n;
         self
     }
 
-    /// Sets the command buffer (at least 1).
+    /// Sets the command buffer (at least 1; [`Self::validate`]).
     #[must_use]
     pub fn command_buffer(mut self, n: usize) -> Self {
-        self.command_buffer = n.max(1);
+        self.command_buffer = n;
         self
+    }
+
+    /// Checks the settings; [`VolumeManager::spawn`] refuses a config that fails this.
+    ///
+    /// # Errors
+    /// [`VolumeError::Config`] naming the first field at fault: `max_concurrent` or
+    /// `command_buffer` of 0 (nothing could run, or nobody could send), a mount root
+    /// that is relative or not UTF-8 (CSI paths are strings), or an empty `node_id` for a
+    /// plugin with PUBLISH_UNPUBLISH_VOLUME (ControllerPublishVolume needs it).
+    pub fn validate(&self) -> Result<(), VolumeError> {
+        let bad = |field, problem| Err(VolumeError::Config { field, problem });
+        let root = self.mount_paths.root();
+        if self.max_concurrent == 0 {
+            return bad("max_concurrent", "must be at least 1");
+        }
+        if self.command_buffer == 0 {
+            return bad("command_buffer", "must be at least 1");
+        }
+        if !root.is_absolute() {
+            return bad("mount_paths", "must be an absolute path");
+        }
+        if root.to_str().is_none() {
+            return bad("mount_paths", "must be UTF-8");
+        }
+        if self.node_id.is_empty() && self.caps.controller_publish() {
+            return bad(
+                "node_id",
+                "must not be empty for a plugin with PUBLISH_UNPUBLISH_VOLUME",
+            );
+        }
+        Ok(())
     }
 
     /// Names the plugin (Mesos `CSIPluginInfo` type and name) and its CSI version, for
@@ -281,19 +312,26 @@ pub struct VolumeManager;
 
 impl VolumeManager {
     /// Starts the worker on the current runtime: it recovers from `store` (see the
-    /// module docs) and then serves requests until `cancel` fires or a fatal error.
+    /// module docs) and then serves requests until `shutdown` fires, the guard stops it
+    /// (or is dropped), or a fatal error.
     ///
-    /// The returned task ends with the fatal error, or `Ok` after shutdown; when it has
+    /// The worker's task ends with the fatal error, or `Ok` after shutdown; when it has
     /// ended, every job has stopped and the manager holds no clone of `store`.
+    ///
+    /// # Errors
+    /// [`VolumeError::Config`] if `config` fails [`VolumeManagerConfig::validate`];
+    /// nothing is started then.
     pub fn spawn<C: CsiVolumes>(
         config: VolumeManagerConfig,
         store: Store,
         csi: Arc<C>,
-        cancel: CancellationToken,
-    ) -> (VolumeManagerHandle, JoinHandle<Result<(), VolumeError>>) {
-        let (tx, rx) = mpsc::channel(config.command_buffer.max(1));
+        shutdown: &CancellationToken,
+    ) -> Result<(VolumeManagerHandle, VolumeManagerGuard), VolumeError> {
+        config.validate()?;
+        let cancel = shutdown.child_token();
+        let (tx, rx) = mpsc::channel(config.command_buffer);
         let (ready_tx, ready) = watch::channel(Readiness::Recovering);
-        let permits = Arc::new(Semaphore::new(config.max_concurrent.max(1)));
+        let permits = Arc::new(Semaphore::new(config.max_concurrent));
         let worker = Worker {
             ctx: Arc::new(Ctx {
                 csi,
@@ -314,10 +352,74 @@ impl VolumeManager {
         };
         let task = tokio::spawn(
             worker
-                .run(cancel)
+                .run(cancel.clone())
                 .instrument(tracing::info_span!(parent: None, "volume_manager")),
         );
-        (VolumeManagerHandle { tx, ready }, task)
+        let guard = VolumeManagerGuard {
+            cancel,
+            task: Some(task),
+        };
+        Ok((VolumeManagerHandle { tx, ready }, guard))
+    }
+}
+
+/// The running manager, kept by whoever started it: stopping it, and learning that it
+/// stopped by itself (a fatal error), go through this guard. Dropping it requests a stop
+/// (the shutdown in the module docs) without waiting for it.
+#[derive(Debug)]
+#[must_use = "dropping the guard stops the manager"]
+pub struct VolumeManagerGuard {
+    /// The worker's own token, a child of the caller's shutdown token: cancelled by
+    /// [`Self::request_stop`], [`Self::stop`] and on drop.
+    cancel: CancellationToken,
+    /// The worker's task; `None` once joined.
+    task: Option<JoinHandle<Result<(), VolumeError>>>,
+}
+
+impl VolumeManagerGuard {
+    /// Starts the shutdown and returns at once; [`Self::join`] waits for it.
+    pub fn request_stop(&self) {
+        self.cancel.cancel();
+    }
+
+    /// Stops the manager and waits until its task has ended.
+    ///
+    /// # Errors
+    /// The fatal error the worker ended with, if any (also one that happened during the
+    /// shutdown grace period).
+    pub async fn stop(self) -> Result<(), VolumeError> {
+        self.request_stop();
+        self.join().await
+    }
+
+    /// Waits until the worker's task has ended, by a stop or by itself.
+    ///
+    /// # Errors
+    /// The fatal error the worker ended with; [`VolumeError::Stopped`] if the runtime
+    /// dropped the task.
+    ///
+    /// # Panics
+    /// If the worker panicked (the panic is resumed here).
+    pub async fn join(mut self) -> Result<(), VolumeError> {
+        let Some(task) = self.task.take() else {
+            return Ok(());
+        };
+        match task.await {
+            Ok(result) => result,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => Err(VolumeError::Stopped),
+        }
+    }
+
+    /// Whether the worker's task has ended.
+    pub fn is_finished(&self) -> bool {
+        self.task.as_ref().is_none_or(JoinHandle::is_finished)
+    }
+}
+
+impl Drop for VolumeManagerGuard {
+    fn drop(&mut self) {
+        self.cancel.cancel();
     }
 }
 
