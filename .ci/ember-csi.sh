@@ -16,18 +16,9 @@ if [ -x "$venv/bin/ember-csi" ] && "$venv/bin/python" -c 'import ember_csi' 2>/d
   exit 0
 fi
 
-if ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
-  else
-    echo "python3 venv support is missing" >&2
-    exit 1
-  fi
-fi
-
-mkdir -p "$(dirname "$venv")"
-python3 -m venv "$venv"
+# shellcheck source=venv.sh
+. "$(dirname "$0")/venv.sh"
+make_venv "$venv"
 "$venv/bin/pip" install --quiet --disable-pip-version-check \
   'ember-csi==0.9.1' 'protobuf==3.20.3' fixtures
 "$venv/bin/pip" check

@@ -14,16 +14,14 @@
 
 #![allow(clippy::unwrap_used, missing_docs, reason = "benchmark binary")]
 
-#[path = "../tests/support/mod.rs"]
-mod support;
-
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use slrp_core::volume::*;
 use slrp_store::Store;
-use support::{FakeCsi, FakeMounts, FakeVolume, mount_cap};
+use slrp_test_support::fake_csi::{FakeCsi, FakeMounts, FakeVolume};
+use slrp_test_support::harness::mount_cap;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 

@@ -17,15 +17,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
-
 use std::collections::BTreeSet;
 
 use slrp_core::volume::manager::failpoints as vfp;
 use slrp_core::volume::*;
 use slrp_csi::CsiRpc;
 use slrp_store::failpoints as sfp;
-use support::*;
+use slrp_test_support::fake_csi::*;
+use slrp_test_support::harness::*;
 
 const POINTS: [&str; 5] = [
     sfp::BATCH_START,
@@ -113,6 +112,8 @@ async fn check_converged(op: Op, h: &Harness, m: &Running, what: &str) {
 }
 
 async fn crash_everywhere(op: Op) {
+    // Tears the fail points down even if this test panics (none leaks into the next).
+    let _scenario = fail::FailScenario::setup();
     let mut crashes = 0;
     for point in POINTS {
         for k in 0.. {
@@ -227,6 +228,8 @@ async fn crash_anywhere_in_delete() {
 /// alone must track the volume (no leak), created once.
 #[tokio::test]
 async fn crash_after_create_without_a_retry_tracks_the_volume() {
+    // Tears the fail points down even if this test panics (none leaks into the next).
+    let _scenario = fail::FailScenario::setup();
     let h = Harness::new(FakeCsi::full());
     let m = h.start();
     within(m.handle.ready()).await.unwrap();

@@ -12,13 +12,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
-
 use std::time::Duration;
 
 use slrp_core::volume::*;
 use slrp_csi::CsiRpc;
-use support::*;
+use slrp_test_support::fake_csi::*;
+use slrp_test_support::harness::*;
 use tokio::task::JoinHandle;
 
 fn spawn_create(

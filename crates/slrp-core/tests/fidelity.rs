@@ -6,11 +6,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
-
 use slrp_core::volume::*;
 use slrp_csi::{Code, CsiRpc};
-use support::*;
+use slrp_test_support::fake_csi::*;
+use slrp_test_support::harness::*;
 
 fn state_of(recs: &[VolumeRecord], id: &VolumeId) -> StateName {
     recs.iter().find(|r| &r.id == id).unwrap().state.name()
@@ -147,6 +146,8 @@ async fn a_delete_the_plugin_refuses_leaves_a_usable_volume_never_deleted_unaske
 
 #[tokio::test]
 async fn a_delete_interrupted_by_a_crash_is_resumed_at_the_next_start() {
+    // Tears the fail points down even if this test panics (none leaks into the next).
+    let _scenario = fail::FailScenario::setup();
     let h = Harness::new(FakeCsi::full());
     let m = h.start();
     let v = m.handle.create(create_req("op-1")).await.unwrap();

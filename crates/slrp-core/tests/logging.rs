@@ -3,13 +3,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
-
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
 use slrp_core::volume::*;
-use support::*;
+use slrp_test_support::fake_csi::*;
+use slrp_test_support::harness::*;
 use tracing_subscriber::fmt::MakeWriter;
 
 /// Collects every formatted log line.

@@ -7,8 +7,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,7 +14,8 @@ use std::time::Duration;
 use slrp_core::volume::*;
 use slrp_csi::{Code, CsiRpc};
 use slrp_store::Store;
-use support::*;
+use slrp_test_support::fake_csi::*;
+use slrp_test_support::harness::*;
 
 fn published_target(h: &Harness, id: &VolumeId) -> String {
     h.paths().target(id).unwrap().to_str().unwrap().to_owned()
@@ -781,9 +780,7 @@ async fn publish_held_at_the_plugin(
     let hd = m.handle.clone();
     let id = v.id.clone();
     let publishing = tokio::spawn(async move { hd.publish(&id).await });
-    while h.fake.calls(CsiRpc::ControllerPublishVolume) == 0 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    until(|| h.fake.calls(CsiRpc::ControllerPublishVolume) > 0).await;
     (h, m, v, publishing)
 }
 
@@ -794,9 +791,13 @@ async fn a_job_that_finishes_within_the_shutdown_grace_is_applied_and_answered()
     let hd = m.handle.clone();
     let id = v.id.clone();
     let queued = tokio::spawn(async move { hd.unpublish(&id).await });
-    // Usually queued on the lane by now; if not, it arrives after the close. Either way
-    // its answer is `Stopped`.
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    // Queued on the lane behind the held publish before shutdown begins.
+    let escaped = || queued.is_finished();
+    jobs_until(&m.handle, |j| j.queued == 1, escaped).await;
+    assert!(
+        !queued.is_finished(),
+        "the unpublish ran beside the held publish"
+    );
     m.guard.request_stop();
     wait_until_not_accepting(&m.handle).await;
     // The running job may finish: its work is durable and its caller hears the result.
@@ -813,6 +814,8 @@ async fn a_job_that_finishes_within_the_shutdown_grace_is_applied_and_answered()
 
 #[tokio::test]
 async fn a_fatal_error_within_the_shutdown_grace_ends_the_worker_with_it() {
+    // Tears the fail points down even if this test panics (none leaks into the next).
+    let _scenario = fail::FailScenario::setup();
     let (h, m, v, publishing) = publish_held_at_the_plugin(Duration::from_secs(5)).await;
     m.guard.request_stop();
     wait_until_not_accepting(&m.handle).await;

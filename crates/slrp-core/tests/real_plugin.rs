@@ -98,13 +98,7 @@ impl Env {
             .spawn()
             .unwrap();
         self.plugin = Some(child);
-        for _ in 0..2000 {
-            if tokio::net::UnixStream::connect(self.socket()).await.is_ok() {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        panic!("plugin socket never appeared");
+        slrp_test_support::wait_until_listening(&self.socket()).await;
     }
 
     /// kill -9 the plugin and reap it.
@@ -177,6 +171,8 @@ fn is_mounted(p: &Path) -> bool {
 
 #[tokio::test]
 async fn lifecycle_with_kill_9_of_plugin_and_manager() {
+    // Tears the fail points down even if this test panics (none leaks into the next).
+    let _scenario = fail::FailScenario::setup();
     require_root!();
     let mut env = Env::new();
     env.start_plugin().await;
@@ -253,6 +249,8 @@ async fn plugin_killed_mid_stage_is_re_driven() {
 
 #[tokio::test]
 async fn a_created_volume_is_tracked_even_if_the_manager_dies_before_recording_it() {
+    // Tears the fail points down even if this test panics (none leaks into the next).
+    let _scenario = fail::FailScenario::setup();
     require_root!();
     let mut env = Env::new();
     env.start_plugin().await;

@@ -7,14 +7,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
-
 use std::time::Duration;
 
 use slrp_core::volume::*;
 use slrp_csi::retry::{Backoff, Jitter, RetryPolicy};
 use slrp_csi::{Code, CsiRpc, RetryConfig};
-use support::*;
+use slrp_test_support::fake_csi::*;
+use slrp_test_support::harness::*;
 
 /// A manager in recovery: a published volume whose target the fake forgot while the
 /// manager was down, its NodePublishVolume re-drive held at the plugin. Returns the

@@ -22,6 +22,8 @@
 //! - `ids`: volume id, import name and CO path validation;
 //! - [`faults`]: the fault-injection rules file;
 //! - `csi`: thin v0 and v1 tonic adapters;
+//! - [`authority`]: an HTTP/2 frame filter that repairs the `:authority` of clients that
+//!   send the socket path there (grpc C-core, grpc-java), so any gRPC client can call;
 //! - [`endpoint`]: claiming the socket (one plugin per endpoint) and giving it back;
 //! - [`server`]: serving and shutdown; [`shutdown_signal`].
 //!
@@ -54,6 +56,7 @@
 //! - A tool stuck in uninterruptible I/O ignores SIGKILL: the request returns after the
 //!   timeout, but the device may stay busy until the kernel lets the process go.
 
+pub mod authority;
 pub mod config;
 mod csi;
 pub mod endpoint;

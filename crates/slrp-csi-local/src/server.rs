@@ -11,10 +11,12 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio_stream::StreamExt;
 use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
 
+use crate::authority::FilteredStream;
 use crate::config::{Config, CsiVersion};
 use crate::csi::{Shared, v0::CsiV0, v1::CsiV1};
 use crate::endpoint::{self, EndpointError, Liveness};
@@ -85,7 +87,9 @@ pub async fn serve_with<H: Host>(
 
     let path = &config.endpoint;
     let (listener, claimed) = endpoint::claim(path).await.map_err(ServeError::Endpoint)?;
-    let incoming = UnixListenerStream::new(listener);
+    // Every connection goes through the :authority filter, so clients that send the
+    // socket path as :authority (grpc C-core, grpc-java) are served too.
+    let incoming = UnixListenerStream::new(listener).map(|conn| conn.map(FilteredStream::new));
 
     let mut builder = Server::builder();
     let router = match config.csi_version {

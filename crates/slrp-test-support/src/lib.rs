@@ -6,6 +6,11 @@
 //! it in a private temporary directory with a fault-injection file, so every test gets its
 //! own plugin, socket and volumes.
 //!
+//! With feature `volume` (slrp-core's tests, and the provider's later): `fake_csi`
+//! (`FakeCsi`, an in-memory CSI plugin with scripted faults and held calls) and `harness`
+//! (`Harness`, a volume manager on a temporary state directory that can be crashed and
+//! restarted, plus request builders and waiting helpers).
+//!
 //! [`require`](mod@require) decides whether a test may run on this machine (root, tools,
 //! capabilities, prepared environments): a notice and a skip locally, a failure under
 //! `CI=true`.
@@ -21,6 +26,10 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+#[cfg(feature = "volume")]
+pub mod fake_csi;
+#[cfg(feature = "volume")]
+pub mod harness;
 pub mod require;
 
 pub use require::{
@@ -120,6 +129,21 @@ impl Plugin {
     pub fn faults_left(&self) -> serde_json::Value {
         serde_json::from_slice(&std::fs::read(&self.faults).unwrap()).unwrap()
     }
+}
+
+/// Waits until something accepts connections on `socket`, for at most 20 s (a hang guard,
+/// not a timing assertion): polling, since a plugin signals readiness only by listening.
+///
+/// # Panics
+/// If nothing ever listens there.
+pub async fn wait_until_listening(socket: &Path) {
+    for _ in 0..2000 {
+        if tokio::net::UnixStream::connect(socket).await.is_ok() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("nothing ever listened on {}", socket.display());
 }
 
 /// Waits until `socket` exists, for at most 20 s (a hang guard, not a timing assertion).

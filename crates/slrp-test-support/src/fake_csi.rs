@@ -1,9 +1,9 @@
-//! Test support for the volume manager: [`FakeCsi`], an in-memory CSI plugin that checks
-//! its callers like a real one, and [`Harness`], a manager on a temporary state directory
-//! that can be crashed and restarted.
-
-// Test-only helper module: panicking on setup failures is the point.
-#![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
+//! [`FakeCsi`]: an in-memory CSI plugin that checks its callers like a real one (feature
+//! `volume`), with scripted faults, held calls and concurrency counters, and
+//! [`FakeMounts`], its mounts as a volume manager's mount table.
+//!
+//! A fake only does what a test scripts and what CSI requires; anything else answers the
+//! gRPC error a strict plugin would, so a manager bug shows as a failed call.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
@@ -17,45 +17,61 @@ use slrp_csi::{
     CsiVolumes, NodePublishRequest, NodeStageRequest, Secrets, ValidateRequest, Validation, Volume,
     VolumePage,
 };
-use slrp_store::Store;
 use tokio::sync::Notify;
-use tokio_util::sync::CancellationToken;
 
 /// One volume as the fake plugin knows it.
 #[derive(Debug, Clone, Default)]
 pub struct FakeVolume {
+    /// The CreateVolume name (empty for volumes a test inserted as pre-existing).
     pub name: String,
+    /// Capacity in bytes.
     pub capacity: i64,
+    /// Whether ControllerPublishVolume attached it (and no ControllerUnpublish since).
     pub controller_published: bool,
+    /// The staging path it is staged at.
     pub staged: Option<String>,
+    /// The target path it is published at, and whether read-only.
     pub published: Option<(String, bool)>,
 }
 
 /// A scripted failure.
 #[derive(Debug, Clone)]
 pub struct Fault {
+    /// The RPC that fails.
     pub rpc: CsiRpc,
+    /// The gRPC code it fails with.
     pub code: Code,
     /// Fail after applying the effect (the reply is lost), not before.
     pub after_effect: bool,
+    /// How many more calls fail.
     pub times: usize,
 }
 
+/// Everything the fake plugin knows and counts; tests read and script it through
+/// [`FakeCsi::st`].
 #[derive(Debug, Default)]
 pub struct FakeState {
+    /// The plugin's volumes.
     pub volumes: BTreeMap<VolumeId, FakeVolume>,
+    /// CreateVolume name → volume (CreateVolume is idempotent by name).
     pub by_name: HashMap<String, VolumeId>,
     /// CreateVolume calls that created a new volume.
     pub created: usize,
+    /// The number in the next created volume's id (`vol-<n>`, from 1).
     pub next_id: usize,
+    /// Calls received, per RPC (also those that failed or are held).
     pub calls: HashMap<CsiRpc, usize>,
+    /// Scripted failures, consumed in order per RPC.
     pub faults: Vec<Fault>,
     /// Secrets seen by NodeStage/NodePublish, per volume.
     pub secrets_seen: Vec<(VolumeId, CsiRpc, StringMap)>,
     /// Calls running per volume, and the most ever seen at once (per volume / overall).
     pub running: HashMap<VolumeId, usize>,
+    /// Whether two calls for one volume ever ran at once (a serialization bug).
     pub overlap_on_one_volume: bool,
+    /// Calls running now, over all volumes.
     pub running_total: usize,
+    /// The most calls ever running at once.
     pub max_running_total: usize,
     /// Mount points that exist (staging and target paths).
     pub mounted: HashSet<PathBuf>,
@@ -74,7 +90,9 @@ pub struct FakeState {
 /// The in-memory plugin.
 #[derive(Debug)]
 pub struct FakeCsi {
+    /// The capabilities it reports (and enforces: an RPC without its capability fails).
     pub caps: CsiCapabilities,
+    /// Its volumes, counters and scripted faults.
     pub state: Mutex<FakeState>,
     /// Every call takes this long (paused time makes it free).
     pub delay: Mutex<Duration>,
@@ -84,11 +102,14 @@ pub struct FakeCsi {
     /// until [`FakeCsi::unhold_create`]: the plugin-side volume exists, the manager does
     /// not know its id yet.
     pub held_creates: Mutex<HashSet<String>>,
+    /// Wakes held calls to look again whether they are still held.
     pub release: Notify,
+    /// GetCapacity's answer.
     pub total_bytes: i64,
 }
 
 impl FakeCsi {
+    /// A plugin with `caps` and no volumes.
     pub fn new(caps: CsiCapabilities) -> Arc<Self> {
         Arc::new(Self {
             caps,
@@ -106,18 +127,22 @@ impl FakeCsi {
         Self::new(full_caps())
     }
 
+    /// The plugin's state, locked (do not hold it across an await).
     pub fn st(&self) -> std::sync::MutexGuard<'_, FakeState> {
         self.state.lock().unwrap()
     }
 
+    /// How many `rpc` calls arrived.
     pub fn calls(&self, rpc: CsiRpc) -> usize {
         self.st().calls.get(&rpc).copied().unwrap_or(0)
     }
 
+    /// How many calls arrived, over all RPCs.
     pub fn total_calls(&self) -> usize {
         self.st().calls.values().sum()
     }
 
+    /// The next `times` calls of `rpc` fail with `code` before any effect.
     pub fn fail(&self, rpc: CsiRpc, code: Code, times: usize) {
         self.st().faults.push(Fault {
             rpc,
@@ -127,6 +152,8 @@ impl FakeCsi {
         });
     }
 
+    /// The next `times` calls of `rpc` take effect, then fail with `code` (the answer is
+    /// lost).
     pub fn fail_after_effect(&self, rpc: CsiRpc, code: Code, times: usize) {
         self.st().faults.push(Fault {
             rpc,
@@ -136,19 +163,24 @@ impl FakeCsi {
         });
     }
 
+    /// Calls for `id` wait (after counting) until [`Self::unhold`].
     pub fn hold(&self, id: &VolumeId) {
         self.held.lock().unwrap().insert(id.clone());
     }
 
+    /// Lets held calls for `id` go on.
     pub fn unhold(&self, id: &VolumeId) {
         self.held.lock().unwrap().remove(id);
         self.release.notify_waiters();
     }
 
+    /// A CreateVolume of `name` creates the volume, then waits with its answer until
+    /// [`Self::unhold_create`].
     pub fn hold_create(&self, name: &str) {
         self.held_creates.lock().unwrap().insert(name.to_owned());
     }
 
+    /// Lets a held CreateVolume of `name` answer.
     pub fn unhold_create(&self, name: &str) {
         self.held_creates.lock().unwrap().remove(name);
         self.release.notify_waiters();
@@ -159,6 +191,7 @@ impl FakeCsi {
         self.st().by_name.get(name).cloned()
     }
 
+    /// Every call takes `d` from now on.
     pub fn set_delay(&self, d: Duration) {
         *self.delay.lock().unwrap() = d;
     }
@@ -173,10 +206,12 @@ impl FakeCsi {
         }
     }
 
+    /// The ids of the plugin's volumes, ordered.
     pub fn ids(&self) -> Vec<VolumeId> {
         self.st().volumes.keys().cloned().collect()
     }
 
+    /// The plugin's view of volume `id`.
     pub fn volume(&self, id: &VolumeId) -> Option<FakeVolume> {
         self.st().volumes.get(id).cloned()
     }
@@ -244,6 +279,8 @@ fn err(rpc: CsiRpc, code: Code, msg: &str) -> CsiError {
     CsiError::status(rpc, code, msg)
 }
 
+/// Every capability the volume manager uses (controller publish, staging, create/delete,
+/// list, capacity).
 pub fn full_caps() -> CsiCapabilities {
     let mut c = CsiCapabilities::with_publish_stage(true, true);
     c.plugin.controller_service = true;
@@ -673,176 +710,4 @@ impl MountTable for FakeMounts {
             .cloned()
             .collect())
     }
-}
-
-/// A manager on a temporary state directory, over a shared fake plugin.
-pub struct Harness {
-    pub dir: tempfile::TempDir,
-    pub fake: Arc<FakeCsi>,
-    pub boot: BootId,
-    pub max_concurrent: usize,
-    pub secrets: Arc<dyn SecretResolver>,
-}
-
-pub struct Running {
-    pub handle: VolumeManagerHandle,
-    pub guard: VolumeManagerGuard,
-}
-
-impl Running {
-    /// Orderly stop; returns the worker's result.
-    pub async fn stop(self) -> Result<(), VolumeError> {
-        self.guard.stop().await
-    }
-
-    /// Waits for the worker to die (after a fatal fail point); returns its result.
-    pub async fn died(self) -> Result<(), VolumeError> {
-        let r = tokio::time::timeout(Duration::from_secs(60), self.guard.join())
-            .await
-            .expect("manager did not stop");
-        drop(self.handle);
-        r
-    }
-}
-
-impl Harness {
-    pub fn new(fake: Arc<FakeCsi>) -> Self {
-        Self {
-            dir: tempfile::tempdir().unwrap(),
-            fake,
-            boot: BootId::new("boot-1"),
-            max_concurrent: 16,
-            secrets: Arc::new(NoSecrets),
-        }
-    }
-
-    pub fn state_dir(&self) -> PathBuf {
-        self.dir.path().join("state")
-    }
-
-    pub fn work_dir(&self) -> PathBuf {
-        self.dir.path().join("work")
-    }
-
-    pub fn paths(&self) -> MountPaths {
-        MountPaths::under_work_dir(&self.work_dir(), "org.test", "fake").unwrap()
-    }
-
-    pub fn config(&self) -> VolumeManagerConfig {
-        let target = if self.fake.st().co_creates_target {
-            TargetPath::CoCreates
-        } else {
-            TargetPath::PluginCreates
-        };
-        VolumeManagerConfig::new(
-            self.paths(),
-            "node-1",
-            self.fake.caps,
-            self.boot.clone(),
-            target,
-        )
-        .plugin("org.test", "fake", slrp_csi::CsiVersion::V1)
-        // Tests script transient failures and expect to hear them; the retry tests
-        // set their own policy.
-        .retry(slrp_csi::RetryConfig::none())
-        .max_concurrent(self.max_concurrent)
-        .shutdown_grace(Duration::from_secs(5))
-        .mounts(Arc::new(FakeMounts(self.fake.clone())))
-        .secrets(self.secrets.clone())
-    }
-
-    pub fn start(&self) -> Running {
-        self.start_with(self.config())
-    }
-
-    pub fn start_with(&self, cfg: VolumeManagerConfig) -> Running {
-        let store = Store::open(self.state_dir()).unwrap();
-        let (handle, guard) =
-            VolumeManager::spawn(cfg, store, self.fake.clone(), &CancellationToken::new()).unwrap();
-        Running { handle, guard }
-    }
-
-    /// The records on disk (the manager must be stopped).
-    pub fn stored(&self) -> Vec<VolumeRecord> {
-        let store = Store::open_read_only(self.state_dir()).unwrap();
-        store.load_all_blocking().unwrap()
-    }
-
-    pub fn stored_intents(&self) -> Vec<CreateVolume> {
-        let store = Store::open_read_only(self.state_dir()).unwrap();
-        store.load_all_blocking().unwrap()
-    }
-}
-
-pub fn mount_cap() -> VolumeCapability {
-    VolumeCapability::mount_default()
-}
-
-pub fn create_req(name: &str) -> CreateVolume {
-    CreateVolume {
-        name: name.into(),
-        required_bytes: 1 << 20,
-        limit_bytes: 0,
-        capability: mount_cap(),
-        parameters: StringMap::new(),
-    }
-}
-
-/// A ValidateVolume for a volume listed by the plugin (mount, no parameters).
-pub fn validate_req(id: &VolumeId) -> ValidateVolume {
-    ValidateVolume {
-        id: id.clone(),
-        capability: mount_cap(),
-        parameters: StringMap::new(),
-        volume_context: BTreeMap::from([("from".into(), "list".into())]),
-        capacity_bytes: 4096,
-        node_stage_secrets: BTreeMap::new(),
-        node_publish_secrets: BTreeMap::new(),
-    }
-}
-
-/// Polls the manager's job counts until `want` holds or `escape` does (a call reached
-/// the plugin that should have waited); returns the counts seen last.
-pub async fn jobs_until(
-    handle: &VolumeManagerHandle,
-    want: impl Fn(&JobCounts) -> bool,
-    escape: impl Fn() -> bool,
-) -> JobCounts {
-    within(async {
-        loop {
-            let jobs = handle.jobs().await.unwrap();
-            if want(&jobs) || escape() {
-                return jobs;
-            }
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-    })
-    .await
-}
-
-/// Waits until the worker has stopped taking commands (it is shutting down).
-pub async fn wait_until_not_accepting(handle: &VolumeManagerHandle) {
-    within(async {
-        while !matches!(handle.volumes().await, Err(VolumeError::Stopped)) {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await;
-}
-
-/// Polls until `cond` holds (a hang guard, not a deadline: see [`within`]).
-pub async fn until(mut cond: impl FnMut() -> bool) {
-    within(async {
-        while !cond() {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-    })
-    .await;
-}
-
-/// Fails the test if `f` does not finish within a minute (a hang, not a slow run).
-pub async fn within<T>(f: impl Future<Output = T>) -> T {
-    tokio::time::timeout(Duration::from_secs(60), f)
-        .await
-        .expect("timed out")
 }

@@ -1,0 +1,1099 @@
+//! Serving gRPC clients that send a unix socket path as the HTTP/2 `:authority`.
+//!
+//! grpc C-core (≥ 1.57: Python grpcio, C++, Ruby …), grpc-java and older grpc-go put the
+//! target of a `unix:` channel into `:authority`, raw (`/run/csi.sock`) or percent-encoded
+//! (`%2Frun%2Fcsi.sock`). The HTTP/2 server under tonic (h2 0.4) parses `:authority` as a
+//! URI authority and resets every such request with PROTOCOL_ERROR before a handler runs.
+//! [`FilteredStream`] sits between the accepted socket and tonic and repairs the request
+//! headers on the way in: an `:authority` that is not a valid URI authority becomes
+//! `localhost` (a unix socket has no host, so nothing is lost).
+//!
+//! How: client-to-server bytes are parsed as HTTP/2 frames ([`AuthorityFilter`]). Every
+//! frame but HEADERS and CONTINUATION passes through as it came (DATA payloads are copied
+//! straight into the reader's buffer). A header block (HEADERS plus its CONTINUATIONs) is
+//! HPACK-decoded with this connection's decoder (so the client's dynamic table and its size
+//! updates are followed across requests), the `:authority` is fixed if needed, and the
+//! block is re-encoded as literals without indexing and re-framed. Every block is
+//! re-encoded, repaired or not: the server's decoder then never sees an indexed entry, so
+//! its dynamic table stays empty and cannot disagree with the client's. Padding is dropped,
+//! the priority fields and the END_STREAM flag are kept, and frames are at most 16 384
+//! bytes, the smallest SETTINGS_MAX_FRAME_SIZE a server may announce. Server-to-client
+//! bytes are not touched.
+//!
+//! A stream that is not HTTP/2 or a header block that does not decode closes the
+//! connection (the read fails with `InvalidData`, logged once as a warning); h2 would have
+//! closed it too.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+/// The client connection preface (RFC 9113 §3.4).
+const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const FRAME_HEADER_LEN: usize = 9;
+const TYPE_HEADERS: u8 = 0x1;
+const TYPE_CONTINUATION: u8 = 0x9;
+const FLAG_END_STREAM: u8 = 0x1;
+const FLAG_END_HEADERS: u8 = 0x4;
+const FLAG_PADDED: u8 = 0x8;
+const FLAG_PRIORITY: u8 = 0x20;
+/// Stream dependency and weight of a HEADERS frame with the PRIORITY flag.
+const PRIORITY_LEN: usize = 5;
+/// Largest payload of a frame this filter writes: the minimum of SETTINGS_MAX_FRAME_SIZE,
+/// which every server accepts, whatever it announced.
+const OUT_FRAME_MAX: usize = 16_384;
+/// Largest header block accepted, encoded or decoded. h2's own limit on a decoded header
+/// list is smaller, so a block this filter passes is never the one too big for h2.
+pub const MAX_HEADER_BLOCK: usize = 1 << 20;
+/// Largest HPACK dynamic table a client may ask for with a size update. h2 announces none,
+/// so clients keep the default 4 096; the slack costs nothing until a client uses it.
+const MAX_TABLE_SIZE: usize = 64 << 10;
+/// What replaces an `:authority` that is not a URI authority.
+const REPLACEMENT: &[u8] = b"localhost";
+const AUTHORITY: &[u8] = b":authority";
+
+/// Why a client connection was closed.
+#[derive(Debug, thiserror::Error)]
+pub enum FilterError {
+    /// The first bytes are not the HTTP/2 client preface.
+    #[error("the client did not start with the HTTP/2 connection preface")]
+    Preface,
+    /// A CONTINUATION frame without a header block to continue.
+    #[error("CONTINUATION frame on stream {stream} continues no header block")]
+    UnexpectedContinuation {
+        /// The frame's stream.
+        stream: u32,
+    },
+    /// Another frame inside a header block (RFC 9113 §6.10 forbids it).
+    #[error(
+        "frame of type {kind:#x} on stream {stream} interrupts the header block of stream {block_stream}"
+    )]
+    Interleaved {
+        /// The frame's type.
+        kind: u8,
+        /// The frame's stream.
+        stream: u32,
+        /// The stream whose header block is open.
+        block_stream: u32,
+    },
+    /// Padding or priority fields longer than the HEADERS frame.
+    #[error("HEADERS frame on stream {stream} is shorter than its padding and priority fields")]
+    BadHeadersFrame {
+        /// The frame's stream.
+        stream: u32,
+    },
+    /// The header block is larger than [`MAX_HEADER_BLOCK`].
+    #[error("header block on stream {stream} is larger than {MAX_HEADER_BLOCK} bytes")]
+    TooLarge {
+        /// The block's stream.
+        stream: u32,
+    },
+    /// The header block is not valid HPACK.
+    #[error("header block on stream {stream} is not valid HPACK")]
+    Hpack {
+        /// The block's stream.
+        stream: u32,
+        /// The decoder's complaint.
+        #[source]
+        source: loona_hpack::decoder::DecoderError,
+    },
+}
+
+/// A frame header, parsed.
+#[derive(Debug, Clone, Copy)]
+struct FrameHead {
+    len: usize,
+    kind: u8,
+    flags: u8,
+    stream: u32,
+}
+
+impl FrameHead {
+    fn parse(b: &[u8; FRAME_HEADER_LEN]) -> Self {
+        Self {
+            len: usize::from(b[0]) << 16 | usize::from(b[1]) << 8 | usize::from(b[2]),
+            kind: b[3],
+            flags: b[4],
+            stream: u32::from_be_bytes([b[5], b[6], b[7], b[8]]) & 0x7fff_ffff,
+        }
+    }
+
+    fn write(self, out: &mut Vec<u8>) {
+        let len = u32::try_from(self.len).expect("frames written here are at most 16 KiB");
+        out.extend_from_slice(&len.to_be_bytes()[1..]);
+        out.push(self.kind);
+        out.push(self.flags);
+        out.extend_from_slice(&self.stream.to_be_bytes());
+    }
+}
+
+/// Where the filter is in the client's byte stream.
+#[derive(Debug)]
+enum State {
+    /// Inside the connection preface, `seen` bytes of it checked.
+    Preface { seen: usize },
+    /// Reading a frame header.
+    Head {
+        buf: [u8; FRAME_HEADER_LEN],
+        have: usize,
+    },
+    /// Inside the payload of a frame that passes through.
+    Pass { left: usize },
+    /// Collecting the payload of a HEADERS or CONTINUATION frame.
+    Block { head: FrameHead, left: usize },
+}
+
+/// A header block waiting for its END_HEADERS.
+#[derive(Debug)]
+struct OpenBlock {
+    stream: u32,
+    end_stream: bool,
+    priority: Option<[u8; PRIORITY_LEN]>,
+    fragment: Vec<u8>,
+}
+
+/// The client-to-server half of an HTTP/2 connection, with `:authority` repaired.
+///
+/// Sans-IO: [`AuthorityFilter::feed`] takes bytes as they arrive, in pieces of any size,
+/// and appends what the server should read.
+pub struct AuthorityFilter {
+    state: State,
+    payload: Vec<u8>,
+    open: Option<OpenBlock>,
+    decoder: loona_hpack::Decoder<'static>,
+    repaired: u64,
+}
+
+impl std::fmt::Debug for AuthorityFilter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AuthorityFilter")
+            .field("state", &self.state)
+            .field("open", &self.open)
+            .field("repaired", &self.repaired)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for AuthorityFilter {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl AuthorityFilter {
+    /// A filter at the start of a connection.
+    #[must_use]
+    pub fn new() -> Self {
+        let mut decoder = loona_hpack::Decoder::new();
+        decoder.set_max_allowed_table_size(MAX_TABLE_SIZE);
+        Self {
+            state: State::Preface { seen: 0 },
+            payload: Vec::new(),
+            open: None,
+            decoder,
+            repaired: 0,
+        }
+    }
+
+    /// How many `:authority` values were replaced so far.
+    #[must_use]
+    pub fn repaired(&self) -> u64 {
+        self.repaired
+    }
+
+    /// Bytes of a pass-through payload still to come, which a reader may copy without
+    /// [`AuthorityFilter::feed`] (then reporting them with [`AuthorityFilter::passed`]).
+    #[must_use]
+    pub fn passthrough(&self) -> Option<usize> {
+        match self.state {
+            State::Pass { left } if left > 0 => Some(left),
+            State::Pass { .. }
+            | State::Preface { .. }
+            | State::Head { .. }
+            | State::Block { .. } => None,
+        }
+    }
+
+    /// Records `n` bytes of a pass-through payload copied by the reader itself.
+    ///
+    /// # Panics
+    /// `n` is more than [`AuthorityFilter::passthrough`] allowed.
+    pub fn passed(&mut self, n: usize) {
+        let State::Pass { left } = &mut self.state else {
+            panic!("passed() outside a pass-through payload");
+        };
+        *left = left.checked_sub(n).expect("passed() beyond the payload");
+        if *left == 0 {
+            self.state = Self::head();
+        }
+    }
+
+    fn head() -> State {
+        State::Head {
+            buf: [0; FRAME_HEADER_LEN],
+            have: 0,
+        }
+    }
+
+    /// Processes client bytes, appending what the server should see to `out`.
+    ///
+    /// # Errors
+    /// The bytes are not an HTTP/2 client stream this filter can follow; the connection
+    /// must be closed.
+    pub fn feed(&mut self, mut input: &[u8], out: &mut Vec<u8>) -> Result<(), FilterError> {
+        while !input.is_empty() {
+            match &mut self.state {
+                State::Preface { seen } => {
+                    let n = (PREFACE.len() - *seen).min(input.len());
+                    if input[..n] != PREFACE[*seen..*seen + n] {
+                        return Err(FilterError::Preface);
+                    }
+                    out.extend_from_slice(&input[..n]);
+                    *seen += n;
+                    input = &input[n..];
+                    if *seen == PREFACE.len() {
+                        self.state = Self::head();
+                    }
+                }
+                State::Head { buf, have } => {
+                    let n = (FRAME_HEADER_LEN - *have).min(input.len());
+                    buf[*have..*have + n].copy_from_slice(&input[..n]);
+                    *have += n;
+                    input = &input[n..];
+                    if *have == FRAME_HEADER_LEN {
+                        let raw = *buf;
+                        self.start_frame(&raw, out)?;
+                    }
+                }
+                State::Pass { left } => {
+                    let n = (*left).min(input.len());
+                    out.extend_from_slice(&input[..n]);
+                    input = &input[n..];
+                    self.passed(n);
+                }
+                State::Block { head, left } => {
+                    let n = (*left).min(input.len());
+                    self.payload.extend_from_slice(&input[..n]);
+                    *left -= n;
+                    input = &input[n..];
+                    if *left == 0 {
+                        let head = *head;
+                        self.finish_block_frame(head, out)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn start_frame(
+        &mut self,
+        raw: &[u8; FRAME_HEADER_LEN],
+        out: &mut Vec<u8>,
+    ) -> Result<(), FilterError> {
+        let head = FrameHead::parse(raw);
+        let is_block = head.kind == TYPE_HEADERS || head.kind == TYPE_CONTINUATION;
+        match &self.open {
+            Some(open) if head.kind != TYPE_CONTINUATION || head.stream != open.stream => {
+                return Err(FilterError::Interleaved {
+                    kind: head.kind,
+                    stream: head.stream,
+                    block_stream: open.stream,
+                });
+            }
+            Some(open) if open.fragment.len() + head.len > MAX_HEADER_BLOCK => {
+                return Err(FilterError::TooLarge {
+                    stream: head.stream,
+                });
+            }
+            None if head.kind == TYPE_CONTINUATION => {
+                return Err(FilterError::UnexpectedContinuation {
+                    stream: head.stream,
+                });
+            }
+            None if is_block && head.len > MAX_HEADER_BLOCK => {
+                return Err(FilterError::TooLarge {
+                    stream: head.stream,
+                });
+            }
+            Some(_) | None => {}
+        }
+        if is_block {
+            self.payload.clear();
+            self.state = State::Block {
+                head,
+                left: head.len,
+            };
+            if head.len == 0 {
+                self.finish_block_frame(head, out)?;
+            }
+        } else {
+            out.extend_from_slice(raw);
+            self.state = State::Pass { left: head.len };
+            if head.len == 0 {
+                self.state = Self::head();
+            }
+        }
+        Ok(())
+    }
+
+    /// A HEADERS or CONTINUATION payload is complete.
+    fn finish_block_frame(
+        &mut self,
+        head: FrameHead,
+        out: &mut Vec<u8>,
+    ) -> Result<(), FilterError> {
+        self.state = Self::head();
+        if head.kind == TYPE_HEADERS {
+            let bad = || FilterError::BadHeadersFrame {
+                stream: head.stream,
+            };
+            let mut p = self.payload.as_slice();
+            let mut pad = 0;
+            if head.flags & FLAG_PADDED != 0 {
+                let (&n, rest) = p.split_first().ok_or_else(bad)?;
+                pad = usize::from(n);
+                p = rest;
+            }
+            let mut priority = None;
+            if head.flags & FLAG_PRIORITY != 0 {
+                let (fields, rest) = p.split_first_chunk::<PRIORITY_LEN>().ok_or_else(bad)?;
+                priority = Some(*fields);
+                p = rest;
+            }
+            let fragment = p
+                .get(..p.len().checked_sub(pad).ok_or_else(bad)?)
+                .ok_or_else(bad)?;
+            self.open = Some(OpenBlock {
+                stream: head.stream,
+                end_stream: head.flags & FLAG_END_STREAM != 0,
+                priority,
+                fragment: fragment.to_vec(),
+            });
+        } else if let Some(open) = &mut self.open {
+            open.fragment.extend_from_slice(&self.payload);
+        }
+        if head.flags & FLAG_END_HEADERS != 0
+            && let Some(block) = self.open.take()
+        {
+            self.emit(&block, out)?;
+        }
+        Ok(())
+    }
+
+    /// Decodes a complete header block, repairs it and writes it out as new frames.
+    fn emit(&mut self, block: &OpenBlock, out: &mut Vec<u8>) -> Result<(), FilterError> {
+        let stream = block.stream;
+        let mut encoded = Vec::with_capacity(block.fragment.len() + 64);
+        let mut decoded_size = 0usize;
+        let mut repaired = 0u64;
+        self.decoder
+            .decode_with_cb(&block.fragment, |name, value| {
+                // RFC 7541 §4.1's entry size; an indexed field can repeat a large table
+                // entry many times, so the bound is on what the fields expand to.
+                decoded_size = decoded_size.saturating_add(name.len() + value.len() + 32);
+                if decoded_size > MAX_HEADER_BLOCK {
+                    return;
+                }
+                let value: &[u8] = if &*name == AUTHORITY
+                    && http::uri::Authority::try_from(&*value).is_err()
+                {
+                    tracing::debug!(stream, authority = %String::from_utf8_lossy(&value).escape_debug(),
+                        "replacing an :authority that is not a URI authority with localhost");
+                    repaired += 1;
+                    REPLACEMENT
+                } else {
+                    &value
+                };
+                encode_literal(&name, value, &mut encoded);
+            })
+            .map_err(|source| FilterError::Hpack { stream, source })?;
+        if decoded_size > MAX_HEADER_BLOCK {
+            return Err(FilterError::TooLarge { stream });
+        }
+        self.repaired += repaired;
+        write_header_frames(block, &encoded, out);
+        Ok(())
+    }
+}
+
+/// A literal header field without indexing, new name, no Huffman (RFC 7541 §6.2.2).
+fn encode_literal(name: &[u8], value: &[u8], out: &mut Vec<u8>) {
+    out.push(0x00);
+    encode_string(name, out);
+    encode_string(value, out);
+}
+
+/// A string literal without Huffman coding (RFC 7541 §5.2).
+fn encode_string(s: &[u8], out: &mut Vec<u8>) {
+    encode_integer(s.len(), 7, 0x00, out);
+    out.extend_from_slice(s);
+}
+
+/// An integer with an N-bit prefix (RFC 7541 §5.1); `flags` fills the bits above it.
+fn encode_integer(mut value: usize, prefix_bits: u8, flags: u8, out: &mut Vec<u8>) {
+    let max_prefix = (1usize << prefix_bits) - 1;
+    if value < max_prefix {
+        out.push(flags | u8::try_from(value).expect("below the prefix maximum"));
+        return;
+    }
+    out.push(flags | u8::try_from(max_prefix).expect("prefixes are at most 7 bits here"));
+    value -= max_prefix;
+    while value >= 0x80 {
+        out.push(u8::try_from(value & 0x7f).expect("7 bits") | 0x80);
+        value >>= 7;
+    }
+    out.push(u8::try_from(value).expect("below 0x80"));
+}
+
+/// HEADERS (with the block's priority and END_STREAM) and as many CONTINUATIONs as needed.
+fn write_header_frames(block: &OpenBlock, encoded: &[u8], out: &mut Vec<u8>) {
+    let prio_len = if block.priority.is_some() {
+        PRIORITY_LEN
+    } else {
+        0
+    };
+    let first_len = encoded.len().min(OUT_FRAME_MAX - prio_len);
+    let (first, mut rest) = encoded.split_at(first_len);
+    let mut flags = 0;
+    if block.end_stream {
+        flags |= FLAG_END_STREAM;
+    }
+    if block.priority.is_some() {
+        flags |= FLAG_PRIORITY;
+    }
+    if rest.is_empty() {
+        flags |= FLAG_END_HEADERS;
+    }
+    FrameHead {
+        len: prio_len + first.len(),
+        kind: TYPE_HEADERS,
+        flags,
+        stream: block.stream,
+    }
+    .write(out);
+    if let Some(p) = &block.priority {
+        out.extend_from_slice(p);
+    }
+    out.extend_from_slice(first);
+    while !rest.is_empty() {
+        let (chunk, tail) = rest.split_at(rest.len().min(OUT_FRAME_MAX));
+        rest = tail;
+        FrameHead {
+            len: chunk.len(),
+            kind: TYPE_CONTINUATION,
+            flags: if rest.is_empty() { FLAG_END_HEADERS } else { 0 },
+            stream: block.stream,
+        }
+        .write(out);
+        out.extend_from_slice(chunk);
+    }
+}
+
+/// An accepted connection whose client-to-server bytes go through an [`AuthorityFilter`].
+#[derive(Debug)]
+pub struct FilteredStream<S> {
+    inner: S,
+    filter: AuthorityFilter,
+    /// Filtered bytes not yet handed to the reader, from `out_pos` on.
+    out: Vec<u8>,
+    out_pos: usize,
+    /// Where raw bytes land before they are filtered (not used for pass-through payloads).
+    scratch: Box<[u8]>,
+}
+
+/// Size of one raw read from the socket.
+const SCRATCH_LEN: usize = 16 << 10;
+
+impl<S> FilteredStream<S> {
+    /// Wraps a freshly accepted connection.
+    pub fn new(inner: S) -> Self {
+        Self {
+            inner,
+            filter: AuthorityFilter::new(),
+            out: Vec::new(),
+            out_pos: 0,
+            scratch: vec![0; SCRATCH_LEN].into_boxed_slice(),
+        }
+    }
+
+    /// The wrapped connection.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for FilteredStream<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if buf.remaining() == 0 {
+            return Poll::Ready(Ok(()));
+        }
+        loop {
+            if this.out_pos < this.out.len() {
+                let n = buf.remaining().min(this.out.len() - this.out_pos);
+                buf.put_slice(&this.out[this.out_pos..this.out_pos + n]);
+                this.out_pos += n;
+                if this.out_pos == this.out.len() {
+                    this.out.clear();
+                    this.out_pos = 0;
+                }
+                return Poll::Ready(Ok(()));
+            }
+            if let Some(left) = this.filter.passthrough() {
+                // DATA and other pass-through payloads go straight into the reader's buffer.
+                let dst = buf.initialize_unfilled_to(left.min(buf.remaining()));
+                let mut direct = ReadBuf::new(dst);
+                ready!(Pin::new(&mut this.inner).poll_read(cx, &mut direct))?;
+                let n = direct.filled().len();
+                buf.advance(n);
+                this.filter.passed(n);
+                return Poll::Ready(Ok(()));
+            }
+            let mut raw = ReadBuf::new(&mut this.scratch);
+            ready!(Pin::new(&mut this.inner).poll_read(cx, &mut raw))?;
+            if raw.filled().is_empty() {
+                // EOF, even inside a frame: h2 sees the truncation and handles it.
+                return Poll::Ready(Ok(()));
+            }
+            if let Err(e) = this.filter.feed(raw.filled(), &mut this.out) {
+                tracing::warn!(error = %slrp_types::DisplayChain(&e),
+                    "closing a CSI client connection: its HTTP/2 request headers cannot be read");
+                return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, e)));
+            }
+        }
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for FilteredStream<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+impl<S: tonic::transport::server::Connected> tonic::transport::server::Connected
+    for FilteredStream<S>
+{
+    type ConnectInfo = S::ConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.inner.connect_info()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    type Fields = Vec<(Vec<u8>, Vec<u8>)>;
+
+    fn hex(s: &str) -> Vec<u8> {
+        let digits: Vec<u8> = s.bytes().filter(u8::is_ascii_hexdigit).collect();
+        digits
+            .chunks(2)
+            .map(|p| u8::from_str_radix(std::str::from_utf8(p).unwrap(), 16).unwrap())
+            .collect()
+    }
+
+    fn fields(list: &[(&str, &str)]) -> Fields {
+        list.iter()
+            .map(|(n, v)| (n.as_bytes().to_vec(), v.as_bytes().to_vec()))
+            .collect()
+    }
+
+    fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        FrameHead {
+            len: payload.len(),
+            kind,
+            flags,
+            stream,
+        }
+        .write(&mut out);
+        out.extend_from_slice(payload);
+        out
+    }
+
+    /// A client connection: the preface, an empty SETTINGS frame, then `frames`.
+    fn connection(frames: &[Vec<u8>]) -> Vec<u8> {
+        let mut out = PREFACE.to_vec();
+        out.extend(frame(0x4, 0, 0, &[]));
+        for f in frames {
+            out.extend_from_slice(f);
+        }
+        out
+    }
+
+    fn filter_all(input: &[u8]) -> Result<Vec<u8>, FilterError> {
+        let mut out = Vec::new();
+        AuthorityFilter::new().feed(input, &mut out)?;
+        Ok(out)
+    }
+
+    /// The frames after the preface: (header, payload).
+    fn frames_of(bytes: &[u8]) -> Vec<(FrameHead, Vec<u8>)> {
+        assert_eq!(&bytes[..PREFACE.len()], PREFACE);
+        let mut rest = &bytes[PREFACE.len()..];
+        let mut out = Vec::new();
+        while !rest.is_empty() {
+            let head = FrameHead::parse(rest[..FRAME_HEADER_LEN].try_into().unwrap());
+            let end = FRAME_HEADER_LEN + head.len;
+            out.push((head, rest[FRAME_HEADER_LEN..end].to_vec()));
+            rest = &rest[end..];
+        }
+        out
+    }
+
+    /// A header block as the server reads it.
+    #[derive(Debug)]
+    struct Block {
+        stream: u32,
+        end_stream: bool,
+        priority: Option<Vec<u8>>,
+        fields: Fields,
+    }
+
+    /// The header blocks the server reads. Each is decoded with a fresh decoder: what the
+    /// filter writes must not index anything.
+    fn blocks_of(bytes: &[u8]) -> Vec<Block> {
+        let mut blocks = Vec::new();
+        let mut open: Option<(Block, Vec<u8>)> = None;
+        for (head, payload) in frames_of(bytes) {
+            match head.kind {
+                TYPE_HEADERS => {
+                    assert!(open.is_none() && head.flags & FLAG_PADDED == 0);
+                    let (priority, fragment) = if head.flags & FLAG_PRIORITY != 0 {
+                        (Some(payload[..5].to_vec()), payload[5..].to_vec())
+                    } else {
+                        (None, payload)
+                    };
+                    let block = Block {
+                        stream: head.stream,
+                        end_stream: head.flags & FLAG_END_STREAM != 0,
+                        priority,
+                        fields: Vec::new(),
+                    };
+                    open = Some((block, fragment));
+                }
+                TYPE_CONTINUATION => open.as_mut().unwrap().1.extend(payload),
+                _ => {
+                    assert!(open.is_none(), "a frame inside a header block");
+                    continue;
+                }
+            }
+            assert!(head.len <= OUT_FRAME_MAX);
+            if head.flags & FLAG_END_HEADERS != 0 {
+                let (mut block, fragment) = open.take().unwrap();
+                block.fields = loona_hpack::Decoder::new().decode(&fragment).unwrap();
+                blocks.push(block);
+            }
+        }
+        blocks
+    }
+
+    fn headers_frame(stream: u32, block: &[u8]) -> Vec<u8> {
+        frame(TYPE_HEADERS, FLAG_END_HEADERS, stream, block)
+    }
+
+    /// RFC 7541 Appendix C.3 (literals) and C.4 (Huffman): three requests in a row, the
+    /// later ones indexing entries the earlier ones added to the dynamic table.
+    #[test]
+    fn rfc7541_request_examples_decode_across_the_dynamic_table() {
+        let expected = [
+            fields(&[
+                (":method", "GET"),
+                (":scheme", "http"),
+                (":path", "/"),
+                (":authority", "www.example.com"),
+            ]),
+            fields(&[
+                (":method", "GET"),
+                (":scheme", "http"),
+                (":path", "/"),
+                (":authority", "www.example.com"),
+                ("cache-control", "no-cache"),
+            ]),
+            fields(&[
+                (":method", "GET"),
+                (":scheme", "https"),
+                (":path", "/index.html"),
+                (":authority", "www.example.com"),
+                ("custom-key", "custom-value"),
+            ]),
+        ];
+        let c3 = [
+            "8286 8441 0f77 7777 2e65 7861 6d70 6c65 2e63 6f6d",
+            "8286 84be 5808 6e6f 2d63 6163 6865",
+            "8287 85bf 400a 6375 7374 6f6d 2d6b 6579 0c63 7573 746f 6d2d 7661 6c75 65",
+        ];
+        let c4 = [
+            "8286 8441 8cf1 e3c2 e5f2 3a6b a0ab 90f4 ff",
+            "8286 84be 5886 a8eb 1064 9cbf",
+            "8287 85bf 4088 25a8 49e9 5ba9 7d7f 8925 a849 e95b b8e8 b4bf",
+        ];
+        for example in [c3, c4] {
+            let frames: Vec<_> = example
+                .iter()
+                .zip([1, 3, 5])
+                .map(|(h, stream)| headers_frame(stream, &hex(h)))
+                .collect();
+            let out = filter_all(&connection(&frames)).unwrap();
+            let blocks = blocks_of(&out);
+            let got: Vec<_> = blocks.iter().map(|b| b.fields.clone()).collect();
+            assert_eq!(got, expected);
+            assert_eq!(
+                blocks.iter().map(|b| b.stream).collect::<Vec<_>>(),
+                [1, 3, 5]
+            );
+        }
+    }
+
+    #[test]
+    fn an_authority_that_is_not_a_uri_authority_becomes_localhost() {
+        let mut enc = loona_hpack::Encoder::new();
+        let request = |authority: &str| {
+            fields(&[
+                (":method", "POST"),
+                (":scheme", "http"),
+                (":path", "/csi.v1.Identity/Probe"),
+                (":authority", authority),
+                ("te", "trailers"),
+            ])
+        };
+        let cases = [
+            ("/run/csi/csi.sock", "localhost"),
+            ("%2Frun%2Fcsi%2Fcsi.sock", "localhost"),
+            ("", "localhost"),
+            ("localhost", "localhost"),
+            ("[::]:50051", "[::]:50051"),
+            ("www.example.com:443", "www.example.com:443"),
+        ];
+        let frames: Vec<_> = cases
+            .iter()
+            .zip((1u32..).step_by(2))
+            .map(|((authority, _), stream)| {
+                let f = request(authority);
+                headers_frame(
+                    stream,
+                    &enc.encode(f.iter().map(|(n, v)| (n.as_slice(), v.as_slice()))),
+                )
+            })
+            .collect();
+        let mut filter = AuthorityFilter::new();
+        let mut out = Vec::new();
+        filter.feed(&connection(&frames), &mut out).unwrap();
+        assert_eq!(filter.repaired(), 3);
+        for ((_, want), block) in cases.iter().zip(blocks_of(&out)) {
+            assert_eq!(block.fields, request(want));
+        }
+    }
+
+    /// A connection mixing everything the filter handles: pass-through frames, DATA,
+    /// a block split into CONTINUATIONs, padding and priority, trailers.
+    fn mixed_connection() -> Vec<u8> {
+        let mut enc = loona_hpack::Encoder::new();
+        let mut block = |list: &[(&str, &str)]| {
+            enc.encode(list.iter().map(|(n, v)| (n.as_bytes(), v.as_bytes())))
+        };
+        let req = block(&[
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":path", "/csi.v1.Controller/CreateVolume"),
+            (":authority", "/tmp/csi.sock"),
+            ("content-type", "application/grpc"),
+            ("x-long", &"v".repeat(300)),
+        ]);
+        let (a, b) = req.split_at(100);
+        let mut padded = vec![3u8];
+        padded.extend_from_slice(&[0x80, 0, 0, 1, 15]);
+        padded.extend(block(&[
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":path", "/csi.v1.Identity/Probe"),
+            (":authority", "/tmp/csi.sock"),
+        ]));
+        padded.extend_from_slice(&[0, 0, 0]);
+        connection(&[
+            frame(0x8, 0, 0, &[0, 1, 0, 0]),
+            frame(TYPE_HEADERS, 0, 1, a),
+            frame(TYPE_CONTINUATION, FLAG_END_HEADERS, 1, b),
+            frame(0x0, 0, 1, &[7u8; 700]),
+            headers_frame(1, &block(&[("grpc-timeout", "10S")])),
+            frame(
+                TYPE_HEADERS,
+                FLAG_PADDED | FLAG_PRIORITY | FLAG_END_HEADERS | FLAG_END_STREAM,
+                3,
+                &padded,
+            ),
+            frame(0x6, 0, 0, &[1; 8]),
+        ])
+    }
+
+    #[test]
+    fn the_output_does_not_depend_on_how_the_input_is_split() {
+        let input = mixed_connection();
+        let whole = filter_all(&input).unwrap();
+        for split in 0..=input.len() {
+            let mut filter = AuthorityFilter::new();
+            let mut out = Vec::new();
+            filter.feed(&input[..split], &mut out).unwrap();
+            filter.feed(&input[split..], &mut out).unwrap();
+            assert_eq!(out, whole, "split at {split}");
+        }
+        let mut filter = AuthorityFilter::new();
+        let mut out = Vec::new();
+        for b in &input {
+            filter.feed(std::slice::from_ref(b), &mut out).unwrap();
+        }
+        assert_eq!(out, whole, "one byte at a time");
+
+        let frames = frames_of(&whole);
+        let kinds: Vec<u8> = frames.iter().map(|(h, _)| h.kind).collect();
+        // SETTINGS, WINDOW_UPDATE, request, DATA, trailers, padded request, PING.
+        assert_eq!(
+            kinds,
+            [0x4, 0x8, TYPE_HEADERS, 0x0, TYPE_HEADERS, TYPE_HEADERS, 0x6]
+        );
+        assert_eq!(frames[3].1, vec![7u8; 700]);
+        let blocks = blocks_of(&whole);
+        let localhost = (b":authority".to_vec(), b"localhost".to_vec());
+        assert_eq!(blocks[0].fields[3], localhost);
+        assert_eq!(blocks[0].fields[5].1, "v".repeat(300).into_bytes());
+        assert_eq!(blocks[1].fields, fields(&[("grpc-timeout", "10S")]));
+        let padded = &blocks[2];
+        assert_eq!((padded.stream, padded.end_stream), (3, true));
+        assert_eq!(padded.priority.as_deref(), Some(&[0x80, 0, 0, 1, 15][..]));
+        assert_eq!(padded.fields[3], localhost);
+    }
+
+    #[test]
+    fn a_huge_header_block_is_reframed_into_continuations() {
+        let value = "x".repeat(100_000);
+        let list = fields(&[
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":path", "/p"),
+            (":authority", "/run/x.sock"),
+            ("x-huge", &value),
+        ]);
+        let block = loona_hpack::Encoder::new()
+            .encode(list.iter().map(|(n, v)| (n.as_slice(), v.as_slice())));
+        let mut frames = Vec::new();
+        let chunks: Vec<_> = block.chunks(20_000).collect();
+        for (i, c) in chunks.iter().enumerate() {
+            let last = if i + 1 == chunks.len() {
+                FLAG_END_HEADERS
+            } else {
+                0
+            };
+            let kind = if i == 0 {
+                TYPE_HEADERS
+            } else {
+                TYPE_CONTINUATION
+            };
+            let end_stream = if i == 0 { FLAG_END_STREAM } else { 0 };
+            frames.push(frame(kind, last | end_stream, 7, c));
+        }
+        let out = filter_all(&connection(&frames)).unwrap();
+        let out_frames = frames_of(&out);
+        assert!(
+            out_frames.len() > 7,
+            "100 kB needs at least 7 frames of 16 KiB"
+        );
+        assert!(out_frames.iter().all(|(h, _)| h.len <= OUT_FRAME_MAX));
+        let blocks = blocks_of(&out);
+        assert_eq!(blocks.len(), 1);
+        assert!(blocks[0].end_stream, "END_STREAM kept");
+        assert_eq!(blocks[0].fields[3].1, b"localhost");
+        assert_eq!(blocks[0].fields[4].1, value.into_bytes());
+    }
+
+    #[test]
+    fn oversized_blocks_are_refused_encoded_or_decoded() {
+        // One frame announcing more than the limit.
+        let mut head = Vec::new();
+        FrameHead {
+            len: MAX_HEADER_BLOCK + 1,
+            kind: TYPE_HEADERS,
+            flags: 0,
+            stream: 1,
+        }
+        .write(&mut head);
+        let mut input = connection(&[]);
+        input.extend(head);
+        assert!(matches!(
+            filter_all(&input),
+            Err(FilterError::TooLarge { stream: 1 })
+        ));
+        // CONTINUATIONs adding up past it.
+        let chunk = vec![0u8; 600_000];
+        let input = connection(&[
+            frame(TYPE_HEADERS, 0, 1, &chunk),
+            frame(TYPE_CONTINUATION, 0, 1, &chunk),
+        ]);
+        assert!(matches!(
+            filter_all(&input),
+            Err(FilterError::TooLarge { .. })
+        ));
+        // A small block that expands: one 4 000-byte table entry indexed 300 times.
+        let mut first = Vec::new();
+        first.push(0x40);
+        encode_string(b"x-big", &mut first);
+        encode_string(&[b'b'; 4000], &mut first);
+        let bomb = vec![0x80 | 62; 300];
+        let input = connection(&[headers_frame(1, &first), headers_frame(3, &bomb)]);
+        assert!(matches!(
+            filter_all(&input),
+            Err(FilterError::TooLarge { stream: 3 })
+        ));
+    }
+
+    #[test]
+    fn table_size_updates_are_honoured() {
+        // Size 0 empties the table, so the entry added after it is gone at once and the
+        // next block's reference to it is invalid.
+        let mut first = vec![0x20, 0x40];
+        encode_string(b"x-a", &mut first);
+        encode_string(b"1", &mut first);
+        let input = connection(&[headers_frame(1, &first), headers_frame(3, &[0x80 | 62])]);
+        assert!(matches!(
+            filter_all(&input),
+            Err(FilterError::Hpack { stream: 3, .. })
+        ));
+        // Without the update the same reference is fine.
+        let input = connection(&[
+            headers_frame(1, &first[1..]),
+            headers_frame(3, &[0x80 | 62]),
+        ]);
+        let blocks = blocks_of(&filter_all(&input).unwrap());
+        assert_eq!(blocks[1].fields, fields(&[("x-a", "1")]));
+        // A size beyond what the filter allows.
+        let mut update = Vec::new();
+        encode_integer(MAX_TABLE_SIZE + 1, 5, 0x20, &mut update);
+        update.push(0x82);
+        let input = connection(&[headers_frame(1, &update)]);
+        assert!(matches!(filter_all(&input), Err(FilterError::Hpack { .. })));
+    }
+
+    #[test]
+    fn malformed_streams_are_errors() {
+        assert!(matches!(
+            filter_all(b"GET / HTTP/1.1\r\n"),
+            Err(FilterError::Preface)
+        ));
+        let cont = connection(&[frame(TYPE_CONTINUATION, FLAG_END_HEADERS, 1, &[0x82])]);
+        assert!(matches!(
+            filter_all(&cont),
+            Err(FilterError::UnexpectedContinuation { stream: 1 })
+        ));
+        let interleaved = connection(&[
+            frame(TYPE_HEADERS, 0, 1, &[0x82]),
+            frame(0x0, 0, 1, b"data"),
+        ]);
+        assert!(matches!(
+            filter_all(&interleaved),
+            Err(FilterError::Interleaved {
+                kind: 0,
+                stream: 1,
+                block_stream: 1
+            })
+        ));
+        let other_stream = connection(&[
+            frame(TYPE_HEADERS, 0, 1, &[0x82]),
+            frame(TYPE_CONTINUATION, FLAG_END_HEADERS, 3, &[0x84]),
+        ]);
+        assert!(matches!(
+            filter_all(&other_stream),
+            Err(FilterError::Interleaved {
+                block_stream: 1,
+                ..
+            })
+        ));
+        let bad_index = connection(&[headers_frame(1, &[0x80 | 70])]);
+        assert!(matches!(
+            filter_all(&bad_index),
+            Err(FilterError::Hpack { stream: 1, .. })
+        ));
+        let bad_padding = connection(&[frame(
+            TYPE_HEADERS,
+            FLAG_PADDED | FLAG_END_HEADERS,
+            1,
+            &[9, 0x82],
+        )]);
+        assert!(matches!(
+            filter_all(&bad_padding),
+            Err(FilterError::BadHeadersFrame { stream: 1 })
+        ));
+    }
+
+    #[test]
+    fn integers_encode_as_rfc7541_c1_shows() {
+        let enc = |v, prefix| {
+            let mut out = Vec::new();
+            encode_integer(v, prefix, 0, &mut out);
+            out
+        };
+        assert_eq!(enc(10, 5), [0x0a]);
+        assert_eq!(enc(1337, 5), [0x1f, 0x9a, 0x0a]);
+        assert_eq!(enc(42, 8), [0x2a]);
+        assert_eq!(enc(127, 7), [0x7f, 0x00]);
+    }
+
+    #[tokio::test]
+    async fn the_stream_reads_filtered_bytes_and_fails_on_malformed_input() {
+        let input = mixed_connection();
+        let want = filter_all(&input).unwrap();
+        let (mut client, server) = tokio::io::duplex(64);
+        let writer = tokio::spawn(async move {
+            client.write_all(&input).await.unwrap();
+        });
+        let mut got = Vec::new();
+        FilteredStream::new(server)
+            .read_to_end(&mut got)
+            .await
+            .unwrap();
+        writer.await.unwrap();
+        assert_eq!(got, want);
+
+        let (mut client, server) = tokio::io::duplex(64);
+        client.write_all(b"not http/2 at all").await.unwrap();
+        let mut buf = [0u8; 64];
+        let err = FilteredStream::new(server)
+            .read(&mut buf)
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+    }
+}
