@@ -259,3 +259,82 @@ async fn validation_fails_unless_the_plugin_confirmed_what_was_asked() {
     assert_eq!(m.handle.volumes().await.unwrap().len(), 1);
     m.stop().await.unwrap();
 }
+
+// === item 2: a create intent survives only what may have created the volume ===
+
+#[tokio::test]
+async fn a_create_intent_survives_only_answers_that_may_have_created_the_volume() {
+    let h = Harness::new(FakeCsi::full());
+    let m = h.start();
+    let refusals = [
+        Code::ResourceExhausted,
+        Code::OutOfRange,
+        Code::InvalidArgument,
+        Code::AlreadyExists,
+        Code::Unimplemented,
+    ];
+    let unknown = [
+        Code::Aborted,
+        Code::Unavailable,
+        Code::DeadlineExceeded,
+        Code::Internal,
+    ];
+    for code in refusals.iter().chain(&unknown) {
+        h.fake.fail(CsiRpc::CreateVolume, *code, 1);
+        let name = format!("{code:?}");
+        assert!(m.handle.create(create_req(&name)).await.is_err());
+    }
+    m.stop().await.unwrap();
+    let mut kept: Vec<String> = h.stored_intents().into_iter().map(|i| i.name).collect();
+    kept.sort();
+    let mut expected: Vec<String> = unknown.iter().map(|c| format!("{c:?}")).collect();
+    expected.sort();
+    assert_eq!(
+        kept, expected,
+        "refusals drop their intent, the rest keep it"
+    );
+}
+
+#[tokio::test]
+async fn an_intent_recovery_cannot_settle_does_not_block_readiness_and_is_settled_later() {
+    let h = Harness::new(FakeCsi::full());
+    let m = h.start();
+    // The plugin created the volume, the answer was lost.
+    h.fake
+        .fail_after_effect(CsiRpc::CreateVolume, Code::Unavailable, 1);
+    assert!(m.handle.create(create_req("op-1")).await.is_err());
+    m.stop().await.unwrap();
+    assert_eq!(h.stored_intents().len(), 1);
+
+    // At the next start the plugin is still unavailable for a while.
+    h.fake.fail(CsiRpc::CreateVolume, Code::Unavailable, 2);
+    let cfg = h
+        .config()
+        .intent_retry(std::time::Duration::from_millis(20));
+    let m = h.start_with(cfg);
+    let report = m.handle.ready().await.unwrap();
+    assert_eq!(report.unsettled_intents, ["op-1"], "{report:?}");
+    assert!(
+        report.warnings.iter().any(|w| w.contains("'op-1'")),
+        "{report:?}"
+    );
+    // Settled in the background: the volume the plugin made is tracked under its name.
+    within(async {
+        while !m
+            .handle
+            .volumes()
+            .await
+            .unwrap()
+            .iter()
+            .any(|r| r.name.as_deref() == Some("op-1"))
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert_eq!(h.fake.ids().len(), 1, "no second volume");
+    let again = m.handle.create(create_req("op-1")).await.unwrap();
+    assert_eq!(h.fake.ids(), [again.id]);
+    m.stop().await.unwrap();
+    assert!(h.stored_intents().is_empty());
+}

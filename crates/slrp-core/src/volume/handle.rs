@@ -151,6 +151,7 @@ impl VolumeManagerHandle {
                 Job::Create {
                     req,
                     reply: Some(reply),
+                    attempt: 0,
                 },
             )
         })

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use slrp_csi::{
-    CreateVolumeRequest, CsiError, CsiRpc, CsiVolumes, RetryClass, Secrets, StringMap,
-    ValidateRequest, Validation, VolumeCapability, VolumeId, VolumePage,
+    CreateVolumeRequest, CsiError, CsiRpc, CsiVolumes, Secrets, StringMap, ValidateRequest,
+    Validation, VolumeCapability, VolumeId, VolumePage,
 };
 use slrp_store::Store;
 use slrp_types::DisplayChain;
@@ -27,6 +27,9 @@ pub(super) enum Job {
         req: CreateVolume,
         /// `None` for recovery.
         reply: Option<Reply<VolumeInfo>>,
+        /// 0 for a caller's create and recovery's first try of an intent; n > 0 for the
+        /// n-th background retry of an intent recovery could not settle.
+        attempt: u32,
     },
     Validate {
         req: ValidateVolume,
@@ -66,7 +69,7 @@ impl Job {
 
     pub(super) fn is_recovery(&self) -> bool {
         match self {
-            Self::Create { reply, .. } => reply.is_none(),
+            Self::Create { reply, attempt, .. } => reply.is_none() && *attempt == 0,
             Self::Delete { reply } => reply.is_none(),
             Self::Recover { .. } | Self::Collect { .. } => true,
             Self::Validate { .. } | Self::Publish { .. } | Self::Unpublish { .. } => false,
@@ -92,6 +95,10 @@ pub(super) struct Done {
     /// A fatal error: the worker stops.
     pub(super) fatal: Option<VolumeError>,
     pub(super) recovery: Option<RecoveryResult>,
+    /// An intent recovery could not settle: retried in the background (`attempt`).
+    pub(super) retry: Option<(CreateVolume, u32)>,
+    /// A background retry whose wait is over: enqueued when this is applied.
+    pub(super) requeue: Option<(Key, Job)>,
 }
 
 impl Done {
@@ -103,6 +110,8 @@ impl Done {
             answer,
             fatal: None,
             recovery: None,
+            retry: None,
+            requeue: None,
         }
     }
 }
@@ -153,13 +162,37 @@ impl<C: CsiVolumes> Ctx<C> {
         record: Option<VolumeRecord>,
     ) -> Done {
         let recovery = job.is_recovery();
+        let mut retry = None;
         let (change, answer, fatal, result) = match job {
-            Job::Create { req, reply } => {
-                let (result, change) = self.create(req, record).await;
-                // A permanent refusal dropped the intent: nothing left to recover.
-                let permanent = matches!(&result, Err(VolumeError::Csi { source, .. })
-                    if source.retry_class() == RetryClass::Permanent);
-                let summary = recovery_summary(&result, !permanent);
+            Job::Create {
+                req,
+                reply,
+                attempt,
+            } => {
+                let name = req.name.clone();
+                let (result, change) = self.create(req.clone(), record).await;
+                // Recovery never blocks readiness on an intent: a settled one is done, a
+                // dropped one reported, and one the plugin may still have acted on is
+                // reported by name and retried in the background (caller creates leave
+                // theirs to the caller's replay and the next start).
+                let kept = match &result {
+                    Ok(_) => false,
+                    Err(e) => self.intent_kept(&name).await.unwrap_or(!e.is_fatal()),
+                };
+                if kept && reply.is_none() && !matches!(&result, Err(e) if e.is_fatal()) {
+                    retry = Some((req, attempt.saturating_add(1)));
+                }
+                let summary = match &result {
+                    Ok(_) => RecoveryResult::Done,
+                    Err(e) if kept => RecoveryResult::Unsettled {
+                        name,
+                        why: DisplayChain(e).to_string(),
+                    },
+                    Err(e) => RecoveryResult::Warning(format!(
+                        "CreateVolume intent '{name}' dropped: {}",
+                        DisplayChain(e)
+                    )),
+                };
                 let (answer, fatal) = settle(reply, result);
                 (change, answer, fatal, summary)
             }
@@ -221,7 +254,22 @@ impl<C: CsiVolumes> Ctx<C> {
             answer,
             fatal,
             recovery: recovery.then_some(result),
+            retry,
+            requeue: None,
         }
+    }
+
+    /// Whether the CreateVolume intent for `name` is still on disk after a create job.
+    async fn intent_kept(&self, name: &str) -> Result<bool, VolumeError> {
+        let intent: Option<CreateVolume> =
+            self.store
+                .get(name)
+                .await
+                .map_err(|source| VolumeError::Store {
+                    subject: Subject::Name(name.to_owned()),
+                    source,
+                })?;
+        Ok(intent.is_some())
     }
 
     /// A request for a tracked volume succeeds only with the capability and parameters
@@ -277,6 +325,12 @@ impl<C: CsiVolumes> Ctx<C> {
             subject: Subject::Name(req.name.clone()),
             source,
         };
+        let prior_intent = self
+            .store
+            .get::<CreateVolume>(&req.name)
+            .await
+            .map_err(store_err)?
+            .is_some();
         // Intent first: after a crash, recovery finds the name and finishes the creation.
         let mut tx = self.store.transaction();
         tx.put(req).map_err(store_err)?;
@@ -297,10 +351,14 @@ impl<C: CsiVolumes> Ctx<C> {
         let volume = match result {
             Ok(v) => v,
             Err(source) => {
-                // A permanent refusal created nothing (a replay with the same name would
-                // have returned the earlier volume), so the intent can go. After a
-                // transient failure the volume may exist: the intent stays for recovery.
-                if source.retry_class() == RetryClass::Permanent {
+                // The intent survives only what may have created the volume: a refusal by
+                // the plugin (RESOURCE_EXHAUSTED, OUT_OF_RANGE, INVALID_ARGUMENT, ...)
+                // created nothing under this name (a replay would have returned the
+                // earlier volume), and neither did a call that was never sent, unless an
+                // earlier attempt (the intent was there before) may have. Deadlines,
+                // UNAVAILABLE, cancellation and ABORTED ("operation pending") keep it.
+                let refused = matches!(source, CsiError::Rpc { .. });
+                if !source.may_have_taken_effect() && (refused || !prior_intent) {
                     let mut tx = self.store.transaction();
                     tx.delete::<CreateVolume>(&req.name).map_err(store_err)?;
                     tx.commit().await.map_err(store_err)?;

@@ -93,9 +93,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::error::VolumeError;
-use super::handle::{Command, Readiness, VolumeManagerHandle};
+use super::handle::{Command, CreateVolume, Readiness, VolumeManagerHandle};
 use super::host::{MountTable, NoSecrets, ProcMountTable, SecretResolver};
-use super::jobs::{Change, Ctx, Done};
+use super::jobs::{Change, Ctx, Done, Job};
 use super::paths::MountPaths;
 use super::recovery::{RecoveryProgress, RecoveryResult};
 use super::schedule::{Class, Gate, JobCounts, Key, Lane};
@@ -156,6 +156,10 @@ pub struct VolumeManagerConfig {
     /// client it is given should therefore not retry these calls itself
     /// (`ClientConfig::retry(RetryConfig::none())`).
     pub retry: RetryConfig,
+    /// First wait before a CreateVolume intent that recovery could not settle is tried
+    /// again in the background; doubled per attempt up to 10 min. Default 10 s (Mesos's
+    /// RPC backoff factor).
+    pub intent_retry: Duration,
     /// The mount table recovery compares states with.
     pub mounts: Arc<dyn MountTable>,
     /// Resolves the secret references of stage and publish requests.
@@ -211,6 +215,7 @@ impl VolumeManagerConfig {
             command_buffer: 256,
             target_path,
             shutdown_grace: Duration::from_secs(30),
+            intent_retry: Duration::from_secs(10),
             retry: RetryConfig::default(),
             mounts: Arc::new(ProcMountTable),
             secrets: Arc::new(NoSecrets),
@@ -274,6 +279,13 @@ impl VolumeManagerConfig {
         self.plugin_type = plugin_type.into();
         self.plugin_name = plugin_name.into();
         self.csi_version = version;
+        self
+    }
+
+    /// Sets the first wait before an unsettled CreateVolume intent is retried.
+    #[must_use]
+    pub fn intent_retry(mut self, d: Duration) -> Self {
+        self.intent_retry = d;
         self
     }
 
@@ -445,6 +457,30 @@ pub(super) struct Worker<C> {
 }
 
 impl<C: CsiVolumes> Worker<C> {
+    /// Schedules the `attempt`-th background retry of a CreateVolume intent recovery
+    /// could not settle: after `intent_retry · 2^(attempt-1)` (at most 10 min, as Mesos's
+    /// RPC backoff), a create job with no caller on the name's lane. The wait holds no
+    /// lane and no permit, and ends at once on shutdown (the intent stays on disk for the
+    /// next start).
+    fn retry_intent_later(&mut self, req: CreateVolume, attempt: u32) {
+        const MAX: Duration = Duration::from_secs(600);
+        let exp = attempt.saturating_sub(1).min(16);
+        let delay = self.ctx.cfg.intent_retry.saturating_mul(1 << exp).min(MAX);
+        tracing::info!(name = %req.name, attempt, ?delay, "CreateVolume intent not settled; retrying in the background");
+        let cancel = self.ctx.cancel.clone();
+        self.tasks.spawn(async move {
+            let mut done = Done::plain(Box::new(|| {}));
+            tokio::select! {
+                () = cancel.cancelled() => {}
+                () = tokio::time::sleep(delay) => {
+                    let key = Key::Name(req.name.clone());
+                    done.requeue = Some((key, Job::Create { req, reply: None, attempt }));
+                }
+            }
+            done
+        });
+    }
+
     async fn run(mut self, cancel: CancellationToken) -> Result<(), VolumeError> {
         if let Err(e) = self.start().await {
             tracing::error!(error = %DisplayChain(&e), "volume manager recovery could not start");
@@ -605,7 +641,21 @@ impl<C: CsiVolumes> Worker<C> {
                 RecoveryResult::Collected => p.report.collected += 1,
                 RecoveryResult::Warning(w) => p.report.warnings.push(w),
                 RecoveryResult::Failed(f) => p.failures.push(f),
+                RecoveryResult::Unsettled { name, why } => {
+                    p.report
+                        .warnings
+                        .push(format!("CreateVolume intent '{name}' not settled: {why}"));
+                    p.report.unsettled_intents.push(name);
+                }
             }
+        }
+        if let Some((req, attempt)) = done.retry {
+            self.retry_intent_later(req, attempt);
+        }
+        if let Some((key, job)) = done.requeue
+            && !self.ctx.cancel.is_cancelled()
+        {
+            self.enqueue(key, job);
         }
         if let Some(key) = done.key {
             if let Some(lane) = self.lanes.get_mut(&key) {

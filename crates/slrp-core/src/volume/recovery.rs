@@ -24,8 +24,12 @@ pub struct RecoveryReport {
     pub mount_mismatches: usize,
     /// Recovery jobs run (deletions, re-drives, republishes, intents).
     pub jobs: usize,
-    /// CreateVolume intents resolved.
+    /// CreateVolume intents found (each tried once during recovery).
     pub intents: usize,
+    /// Names of CreateVolume intents recovery could not settle (the plugin may have
+    /// created the volume but did not say so): kept, retried in the background, and
+    /// not blocking readiness.
+    pub unsettled_intents: Vec<String>,
     /// Untracked mount directories removed.
     pub collected: usize,
     /// Failures that do not block readiness (re-drives of in-flight states, directories
@@ -41,6 +45,13 @@ pub(super) enum RecoveryResult {
     Warning(String),
     /// Blocks readiness.
     Failed(String),
+    /// A CreateVolume intent that stays (does not block readiness).
+    Unsettled {
+        /// The CreateVolume name.
+        name: String,
+        /// The last attempt's failure.
+        why: String,
+    },
 }
 
 pub(super) struct RecoveryProgress {
@@ -116,7 +127,11 @@ impl<C: CsiVolumes> Worker<C> {
                 PlannedJob::Recover { id, goal } => (Key::Volume(id), Job::Recover { goal }),
                 PlannedJob::Create(req) => (
                     Key::Name(req.name.clone()),
-                    Job::Create { req, reply: None },
+                    Job::Create {
+                        req,
+                        reply: None,
+                        attempt: 0,
+                    },
                 ),
             })
             .collect();
