@@ -118,11 +118,52 @@ impl SupervisorConfig {
             proc_reader: Arc::new(ProcFs),
         }
     }
+
+    /// Checks the settings; [`Supervisor::start`] refuses a config that fails this.
+    ///
+    /// # Errors
+    /// [`SupervisorError::Config`] naming the first field at fault: a zero polling or
+    /// probing period (`socket_poll`, `ready_probe_interval`, `health_interval`,
+    /// `adopt_poll`: a busy loop), a zero deadline (`socket_timeout`, `ready_timeout`,
+    /// `probe_timeout`: nothing could ever pass), or `unhealthy_after` of 0 (a plugin would
+    /// count as unhealthy before any probe failed).
+    pub fn validate(&self) -> Result<(), SupervisorError> {
+        let periods = [
+            ("socket_poll", self.socket_poll),
+            ("ready_probe_interval", self.ready_probe_interval),
+            ("health_interval", self.health_interval),
+            ("adopt_poll", self.adopt_poll),
+            ("socket_timeout", self.socket_timeout),
+            ("ready_timeout", self.ready_timeout),
+            ("probe_timeout", self.probe_timeout),
+        ];
+        if let Some((field, _)) = periods.iter().find(|(_, d)| d.is_zero()) {
+            return Err(SupervisorError::Config {
+                field,
+                problem: "must be longer than zero",
+            });
+        }
+        if self.unhealthy_after == 0 {
+            return Err(SupervisorError::Config {
+                field: "unhealthy_after",
+                problem: "must be at least 1",
+            });
+        }
+        Ok(())
+    }
 }
 
 /// Errors of the supervisor.
 #[derive(Debug, thiserror::Error)]
 pub enum SupervisorError {
+    /// A [`SupervisorConfig`] setting is unusable; nothing was started.
+    #[error("invalid supervisor config: {field} {problem}")]
+    Config {
+        /// The field at fault.
+        field: &'static str,
+        /// What is wrong with it.
+        problem: &'static str,
+    },
     /// A file or directory operation failed.
     #[error("{action} {path}")]
     Io {
@@ -394,6 +435,7 @@ impl Supervisor {
     /// `spec`. Returns once workers are spawned; use [`SupervisorHandle::wait_ready`].
     ///
     /// # Errors
+    /// [`SupervisorError::Config`] if `cfg` fails [`SupervisorConfig::validate`];
     /// [`SupervisorError::Io`] if the runtime or socket directories cannot be prepared.
     pub async fn start(
         spec: PluginSpec,
@@ -402,6 +444,7 @@ impl Supervisor {
         metrics: SupervisorMetrics,
         cancel: CancellationToken,
     ) -> Result<SupervisorHandle, SupervisorError> {
+        cfg.validate()?;
         let cfg = Arc::new(cfg);
         // Socket aliases of CSI clients in a previous slrp that was SIGKILLed (best effort;
         // see `slrp_csi::endpoint`).
@@ -986,5 +1029,41 @@ impl Worker {
         };
         let start = bytes.len().saturating_sub(TAIL);
         String::from_utf8_lossy(&bytes[start..]).trim().to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::{SupervisorConfig, SupervisorError};
+
+    #[test]
+    fn unusable_settings_are_refused_naming_the_field() {
+        assert!(SupervisorConfig::new("/run/slrp").validate().is_ok());
+        type Break = fn(&mut SupervisorConfig);
+        let cases: [(&str, Break); 8] = [
+            ("socket_poll", |c| c.socket_poll = Duration::ZERO),
+            ("ready_probe_interval", |c| {
+                c.ready_probe_interval = Duration::ZERO
+            }),
+            ("health_interval", |c| c.health_interval = Duration::ZERO),
+            ("adopt_poll", |c| c.adopt_poll = Duration::ZERO),
+            ("socket_timeout", |c| c.socket_timeout = Duration::ZERO),
+            ("ready_timeout", |c| c.ready_timeout = Duration::ZERO),
+            ("probe_timeout", |c| c.probe_timeout = Duration::ZERO),
+            ("unhealthy_after", |c| c.unhealthy_after = 0),
+        ];
+        for (want, break_it) in cases {
+            let mut cfg = SupervisorConfig::new("/run/slrp");
+            break_it(&mut cfg);
+            match cfg.validate() {
+                Err(e @ SupervisorError::Config { field, .. }) => {
+                    assert_eq!(field, want);
+                    assert!(e.to_string().contains(want), "{e}");
+                }
+                other => panic!("{want}: {other:?}"),
+            }
+        }
     }
 }
