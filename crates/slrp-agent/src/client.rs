@@ -161,12 +161,16 @@ impl AgentHandle {
             let body = read_error_body(response).await?;
             Ok::<_, AgentError>((status, body))
         };
-        let outcome = match tokio::time::timeout(config.call_timeout, exchange).await {
-            Ok(outcome) => outcome,
-            Err(_) => Err(AgentError::Timeout {
-                what: "a call to the agent",
-                timeout: config.call_timeout,
-            }),
+        let outcome = tokio::select! {
+            // Whatever the answer would be, it cannot count once the session is gone.
+            () = session.lost.cancelled() => Err(AgentError::SessionEnded),
+            answer = tokio::time::timeout(config.call_timeout, exchange) => match answer {
+                Ok(outcome) => outcome,
+                Err(_) => Err(AgentError::Timeout {
+                    what: "a call to the agent",
+                    timeout: config.call_timeout,
+                }),
+            },
         };
         self.shared.metrics.calls.inc();
         let (status, body) = match outcome {
@@ -387,6 +391,8 @@ impl Worker {
         };
         self.provider_id = Some(provider_id.clone());
         let lost = CancellationToken::new();
+        // However the session ends, calls still waiting on it fail at once.
+        let _fail_pending_calls = lost.clone().drop_guard();
         *self
             .shared
             .session

@@ -109,6 +109,10 @@ pub enum AgentError {
     /// The calls connection failed, which ends the session as in Mesos.
     #[error("the calls connection to the agent failed")]
     CallsConnectionLost,
+    /// The session ended while the call waited for its answer; it may or may not have
+    /// reached the agent.
+    #[error("the agent session ended before the call was answered")]
+    SessionEnded,
     /// The client was stopped.
     #[error("the agent client has stopped")]
     Stopped,

@@ -404,3 +404,28 @@ async fn a_400_answer_is_a_permanent_error_with_the_body() {
     // A rejected call does not end the session.
     assert_eq!(client.handle.state().borrow().name(), "SUBSCRIBED");
 }
+
+#[tokio::test]
+async fn a_call_in_flight_fails_at_once_when_the_stream_ends() {
+    let mut agent = FakeAgent::tcp().await;
+    let mut config = agent.config();
+    config.call_timeout = WAIT * 2;
+    let mut client = start(config, None);
+    let stream = accept_subscribe(&mut agent, ContentType::Protobuf, None, STREAM).await;
+    expect_connected_and_subscribed(&mut client, STREAM).await;
+    let handle = client.handle.clone();
+    let call = tokio::spawn(async move { handle.call(update_state()).await });
+    let _held = agent.next().await.hold();
+    drop(stream);
+    let err = tokio::time::timeout(WAIT, call)
+        .await
+        .expect("fails before the call timeout")
+        .expect("joined")
+        .expect_err("session ended");
+    assert!(matches!(err, AgentError::SessionEnded), "{err:?}");
+    assert!(err.is_transient());
+    assert!(matches!(
+        &*expect_disconnected(&mut client).await,
+        AgentError::StreamClosed
+    ));
+}
