@@ -255,6 +255,26 @@ async fn a_cleanup_refuses_to_reach_into_a_mount_below_the_target() {
     m.stop().await.unwrap();
 }
 
+#[tokio::test]
+async fn a_cleanup_never_follows_a_symbolic_link_at_the_target() {
+    let h = Harness::new(FakeCsi::full());
+    let m = h.start();
+    let v = m.handle.create(create_req("op-1")).await.unwrap();
+    let target = m.handle.publish(&v.id).await.unwrap();
+    // A plugin that "published" by linking the target to a directory elsewhere: the
+    // cleanup must not empty that directory.
+    let elsewhere = h.dir.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    std::fs::write(elsewhere.join("theirs"), b"not in the volume").unwrap();
+    std::fs::remove_dir(&target).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &target).unwrap();
+    let err = m.handle.delete(&v.id).await.unwrap_err();
+    assert!(elsewhere.join("theirs").exists(), "followed the link");
+    assert!(matches!(err, VolumeError::Cleanup { .. }), "{err}");
+    assert_eq!(h.fake.calls(CsiRpc::DeleteVolume), 0);
+    m.stop().await.unwrap();
+}
+
 // === item 3: validation compares what the plugin confirmed ===
 
 #[tokio::test]
