@@ -520,3 +520,22 @@ async fn an_agent_that_stops_answering_calls_is_detected_within_the_call_timeout
     let _stream = accept_subscribe(&mut agent, ContentType::Protobuf, Some(PROVIDER), "s2").await;
     expect_connected_and_subscribed(&mut client, "s2").await;
 }
+
+#[tokio::test]
+async fn a_stream_closed_before_subscribed_means_not_admitted() {
+    let mut agent = FakeAgent::tcp().await;
+    let mut client = start(agent.config(), Some("unknown-id"));
+    drop(
+        agent
+            .next()
+            .await
+            .respond_stream(ContentType::Protobuf, STREAM),
+    );
+    assert!(matches!(
+        next_event(&mut client.events).await,
+        SessionEvent::Connected
+    ));
+    let reason = expect_disconnected(&mut client).await;
+    assert!(matches!(&*reason, AgentError::NotAdmitted), "{reason:?}");
+    assert!(reason.is_transient());
+}
