@@ -319,17 +319,8 @@ async fn an_intent_recovery_cannot_settle_does_not_block_readiness_and_is_settle
         "{report:?}"
     );
     // Settled in the background: the volume the plugin made is tracked under its name.
-    within(async {
-        while !m
-            .handle
-            .volumes()
-            .await
-            .unwrap()
-            .iter()
-            .any(|r| r.name.as_deref() == Some("op-1"))
-        {
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
+    volumes_until(&m.handle, |recs| {
+        recs.iter().any(|r| r.name.as_deref() == Some("op-1"))
     })
     .await;
     assert_eq!(h.fake.ids().len(), 1, "no second volume");

@@ -317,3 +317,53 @@ async fn controller_and_node_calls_reach_the_containers_that_serve_them() {
     );
     h.shutdown().await;
 }
+
+#[tokio::test]
+async fn the_volume_manager_publishes_and_unpublishes_across_plugin_kills() {
+    require_root!();
+    use slrp_core::volume::{
+        MountPaths, TargetPath, VolumeManager, VolumeManagerConfig, read_boot_id,
+    };
+    let env = Env::new();
+    let h = env.start_one(Duration::from_millis(200)).await;
+    let services = h
+        .services(client_config(WAIT), CsiMetrics::default())
+        .unwrap();
+    let caps = services.capabilities().await.unwrap();
+    let node = services.node_info().await.unwrap();
+    let version = services.node().version().await.unwrap();
+    let paths = MountPaths::under_work_dir(&env.path("work"), "io.slrp.csi-local", "test").unwrap();
+    let cfg = VolumeManagerConfig::new(
+        paths,
+        node.node_id,
+        caps,
+        read_boot_id().unwrap(),
+        TargetPath::for_plugin(version, false),
+    );
+    let store = slrp_store::Store::open(env.path("state")).unwrap();
+    let cancel = CancellationToken::new();
+    let (m, guard) =
+        VolumeManager::spawn(cfg, store, std::sync::Arc::new(services), &cancel).unwrap();
+    m.ready().await.unwrap();
+    let v = m
+        .create(slrp_core::volume::CreateVolume {
+            name: "op-1".into(),
+            required_bytes: 1 << 20,
+            limit_bytes: 0,
+            capability: VolumeCapability::mount_default(),
+            parameters: StringMap::new(),
+        })
+        .await
+        .unwrap();
+    // NodeStage and NodePublish are issued while the plugin is down.
+    kill_plugin(&h, Service::Node).await;
+    let target = m.publish(&v.id).await.unwrap();
+    std::fs::write(target.join("data"), b"x").unwrap();
+    // NodeUnpublish and NodeUnstage too.
+    kill_plugin(&h, Service::Node).await;
+    m.unpublish(&v.id).await.unwrap();
+    kill_plugin(&h, Service::Node).await;
+    assert!(m.delete(&v.id).await.unwrap());
+    guard.stop().await.unwrap();
+    h.shutdown().await;
+}

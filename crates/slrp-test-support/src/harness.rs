@@ -190,6 +190,27 @@ pub async fn jobs_until(
     .await
 }
 
+/// Polls the manager's records (as last committed) until `want` holds; returns them.
+/// A hang guard ([`within`]), not a deadline.
+///
+/// # Panics
+/// If the manager stops first, or `want` never holds within a minute.
+pub async fn volumes_until(
+    handle: &VolumeManagerHandle,
+    want: impl Fn(&[VolumeRecord]) -> bool,
+) -> Vec<VolumeRecord> {
+    within(async {
+        loop {
+            let recs = handle.volumes().await.unwrap();
+            if want(&recs) {
+                return recs;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await
+}
+
 /// Waits until the worker has stopped taking commands (it is shutting down).
 pub async fn wait_until_not_accepting(handle: &VolumeManagerHandle) {
     within(async {

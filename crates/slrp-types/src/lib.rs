@@ -45,3 +45,24 @@ pub use chain::DisplayChain;
 pub use grpc::parse_code;
 pub use provider::ProviderKey;
 pub use size::{SizeError, format_size, parse_size};
+
+#[cfg(test)]
+mod tests {
+    /// The crate stays free of async: no runtime among its direct dependencies (see the
+    /// crate docs for why the transitive one through `slrp-proto` is accepted).
+    #[test]
+    fn no_async_runtime_is_a_direct_dependency() {
+        let manifest = include_str!("../Cargo.toml");
+        let deps = manifest
+            .split("[dependencies]")
+            .nth(1)
+            .and_then(|rest| rest.split("\n[").next())
+            .expect("a [dependencies] table");
+        for line in deps.lines().map(str::trim) {
+            for banned in ["tokio", "futures", "async-"] {
+                assert!(!line.starts_with(banned), "slrp-types depends on {line:?}");
+            }
+        }
+        assert!(deps.contains("slrp-proto"), "the table was found: {deps}");
+    }
+}

@@ -43,7 +43,7 @@
 //! volume, or recovery, re-drives or undoes it. `NOT_FOUND` from an undo RPC counts as
 //! done. Deadlines and retries of each RPC are the CSI client's (`slrp_csi::ClientConfig`).
 //!
-//! CreateVolume is made safe by an intent record ([`CreateVolume`](super::CreateVolume), kind
+//! CreateVolume is made safe by an intent record ([`CreateVolume`], kind
 //! `volume_create`, key = name) committed before the RPC; the volume record and the
 //! removal of the intent are one transaction after it. A name that is already tracked
 //! answers with the tracked volume (fixes spec §12.7). Deletion first marks the record

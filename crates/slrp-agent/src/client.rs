@@ -1,0 +1,560 @@
+//! The session worker (subscribe, read events, reconnect) and the handle for calls.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, BodyStream, Full, Limited};
+use hyper::body::Incoming;
+use slrp_proto::mesos::v1::resource_provider::{Call, Event, call, event};
+use slrp_proto::mesos::v1::{ResourceProviderId, ResourceProviderInfo};
+use slrp_types::{DisplayChain, JitterRng};
+use slrp_wire::{ContentType, RecordIoDecoder};
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+use tokio_util::codec::FramedRead;
+use tokio_util::io::StreamReader;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::AgentConfig;
+use crate::error::{AgentError, ConfigError};
+use crate::metrics::Metrics;
+use crate::state::{ConnectionState, ReconnectPolicy};
+use crate::transport::{self, Connection};
+
+/// The header carrying the subscription's stream id (spec §2.2).
+pub const STREAM_ID_HEADER: &str = "Mesos-Stream-Id";
+
+/// Error bodies are read only this far: they are one line of text in Mesos.
+const MAX_ERROR_BODY: usize = 64 * 1024;
+
+/// What the worker reports, in order, to the provider.
+#[derive(Debug, Clone)]
+pub enum SessionEvent {
+    /// Both connections are open; SUBSCRIBE is being sent.
+    Connected,
+    /// The agent admitted the subscription. Calls are accepted from now on.
+    Subscribed {
+        /// The provider id assigned (or confirmed) by the agent; durable provider state.
+        provider_id: ResourceProviderId,
+        /// The stream id sent with every call of this session.
+        stream_id: String,
+    },
+    /// An event after SUBSCRIBED, in stream order.
+    Event(Box<Event>),
+    /// The session ended; the worker reconnects after a backoff.
+    Disconnected {
+        /// Why.
+        reason: Arc<AgentError>,
+    },
+}
+
+/// What calls need from the current session.
+struct CallSession {
+    stream_id: String,
+    provider_id: ResourceProviderId,
+    // HTTP/1 carries one request at a time; the lock also keeps calls in order.
+    conn: Arc<tokio::sync::Mutex<Connection>>,
+    lost: CancellationToken,
+}
+
+struct Shared {
+    config: AgentConfig,
+    state: watch::Sender<ConnectionState>,
+    session: Mutex<Option<Arc<CallSession>>>,
+    metrics: Metrics,
+}
+
+/// Sends calls on the current session. Cheap to clone.
+#[derive(Clone)]
+pub struct AgentHandle {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for AgentHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentHandle")
+            .field("endpoint", &self.shared.config.endpoint)
+            .field("state", &*self.shared.state.borrow())
+            .finish()
+    }
+}
+
+/// Entry point: [`AgentClient::spawn`].
+#[derive(Debug)]
+pub struct AgentClient;
+
+impl AgentClient {
+    /// Validates `config` and starts the session worker, which connects, subscribes with
+    /// `info` (its `id` replaced by `provider_id` when one is known) and keeps doing so
+    /// until `cancel` fires or the event receiver is dropped.
+    ///
+    /// # Errors
+    /// [`ConfigError`] for an unusable configuration.
+    pub fn spawn(
+        config: AgentConfig,
+        info: ResourceProviderInfo,
+        provider_id: Option<ResourceProviderId>,
+        metrics: Metrics,
+        cancel: CancellationToken,
+    ) -> Result<(AgentHandle, mpsc::Receiver<SessionEvent>), ConfigError> {
+        config.validate()?;
+        let (events_tx, events_rx) = mpsc::channel(config.event_buffer);
+        let shared = Arc::new(Shared {
+            state: watch::Sender::new(ConnectionState::Disconnected { failures: 0 }),
+            session: Mutex::new(None),
+            metrics,
+            config,
+        });
+        let worker = Worker {
+            shared: Arc::clone(&shared),
+            info,
+            provider_id,
+            events: events_tx,
+            cancel,
+        };
+        tokio::spawn(worker.run());
+        Ok((AgentHandle { shared }, events_rx))
+    }
+}
+
+impl AgentHandle {
+    /// The connection state, observable for readiness and status reports.
+    pub fn state(&self) -> watch::Receiver<ConnectionState> {
+        self.shared.state.subscribe()
+    }
+
+    /// Sends a non-SUBSCRIBE call with the session's stream id, filling in the provider id
+    /// when the caller left it out. Returns when the agent accepted it (202).
+    ///
+    /// # Errors
+    /// [`AgentError::NotSubscribed`] before SUBSCRIBED (nothing is sent);
+    /// [`AgentError::Rejected`] for a 4xx answer (the body names the reason);
+    /// transient errors for 503 and transport failures, which also end the session.
+    pub async fn call(&self, mut call: Call) -> Result<(), AgentError> {
+        let name = call_name(&call);
+        if call.r#type == Some(call::Type::Subscribe as i32) {
+            return Err(AgentError::SubscribeCall);
+        }
+        let session = self
+            .shared
+            .session
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let Some(session) = session else {
+            return Err(AgentError::NotSubscribed {
+                call: name,
+                state: self.shared.state.borrow().name(),
+            });
+        };
+        if call.resource_provider_id.is_none() {
+            call.resource_provider_id = Some(session.provider_id.clone());
+        }
+        let config = &self.shared.config;
+        let exchange = async {
+            let mut conn = session.conn.lock().await;
+            let response = send(&mut conn, config, &call, Some(&session.stream_id)).await?;
+            let status = response.status();
+            let body = read_error_body(response).await?;
+            Ok::<_, AgentError>((status, body))
+        };
+        let outcome = tokio::select! {
+            // Whatever the answer would be, it cannot count once the session is gone.
+            () = session.lost.cancelled() => Err(AgentError::SessionEnded),
+            answer = tokio::time::timeout(config.call_timeout, exchange) => match answer {
+                Ok(outcome) => outcome,
+                Err(_) => Err(AgentError::Timeout {
+                    what: "a call to the agent",
+                    timeout: config.call_timeout,
+                }),
+            },
+        };
+        self.shared.metrics.calls.inc();
+        let (status, body) = match outcome {
+            Ok(answer) => answer,
+            Err(error) => {
+                // A broken calls connection ends the session (Mesos does the same).
+                session.lost.cancel();
+                self.shared.metrics.call_failures.inc();
+                return Err(error);
+            }
+        };
+        let result = match status {
+            StatusCode::ACCEPTED => Ok(()),
+            s if s == StatusCode::SERVICE_UNAVAILABLE || s == StatusCode::NOT_FOUND => {
+                Err(AgentError::Unavailable { status, body })
+            }
+            s if s.is_client_error() => Err(AgentError::Rejected { status, body }),
+            s => Err(AgentError::Protocol {
+                detail: format!("{s} to a {name} call: {body:?}"),
+            }),
+        };
+        if result.is_err() {
+            self.shared.metrics.call_failures.inc();
+        }
+        result
+    }
+}
+
+fn call_name(call: &Call) -> &'static str {
+    call.r#type
+        .and_then(|t| call::Type::try_from(t).ok())
+        .map_or("UNKNOWN", |t| t.as_str_name())
+}
+
+/// Encodes `call` and sends it on `conn`, returning the answer's head and body.
+async fn send(
+    conn: &mut Connection,
+    config: &AgentConfig,
+    call: &Call,
+    stream_id: Option<&str>,
+) -> Result<Response<Incoming>, AgentError> {
+    let body =
+        slrp_wire::encode(config.content_type, call).map_err(|source| AgentError::Encode {
+            call: call_name(call),
+            source,
+        })?;
+    let request = build_request(config, body, stream_id);
+    conn.sender.ready().await.map_err(AgentError::Http)?;
+    conn.sender
+        .send_request(request)
+        .await
+        .map_err(AgentError::Http)
+}
+
+fn build_request(
+    config: &AgentConfig,
+    body: Vec<u8>,
+    stream_id: Option<&str>,
+) -> Request<Full<Bytes>> {
+    let media = HeaderValue::from_static(config.content_type.as_str());
+    let mut request = Request::new(Full::new(Bytes::from(body)));
+    *request.method_mut() = Method::POST;
+    // The path was checked when the URL was parsed; a bad one fails the request instead.
+    *request.uri_mut() = config
+        .endpoint
+        .path()
+        .parse()
+        .unwrap_or_else(|_| http::Uri::from_static("/"));
+    let headers = request.headers_mut();
+    if let Ok(host) = HeaderValue::from_str(&config.endpoint.host_header()) {
+        headers.insert(header::HOST, host);
+    }
+    headers.insert(header::CONTENT_TYPE, media.clone());
+    // Exactly one media type: an Accept that also admitted JSON would get a JSON stream.
+    headers.insert(header::ACCEPT, media);
+    // The token was checked by `AgentConfig::validate`.
+    if let Some(mut value) = config
+        .token
+        .as_ref()
+        .and_then(|t| HeaderValue::from_str(&format!("Bearer {}", t.expose())).ok())
+    {
+        value.set_sensitive(true);
+        headers.insert(header::AUTHORIZATION, value);
+    }
+    if let Some(id) = stream_id.and_then(|id| HeaderValue::from_str(id).ok()) {
+        headers.insert(STREAM_ID_HEADER, id);
+    }
+    request
+}
+
+async fn read_error_body(response: Response<Incoming>) -> Result<String, AgentError> {
+    let collected = Limited::new(response.into_body(), MAX_ERROR_BODY)
+        .collect()
+        .await
+        .map_err(|error| match error.downcast::<hyper::Error>() {
+            Ok(e) => AgentError::Http(*e),
+            Err(e) => AgentError::Protocol {
+                detail: format!("answer body: {e}"),
+            },
+        })?;
+    Ok(String::from_utf8_lossy(&collected.to_bytes()).into_owned())
+}
+
+type EventFrames = FramedRead<
+    StreamReader<futures_util::stream::BoxStream<'static, std::io::Result<Bytes>>, Bytes>,
+    RecordIoDecoder,
+>;
+
+struct Worker {
+    shared: Arc<Shared>,
+    info: ResourceProviderInfo,
+    provider_id: Option<ResourceProviderId>,
+    events: mpsc::Sender<SessionEvent>,
+    cancel: CancellationToken,
+}
+
+/// How a session ended.
+enum End {
+    Stop,
+    Failed {
+        error: AgentError,
+        subscribed_for: Option<Duration>,
+    },
+}
+
+impl Worker {
+    async fn run(mut self) {
+        let config = self.shared.config.clone();
+        let mut policy = ReconnectPolicy::new(config.backoff, config.backoff_reset_after);
+        let mut jitter = JitterRng::new(config.jitter);
+        let mut delay = Duration::ZERO;
+        loop {
+            if !delay.is_zero() {
+                tokio::select! {
+                    () = self.cancel.cancelled() => break,
+                    () = tokio::time::sleep(delay) => {}
+                }
+            }
+            match self.session(&config).await {
+                End::Stop => break,
+                End::Failed {
+                    error,
+                    subscribed_for,
+                } => {
+                    *self
+                        .shared
+                        .session
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner) = None;
+                    delay = policy.after_session(subscribed_for, &mut jitter);
+                    self.shared
+                        .state
+                        .send_replace(ConnectionState::Disconnected {
+                            failures: policy.failures(),
+                        });
+                    self.shared.metrics.reconnects.inc();
+                    tracing::warn!(
+                        endpoint = %config.endpoint,
+                        error = %DisplayChain(&error),
+                        retry_in = ?delay,
+                        "agent session ended"
+                    );
+                    let reason = Arc::new(error);
+                    if self
+                        .events
+                        .send(SessionEvent::Disconnected { reason })
+                        .await
+                        .is_err()
+                    {
+                        break;
+                    }
+                }
+            }
+        }
+        *self
+            .shared
+            .session
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = None;
+        self.shared.state.send_replace(ConnectionState::Stopped);
+    }
+
+    async fn session(&mut self, config: &AgentConfig) -> End {
+        let cancel = self.cancel.clone();
+        tokio::select! {
+            () = cancel.cancelled() => End::Stop,
+            end = self.session_inner(config) => end,
+        }
+    }
+
+    async fn session_inner(&mut self, config: &AgentConfig) -> End {
+        let failed = |error| End::Failed {
+            error,
+            subscribed_for: None,
+        };
+        self.shared.metrics.subscribe_attempts.inc();
+        self.shared.state.send_replace(ConnectionState::Connecting);
+        let (stream_conn, calls_conn) =
+            match tokio::try_join!(transport::connect(config), transport::connect(config)) {
+                Ok(pair) => pair,
+                Err(error) => return failed(error),
+            };
+        if self.events.send(SessionEvent::Connected).await.is_err() {
+            return End::Stop;
+        }
+        self.shared.state.send_replace(ConnectionState::Subscribing);
+        let deadline = Instant::now() + config.subscribe_timeout;
+        let timeout = || AgentError::Timeout {
+            what: "subscribing to the agent",
+            timeout: config.subscribe_timeout,
+        };
+        let subscribed =
+            tokio::time::timeout_at(deadline, self.subscribe(config, stream_conn)).await;
+        let (mut frames, stream_id, provider_id, _stream_conn) = match subscribed {
+            Err(_) => return failed(timeout()),
+            Ok(Err(error)) => return failed(error),
+            Ok(Ok(s)) => s,
+        };
+        self.provider_id = Some(provider_id.clone());
+        let lost = CancellationToken::new();
+        // However the session ends, calls still waiting on it fail at once.
+        let _fail_pending_calls = lost.clone().drop_guard();
+        *self
+            .shared
+            .session
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(CallSession {
+            stream_id: stream_id.clone(),
+            provider_id: provider_id.clone(),
+            conn: Arc::new(tokio::sync::Mutex::new(calls_conn)),
+            lost: lost.clone(),
+        }));
+        self.shared.state.send_replace(ConnectionState::Subscribed {
+            stream_id: stream_id.clone(),
+            provider_id: provider_id.value.clone(),
+        });
+        tracing::info!(provider_id = %provider_id.value, %stream_id, "subscribed to the agent");
+        let since = Instant::now();
+        if self
+            .events
+            .send(SessionEvent::Subscribed {
+                provider_id,
+                stream_id,
+            })
+            .await
+            .is_err()
+        {
+            return End::Stop;
+        }
+        let error = loop {
+            let next = tokio::select! {
+                () = lost.cancelled() => break AgentError::CallsConnectionLost,
+                next = frames.next() => next,
+            };
+            match next {
+                None => break AgentError::StreamClosed,
+                Some(Err(error)) => break AgentError::Stream(error),
+                Some(Ok(record)) => {
+                    let Some(event) = self.decode(config.content_type, &record) else {
+                        continue;
+                    };
+                    self.shared.metrics.events.inc();
+                    if self
+                        .events
+                        .send(SessionEvent::Event(Box::new(event)))
+                        .await
+                        .is_err()
+                    {
+                        return End::Stop;
+                    }
+                }
+            }
+        };
+        End::Failed {
+            error,
+            subscribed_for: Some(since.elapsed()),
+        }
+    }
+
+    /// Sends SUBSCRIBE and reads up to the SUBSCRIBED event. The connection is returned so
+    /// that it lives as long as the stream.
+    async fn subscribe(
+        &self,
+        config: &AgentConfig,
+        mut conn: Connection,
+    ) -> Result<(EventFrames, String, ResourceProviderId, Connection), AgentError> {
+        let mut info = self.info.clone();
+        if let Some(id) = &self.provider_id {
+            info.id = Some(id.clone());
+        }
+        let call = Call {
+            r#type: Some(call::Type::Subscribe as i32),
+            subscribe: Some(call::Subscribe {
+                resource_provider_info: info,
+            }),
+            ..Call::default()
+        };
+        let response = send(&mut conn, config, &call, None).await?;
+        let status = response.status();
+        match status {
+            StatusCode::OK => {}
+            StatusCode::SERVICE_UNAVAILABLE | StatusCode::NOT_FOUND => {
+                let body = read_error_body(response).await?;
+                return Err(AgentError::Unavailable { status, body });
+            }
+            _ => {
+                let body = read_error_body(response).await?;
+                return Err(AgentError::Protocol {
+                    detail: format!("{status} to SUBSCRIBE: {body:?}"),
+                });
+            }
+        }
+        let stream_id = check_stream_headers(config.content_type, response.headers())?;
+        let body = BodyStream::new(response.into_body())
+            .filter_map(|frame| async move {
+                match frame {
+                    Ok(frame) => frame.into_data().ok().map(Ok),
+                    Err(error) => Some(Err(std::io::Error::other(error))),
+                }
+            })
+            .boxed();
+        let mut frames = FramedRead::new(
+            StreamReader::new(body),
+            RecordIoDecoder::new(config.max_record_len),
+        );
+        loop {
+            let record = match frames.next().await {
+                None => return Err(AgentError::StreamClosed),
+                Some(Err(error)) => return Err(AgentError::Stream(error)),
+                Some(Ok(record)) => record,
+            };
+            let Some(event) = self.decode(config.content_type, &record) else {
+                continue;
+            };
+            match event.subscribed {
+                Some(event::Subscribed { provider_id })
+                    if event.r#type == Some(event::Type::Subscribed as i32) =>
+                {
+                    return Ok((frames, stream_id, provider_id, conn));
+                }
+                _ => {
+                    // The manager sends SUBSCRIBED first; anything earlier cannot be acted
+                    // on without a provider id.
+                    tracing::warn!(event_type = ?event.r#type, "agent event before SUBSCRIBED ignored");
+                }
+            }
+        }
+    }
+
+    fn decode(&self, content_type: ContentType, record: &Bytes) -> Option<Event> {
+        match slrp_wire::decode::<Event>(content_type, record) {
+            Ok(event) => Some(event),
+            Err(error) => {
+                self.shared.metrics.undecodable_records.inc();
+                tracing::warn!(
+                    len = record.len(),
+                    error = %DisplayChain(&error),
+                    "undecodable agent event skipped"
+                );
+                None
+            }
+        }
+    }
+}
+
+fn check_stream_headers(expected: ContentType, headers: &HeaderMap) -> Result<String, AgentError> {
+    let media = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(ContentType::from_header);
+    if media != Some(expected) {
+        return Err(AgentError::Protocol {
+            detail: format!(
+                "SUBSCRIBE answered with Content-Type {:?}, expected {expected}",
+                headers.get(header::CONTENT_TYPE)
+            ),
+        });
+    }
+    headers
+        .get(STREAM_ID_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty())
+        .map(str::to_owned)
+        .ok_or_else(|| AgentError::Protocol {
+            detail: format!("SUBSCRIBE answer has no {STREAM_ID_HEADER} header"),
+        })
+}
