@@ -22,7 +22,7 @@ use crate::config::AgentConfig;
 use crate::error::{AgentError, ConfigError};
 use crate::metrics::Metrics;
 use crate::state::{ConnectionState, ReconnectPolicy};
-use crate::transport::{self, Connection};
+use crate::transport::{Connection, Connector};
 
 /// The header carrying the subscription's stream id (spec §2.2).
 pub const STREAM_ID_HEADER: &str = "Mesos-Stream-Id";
@@ -62,6 +62,7 @@ struct CallSession {
 
 struct Shared {
     config: AgentConfig,
+    connector: Connector,
     state: watch::Sender<ConnectionState>,
     session: Mutex<Option<Arc<CallSession>>>,
     metrics: Metrics,
@@ -87,7 +88,8 @@ impl std::fmt::Debug for AgentHandle {
 pub struct AgentClient;
 
 impl AgentClient {
-    /// Validates `config` and starts the session worker, which connects, subscribes with
+    /// Validates `config`, loads the TLS trust roots for `https://` (blocking file reads),
+    /// and starts the session worker, which connects, subscribes with
     /// `info` (its `id` replaced by `provider_id` when one is known) and keeps doing so
     /// until `cancel` fires or the event receiver is dropped.
     ///
@@ -101,11 +103,13 @@ impl AgentClient {
         cancel: CancellationToken,
     ) -> Result<(AgentHandle, mpsc::Receiver<SessionEvent>), ConfigError> {
         config.validate()?;
+        let connector = Connector::new(&config)?;
         let (events_tx, events_rx) = mpsc::channel(config.event_buffer);
         let shared = Arc::new(Shared {
             state: watch::Sender::new(ConnectionState::Disconnected { failures: 0 }),
             session: Mutex::new(None),
             metrics,
+            connector,
             config,
         });
         let worker = Worker {
@@ -368,11 +372,13 @@ impl Worker {
         };
         self.shared.metrics.subscribe_attempts.inc();
         self.shared.state.send_replace(ConnectionState::Connecting);
-        let (stream_conn, calls_conn) =
-            match tokio::try_join!(transport::connect(config), transport::connect(config)) {
-                Ok(pair) => pair,
-                Err(error) => return failed(error),
-            };
+        let (stream_conn, calls_conn) = match tokio::try_join!(
+            self.shared.connector.connect(config),
+            self.shared.connector.connect(config)
+        ) {
+            Ok(pair) => pair,
+            Err(error) => return failed(error),
+        };
         if self.events.send(SessionEvent::Connected).await.is_err() {
             return End::Stop;
         }
@@ -498,7 +504,7 @@ impl Worker {
         );
         loop {
             let record = match frames.next().await {
-                None => return Err(AgentError::StreamClosed),
+                None => return Err(AgentError::NotAdmitted),
                 Some(Err(error)) => return Err(AgentError::Stream(error)),
                 Some(Ok(record)) => record,
             };

@@ -18,14 +18,16 @@ pub const UNIX_SCHEME: &str = "unix://";
 /// Where the agent listens and which path serves the resource provider API.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AgentEndpoint {
-    /// Plain HTTP over TCP.
+    /// HTTP over TCP, or over TLS over TCP (`https://`).
     Tcp {
-        /// Host name or IP literal (IPv6 without brackets).
+        /// Host name or IP literal (IPv6 without brackets); also the TLS server name.
         host: String,
         /// TCP port.
         port: u16,
         /// Request path.
         path: String,
+        /// Whether TLS is used.
+        tls: bool,
     },
     /// HTTP over a unix stream socket.
     Unix {
@@ -37,10 +39,10 @@ pub enum AgentEndpoint {
 }
 
 impl AgentEndpoint {
-    /// Parses an `--agent` URL: `http://HOST[:PORT][/PATH]` or `unix:///SOCKET/PATH`.
+    /// Parses an `--agent` URL: `http[s]://HOST[:PORT][/PATH]` or `unix:///SOCKET/PATH`.
     ///
-    /// An http URL without a path (or with just `/`) gets [`RESOURCE_PROVIDER_PATH`]; the
-    /// port defaults to 80 as for any http URL. A unix URL names the socket file; requests
+    /// An http(s) URL without a path (or with just `/`) gets [`RESOURCE_PROVIDER_PATH`];
+    /// the port defaults to 80 (443 for https) as for any such URL. A unix URL names the socket file; requests
     /// on it always use [`RESOURCE_PROVIDER_PATH`].
     ///
     /// # Errors
@@ -65,11 +67,11 @@ impl AgentEndpoint {
             });
         }
         let uri: http::Uri = url.parse().map_err(|_| bad("not a valid URL"))?;
-        match uri.scheme_str() {
-            Some("http") => {}
-            Some("https") => return Err(bad("https is not supported yet; use http or unix")),
-            _ => return Err(bad("the scheme must be http:// or unix://")),
-        }
+        let tls = match uri.scheme_str() {
+            Some("http") => false,
+            Some("https") => true,
+            _ => return Err(bad("the scheme must be http://, https:// or unix://")),
+        };
         let authority = uri.authority().ok_or_else(|| bad("the URL has no host"))?;
         if authority.as_str().contains('@') {
             return Err(bad(
@@ -92,8 +94,9 @@ impl AgentEndpoint {
         };
         Ok(Self::Tcp {
             host: host.to_owned(),
-            port: authority.port_u16().unwrap_or(80),
+            port: authority.port_u16().unwrap_or(if tls { 443 } else { 80 }),
             path,
+            tls,
         })
     }
 
@@ -118,7 +121,10 @@ impl AgentEndpoint {
 impl fmt::Display for AgentEndpoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Tcp { .. } => write!(f, "http://{}{}", self.host_header(), self.path()),
+            Self::Tcp { tls, .. } => {
+                let scheme = if *tls { "https" } else { "http" };
+                write!(f, "{scheme}://{}{}", self.host_header(), self.path())
+            }
             Self::Unix { socket, path } => write!(f, "{UNIX_SCHEME}{}{path}", socket.display()),
         }
     }
@@ -172,6 +178,8 @@ impl TcpKeepalive {
 pub struct AgentConfig {
     /// Where the agent is.
     pub endpoint: AgentEndpoint,
+    /// Trust roots for `https://`: a PEM bundle that replaces the system trust store.
+    pub ca_file: Option<PathBuf>,
     /// Media type of calls and events. Protobuf by default, as the reference provider.
     pub content_type: ContentType,
     /// Sent as `Authorization: Bearer <token>` on every request when set.
@@ -206,6 +214,7 @@ impl AgentConfig {
         Self {
             endpoint,
             content_type: ContentType::Protobuf,
+            ca_file: None,
             token: None,
             backoff: Backoff::new(Duration::from_millis(500), Duration::from_secs(30))
                 .unwrap_or(Backoff::PLUGIN_RESTART),
@@ -289,10 +298,19 @@ mod tests {
                 AgentEndpoint::Tcp {
                     host: "127.0.0.1".into(),
                     port: 5051,
-                    path: RESOURCE_PROVIDER_PATH.into()
+                    path: RESOURCE_PROVIDER_PATH.into(),
+                    tls: false,
                 }
             );
         }
+        let e = AgentEndpoint::parse("https://agent").expect("valid");
+        assert_eq!(
+            e.to_string(),
+            "https://agent:443/slave(1)/api/v1/resource_provider"
+        );
+        let e = AgentEndpoint::parse("http://10.0.0.1:5051/slave(1)/api/v1/resource_provider")
+            .expect("valid");
+        assert_eq!(e.path(), RESOURCE_PROVIDER_PATH);
         let e = AgentEndpoint::parse("http://agent/api/v1/resource_provider").expect("valid");
         assert_eq!(e.path(), "/api/v1/resource_provider");
         assert_eq!(e.host_header(), "agent:80");
@@ -319,7 +337,6 @@ mod tests {
     #[test]
     fn bad_urls_are_refused_with_the_reason() {
         for (url, needle) in [
-            ("https://agent:5051", "https"),
             ("ftp://agent", "scheme"),
             ("unix://relative.sock", "absolute"),
             ("http://user:pw@agent", "credentials"),

@@ -5,7 +5,7 @@ use std::time::Duration;
 use http::StatusCode;
 
 /// An invalid [`crate::AgentConfig`].
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The agent URL cannot be used.
     #[error("agent URL {url:?}: {reason}")]
@@ -30,6 +30,36 @@ pub enum ConfigError {
     /// Keepalive idle or interval below one second.
     #[error("agent client tcp_keepalive idle and interval must be at least 1 s")]
     KeepaliveTooShort,
+    /// `ca_file` could not be read.
+    #[error("reading the agent CA file {path}")]
+    ReadCaFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// `ca_file` holds no usable PEM certificate.
+    #[error("agent CA file {path} contains no usable PEM certificate")]
+    BadCaFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The first problem met, if any.
+        #[source]
+        source: Option<rustls::pki_types::pem::Error>,
+    },
+    /// The system trust store yielded no root certificate.
+    #[error("no usable root certificate in the system trust store for https (set ca_file)")]
+    NoSystemRoots,
+    /// The agent host is not a valid TLS server name.
+    #[error("agent host {host:?} is not a valid TLS server name")]
+    ServerName {
+        /// The host.
+        host: String,
+    },
+    /// rustls refused the client configuration.
+    #[error("building the TLS client configuration for the agent")]
+    Tls(#[source] rustls::Error),
     /// The token is empty or cannot be sent in a header (the value itself is not shown).
     #[error("agent token is empty or contains characters not allowed in an HTTP header")]
     BadToken,
@@ -61,6 +91,15 @@ pub enum AgentError {
     /// Connecting to the agent failed.
     #[error("connecting to the agent at {endpoint}")]
     Connect {
+        /// The endpoint.
+        endpoint: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The TLS handshake failed (untrusted or mismatched certificate, or not TLS at all).
+    #[error("TLS handshake with the agent at {endpoint} failed")]
+    TlsHandshake {
         /// The endpoint.
         endpoint: String,
         /// The cause.
@@ -106,6 +145,12 @@ pub enum AgentError {
     /// The agent closed the event stream.
     #[error("the agent closed the event stream")]
     StreamClosed,
+    /// The stream closed before SUBSCRIBED: the agent did not admit the subscription
+    /// (spec §2.7: an unknown provider id, a changed type or name, or a removed provider).
+    #[error(
+        "the agent closed the stream before SUBSCRIBED: subscription not admitted (unknown or removed provider id, or changed type/name)"
+    )]
+    NotAdmitted,
     /// The calls connection failed, which ends the session as in Mesos.
     #[error("the calls connection to the agent failed")]
     CallsConnectionLost,

@@ -11,7 +11,8 @@
 //! - [`config`]: [`AgentConfig`], the `--agent` URL forms ([`AgentEndpoint`]).
 //! - [`state`]: the observable [`ConnectionState`] and the pure [`ReconnectPolicy`].
 //! - [`client`]: the session worker and [`AgentHandle`] for calls.
-//! - [`error`], [`metrics`]; `transport`: opening one connection over TCP or a unix socket.
+//! - [`error`], [`metrics`]; `transport`: opening one connection over TCP, TLS or a unix
+//!   socket.
 //!
 //! # Invariants
 //! Calls are refused locally unless subscribed; every error ends in `Disconnected` and a

@@ -12,8 +12,13 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
 use tokio::task::JoinHandle;
 
+use std::sync::Arc;
+
+use rustls::pki_types::{CertificateDer, ServerName, pem::PemObject};
+use tokio_rustls::TlsConnector;
+
 use crate::config::{AgentConfig, AgentEndpoint};
-use crate::error::AgentError;
+use crate::error::{AgentError, ConfigError};
 
 /// The request body type: every call is one buffered message.
 pub(crate) type ReqBody = Full<Bytes>;
@@ -21,6 +26,7 @@ pub(crate) type ReqBody = Full<Bytes>;
 /// Either socket kind, so hyper sees one I/O type.
 enum Io {
     Tcp(TcpStream),
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
     Unix(UnixStream),
 }
 
@@ -32,6 +38,7 @@ impl AsyncRead for Io {
     ) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Io::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
             Io::Unix(s) => Pin::new(s).poll_read(cx, buf),
         }
     }
@@ -45,6 +52,7 @@ impl AsyncWrite for Io {
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             Io::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
             Io::Unix(s) => Pin::new(s).poll_write(cx, buf),
         }
     }
@@ -52,6 +60,7 @@ impl AsyncWrite for Io {
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Io::Tcp(s) => Pin::new(s).poll_flush(cx),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
             Io::Unix(s) => Pin::new(s).poll_flush(cx),
         }
     }
@@ -59,6 +68,7 @@ impl AsyncWrite for Io {
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Io::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
             Io::Unix(s) => Pin::new(s).poll_shutdown(cx),
         }
     }
@@ -100,42 +110,123 @@ fn tune_tcp(stream: &TcpStream, config: &AgentConfig) -> io::Result<()> {
     Ok(())
 }
 
-async fn open_socket(config: &AgentConfig) -> io::Result<Io> {
-    match &config.endpoint {
-        AgentEndpoint::Tcp { host, port, .. } => {
-            let stream = TcpStream::connect((host.as_str(), *port)).await?;
-            tune_tcp(&stream, config)?;
-            Ok(Io::Tcp(stream))
-        }
-        AgentEndpoint::Unix { socket, .. } => Ok(Io::Unix(UnixStream::connect(socket).await?)),
+/// Opens connections to one endpoint; holds the TLS setup, which is built once.
+#[derive(Clone)]
+pub(crate) struct Connector {
+    tls: Option<(TlsConnector, ServerName<'static>)>,
+}
+
+impl std::fmt::Debug for Connector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connector")
+            .field("tls", &self.tls.is_some())
+            .finish()
     }
 }
 
-/// Connects and performs the HTTP/1.1 handshake within `config.connect_timeout`.
-pub(crate) async fn connect(config: &AgentConfig) -> Result<Connection, AgentError> {
-    let work = async {
-        let io = open_socket(config)
-            .await
-            .map_err(|source| AgentError::Connect {
-                endpoint: config.endpoint.to_string(),
-                source,
-            })?;
-        let (sender, conn) = http1::handshake(TokioIo::new(io))
-            .await
-            .map_err(AgentError::Http)?;
-        let driver = tokio::spawn(async move {
-            if let Err(error) = conn.await {
-                tracing::debug!(error = %slrp_types::DisplayChain(&error), "agent connection ended");
-            }
-        });
-        Ok(Connection { sender, driver })
+/// The trust roots: `ca_file` alone, or the system store. Reads files (blocking).
+fn roots(config: &AgentConfig) -> Result<rustls::RootCertStore, ConfigError> {
+    let mut roots = rustls::RootCertStore::empty();
+    let Some(path) = &config.ca_file else {
+        let found = rustls_native_certs::load_native_certs();
+        let (added, _unparsable) = roots.add_parsable_certificates(found.certs);
+        return if added == 0 {
+            Err(ConfigError::NoSystemRoots)
+        } else {
+            Ok(roots)
+        };
     };
-    tokio::time::timeout(config.connect_timeout, work)
-        .await
-        .map_err(|_| AgentError::Timeout {
-            what: "connecting to the agent",
-            timeout: config.connect_timeout,
-        })?
+    let pem = std::fs::read(path).map_err(|source| ConfigError::ReadCaFile {
+        path: path.clone(),
+        source,
+    })?;
+    let bad = |source| ConfigError::BadCaFile {
+        path: path.clone(),
+        source,
+    };
+    for cert in CertificateDer::pem_slice_iter(&pem) {
+        roots
+            .add(cert.map_err(|e| bad(Some(e)))?)
+            .map_err(ConfigError::Tls)?;
+    }
+    if roots.is_empty() {
+        return Err(bad(None));
+    }
+    Ok(roots)
+}
+
+impl Connector {
+    /// Prepares TLS for an `https://` endpoint (loading the trust roots); nothing otherwise.
+    pub(crate) fn new(config: &AgentConfig) -> Result<Self, ConfigError> {
+        let AgentEndpoint::Tcp {
+            host, tls: true, ..
+        } = &config.endpoint
+        else {
+            return Ok(Self { tls: None });
+        };
+        let name = ServerName::try_from(host.clone())
+            .map_err(|_| ConfigError::ServerName { host: host.clone() })?;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let client = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(ConfigError::Tls)?
+            .with_root_certificates(roots(config)?)
+            .with_no_client_auth();
+        Ok(Self {
+            tls: Some((TlsConnector::from(Arc::new(client)), name)),
+        })
+    }
+
+    async fn open_socket(&self, config: &AgentConfig) -> Result<Io, AgentError> {
+        let endpoint = || config.endpoint.to_string();
+        let connect_error = |source| AgentError::Connect {
+            endpoint: endpoint(),
+            source,
+        };
+        match &config.endpoint {
+            AgentEndpoint::Tcp { host, port, .. } => {
+                let stream = TcpStream::connect((host.as_str(), *port))
+                    .await
+                    .map_err(connect_error)?;
+                tune_tcp(&stream, config).map_err(connect_error)?;
+                let Some((tls, name)) = &self.tls else {
+                    return Ok(Io::Tcp(stream));
+                };
+                let stream = tls.connect(name.clone(), stream).await.map_err(|source| {
+                    AgentError::TlsHandshake {
+                        endpoint: endpoint(),
+                        source,
+                    }
+                })?;
+                Ok(Io::Tls(Box::new(stream)))
+            }
+            AgentEndpoint::Unix { socket, .. } => Ok(Io::Unix(
+                UnixStream::connect(socket).await.map_err(connect_error)?,
+            )),
+        }
+    }
+
+    /// Connects and performs the HTTP/1.1 handshake within `config.connect_timeout`.
+    pub(crate) async fn connect(&self, config: &AgentConfig) -> Result<Connection, AgentError> {
+        let work = async {
+            let io = self.open_socket(config).await?;
+            let (sender, conn) = http1::handshake(TokioIo::new(io))
+                .await
+                .map_err(AgentError::Http)?;
+            let driver = tokio::spawn(async move {
+                if let Err(error) = conn.await {
+                    tracing::debug!(error = %slrp_types::DisplayChain(&error), "agent connection ended");
+                }
+            });
+            Ok(Connection { sender, driver })
+        };
+        tokio::time::timeout(config.connect_timeout, work)
+            .await
+            .map_err(|_| AgentError::Timeout {
+                what: "connecting to the agent",
+                timeout: config.connect_timeout,
+            })?
+    }
 }
 
 #[cfg(test)]
@@ -159,7 +250,8 @@ mod tests {
             count: 4,
         });
         config.tcp_user_timeout = Some(Duration::from_millis(1500));
-        let Io::Tcp(stream) = open_socket(&config).await.expect("connect") else {
+        let connector = Connector::new(&config).expect("plain http");
+        let Io::Tcp(stream) = connector.open_socket(&config).await.expect("connect") else {
             panic!("a TCP endpoint gives a TCP stream");
         };
         let sock = socket2::SockRef::from(&stream);

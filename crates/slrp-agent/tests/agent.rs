@@ -429,3 +429,113 @@ async fn a_call_in_flight_fails_at_once_when_the_stream_ends() {
         AgentError::StreamClosed
     ));
 }
+
+#[tokio::test]
+async fn https_with_a_configured_ca() {
+    let (mut agent, ca_pem) = FakeAgent::tls().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, ca_pem).expect("write CA");
+    let mut config = agent.config();
+    config.ca_file = Some(ca_file);
+    let mut client = start(config, None);
+    let _stream = accept_subscribe(&mut agent, ContentType::Protobuf, None, STREAM).await;
+    expect_connected_and_subscribed(&mut client, STREAM).await;
+}
+
+#[tokio::test]
+async fn https_refuses_an_untrusted_certificate() {
+    let (agent, _ca) = FakeAgent::tls().await;
+    let (_other, other_ca) = FakeAgent::tls().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca_file = dir.path().join("other-ca.pem");
+    std::fs::write(&ca_file, other_ca).expect("write CA");
+    let mut config = agent.config();
+    config.ca_file = Some(ca_file);
+    let mut client = start(config, None);
+    let reason = expect_disconnected(&mut client).await;
+    assert!(
+        matches!(&*reason, AgentError::TlsHandshake { .. }),
+        "{reason:?}"
+    );
+    let chain = slrp_types::DisplayChain(&*reason).to_string();
+    assert!(
+        chain.contains("UnknownIssuer") || chain.contains("certificate"),
+        "{chain}"
+    );
+}
+
+#[tokio::test]
+async fn a_bad_ca_file_is_a_config_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, "not a certificate").expect("write");
+    let endpoint = slrp_agent::AgentEndpoint::parse("https://127.0.0.1:1").expect("url");
+    let mut config = support::test_config(endpoint);
+    config.ca_file = Some(ca_file.clone());
+    let err = AgentClient::spawn(
+        config,
+        info(),
+        None,
+        Metrics::default(),
+        CancellationToken::new(),
+    )
+    .expect_err("no certificate");
+    assert!(
+        err.to_string().contains(&ca_file.display().to_string()),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn an_agent_that_stops_answering_calls_is_detected_within_the_call_timeout() {
+    let mut agent = FakeAgent::tcp().await;
+    let mut config = agent.config();
+    let bound = Duration::from_millis(300);
+    config.call_timeout = bound;
+    let mut client = start(config, None);
+    let _stream = accept_subscribe(&mut agent, ContentType::Protobuf, None, STREAM).await;
+    expect_connected_and_subscribed(&mut client, STREAM).await;
+    let handle = client.handle.clone();
+    let started = Instant::now();
+    let call = tokio::spawn(async move { handle.call(update_state()).await });
+    let _held = agent.next().await.hold();
+    let err = tokio::time::timeout(WAIT, call)
+        .await
+        .expect("bounded")
+        .expect("joined")
+        .expect_err("no answer");
+    assert!(matches!(err, AgentError::Timeout { .. }), "{err:?}");
+    let elapsed = started.elapsed();
+    assert!(
+        elapsed >= bound && elapsed < bound + WAIT / 4,
+        "{elapsed:?}"
+    );
+    // The calls connection is unusable now, so the session ends and is rebuilt.
+    let reason = expect_disconnected(&mut client).await;
+    assert!(
+        matches!(&*reason, AgentError::CallsConnectionLost),
+        "{reason:?}"
+    );
+    let _stream = accept_subscribe(&mut agent, ContentType::Protobuf, Some(PROVIDER), "s2").await;
+    expect_connected_and_subscribed(&mut client, "s2").await;
+}
+
+#[tokio::test]
+async fn a_stream_closed_before_subscribed_means_not_admitted() {
+    let mut agent = FakeAgent::tcp().await;
+    let mut client = start(agent.config(), Some("unknown-id"));
+    drop(
+        agent
+            .next()
+            .await
+            .respond_stream(ContentType::Protobuf, STREAM),
+    );
+    assert!(matches!(
+        next_event(&mut client.events).await,
+        SessionEvent::Connected
+    ));
+    let reason = expect_disconnected(&mut client).await;
+    assert!(matches!(&*reason, AgentError::NotAdmitted), "{reason:?}");
+    assert!(reason.is_transient());
+}

@@ -128,6 +128,7 @@ pub fn subscribed(provider_id: &str) -> Event {
 /// Where the fake listens.
 pub enum Listen {
     Tcp(TcpListener),
+    Tls(TcpListener, tokio_rustls::TlsAcceptor),
     Unix(UnixListener, PathBuf, tempfile::TempDir),
 }
 
@@ -186,6 +187,36 @@ impl FakeAgent {
         Self::start(Listen::Tcp(listener))
     }
 
+    /// An https agent on 127.0.0.1 with a certificate signed by a fresh CA; returns the
+    /// CA certificate in PEM.
+    pub async fn tls() -> (Self, String) {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::DigitalSignature,
+        ];
+        let ca =
+            rcgen::CertifiedIssuer::self_signed(params, rcgen::KeyPair::generate().expect("key"))
+                .expect("CA");
+        let key = rcgen::KeyPair::generate().expect("key");
+        let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()])
+            .expect("params")
+            .signed_by(&key, &ca)
+            .expect("cert");
+        let key = rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into());
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let server = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("versions")
+            .with_no_client_auth()
+            .with_single_cert(vec![cert.der().clone()], key)
+            .expect("server config");
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+        (Self::start(Listen::Tls(listener, acceptor)), ca.pem())
+    }
+
     pub fn unix() -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("agent.sock");
@@ -205,6 +236,23 @@ impl FakeAgent {
                     while let Ok((stream, _)) = listener.accept().await {
                         counter.fetch_add(1, Ordering::SeqCst);
                         tokio::spawn(serve(stream, tx.clone()));
+                    }
+                });
+                (AgentEndpoint::parse(&url).expect("url"), task)
+            }
+            Listen::Tls(listener, acceptor) => {
+                let port = listener.local_addr().expect("addr").port();
+                let url = format!("https://127.0.0.1:{port}");
+                let task = tokio::spawn(async move {
+                    while let Ok((stream, _)) = listener.accept().await {
+                        counter.fetch_add(1, Ordering::SeqCst);
+                        let (acceptor, tx) = (acceptor.clone(), tx.clone());
+                        tokio::spawn(async move {
+                            // A refused handshake is what a test provokes; nothing to serve.
+                            if let Ok(stream) = acceptor.accept(stream).await {
+                                serve(stream, tx).await;
+                            }
+                        });
                     }
                 });
                 (AgentEndpoint::parse(&url).expect("url"), task)
