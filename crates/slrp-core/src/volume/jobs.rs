@@ -525,6 +525,10 @@ impl<C: CsiVolumes> Ctx<C> {
         }
         let mut failed = rec.clone();
         failed.deleting = false;
+        // The deletion cleared it before its first step (as Mesos does); the publish made
+        // for the cleanup set it again, and no user asked for that one: recovery must not
+        // republish the volume (and hold readiness on it) at every start.
+        failed.node_publish_required = false;
         failed.delete_failed = Some(DisplayChain(&e).to_string());
         match self.persist(&failed).await {
             Ok(()) => {
