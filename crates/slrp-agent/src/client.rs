@@ -504,7 +504,7 @@ impl Worker {
         );
         loop {
             let record = match frames.next().await {
-                None => return Err(AgentError::StreamClosed),
+                None => return Err(AgentError::NotAdmitted),
                 Some(Err(error)) => return Err(AgentError::Stream(error)),
                 Some(Ok(record)) => record,
             };

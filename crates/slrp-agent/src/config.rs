@@ -308,6 +308,9 @@ mod tests {
             e.to_string(),
             "https://agent:443/slave(1)/api/v1/resource_provider"
         );
+        let e = AgentEndpoint::parse("http://10.0.0.1:5051/slave(1)/api/v1/resource_provider")
+            .expect("valid");
+        assert_eq!(e.path(), RESOURCE_PROVIDER_PATH);
         let e = AgentEndpoint::parse("http://agent/api/v1/resource_provider").expect("valid");
         assert_eq!(e.path(), "/api/v1/resource_provider");
         assert_eq!(e.host_header(), "agent:80");

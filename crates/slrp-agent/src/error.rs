@@ -145,6 +145,12 @@ pub enum AgentError {
     /// The agent closed the event stream.
     #[error("the agent closed the event stream")]
     StreamClosed,
+    /// The stream closed before SUBSCRIBED: the agent did not admit the subscription
+    /// (spec §2.7: an unknown provider id, a changed type or name, or a removed provider).
+    #[error(
+        "the agent closed the stream before SUBSCRIBED: subscription not admitted (unknown or removed provider id, or changed type/name)"
+    )]
+    NotAdmitted,
     /// The calls connection failed, which ends the session as in Mesos.
     #[error("the calls connection to the agent failed")]
     CallsConnectionLost,

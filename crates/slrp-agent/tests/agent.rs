@@ -486,3 +486,56 @@ async fn a_bad_ca_file_is_a_config_error() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn an_agent_that_stops_answering_calls_is_detected_within_the_call_timeout() {
+    let mut agent = FakeAgent::tcp().await;
+    let mut config = agent.config();
+    let bound = Duration::from_millis(300);
+    config.call_timeout = bound;
+    let mut client = start(config, None);
+    let _stream = accept_subscribe(&mut agent, ContentType::Protobuf, None, STREAM).await;
+    expect_connected_and_subscribed(&mut client, STREAM).await;
+    let handle = client.handle.clone();
+    let started = Instant::now();
+    let call = tokio::spawn(async move { handle.call(update_state()).await });
+    let _held = agent.next().await.hold();
+    let err = tokio::time::timeout(WAIT, call)
+        .await
+        .expect("bounded")
+        .expect("joined")
+        .expect_err("no answer");
+    assert!(matches!(err, AgentError::Timeout { .. }), "{err:?}");
+    let elapsed = started.elapsed();
+    assert!(
+        elapsed >= bound && elapsed < bound + WAIT / 4,
+        "{elapsed:?}"
+    );
+    // The calls connection is unusable now, so the session ends and is rebuilt.
+    let reason = expect_disconnected(&mut client).await;
+    assert!(
+        matches!(&*reason, AgentError::CallsConnectionLost),
+        "{reason:?}"
+    );
+    let _stream = accept_subscribe(&mut agent, ContentType::Protobuf, Some(PROVIDER), "s2").await;
+    expect_connected_and_subscribed(&mut client, "s2").await;
+}
+
+#[tokio::test]
+async fn a_stream_closed_before_subscribed_means_not_admitted() {
+    let mut agent = FakeAgent::tcp().await;
+    let mut client = start(agent.config(), Some("unknown-id"));
+    drop(
+        agent
+            .next()
+            .await
+            .respond_stream(ContentType::Protobuf, STREAM),
+    );
+    assert!(matches!(
+        next_event(&mut client.events).await,
+        SessionEvent::Connected
+    ));
+    let reason = expect_disconnected(&mut client).await;
+    assert!(matches!(&*reason, AgentError::NotAdmitted), "{reason:?}");
+    assert!(reason.is_transient());
+}

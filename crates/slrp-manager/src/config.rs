@@ -1,0 +1,108 @@
+//! Configuration of the embedded manager.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::error::ConfigError;
+
+/// Where the manager listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Listen {
+    /// A TCP address; it must be a loopback address (port 0 picks a free port).
+    Tcp(SocketAddr),
+    /// A unix socket path. A stale socket at the path is replaced; any other file is an
+    /// error.
+    Unix(PathBuf),
+}
+
+/// Settings of an [`crate::EmbeddedManager`]. Build one with [`ManagerConfig::new`] and
+/// adjust the public fields; [`ManagerConfig::validate`] runs at spawn.
+#[derive(Debug, Clone)]
+pub struct ManagerConfig {
+    /// The endpoint to serve.
+    pub listen: Listen,
+    /// Where the registrar keeps admitted provider IDs. `None` keeps them in memory only,
+    /// so a restarted manager admits no resubscription (like an agent whose ID changed).
+    pub state_dir: Option<PathBuf>,
+    /// Largest accepted request body; a larger one is answered `413`.
+    pub max_body_bytes: usize,
+    /// How long reading a request body may take; a slower one is answered `408`.
+    pub body_timeout: Duration,
+    /// Events queued per subscription stream. A provider that lets its queue fill up is
+    /// disconnected (its stream closed), so a reader that stalls cannot grow memory.
+    pub event_queue: usize,
+    /// Buffered observations ([`crate::ManagerMessage`]) per subscriber of
+    /// [`crate::ManagerHandle::messages`]; a slower subscriber sees a lag error.
+    pub message_buffer: usize,
+}
+
+impl ManagerConfig {
+    /// Defaults: 4 MiB bodies, 30 s body timeout, 1024 queued events, 1024 messages.
+    #[must_use]
+    pub fn new(listen: Listen) -> Self {
+        Self {
+            listen,
+            state_dir: None,
+            max_body_bytes: 4 * 1024 * 1024,
+            body_timeout: Duration::from_secs(30),
+            event_queue: 1024,
+            message_buffer: 1024,
+        }
+    }
+
+    /// A configuration listening on `127.0.0.1` at a free port.
+    #[must_use]
+    pub fn loopback() -> Self {
+        Self::new(Listen::Tcp(SocketAddr::from((Ipv4Addr::LOCALHOST, 0))))
+    }
+
+    /// Checks the settings.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the offending setting.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if let Listen::Tcp(addr) = &self.listen
+            && !addr.ip().is_loopback()
+        {
+            return Err(ConfigError::NotLoopback { addr: *addr });
+        }
+        let positive = [
+            ("max_body_bytes", self.max_body_bytes > 0),
+            ("body_timeout", !self.body_timeout.is_zero()),
+            ("event_queue", self.event_queue > 0),
+            ("message_buffer", self.message_buffer > 0),
+        ];
+        match positive.iter().find(|(_, ok)| !ok) {
+            Some((field, _)) => Err(ConfigError::Zero { field }),
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejects_non_loopback_and_zero_limits() {
+        let mut config = ManagerConfig::new(Listen::Tcp(
+            "0.0.0.0:5051"
+                .parse()
+                .unwrap_or_else(|_| unreachable!("literal address")),
+        ));
+        assert!(matches!(
+            config.validate(),
+            Err(ConfigError::NotLoopback { .. })
+        ));
+        config = ManagerConfig::loopback();
+        assert!(config.validate().is_ok());
+        config.event_queue = 0;
+        assert!(matches!(
+            config.validate(),
+            Err(ConfigError::Zero {
+                field: "event_queue"
+            })
+        ));
+    }
+}

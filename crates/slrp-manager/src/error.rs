@@ -1,0 +1,157 @@
+//! Error types of the embedded manager, one enum per concern.
+
+use std::path::PathBuf;
+
+/// A [`crate::ManagerConfig`] that cannot be served.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The TCP address is not a loopback address. The resource provider API has no
+    /// authentication here, so it is never exposed beyond this host.
+    #[error("manager listen address {addr} is not a loopback address")]
+    NotLoopback {
+        /// The rejected address.
+        addr: std::net::SocketAddr,
+    },
+    /// A limit that must be positive is zero.
+    #[error("manager setting '{field}' must be positive")]
+    Zero {
+        /// The setting's name.
+        field: &'static str,
+    },
+}
+
+/// Errors of the registrar, the manager's durable record of admitted providers.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistrarError {
+    /// Reading the registry file failed.
+    #[error("reading the resource provider registry {path}")]
+    Read {
+        /// The registry file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The registry file is not a registry.
+    #[error("parsing the resource provider registry {path}")]
+    Parse {
+        /// The registry file.
+        path: PathBuf,
+        /// The parser's error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// Writing the registry file failed.
+    #[error("writing the resource provider registry {path}")]
+    Write {
+        /// The registry file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The blocking writer task died.
+    #[error("the resource provider registry writer task failed")]
+    Task(#[source] tokio::task::JoinError),
+    /// The provider was marked removed; it can never be admitted again.
+    #[error("resource provider {id} was removed")]
+    Removed {
+        /// The provider ID.
+        id: String,
+    },
+    /// The provider is not in the registry.
+    #[error("attempted to remove an unknown resource provider {id}")]
+    Unknown {
+        /// The provider ID.
+        id: String,
+    },
+}
+
+/// Errors of [`crate::EmbeddedManager::spawn`] and of handle calls that change state.
+#[derive(Debug, thiserror::Error)]
+pub enum ManagerError {
+    /// The configuration was rejected.
+    #[error("invalid manager configuration")]
+    Config(#[from] ConfigError),
+    /// Binding the listener failed.
+    #[error("binding the manager endpoint {endpoint}")]
+    Bind {
+        /// The address or socket path.
+        endpoint: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The registrar failed.
+    #[error("resource provider registrar")]
+    Registrar(#[from] RegistrarError),
+    /// The manager has stopped.
+    #[error("the resource provider manager has stopped")]
+    Stopped,
+}
+
+/// Why a publish request failed. The texts follow Mesos's `publishResources` failures.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PublishError {
+    /// The provider owning some of the resources is not subscribed.
+    #[error("resource provider {id} is not subscribed")]
+    NotSubscribed {
+        /// The provider ID.
+        id: String,
+    },
+    /// The provider disconnected (or was replaced or removed) before it replied.
+    #[error("failed to publish resources from resource provider {id}: Connection closed")]
+    ConnectionClosed {
+        /// The provider ID.
+        id: String,
+    },
+    /// The provider replied with a status other than `OK`.
+    #[error("failed to publish resources for resource provider {id}: Received {status} status")]
+    Failed {
+        /// The provider ID.
+        id: String,
+        /// The status name the provider replied with.
+        status: &'static str,
+    },
+    /// The manager has stopped.
+    #[error("the resource provider manager has stopped")]
+    Stopped,
+}
+
+/// Why [`crate::ManagerHandle::send_event`] refused or failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SendEventError {
+    /// The provider is not subscribed.
+    #[error("resource provider {id} is not subscribed")]
+    NotSubscribed {
+        /// The provider ID.
+        id: String,
+    },
+    /// The event type is one the manager itself owns (or is invalid).
+    #[error(
+        "event type {event_type} cannot be sent through send_event (only APPLY_OPERATION, ACKNOWLEDGE_OPERATION_STATUS, RECONCILE_OPERATIONS)"
+    )]
+    NotAllowed {
+        /// The event type's name, or its number if unknown.
+        event_type: String,
+    },
+    /// The event lacks the payload its type needs.
+    #[error("event of type {event_type} lacks its '{field}' payload")]
+    MissingPayload {
+        /// The event type's name.
+        event_type: &'static str,
+        /// The missing field.
+        field: &'static str,
+    },
+    /// The provider's stream could not take the event; the provider was disconnected.
+    #[error("resource provider {id} was disconnected: {reason}")]
+    Disconnected {
+        /// The provider ID.
+        id: String,
+        /// Why the event could not be queued.
+        reason: &'static str,
+    },
+    /// The manager has stopped.
+    #[error("the resource provider manager has stopped")]
+    Stopped,
+}

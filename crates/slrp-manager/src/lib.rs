@@ -1,0 +1,284 @@
+//! An embedded, strict Mesos resource provider manager.
+//!
+//! # Overview
+//! This is the agent side of the Mesos v1 resource provider API (spec §2): it serves
+//! `POST /slave(1)/api/v1/resource_provider` (and the unprefixed path libprocess also
+//! routes) over HTTP/1.1 on a loopback TCP port or a unix socket, answers every call with
+//! the status and body a Mesos 1.11 agent gives, admits providers through a registrar,
+//! streams RecordIO events and keeps the agent's bookkeeping of each provider. A protocol
+//! mistake of a provider fails here as it would on a real agent. It serves standalone mode
+//! (the daemon without an agent) and the tests. See `docs/embedded-manager.md`.
+//!
+//! # Layout
+//! - [`config`]: [`ManagerConfig`], validated at spawn.
+//! - `server`: HTTP routing, media types, body limits, decoding (§2.2 steps 2–6).
+//! - `worker`: admission, step 7, bookkeeping, publish, removal; owns all state.
+//! - [`validation`]: Mesos's call validation (§2.6).
+//! - [`registrar`]: durable record of admitted and removed provider IDs.
+//! - [`metrics`]: Mesos-named metrics.
+//! - this file: [`EmbeddedManager::spawn`], [`ManagerHandle`], [`ManagerGuard`].
+//!
+//! # Invariants
+//! - The worker owns every piece of state; the HTTP layer and the handle talk to it over a
+//!   bounded channel.
+//! - Every queue is bounded: request bodies (`413`), body read time (`408`), per-stream
+//!   events (a provider that does not read is disconnected), observations (lagging
+//!   subscribers lose messages, never the worker).
+
+pub mod config;
+pub mod error;
+pub mod metrics;
+pub mod registrar;
+mod server;
+pub mod validation;
+mod worker;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use slrp_proto::mesos::v1::Resource;
+use slrp_proto::mesos::v1::resource_provider::Event;
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub use config::{Listen, ManagerConfig};
+pub use error::{ConfigError, ManagerError, PublishError, RegistrarError, SendEventError};
+pub use metrics::ManagerMetrics;
+pub use server::{ENDPOINT_PATHS, STREAM_ID_HEADER};
+pub use worker::{ManagerMessage, OperationView, ProviderView};
+
+use crate::registrar::Registrar;
+use crate::server::{Ctx, Listener};
+use crate::worker::{Command, Worker};
+
+/// Commands queued towards the worker before senders wait.
+const COMMAND_QUEUE: usize = 256;
+
+/// Where a running manager can be reached.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Endpoint {
+    /// The bound TCP address (with the real port when port 0 was configured).
+    Tcp(SocketAddr),
+    /// The unix socket path.
+    Unix(PathBuf),
+}
+
+impl Endpoint {
+    /// The resource provider API URL as a Mesos agent advertises it. A unix socket has no
+    /// URL authority, so its URL uses `localhost` and the client must connect to the path.
+    #[must_use]
+    pub fn url(&self) -> String {
+        let path = ENDPOINT_PATHS[0];
+        match self {
+            Self::Tcp(addr) => format!("http://{addr}{path}"),
+            Self::Unix(_) => format!("http://localhost{path}"),
+        }
+    }
+}
+
+/// Entry point: see [`EmbeddedManager::spawn`].
+#[derive(Debug)]
+pub struct EmbeddedManager;
+
+impl EmbeddedManager {
+    /// Validates `config`, recovers the registrar, binds the endpoint and starts serving.
+    /// Requests are served only once recovery is done, so nothing needs queueing.
+    ///
+    /// # Errors
+    /// [`ManagerError`] for a bad configuration, an unreadable registry or a bind failure.
+    pub async fn spawn(
+        config: ManagerConfig,
+        cancel: CancellationToken,
+    ) -> Result<(ManagerHandle, ManagerGuard), ManagerError> {
+        config.validate()?;
+        let state_dir = config.state_dir.clone();
+        let registrar =
+            tokio::task::spawn_blocking(move || Registrar::recover(state_dir.as_deref()))
+                .await
+                .map_err(RegistrarError::Task)??;
+        let (listener, endpoint) = bind(&config.listen).await?;
+
+        let cancel = cancel.child_token();
+        let tasks = TaskTracker::new();
+        let metrics = ManagerMetrics::default();
+        let (messages, _) = broadcast::channel(config.message_buffer);
+        let (commands, commands_rx) = mpsc::channel(COMMAND_QUEUE);
+        let worker = Worker::new(
+            commands_rx,
+            commands.clone(),
+            registrar,
+            messages.clone(),
+            metrics.clone(),
+            tasks.clone(),
+        );
+        tasks.spawn(worker.run(cancel.clone()));
+        let ctx = Arc::new(Ctx {
+            commands: commands.clone(),
+            max_body_bytes: config.max_body_bytes,
+            body_timeout: config.body_timeout,
+            event_queue: config.event_queue,
+        });
+        tasks.spawn(server::serve(listener, ctx, tasks.clone(), cancel.clone()));
+        tracing::info!(url = %endpoint.url(), ?endpoint, "resource provider manager serving");
+        Ok((
+            ManagerHandle {
+                commands,
+                messages,
+                metrics,
+                endpoint,
+            },
+            ManagerGuard { cancel, tasks },
+        ))
+    }
+}
+
+async fn bind(listen: &Listen) -> Result<(Listener, Endpoint), ManagerError> {
+    match listen {
+        Listen::Tcp(addr) => {
+            let error = |source| ManagerError::Bind {
+                endpoint: addr.to_string(),
+                source,
+            };
+            let listener = TcpListener::bind(addr).await.map_err(error)?;
+            let bound = listener.local_addr().map_err(error)?;
+            Ok((Listener::Tcp(listener), Endpoint::Tcp(bound)))
+        }
+        Listen::Unix(path) => {
+            let error = |source| ManagerError::Bind {
+                endpoint: path.display().to_string(),
+                source,
+            };
+            remove_stale_socket(path).map_err(error)?;
+            let listener = UnixListener::bind(path).map_err(error)?;
+            Ok((Listener::Unix(listener), Endpoint::Unix(path.clone())))
+        }
+    }
+}
+
+/// A socket left by an earlier run is replaced; anything else at the path is not ours.
+fn remove_stale_socket(path: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::FileTypeExt as _;
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => std::fs::remove_file(path),
+        Ok(_) => Err(std::io::Error::new(
+            std::io::ErrorKind::AlreadyExists,
+            "a file that is not a socket exists at the path",
+        )),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(error) => Err(error),
+    }
+}
+
+/// Stops the manager when dropped or on [`ManagerGuard::shutdown`]: every stream closes
+/// and pending publishes fail.
+#[derive(Debug)]
+pub struct ManagerGuard {
+    cancel: CancellationToken,
+    tasks: TaskTracker,
+}
+
+impl ManagerGuard {
+    /// Cancels the manager and waits for all its tasks.
+    pub async fn shutdown(self) {
+        self.cancel.cancel();
+        self.tasks.close();
+        self.tasks.wait().await;
+    }
+}
+
+impl Drop for ManagerGuard {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+/// The embedding code's view of a running manager. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct ManagerHandle {
+    commands: mpsc::Sender<Command>,
+    messages: broadcast::Sender<ManagerMessage>,
+    metrics: ManagerMetrics,
+    endpoint: Endpoint,
+}
+
+impl ManagerHandle {
+    /// Where the manager serves.
+    #[must_use]
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+
+    /// The manager's metrics (register them, or read [`ManagerMetrics::snapshot`]).
+    #[must_use]
+    pub fn metrics(&self) -> &ManagerMetrics {
+        &self.metrics
+    }
+
+    /// Observations from now on, in order.
+    #[must_use]
+    pub fn messages(&self) -> broadcast::Receiver<ManagerMessage> {
+        self.messages.subscribe()
+    }
+
+    async fn ask<T>(&self, command: impl FnOnce(oneshot::Sender<T>) -> Command) -> Option<T> {
+        let (reply, answer) = oneshot::channel();
+        self.commands.send(command(reply)).await.ok()?;
+        answer.await.ok()
+    }
+
+    /// The subscribed providers and the agent's view of each.
+    ///
+    /// # Errors
+    /// [`ManagerError::Stopped`].
+    pub async fn providers(&self) -> Result<Vec<ProviderView>, ManagerError> {
+        self.ask(|reply| Command::Providers { reply })
+            .await
+            .ok_or(ManagerError::Stopped)
+    }
+
+    /// Sends an operation-flow event (APPLY_OPERATION, ACKNOWLEDGE_OPERATION_STATUS,
+    /// RECONCILE_OPERATIONS) to a subscribed provider.
+    ///
+    /// # Errors
+    /// [`SendEventError`]: another event type, a missing payload, not subscribed, or the
+    /// provider's queue was full (it is then disconnected).
+    pub async fn send_event(&self, provider_id: &str, event: Event) -> Result<(), SendEventError> {
+        let id = provider_id.to_owned();
+        let event = Box::new(event);
+        Box::pin(self.ask(|reply| Command::SendEvent { id, event, reply }))
+            .await
+            .unwrap_or(Err(SendEventError::Stopped))
+    }
+
+    /// Publishes provider resources (Mesos `publishResources`): one PUBLISH_RESOURCES per
+    /// provider involved, completing when every provider has replied.
+    ///
+    /// # Errors
+    /// [`PublishError`]: a provider is not subscribed, replied FAILED, or disconnected.
+    pub async fn publish(&self, resources: Vec<Resource>) -> Result<(), PublishError> {
+        let waiters = self
+            .ask(|reply| Command::Publish { resources, reply })
+            .await
+            .unwrap_or(Err(PublishError::Stopped))?;
+        for waiter in waiters {
+            waiter.await.unwrap_or(Err(PublishError::Stopped))?;
+        }
+        Ok(())
+    }
+
+    /// Removes a provider for good (MARK_RESOURCE_PROVIDER_GONE): sends TEARDOWN if it is
+    /// subscribed, closes its stream, and refuses its later subscriptions.
+    ///
+    /// # Errors
+    /// [`ManagerError::Registrar`] if the ID is unknown or the registry cannot be written.
+    pub async fn remove_provider(&self, provider_id: &str) -> Result<(), ManagerError> {
+        let id = provider_id.to_owned();
+        self.ask(|reply| Command::Remove { id, reply })
+            .await
+            .ok_or(ManagerError::Stopped)?
+            .map_err(ManagerError::from)
+    }
+}

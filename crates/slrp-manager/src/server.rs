@@ -1,0 +1,382 @@
+//! The HTTP side: routing, media types, body limits and decoding (spec §2.2 steps 2–6);
+//! everything that needs the manager's state is done by the worker.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{ACCEPT, ALLOW, CONTENT_TYPE};
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt as _, Empty, Full, Limited, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use slrp_proto::mesos::v1::resource_provider::{Call, call};
+use slrp_types::DisplayChain;
+use slrp_wire::{ContentType, JsonError};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use uuid::Uuid;
+
+use crate::validation::{call_type, validate};
+use crate::worker::{CallReply, Command, NewStream};
+
+/// The path a Mesos agent serves, and the unprefixed form libprocess also routes.
+pub const ENDPOINT_PATHS: [&str; 2] = [
+    "/slave(1)/api/v1/resource_provider",
+    "/api/v1/resource_provider",
+];
+
+/// Header carrying the subscription's stream ID.
+pub const STREAM_ID_HEADER: &str = "Mesos-Stream-Id";
+
+type Body = UnsyncBoxBody<Bytes, Infallible>;
+
+pub(crate) struct Ctx {
+    pub(crate) commands: mpsc::Sender<Command>,
+    pub(crate) max_body_bytes: usize,
+    pub(crate) body_timeout: Duration,
+    pub(crate) event_queue: usize,
+}
+
+pub(crate) enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener),
+}
+
+pub(crate) async fn serve(
+    listener: Listener,
+    ctx: Arc<Ctx>,
+    tasks: TaskTracker,
+    cancel: CancellationToken,
+) {
+    loop {
+        let accepted = tokio::select! {
+            () = cancel.cancelled() => break,
+            accepted = accept(&listener) => accepted,
+        };
+        match accepted {
+            Ok(Accepted::Tcp(io)) => spawn_connection(io, &ctx, &tasks, &cancel),
+            Ok(Accepted::Unix(io)) => spawn_connection(io, &ctx, &tasks, &cancel),
+            Err(error) => {
+                tracing::warn!(error = %DisplayChain(&error), "accepting a connection failed");
+                // Out of file descriptors and the like: do not spin.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+enum Accepted {
+    Tcp(tokio::net::TcpStream),
+    Unix(tokio::net::UnixStream),
+}
+
+async fn accept(listener: &Listener) -> std::io::Result<Accepted> {
+    match listener {
+        Listener::Tcp(listener) => Ok(Accepted::Tcp(listener.accept().await?.0)),
+        Listener::Unix(listener) => Ok(Accepted::Unix(listener.accept().await?.0)),
+    }
+}
+
+fn spawn_connection<IO>(io: IO, ctx: &Arc<Ctx>, tasks: &TaskTracker, cancel: &CancellationToken)
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let ctx = Arc::clone(ctx);
+    let cancel = cancel.clone();
+    tasks.spawn(async move {
+        let timeout = ctx.body_timeout;
+        let service = hyper::service::service_fn(move |request| {
+            let ctx = Arc::clone(&ctx);
+            async move { Ok::<_, Infallible>(Box::pin(respond(request, &ctx)).await) }
+        });
+        let connection = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(timeout)
+            .serve_connection(TokioIo::new(io), service);
+        tokio::select! {
+            result = connection => {
+                if let Err(error) = result {
+                    tracing::debug!(error = %DisplayChain(&error), "connection ended with an error");
+                }
+            }
+            () = cancel.cancelled() => {}
+        }
+    });
+}
+
+fn text(status: StatusCode, body: impl Into<String>) -> Response<Body> {
+    let body: String = body.into();
+    let mut response = Response::new(Full::new(Bytes::from(body)).boxed_unsync());
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
+
+fn empty(status: StatusCode) -> Response<Body> {
+    let mut response = Response::new(Empty::new().boxed_unsync());
+    *response.status_mut() = status;
+    response
+}
+
+async fn respond(request: Request<Incoming>, ctx: &Ctx) -> Response<Body> {
+    if !ENDPOINT_PATHS.contains(&request.uri().path()) {
+        return empty(StatusCode::NOT_FOUND);
+    }
+    if request.method() != Method::POST {
+        let mut response = text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            format!(
+                "Expecting one of {{ 'POST' }}, but received '{}'",
+                request.method()
+            ),
+        );
+        response
+            .headers_mut()
+            .insert(ALLOW, HeaderValue::from_static("POST"));
+        return response;
+    }
+    let Some(content_type) = request.headers().get(CONTENT_TYPE) else {
+        return text(
+            StatusCode::BAD_REQUEST,
+            "Expecting 'Content-Type' to be present",
+        );
+    };
+    // An exact match, as on the agent: a provider sending `application/json; charset=utf-8`
+    // must fail here as it would there.
+    let content_type = match content_type.as_bytes() {
+        b"application/x-protobuf" => ContentType::Protobuf,
+        b"application/json" => ContentType::Json,
+        _ => {
+            return text(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "Expecting 'Content-Type' of application/json or application/x-protobuf",
+            );
+        }
+    };
+    let (parts, body) = request.into_parts();
+    let limited = Limited::new(body, ctx.max_body_bytes).collect();
+    let bytes = match tokio::time::timeout(ctx.body_timeout, limited).await {
+        Ok(Ok(collected)) => collected.to_bytes(),
+        Ok(Err(error)) if error.is::<http_body_util::LengthLimitError>() => {
+            return text(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "Request body exceeds the limit of {} bytes",
+                    ctx.max_body_bytes
+                ),
+            );
+        }
+        Ok(Err(error)) => {
+            return text(
+                StatusCode::BAD_REQUEST,
+                format!("Failed to read the request body: {}", DisplayChain(&*error)),
+            );
+        }
+        Err(_) => {
+            return text(
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "Timed out reading the request body after {}s",
+                    ctx.body_timeout.as_secs_f64()
+                ),
+            );
+        }
+    };
+    let call = match decode_call(content_type, &bytes) {
+        Ok(call) => call,
+        Err(body) => return text(StatusCode::BAD_REQUEST, body),
+    };
+    if let Err(reason) = validate(&call, None) {
+        return text(
+            StatusCode::BAD_REQUEST,
+            format!("Failed to validate resource_provider::Call: {reason}"),
+        );
+    }
+    if call_type(&call) == Some(call::Type::Subscribe) {
+        return Box::pin(subscribe(&parts.headers, call, ctx)).await;
+    }
+    let stream_id = parts
+        .headers
+        .get(STREAM_ID_HEADER)
+        .map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned());
+    let (reply, answer) = oneshot::channel();
+    let command = Command::Call {
+        call: Box::new(call),
+        stream_id,
+        reply,
+    };
+    if ctx.commands.send(command).await.is_err() {
+        return stopped();
+    }
+    match answer.await {
+        Ok(CallReply::BadRequest(body)) => text(StatusCode::BAD_REQUEST, body),
+        Ok(CallReply::NotImplemented) => empty(StatusCode::NOT_IMPLEMENTED),
+        Ok(CallReply::Accepted) => empty(StatusCode::ACCEPTED),
+        Err(_) => stopped(),
+    }
+}
+
+fn stopped() -> Response<Body> {
+    text(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "The resource provider manager is shutting down",
+    )
+}
+
+/// Spec §2.2 step 4, with Mesos's texts. The parser's own message differs from Mesos's
+/// (serde_json vs picojson); the prefix is the same.
+fn decode_call(content_type: ContentType, bytes: &[u8]) -> Result<Call, String> {
+    match content_type {
+        ContentType::Protobuf => slrp_wire::decode::<Call>(ContentType::Protobuf, bytes)
+            .map_err(|_| "Failed to parse body into Call protobuf".to_owned()),
+        ContentType::Json => {
+            let value: serde_json::Value = serde_json::from_slice(bytes)
+                .map_err(|error| format!("Failed to parse body into JSON: {error}"))?;
+            slrp_wire::json::from_value::<Call>(value).map_err(|error| match &error {
+                JsonError::Required { source, .. } => format!(
+                    "Failed to convert JSON into Call protobuf: Missing required fields: {}",
+                    source.path
+                ),
+                other => format!(
+                    "Failed to convert JSON into Call protobuf: {}",
+                    DisplayChain(other)
+                ),
+            })
+        }
+    }
+}
+
+async fn subscribe(headers: &HeaderMap, call: Call, ctx: &Ctx) -> Response<Body> {
+    // JSON first, so that a missing Accept or `*/*` gets JSON, as on the agent.
+    let content_type = if accepts(headers, ContentType::Json.as_str()) {
+        ContentType::Json
+    } else if accepts(headers, ContentType::Protobuf.as_str()) {
+        ContentType::Protobuf
+    } else {
+        return text(
+            StatusCode::NOT_ACCEPTABLE,
+            "Expecting 'Accept' to allow 'application/x-protobuf' or 'application/json'",
+        );
+    };
+    if headers.contains_key(STREAM_ID_HEADER) {
+        return text(
+            StatusCode::BAD_REQUEST,
+            "Subscribe calls should not include the 'Mesos-Stream-Id' header",
+        );
+    }
+    let Some(subscribe) = call.subscribe else {
+        // Validation guarantees the payload; answer as validation would.
+        return text(
+            StatusCode::BAD_REQUEST,
+            "Failed to validate resource_provider::Call: Expecting 'subscribe' to be present",
+        );
+    };
+    let stream_id = Uuid::new_v4();
+    let (frames, frames_rx) = mpsc::channel(ctx.event_queue);
+    let (closed_tx, closed) = oneshot::channel();
+    let command = Command::Subscribe {
+        info: Box::new(subscribe.resource_provider_info),
+        stream: NewStream {
+            stream_id,
+            content_type,
+            frames,
+            closed,
+        },
+    };
+    if ctx.commands.send(command).await.is_err() {
+        return stopped();
+    }
+    let events = futures_util::stream::unfold(
+        (frames_rx, closed_tx),
+        |(mut frames, closed_tx)| async move {
+            let frame = frames.recv().await?;
+            Some((Ok::<_, Infallible>(Frame::data(frame)), (frames, closed_tx)))
+        },
+    );
+    let mut response = Response::new(StreamBody::new(events).boxed_unsync());
+    let headers = response.headers_mut();
+    headers.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static(content_type.as_str()),
+    );
+    if let Ok(value) = HeaderValue::from_str(&stream_id.to_string()) {
+        headers.insert(STREAM_ID_HEADER, value);
+    }
+    response
+}
+
+/// Whether the `Accept` headers admit `media` (`type/subtype`): the most specific
+/// matching range decides, and `q=0` excludes. No `Accept` admits everything.
+fn accepts(headers: &HeaderMap, media: &str) -> bool {
+    let mut values = headers.get_all(ACCEPT).iter().peekable();
+    if values.peek().is_none() {
+        return true;
+    }
+    let main_type = media.split('/').next().unwrap_or_default();
+    let mut best: Option<(u8, bool)> = None;
+    for value in values {
+        let Ok(value) = value.to_str() else { continue };
+        for item in value.split(',') {
+            let mut fields = item.split(';');
+            let range = fields
+                .next()
+                .unwrap_or_default()
+                .trim()
+                .to_ascii_lowercase();
+            let specificity = if range == media {
+                2
+            } else if range == format!("{main_type}/*") {
+                1
+            } else if range == "*/*" {
+                0
+            } else {
+                continue;
+            };
+            let quality = fields
+                .filter_map(|param| param.split_once('='))
+                .find(|(name, _)| name.trim().eq_ignore_ascii_case("q"))
+                .and_then(|(_, q)| q.trim().parse::<f64>().ok())
+                .unwrap_or(1.0);
+            if best.is_none_or(|(known, _)| specificity > known) {
+                best = Some((specificity, quality > 0.0));
+            }
+        }
+    }
+    best.is_some_and(|(_, acceptable)| acceptable)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn accept(value: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        if let Ok(value) = HeaderValue::from_str(value) {
+            headers.insert(ACCEPT, value);
+        }
+        headers
+    }
+
+    #[test]
+    fn accept_negotiation() {
+        let json = "application/json";
+        let protobuf = "application/x-protobuf";
+        assert!(accepts(&HeaderMap::new(), json));
+        assert!(accepts(&accept("*/*"), json));
+        assert!(accepts(&accept("application/*"), json));
+        assert!(!accepts(&accept(protobuf), json));
+        assert!(accepts(&accept(protobuf), protobuf));
+        assert!(!accepts(&accept("application/json;q=0, */*"), json));
+        assert!(accepts(&accept("application/json;q=0, */*"), protobuf));
+        assert!(!accepts(&accept("text/plain"), protobuf));
+    }
+}
