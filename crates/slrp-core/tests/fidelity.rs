@@ -166,6 +166,49 @@ async fn a_delete_interrupted_by_a_crash_is_resumed_at_the_next_start() {
     m.stop().await.unwrap();
 }
 
+#[tokio::test]
+async fn a_delete_backing_off_when_the_manager_stops_is_interrupted_not_failed() {
+    // DeleteVolume keeps answering UNAVAILABLE and the manager retries it after an hour;
+    // stopping the manager ends that backoff. The deletion did not fail: the next start
+    // must resume it, not leave the volume "usable" with `delete_failed`.
+    let h = Harness::new(FakeCsi::full());
+    let hour = std::time::Duration::from_secs(3600);
+    let policy = slrp_csi::retry::RetryPolicy::mesos()
+        .with_jitter(slrp_csi::retry::Jitter::None)
+        .with_backoff(slrp_csi::retry::Backoff::new(hour, hour).unwrap());
+    let m = h.start_with(
+        h.config()
+            .retry(slrp_csi::RetryConfig::none().with(CsiRpc::DeleteVolume, policy)),
+    );
+    let v = m.handle.create(create_req("op-1")).await.unwrap();
+    h.fake
+        .fail(CsiRpc::DeleteVolume, Code::Unavailable, usize::MAX);
+    let hd = m.handle.clone();
+    let id = v.id.clone();
+    let delete = tokio::spawn(async move { hd.delete(&id).await });
+    until(|| h.fake.calls(CsiRpc::DeleteVolume) == 1 || delete.is_finished()).await;
+    assert!(
+        !delete.is_finished(),
+        "the delete gave up instead of retrying"
+    );
+    m.guard.request_stop();
+    assert!(within(delete).await.unwrap().is_err());
+    within(m.guard.join()).await.unwrap();
+    let stored = h.stored();
+    assert!(
+        stored[0].deleting && stored[0].delete_failed.is_none(),
+        "{:?}",
+        stored[0]
+    );
+
+    h.fake.st().faults.clear();
+    let m = h.start();
+    m.handle.ready().await.unwrap();
+    assert!(m.handle.volumes().await.unwrap().is_empty());
+    assert!(h.fake.ids().is_empty());
+    m.stop().await.unwrap();
+}
+
 // === item 5: no data crosses between users of the space ===
 
 #[tokio::test]
@@ -208,6 +251,26 @@ async fn a_cleanup_refuses_to_reach_into_a_mount_below_the_target() {
     assert!(nested.join("theirs").exists());
     let rec = m.handle.volumes().await.unwrap().remove(0);
     assert!(rec.needs_cleanup && !rec.deleting, "{rec:?}");
+    assert_eq!(h.fake.calls(CsiRpc::DeleteVolume), 0);
+    m.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_cleanup_never_follows_a_symbolic_link_at_the_target() {
+    let h = Harness::new(FakeCsi::full());
+    let m = h.start();
+    let v = m.handle.create(create_req("op-1")).await.unwrap();
+    let target = m.handle.publish(&v.id).await.unwrap();
+    // A plugin that "published" by linking the target to a directory elsewhere: the
+    // cleanup must not empty that directory.
+    let elsewhere = h.dir.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    std::fs::write(elsewhere.join("theirs"), b"not in the volume").unwrap();
+    std::fs::remove_dir(&target).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &target).unwrap();
+    let err = m.handle.delete(&v.id).await.unwrap_err();
+    assert!(elsewhere.join("theirs").exists(), "followed the link");
+    assert!(matches!(err, VolumeError::Cleanup { .. }), "{err}");
     assert_eq!(h.fake.calls(CsiRpc::DeleteVolume), 0);
     m.stop().await.unwrap();
 }

@@ -310,3 +310,42 @@ async fn subscribe_response_media_type_follows_accept() {
         assert!(uuid::Uuid::parse_str(stream_id).is_ok(), "{stream_id}");
     }
 }
+
+#[tokio::test]
+async fn slow_body_is_408() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let harness = common::start_with(Transport::Tcp, |config| {
+        config.body_timeout = std::time::Duration::from_millis(200);
+    })
+    .await;
+    let slrp_manager::Endpoint::Tcp(addr) = harness.handle.endpoint() else {
+        panic!("tcp endpoint");
+    };
+    let mut socket = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    // Promise 100 bytes, send one, then stall.
+    socket
+        .write_all(
+            b"POST /slave(1)/api/v1/resource_provider HTTP/1.1\r\nHost: localhost\r\n\
+              Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{",
+        )
+        .await
+        .expect("write");
+    let mut response = Vec::new();
+    let read = tokio::time::timeout(common::WAIT, async {
+        let mut chunk = [0_u8; 1024];
+        while !String::from_utf8_lossy(&response).contains("Timed out") {
+            let n = socket.read(&mut chunk).await.expect("read");
+            if n == 0 {
+                break;
+            }
+            response.extend_from_slice(&chunk[..n]);
+        }
+    });
+    read.await.expect("a response in time");
+    let text = String::from_utf8_lossy(&response);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(
+        text.contains("Timed out reading the request body after 0.2s"),
+        "{text}"
+    );
+}

@@ -143,7 +143,8 @@ impl<C: CsiVolumes> Ctx<C> {
     /// `_deleteVolume`: the contents of the target path, not the target itself), so that
     /// no data passes to the next user of the space.
     ///
-    /// MOUNT: every entry below the target (symbolic links are removed, never followed),
+    /// MOUNT: every entry below the target (symbolic links are removed, never followed; a
+    /// target that is itself a link is refused),
     /// refused if anything is mounted below the target, since a recursive removal would
     /// reach into it. BLOCK: the device published at the target is overwritten with
     /// zeros and synced (Mesos leaves block volumes alone, §12.24).
@@ -181,6 +182,14 @@ impl<C: CsiVolumes> Ctx<C> {
         let block = matches!(capability.access_type, AccessType::Block);
         let path = target.clone();
         tokio::task::spawn_blocking(move || {
+            // Opening or listing the target would follow a link there, to whatever it
+            // names outside the volume (Mesos's removal does not follow it either).
+            if std::fs::symlink_metadata(&path)?.file_type().is_symlink() {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("{} is a symbolic link; not followed", path.display()),
+                ));
+            }
             if block {
                 zero_fill(&path)
             } else {

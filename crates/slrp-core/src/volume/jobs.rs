@@ -505,10 +505,13 @@ impl<C: CsiVolumes> Ctx<C> {
     /// volume is left usable where the failure left it (CREATED after a refused
     /// DeleteVolume) and `deleting` is cleared durably, so that nothing deletes it later
     /// unasked (Mesos: a failed DESTROY_DISK leaves the volume tracked and offered). If it
-    /// was *interrupted* (shutdown, a fatal error), `deleting` stays and the next start
+    /// was *interrupted* (shutdown, also one that ends a retry backoff; a fatal error), `deleting` stays and the next start
     /// resumes it. Returns the error to answer with.
     pub(super) async fn delete_ended(&self, rec: &mut VolumeRecord, e: VolumeError) -> VolumeError {
+        // A shutdown ends a retry backoff with the last (transient) error, not a
+        // cancellation: a deletion that ends while the manager stops was cut short.
         let interrupted = e.is_fatal()
+            || self.cancel.is_cancelled()
             || e.kind() == VolumeErrorKind::Stopped
             || matches!(
                 &e,
