@@ -20,6 +20,11 @@
 //! bytes, the smallest SETTINGS_MAX_FRAME_SIZE a server may announce. Server-to-client
 //! bytes are not touched.
 //!
+//! Memory: a connection holds at most one header block being collected (≤
+//! [`MAX_HEADER_BLOCK`]) and about 64 KiB of filtered bytes ahead of its reader plus one
+//! re-encoded block, however far a block expands (HPACK indexing lets 1 byte stand for a
+//! 4 KiB table entry) and however the client paces its bytes.
+//!
 //! A stream that is not HTTP/2 or a header block that does not decode closes the
 //! connection (the read fails with `InvalidData`, logged once as a warning); h2 would have
 //! closed it too.
@@ -44,8 +49,9 @@ const PRIORITY_LEN: usize = 5;
 /// Largest payload of a frame this filter writes: the minimum of SETTINGS_MAX_FRAME_SIZE,
 /// which every server accepts, whatever it announced.
 const OUT_FRAME_MAX: usize = 16_384;
-/// Largest header block accepted, encoded or decoded. h2's own limit on a decoded header
-/// list is smaller, so a block this filter passes is never the one too big for h2.
+/// Largest header block accepted, encoded or decoded. The limit of tonic's server on a
+/// decoded header list (hyper's default, 16 KiB) is smaller, so a block this filter passes
+/// is never the one too big for the server.
 pub const MAX_HEADER_BLOCK: usize = 1 << 20;
 /// Largest HPACK dynamic table a client may ask for with a size update. h2 announces none,
 /// so clients keep the default 4 096; the slack costs nothing until a client uses it.
@@ -242,8 +248,28 @@ impl AuthorityFilter {
     /// # Errors
     /// The bytes are not an HTTP/2 client stream this filter can follow; the connection
     /// must be closed.
-    pub fn feed(&mut self, mut input: &[u8], out: &mut Vec<u8>) -> Result<(), FilterError> {
-        while !input.is_empty() {
+    pub fn feed(&mut self, input: &[u8], out: &mut Vec<u8>) -> Result<(), FilterError> {
+        self.feed_until(input, out, usize::MAX).map(drop)
+    }
+
+    /// [`AuthorityFilter::feed`] that stops taking input once `out` holds `limit` bytes or
+    /// more, and returns how many bytes of `input` it took; the rest must be fed again.
+    ///
+    /// A header block can expand about 4 000-fold (each one-byte index repeats a table
+    /// entry as a literal), so a reader bounds what it buffers with this, not with the
+    /// size of its reads: `out` ends at most one re-encoded block (about
+    /// [`MAX_HEADER_BLOCK`]) beyond `limit`.
+    ///
+    /// # Errors
+    /// As [`AuthorityFilter::feed`].
+    pub fn feed_until(
+        &mut self,
+        mut input: &[u8],
+        out: &mut Vec<u8>,
+        limit: usize,
+    ) -> Result<usize, FilterError> {
+        let total = input.len();
+        while !input.is_empty() && out.len() < limit {
             match &mut self.state {
                 State::Preface { seen } => {
                     let n = (PREFACE.len() - *seen).min(input.len());
@@ -285,7 +311,7 @@ impl AuthorityFilter {
                 }
             }
         }
-        Ok(())
+        Ok(total - input.len())
     }
 
     fn start_frame(
@@ -500,12 +526,17 @@ pub struct FilteredStream<S> {
     /// Filtered bytes not yet handed to the reader, from `out_pos` on.
     out: Vec<u8>,
     out_pos: usize,
-    /// Where raw bytes land before they are filtered (not used for pass-through payloads).
+    /// Where raw bytes land before they are filtered (not used for pass-through payloads);
+    /// `scratch[raw_pos..raw_end]` is read but not yet fed.
     scratch: Box<[u8]>,
+    raw_pos: usize,
+    raw_end: usize,
 }
 
 /// Size of one raw read from the socket.
 const SCRATCH_LEN: usize = 16 << 10;
+/// Filtered bytes buffered before raw input waits for the reader to take them.
+const OUT_HIGH_WATER: usize = 64 << 10;
 
 impl<S> FilteredStream<S> {
     /// Wraps a freshly accepted connection.
@@ -516,6 +547,8 @@ impl<S> FilteredStream<S> {
             out: Vec::new(),
             out_pos: 0,
             scratch: vec![0; SCRATCH_LEN].into_boxed_slice(),
+            raw_pos: 0,
+            raw_end: 0,
         }
     }
 
@@ -546,6 +579,18 @@ impl<S: AsyncRead + Unpin> AsyncRead for FilteredStream<S> {
                 }
                 return Poll::Ready(Ok(()));
             }
+            if this.raw_pos < this.raw_end {
+                let raw = &this.scratch[this.raw_pos..this.raw_end];
+                match this.filter.feed_until(raw, &mut this.out, OUT_HIGH_WATER) {
+                    Ok(n) => this.raw_pos += n,
+                    Err(e) => {
+                        tracing::warn!(error = %slrp_types::DisplayChain(&e),
+                            "closing a CSI client connection: its HTTP/2 request headers cannot be read");
+                        return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, e)));
+                    }
+                }
+                continue;
+            }
             if let Some(left) = this.filter.passthrough() {
                 // DATA and other pass-through payloads go straight into the reader's buffer.
                 let dst = buf.initialize_unfilled_to(left.min(buf.remaining()));
@@ -562,11 +607,8 @@ impl<S: AsyncRead + Unpin> AsyncRead for FilteredStream<S> {
                 // EOF, even inside a frame: h2 sees the truncation and handles it.
                 return Poll::Ready(Ok(()));
             }
-            if let Err(e) = this.filter.feed(raw.filled(), &mut this.out) {
-                tracing::warn!(error = %slrp_types::DisplayChain(&e),
-                    "closing a CSI client connection: its HTTP/2 request headers cannot be read");
-                return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, e)));
-            }
+            this.raw_pos = 0;
+            this.raw_end = raw.filled().len();
         }
     }
 }
@@ -1069,6 +1111,39 @@ mod tests {
         assert_eq!(enc(1337, 5), [0x1f, 0x9a, 0x0a]);
         assert_eq!(enc(42, 8), [0x2a]);
         assert_eq!(enc(127, 7), [0x7f, 0x00]);
+    }
+
+    /// 16 KiB of header blocks that each index one 4 000-byte table entry 250 times: every
+    /// block re-encodes to about 1 MB. The stream must not filter a whole read ahead of its
+    /// reader (that buffered about 60 MB from one 16 KiB read).
+    #[tokio::test]
+    async fn an_expanding_read_is_buffered_one_block_at_a_time() {
+        let mut first = vec![0x40];
+        encode_string(b"x-big", &mut first);
+        encode_string(&[b'b'; 4000], &mut first);
+        let mut frames = vec![headers_frame(1, &first)];
+        let bomb = [0x80 | 62; 250];
+        let mut stream = 3;
+        while frames.iter().map(Vec::len).sum::<usize>() < SCRATCH_LEN {
+            frames.push(headers_frame(stream, &bomb));
+            stream += 2;
+        }
+        let input = connection(&frames);
+        let (mut client, server) = tokio::io::duplex(input.len() + 1);
+        client.write_all(&input).await.unwrap();
+        let mut filtered = FilteredStream::new(server);
+        let mut byte = [0u8; 1];
+        filtered.read_exact(&mut byte).await.unwrap();
+        let buffered = filtered.out.len() - filtered.out_pos;
+        assert!(
+            buffered <= OUT_HIGH_WATER + MAX_HEADER_BLOCK + (64 << 10),
+            "{buffered} bytes buffered after one byte was read"
+        );
+        // Everything still arrives, in order and complete.
+        drop(client);
+        let mut rest = byte.to_vec();
+        filtered.read_to_end(&mut rest).await.unwrap();
+        assert_eq!(rest, filter_all(&input).unwrap());
     }
 
     #[tokio::test]
