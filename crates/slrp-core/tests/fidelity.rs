@@ -275,6 +275,32 @@ async fn a_cleanup_never_follows_a_symbolic_link_at_the_target() {
     m.stop().await.unwrap();
 }
 
+#[tokio::test]
+async fn a_failed_cleanup_of_an_unpublished_volume_does_not_make_it_required_published() {
+    // Unpublished by its user, then deleted: the cleanup publishes it again and fails.
+    // The volume stays usable, but nobody asked for it to be published: the next start
+    // must not republish it (and must not wait for that to be ready).
+    let h = Harness::new(FakeCsi::full());
+    let m = h.start();
+    let v = m.handle.create(create_req("op-1")).await.unwrap();
+    let target = m.handle.publish(&v.id).await.unwrap();
+    m.handle.unpublish(&v.id).await.unwrap();
+    // The fake's mount table: something shows as mounted below the target.
+    h.fake.st().mounted.insert(target.join("nested"));
+    let err = m.handle.delete(&v.id).await.unwrap_err();
+    assert!(matches!(err, VolumeError::Cleanup { .. }), "{err}");
+    let rec = m.handle.volumes().await.unwrap().remove(0);
+    assert!(!rec.deleting && rec.delete_failed.is_some(), "{rec:?}");
+    assert!(!rec.node_publish_required, "{rec:?}");
+    m.stop().await.unwrap();
+    let publishes = h.fake.calls(CsiRpc::NodePublishVolume);
+    h.fake.st().mounted.remove(&target.join("nested"));
+    let m = h.start();
+    m.handle.ready().await.unwrap();
+    assert_eq!(h.fake.calls(CsiRpc::NodePublishVolume), publishes);
+    m.stop().await.unwrap();
+}
+
 // === item 3: validation compares what the plugin confirmed ===
 
 #[tokio::test]

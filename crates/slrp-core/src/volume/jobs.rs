@@ -170,6 +170,20 @@ impl<C: CsiVolumes> Ctx<C> {
                 attempt,
             } => {
                 let name = req.name.clone();
+                if attempt > 0
+                    && reply.is_none()
+                    && matches!(self.intent_kept(&name).await, Ok(false))
+                {
+                    // Settled meanwhile by a caller's create of the name (created, or
+                    // refused and dropped): trying again would write the intent anew and
+                    // could create a volume nobody waits for.
+                    tracing::info!(%name, attempt, "CreateVolume intent settled meanwhile; background retry ends");
+                    return Done {
+                        key: Some(key),
+                        class,
+                        ..Done::plain(Box::new(|| {}))
+                    };
+                }
                 let (result, change) = self.create(req.clone(), record).await;
                 // Recovery never blocks readiness on an intent: a settled one is done, a
                 // dropped one reported, and one the plugin may still have acted on is
@@ -525,6 +539,10 @@ impl<C: CsiVolumes> Ctx<C> {
         }
         let mut failed = rec.clone();
         failed.deleting = false;
+        // The deletion cleared it before its first step (as Mesos does); the publish made
+        // for the cleanup set it again, and no user asked for that one: recovery must not
+        // republish the volume (and hold readiness on it) at every start.
+        failed.node_publish_required = false;
         failed.delete_failed = Some(DisplayChain(&e).to_string());
         match self.persist(&failed).await {
             Ok(()) => {
