@@ -385,6 +385,47 @@ async fn a_create_intent_survives_only_answers_that_may_have_created_the_volume(
 }
 
 #[tokio::test]
+async fn an_intent_survives_a_last_answer_that_rules_out_only_its_own_attempt() {
+    // The first attempt creates the volume and its answer is lost (UNAVAILABLE, retried);
+    // the retry is refused without effect (a plugin restarting would give NotReady, never
+    // sent). The last answer alone says "nothing created", but the first attempt may have:
+    // the intent must stay, and the next start must find and track that volume.
+    let h = Harness::new(FakeCsi::full());
+    let policy = slrp_csi::retry::RetryPolicy::mesos()
+        .with_jitter(slrp_csi::retry::Jitter::None)
+        .with_backoff(
+            slrp_csi::retry::Backoff::new(
+                std::time::Duration::from_millis(1),
+                std::time::Duration::from_millis(1),
+            )
+            .unwrap(),
+        );
+    let m = h.start_with(
+        h.config()
+            .retry(slrp_csi::RetryConfig::none().with(CsiRpc::CreateVolume, policy)),
+    );
+    h.fake
+        .fail_after_effect(CsiRpc::CreateVolume, Code::Unavailable, 1);
+    h.fake
+        .fail(CsiRpc::CreateVolume, Code::FailedPrecondition, 1);
+    assert!(m.handle.create(create_req("op-1")).await.is_err());
+    assert_eq!(h.fake.calls(CsiRpc::CreateVolume), 2);
+    m.stop().await.unwrap();
+    assert_eq!(h.stored_intents().len(), 1, "the intent was dropped");
+
+    let m = h.start();
+    m.handle.ready().await.unwrap();
+    let recs = m.handle.volumes().await.unwrap();
+    assert_eq!(
+        recs.len(),
+        1,
+        "the volume the first attempt made is tracked"
+    );
+    assert_eq!(h.fake.ids(), [recs[0].id.clone()]);
+    m.stop().await.unwrap();
+}
+
+#[tokio::test]
 async fn an_intent_recovery_cannot_settle_does_not_block_readiness_and_is_settled_later() {
     let h = Harness::new(FakeCsi::full());
     let m = h.start();
