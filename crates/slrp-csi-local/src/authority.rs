@@ -23,7 +23,8 @@
 //! Memory: a connection holds at most one header block being collected (≤
 //! [`MAX_HEADER_BLOCK`]) and about 64 KiB of filtered bytes ahead of its reader plus one
 //! re-encoded block, however far a block expands (HPACK indexing lets 1 byte stand for a
-//! 4 KiB table entry) and however the client paces its bytes.
+//! 4 KiB table entry) and however the client paces its bytes. Buffers a large block
+//! grew are shrunk once it has passed.
 //!
 //! A stream that is not HTTP/2 or a header block that does not decode closes the
 //! connection (the read fails with `InvalidData`, logged once as a warning); h2 would have
@@ -401,6 +402,8 @@ impl AuthorityFilter {
         } else if let Some(open) = &mut self.open {
             open.fragment.extend_from_slice(&self.payload);
         }
+        self.payload.clear();
+        self.payload.shrink_to(KEEP_CAPACITY);
         if head.flags & FLAG_END_HEADERS != 0
             && let Some(block) = self.open.take()
         {
@@ -537,6 +540,9 @@ pub struct FilteredStream<S> {
 const SCRATCH_LEN: usize = 16 << 10;
 /// Filtered bytes buffered before raw input waits for the reader to take them.
 const OUT_HIGH_WATER: usize = 64 << 10;
+/// Capacity an idle buffer keeps: a large header block's memory is given back once it
+/// has passed, so an idle connection holds little however large its past blocks were.
+const KEEP_CAPACITY: usize = 2 * OUT_HIGH_WATER;
 
 impl<S> FilteredStream<S> {
     /// Wraps a freshly accepted connection.
@@ -576,6 +582,8 @@ impl<S: AsyncRead + Unpin> AsyncRead for FilteredStream<S> {
                 if this.out_pos == this.out.len() {
                     this.out.clear();
                     this.out_pos = 0;
+                    // One large block must not pin its memory for the connection's life.
+                    this.out.shrink_to(KEEP_CAPACITY);
                 }
                 return Poll::Ready(Ok(()));
             }
@@ -1144,6 +1152,29 @@ mod tests {
         let mut rest = byte.to_vec();
         filtered.read_to_end(&mut rest).await.unwrap();
         assert_eq!(rest, filter_all(&input).unwrap());
+    }
+
+    /// After a 1 MB header block has passed, an idle connection gives its memory back.
+    #[tokio::test]
+    async fn a_passed_large_block_does_not_keep_its_buffers() {
+        let value = "x".repeat(900_000);
+        let list = fields(&[(":authority", "/run/x.sock"), ("x-huge", &value)]);
+        let block = loona_hpack::Encoder::new()
+            .encode(list.iter().map(|(n, v)| (n.as_slice(), v.as_slice())));
+        let input = connection(&[headers_frame(1, &block)]);
+        let (mut client, server) = tokio::io::duplex(64 << 10);
+        let writer = tokio::spawn(async move { client.write_all(&input).await.unwrap() });
+        let mut filtered = FilteredStream::new(server);
+        let want = filter_all(&connection(&[headers_frame(1, &block)])).unwrap();
+        let mut got = vec![0u8; want.len()];
+        filtered.read_exact(&mut got).await.unwrap();
+        writer.await.unwrap();
+        assert_eq!(got, want);
+        let held = filtered.out.capacity() + filtered.filter.payload.capacity();
+        assert!(
+            held <= 2 * KEEP_CAPACITY,
+            "{held} bytes kept by an idle connection"
+        );
     }
 
     #[tokio::test]
