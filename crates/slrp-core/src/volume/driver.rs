@@ -332,13 +332,10 @@ impl<C: CsiVolumes> Ctx<C> {
         loop {
             // A plugin that is restarting is waited for before taking a permit: calls
             // waiting for one container's endpoint must not hold off the calls to another
-            // (or to the same one once it is back). Shutdown ends the wait at once.
-            let ready = tokio::select! {
-                biased;
-                () = self.cancel.cancelled() => Err(CsiError::Cancelled { rpc }),
-                r = self.csi.endpoint_ready(rpc) => r,
-            };
-            let result = match ready {
+            // (or to the same one once it is back). Not cut short by shutdown: a job
+            // finishing within the shutdown grace still makes its next calls, and the
+            // wait is bounded by one call deadline.
+            let result = match self.csi.endpoint_ready(rpc).await {
                 Err(e) => Err(e),
                 Ok(()) => {
                     // Never closed; if it were, calls would simply run unlimited.
