@@ -275,6 +275,32 @@ async fn a_cleanup_never_follows_a_symbolic_link_at_the_target() {
     m.stop().await.unwrap();
 }
 
+#[tokio::test]
+async fn a_failed_cleanup_of_an_unpublished_volume_does_not_make_it_required_published() {
+    // Unpublished by its user, then deleted: the cleanup publishes it again and fails.
+    // The volume stays usable, but nobody asked for it to be published: the next start
+    // must not republish it (and must not wait for that to be ready).
+    let h = Harness::new(FakeCsi::full());
+    let m = h.start();
+    let v = m.handle.create(create_req("op-1")).await.unwrap();
+    let target = m.handle.publish(&v.id).await.unwrap();
+    m.handle.unpublish(&v.id).await.unwrap();
+    // The fake's mount table: something shows as mounted below the target.
+    h.fake.st().mounted.insert(target.join("nested"));
+    let err = m.handle.delete(&v.id).await.unwrap_err();
+    assert!(matches!(err, VolumeError::Cleanup { .. }), "{err}");
+    let rec = m.handle.volumes().await.unwrap().remove(0);
+    assert!(!rec.deleting && rec.delete_failed.is_some(), "{rec:?}");
+    assert!(!rec.node_publish_required, "{rec:?}");
+    m.stop().await.unwrap();
+    let publishes = h.fake.calls(CsiRpc::NodePublishVolume);
+    h.fake.st().mounted.remove(&target.join("nested"));
+    let m = h.start();
+    m.handle.ready().await.unwrap();
+    assert_eq!(h.fake.calls(CsiRpc::NodePublishVolume), publishes);
+    m.stop().await.unwrap();
+}
+
 // === item 3: validation compares what the plugin confirmed ===
 
 #[tokio::test]
@@ -356,6 +382,47 @@ async fn a_create_intent_survives_only_answers_that_may_have_created_the_volume(
         kept, expected,
         "refusals drop their intent, the rest keep it"
     );
+}
+
+#[tokio::test]
+async fn an_intent_survives_a_last_answer_that_rules_out_only_its_own_attempt() {
+    // The first attempt creates the volume and its answer is lost (UNAVAILABLE, retried);
+    // the retry is refused without effect (a plugin restarting would give NotReady, never
+    // sent). The last answer alone says "nothing created", but the first attempt may have:
+    // the intent must stay, and the next start must find and track that volume.
+    let h = Harness::new(FakeCsi::full());
+    let policy = slrp_csi::retry::RetryPolicy::mesos()
+        .with_jitter(slrp_csi::retry::Jitter::None)
+        .with_backoff(
+            slrp_csi::retry::Backoff::new(
+                std::time::Duration::from_millis(1),
+                std::time::Duration::from_millis(1),
+            )
+            .unwrap(),
+        );
+    let m = h.start_with(
+        h.config()
+            .retry(slrp_csi::RetryConfig::none().with(CsiRpc::CreateVolume, policy)),
+    );
+    h.fake
+        .fail_after_effect(CsiRpc::CreateVolume, Code::Unavailable, 1);
+    h.fake
+        .fail(CsiRpc::CreateVolume, Code::FailedPrecondition, 1);
+    assert!(m.handle.create(create_req("op-1")).await.is_err());
+    assert_eq!(h.fake.calls(CsiRpc::CreateVolume), 2);
+    m.stop().await.unwrap();
+    assert_eq!(h.stored_intents().len(), 1, "the intent was dropped");
+
+    let m = h.start();
+    m.handle.ready().await.unwrap();
+    let recs = m.handle.volumes().await.unwrap();
+    assert_eq!(
+        recs.len(),
+        1,
+        "the volume the first attempt made is tracked"
+    );
+    assert_eq!(h.fake.ids(), [recs[0].id.clone()]);
+    m.stop().await.unwrap();
 }
 
 #[tokio::test]

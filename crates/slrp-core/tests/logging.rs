@@ -1,5 +1,6 @@
 //! Logged errors carry their whole cause chain: a fatal store failure names the store's
-//! error, not only "persisting the state of volume ... failed".
+//! error, not only "persisting the state of volume ... failed". Also what only a log line
+//! shows: a background CreateVolume retry that ends because its intent was settled.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -76,4 +77,49 @@ async fn a_fatal_store_failure_is_logged_with_its_cause() {
         line.contains(&cause),
         "the cause {cause:?} is missing: {line}"
     );
+}
+
+// A current-thread runtime, for the capturing subscriber (see above).
+#[tokio::test(flavor = "current_thread")]
+async fn a_background_intent_retry_never_revives_an_intent_a_caller_settled() {
+    use slrp_csi::{Code, CsiRpc};
+    let logs = Captured::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(logs.clone())
+        .with_ansi(false)
+        .finish();
+    let _default = tracing::subscriber::set_default(subscriber);
+
+    let h = Harness::new(FakeCsi::full());
+    let m = h.start();
+    h.fake.fail(CsiRpc::CreateVolume, Code::Unavailable, 2);
+    assert!(m.handle.create(create_req("op-1")).await.is_err());
+    m.stop().await.unwrap();
+    assert_eq!(h.stored_intents().len(), 1);
+
+    // Recovery cannot settle the intent and schedules a background retry; before it
+    // fires (2 s: the caller's create below takes milliseconds), the caller's replay of
+    // the create is refused for good, which drops the intent.
+    let cfg = h.config().intent_retry(std::time::Duration::from_secs(2));
+    let m = h.start_with(cfg);
+    let report = m.handle.ready().await.unwrap();
+    assert_eq!(report.unsettled_intents, ["op-1"], "{report:?}");
+    h.fake
+        .fail(CsiRpc::CreateVolume, Code::ResourceExhausted, 1);
+    assert!(m.handle.create(create_req("op-1")).await.is_err());
+    let calls = h.fake.calls(CsiRpc::CreateVolume);
+
+    // The retry fires: it must end without a call (the plugin would accept it now).
+    until(|| {
+        logs.text().contains("background retry ends") || h.fake.calls(CsiRpc::CreateVolume) > calls
+    })
+    .await;
+    assert_eq!(
+        h.fake.calls(CsiRpc::CreateVolume),
+        calls,
+        "the retry created a volume nobody waits for"
+    );
+    assert!(h.fake.ids().is_empty());
+    m.stop().await.unwrap();
+    assert!(h.stored_intents().is_empty());
 }

@@ -23,7 +23,8 @@
 //! Memory: a connection holds at most one header block being collected (≤
 //! [`MAX_HEADER_BLOCK`]) and about 64 KiB of filtered bytes ahead of its reader plus one
 //! re-encoded block, however far a block expands (HPACK indexing lets 1 byte stand for a
-//! 4 KiB table entry) and however the client paces its bytes.
+//! 4 KiB table entry) and however the client paces its bytes. Buffers a large block
+//! grew are shrunk once it has passed.
 //!
 //! A stream that is not HTTP/2 or a header block that does not decode closes the
 //! connection (the read fails with `InvalidData`, logged once as a warning); h2 would have
@@ -53,6 +54,11 @@ const OUT_FRAME_MAX: usize = 16_384;
 /// decoded header list (hyper's default, 16 KiB) is smaller, so a block this filter passes
 /// is never the one too big for the server.
 pub const MAX_HEADER_BLOCK: usize = 1 << 20;
+/// Most CONTINUATION frames one header block may have. A client that fills frames to the
+/// default 16 KiB needs 64 for [`MAX_HEADER_BLOCK`]; empty CONTINUATIONs grow nothing, so
+/// without a count a client could keep a block open forever at our CPU's cost (the
+/// "CONTINUATION flood" that h2 bounds the same way).
+pub const MAX_CONTINUATIONS: usize = 128;
 /// Largest HPACK dynamic table a client may ask for with a size update. h2 announces none,
 /// so clients keep the default 4 096; the slack costs nothing until a client uses it.
 const MAX_TABLE_SIZE: usize = 64 << 10;
@@ -93,6 +99,14 @@ pub enum FilterError {
     /// The header block is larger than [`MAX_HEADER_BLOCK`].
     #[error("header block on stream {stream} is larger than {MAX_HEADER_BLOCK} bytes")]
     TooLarge {
+        /// The block's stream.
+        stream: u32,
+    },
+    /// The header block has more than [`MAX_CONTINUATIONS`] CONTINUATION frames.
+    #[error(
+        "header block on stream {stream} has more than {MAX_CONTINUATIONS} CONTINUATION frames"
+    )]
+    TooManyContinuations {
         /// The block's stream.
         stream: u32,
     },
@@ -158,6 +172,8 @@ struct OpenBlock {
     end_stream: bool,
     priority: Option<[u8; PRIORITY_LEN]>,
     fragment: Vec<u8>,
+    /// CONTINUATION frames seen so far, bounded by [`MAX_CONTINUATIONS`].
+    continuations: usize,
 }
 
 /// The client-to-server half of an HTTP/2 connection, with `:authority` repaired.
@@ -334,6 +350,11 @@ impl AuthorityFilter {
                     stream: head.stream,
                 });
             }
+            Some(open) if open.continuations >= MAX_CONTINUATIONS => {
+                return Err(FilterError::TooManyContinuations {
+                    stream: head.stream,
+                });
+            }
             None if head.kind == TYPE_CONTINUATION => {
                 return Err(FilterError::UnexpectedContinuation {
                     stream: head.stream,
@@ -397,10 +418,14 @@ impl AuthorityFilter {
                 end_stream: head.flags & FLAG_END_STREAM != 0,
                 priority,
                 fragment: fragment.to_vec(),
+                continuations: 0,
             });
         } else if let Some(open) = &mut self.open {
             open.fragment.extend_from_slice(&self.payload);
+            open.continuations += 1;
         }
+        self.payload.clear();
+        self.payload.shrink_to(KEEP_CAPACITY);
         if head.flags & FLAG_END_HEADERS != 0
             && let Some(block) = self.open.take()
         {
@@ -537,6 +562,9 @@ pub struct FilteredStream<S> {
 const SCRATCH_LEN: usize = 16 << 10;
 /// Filtered bytes buffered before raw input waits for the reader to take them.
 const OUT_HIGH_WATER: usize = 64 << 10;
+/// Capacity an idle buffer keeps: a large header block's memory is given back once it
+/// has passed, so an idle connection holds little however large its past blocks were.
+const KEEP_CAPACITY: usize = 2 * OUT_HIGH_WATER;
 
 impl<S> FilteredStream<S> {
     /// Wraps a freshly accepted connection.
@@ -576,6 +604,8 @@ impl<S: AsyncRead + Unpin> AsyncRead for FilteredStream<S> {
                 if this.out_pos == this.out.len() {
                     this.out.clear();
                     this.out_pos = 0;
+                    // One large block must not pin its memory for the connection's life.
+                    this.out.shrink_to(KEEP_CAPACITY);
                 }
                 return Poll::Ready(Ok(()));
             }
@@ -1009,6 +1039,18 @@ mod tests {
             filter_all(&input),
             Err(FilterError::TooLarge { .. })
         ));
+        // Empty CONTINUATIONs grow nothing but are counted: a flood of them is refused.
+        let mut frames = vec![frame(TYPE_HEADERS, 0, 1, &[0x82])];
+        frames.extend((0..=MAX_CONTINUATIONS).map(|_| frame(TYPE_CONTINUATION, 0, 1, &[])));
+        assert!(matches!(
+            filter_all(&connection(&frames)),
+            Err(FilterError::TooManyContinuations { stream: 1 })
+        ));
+        // As many as a full-size block needs still pass.
+        let mut frames = vec![frame(TYPE_HEADERS, 0, 1, &[0x82])];
+        frames.extend((1..MAX_CONTINUATIONS).map(|_| frame(TYPE_CONTINUATION, 0, 1, &[])));
+        frames.push(frame(TYPE_CONTINUATION, FLAG_END_HEADERS, 1, &[0x84]));
+        assert!(filter_all(&connection(&frames)).is_ok());
         // A small block that expands: one 4 000-byte table entry indexed 300 times.
         let mut first = Vec::new();
         first.push(0x40);
@@ -1144,6 +1186,29 @@ mod tests {
         let mut rest = byte.to_vec();
         filtered.read_to_end(&mut rest).await.unwrap();
         assert_eq!(rest, filter_all(&input).unwrap());
+    }
+
+    /// After a 1 MB header block has passed, an idle connection gives its memory back.
+    #[tokio::test]
+    async fn a_passed_large_block_does_not_keep_its_buffers() {
+        let value = "x".repeat(900_000);
+        let list = fields(&[(":authority", "/run/x.sock"), ("x-huge", &value)]);
+        let block = loona_hpack::Encoder::new()
+            .encode(list.iter().map(|(n, v)| (n.as_slice(), v.as_slice())));
+        let input = connection(&[headers_frame(1, &block)]);
+        let (mut client, server) = tokio::io::duplex(64 << 10);
+        let writer = tokio::spawn(async move { client.write_all(&input).await.unwrap() });
+        let mut filtered = FilteredStream::new(server);
+        let want = filter_all(&connection(&[headers_frame(1, &block)])).unwrap();
+        let mut got = vec![0u8; want.len()];
+        filtered.read_exact(&mut got).await.unwrap();
+        writer.await.unwrap();
+        assert_eq!(got, want);
+        let held = filtered.out.capacity() + filtered.filter.payload.capacity();
+        assert!(
+            held <= 2 * KEEP_CAPACITY,
+            "{held} bytes kept by an idle connection"
+        );
     }
 
     #[tokio::test]

@@ -78,6 +78,18 @@ async fn run_client(python: &Path, stubs: &Path, version: &str, p: &TestPlugin) 
     stdout.lines().map(str::to_owned).collect()
 }
 
+/// The filter's debug log, so a test sees that the client's `:authority` needed repair
+/// (a client that sent a valid one would pass without exercising the filter).
+const FILTER_LOG: [(&str, &str); 1] = [("RUST_LOG", "info,slrp_csi_local::authority=debug")];
+
+fn assert_authority_repaired(p: &TestPlugin) {
+    let log = p.log();
+    assert!(
+        log.contains("replacing an :authority that is not a URI authority"),
+        "grpcio sent a valid :authority: the filter was not exercised\n{log}"
+    );
+}
+
 fn assert_calls(lines: &[String], rpcs: &[&str]) {
     for rpc in rpcs {
         assert!(
@@ -105,9 +117,10 @@ async fn grpcio_with_default_options_calls_the_v1_plugin() {
         return;
     };
     let stubs = stubs(&python);
-    let p = TestPlugin::start_logged(&[], &[]).await;
+    let p = TestPlugin::start_logged(&[], &FILTER_LOG).await;
     let lines = run_client(&python, stubs.path(), "v1", &p).await;
     assert_calls(&lines, &COMMON_RPCS);
+    assert_authority_repaired(&p);
     assert!(lines[0].contains("slrp-csi-local.slrp.io"), "{lines:?}");
 }
 
@@ -117,9 +130,10 @@ async fn grpcio_with_default_options_calls_the_v0_plugin() {
         return;
     };
     let stubs = stubs(&python);
-    let p = TestPlugin::start_logged(&["--csi-version", "v0"], &[]).await;
+    let p = TestPlugin::start_logged(&["--csi-version", "v0"], &FILTER_LOG).await;
     let lines = run_client(&python, stubs.path(), "v0", &p).await;
     assert_calls(&lines, &COMMON_RPCS);
+    assert_authority_repaired(&p);
     assert_calls(&lines, &["NodeGetId"]);
     assert!(lines[0].contains("io.slrp.csi-local"), "{lines:?}");
 }

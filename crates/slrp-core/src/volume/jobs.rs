@@ -170,6 +170,20 @@ impl<C: CsiVolumes> Ctx<C> {
                 attempt,
             } => {
                 let name = req.name.clone();
+                if attempt > 0
+                    && reply.is_none()
+                    && matches!(self.intent_kept(&name).await, Ok(false))
+                {
+                    // Settled meanwhile by a caller's create of the name (created, or
+                    // refused and dropped): trying again would write the intent anew and
+                    // could create a volume nobody waits for.
+                    tracing::info!(%name, attempt, "CreateVolume intent settled meanwhile; background retry ends");
+                    return Done {
+                        key: Some(key),
+                        class,
+                        ..Done::plain(Box::new(|| {}))
+                    };
+                }
                 let (result, change) = self.create(req.clone(), record).await;
                 // Recovery never blocks readiness on an intent: a settled one is done, a
                 // dropped one reported, and one the plugin may still have acted on is
@@ -344,8 +358,18 @@ impl<C: CsiVolumes> Ctx<C> {
             parameters: req.parameters.clone(),
             secrets: Secrets::default(),
         };
+        // Whether any attempt, not only the last, may have created the volume: a retry
+        // refused without effect (or never sent, the plugin restarting) says nothing
+        // about the attempt before it.
+        let effect = std::sync::atomic::AtomicBool::new(false);
         let result = self
-            .call(CsiRpc::CreateVolume, || self.csi.create_volume(&request))
+            .call(CsiRpc::CreateVolume, || async {
+                let r = self.csi.create_volume(&request).await;
+                if r.as_ref().is_err_and(CsiError::may_have_taken_effect) {
+                    effect.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+                r
+            })
             .await;
         injected(failpoints::AFTER_CALL)?;
         let volume = match result {
@@ -356,9 +380,12 @@ impl<C: CsiVolumes> Ctx<C> {
                 // created nothing under this name (a replay would have returned the
                 // earlier volume), and neither did a call that was never sent, unless an
                 // earlier attempt (the intent was there before) may have. Deadlines,
-                // UNAVAILABLE, cancellation and ABORTED ("operation pending") keep it.
+                // UNAVAILABLE, cancellation and ABORTED ("operation pending") keep it, in
+                // any attempt of the call.
                 let refused = matches!(source, CsiError::Rpc { .. });
-                if !source.may_have_taken_effect() && (refused || !prior_intent) {
+                let effect = effect.load(std::sync::atomic::Ordering::Relaxed)
+                    || source.may_have_taken_effect();
+                if !effect && (refused || !prior_intent) {
                     let mut tx = self.store.transaction();
                     tx.delete::<CreateVolume>(&req.name).map_err(store_err)?;
                     tx.commit().await.map_err(store_err)?;
@@ -525,6 +552,10 @@ impl<C: CsiVolumes> Ctx<C> {
         }
         let mut failed = rec.clone();
         failed.deleting = false;
+        // The deletion cleared it before its first step (as Mesos does); the publish made
+        // for the cleanup set it again, and no user asked for that one: recovery must not
+        // republish the volume (and hold readiness on it) at every start.
+        failed.node_publish_required = false;
         failed.delete_failed = Some(DisplayChain(&e).to_string());
         match self.persist(&failed).await {
             Ok(()) => {
