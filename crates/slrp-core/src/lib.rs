@@ -40,4 +40,5 @@
 
 #![warn(clippy::wildcard_enum_match_arm)]
 
+pub mod provider;
 pub mod volume;

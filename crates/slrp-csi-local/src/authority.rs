@@ -54,6 +54,11 @@ const OUT_FRAME_MAX: usize = 16_384;
 /// decoded header list (hyper's default, 16 KiB) is smaller, so a block this filter passes
 /// is never the one too big for the server.
 pub const MAX_HEADER_BLOCK: usize = 1 << 20;
+/// Most CONTINUATION frames one header block may have. A client that fills frames to the
+/// default 16 KiB needs 64 for [`MAX_HEADER_BLOCK`]; empty CONTINUATIONs grow nothing, so
+/// without a count a client could keep a block open forever at our CPU's cost (the
+/// "CONTINUATION flood" that h2 bounds the same way).
+pub const MAX_CONTINUATIONS: usize = 128;
 /// Largest HPACK dynamic table a client may ask for with a size update. h2 announces none,
 /// so clients keep the default 4 096; the slack costs nothing until a client uses it.
 const MAX_TABLE_SIZE: usize = 64 << 10;
@@ -94,6 +99,14 @@ pub enum FilterError {
     /// The header block is larger than [`MAX_HEADER_BLOCK`].
     #[error("header block on stream {stream} is larger than {MAX_HEADER_BLOCK} bytes")]
     TooLarge {
+        /// The block's stream.
+        stream: u32,
+    },
+    /// The header block has more than [`MAX_CONTINUATIONS`] CONTINUATION frames.
+    #[error(
+        "header block on stream {stream} has more than {MAX_CONTINUATIONS} CONTINUATION frames"
+    )]
+    TooManyContinuations {
         /// The block's stream.
         stream: u32,
     },
@@ -159,6 +172,8 @@ struct OpenBlock {
     end_stream: bool,
     priority: Option<[u8; PRIORITY_LEN]>,
     fragment: Vec<u8>,
+    /// CONTINUATION frames seen so far, bounded by [`MAX_CONTINUATIONS`].
+    continuations: usize,
 }
 
 /// The client-to-server half of an HTTP/2 connection, with `:authority` repaired.
@@ -335,6 +350,11 @@ impl AuthorityFilter {
                     stream: head.stream,
                 });
             }
+            Some(open) if open.continuations >= MAX_CONTINUATIONS => {
+                return Err(FilterError::TooManyContinuations {
+                    stream: head.stream,
+                });
+            }
             None if head.kind == TYPE_CONTINUATION => {
                 return Err(FilterError::UnexpectedContinuation {
                     stream: head.stream,
@@ -398,9 +418,11 @@ impl AuthorityFilter {
                 end_stream: head.flags & FLAG_END_STREAM != 0,
                 priority,
                 fragment: fragment.to_vec(),
+                continuations: 0,
             });
         } else if let Some(open) = &mut self.open {
             open.fragment.extend_from_slice(&self.payload);
+            open.continuations += 1;
         }
         self.payload.clear();
         self.payload.shrink_to(KEEP_CAPACITY);
@@ -1017,6 +1039,18 @@ mod tests {
             filter_all(&input),
             Err(FilterError::TooLarge { .. })
         ));
+        // Empty CONTINUATIONs grow nothing but are counted: a flood of them is refused.
+        let mut frames = vec![frame(TYPE_HEADERS, 0, 1, &[0x82])];
+        frames.extend((0..=MAX_CONTINUATIONS).map(|_| frame(TYPE_CONTINUATION, 0, 1, &[])));
+        assert!(matches!(
+            filter_all(&connection(&frames)),
+            Err(FilterError::TooManyContinuations { stream: 1 })
+        ));
+        // As many as a full-size block needs still pass.
+        let mut frames = vec![frame(TYPE_HEADERS, 0, 1, &[0x82])];
+        frames.extend((1..MAX_CONTINUATIONS).map(|_| frame(TYPE_CONTINUATION, 0, 1, &[])));
+        frames.push(frame(TYPE_CONTINUATION, FLAG_END_HEADERS, 1, &[0x84]));
+        assert!(filter_all(&connection(&frames)).is_ok());
         // A small block that expands: one 4 000-byte table entry indexed 300 times.
         let mut first = Vec::new();
         first.push(0x40);

@@ -127,8 +127,10 @@ pub async fn serve_with<H: Host>(
         res = &mut server => res.map_err(ServeError::Transport),
         () = shutdown => {
             tracing::info!("shutting down");
-            // The socket goes first, so new connections are refused at once and a successor
-            // can bind while in-flight requests finish here.
+            // The socket goes first, so new connections are refused at once while in-flight
+            // requests finish here. A successor on another --root can bind at once; one on
+            // this root waits for the root lock, which is released only when this process
+            // exits.
             release(claimed.take()).await;
             stop.cancel();
             match tokio::time::timeout(SHUTDOWN_GRACE, &mut server).await {

@@ -1,0 +1,990 @@
+//! Resource arithmetic of the storage local resource provider (spec §6, §7.3).
+//!
+//! Everything follows Mesos's `src/resource_provider/storage/provider.cpp`
+//! (`createRawDiskResource`, `getStoragePools`, `getExistingVolumes`, `computeConversion`,
+//! `reconcileResources`) and the parts of `src/common/resources.cpp` those rely on, so that
+//! a provider built on it computes the same totals as a Mesos SLRP. Deliberate differences
+//! are named on the function they concern.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use slrp_csi::Volume;
+use slrp_proto::mesos::v1::resource::disk_info::Source;
+use slrp_proto::mesos::v1::resource::disk_info::source::{Mount, Type as SourceType};
+use slrp_proto::mesos::v1::resource::reservation_info::Type as ReservationType;
+use slrp_proto::mesos::v1::resource::{DiskInfo, ReservationInfo};
+use slrp_proto::mesos::v1::value::{Scalar, Type as ValueType};
+use slrp_proto::mesos::v1::{Label, Labels, Resource, ResourceProviderId};
+
+/// Bytes in one Mesos megabyte: disk scalars are MB as a double.
+const BYTES_PER_MB: f64 = 1_048_576.0;
+
+/// Errors of the resource arithmetic.
+#[derive(Debug, thiserror::Error)]
+pub enum ResourceError {
+    /// A conversion consumes resources the total does not hold (Mesos:
+    /// "<total> does not contain <consumed>", where the reference provider aborts).
+    #[error("resources {total} do not contain {consumed}")]
+    NotContained {
+        /// The resources the conversion was applied to.
+        total: String,
+        /// What the conversion consumes.
+        consumed: String,
+    },
+    /// A plugin type or name that cannot be a single directory component of the MOUNT
+    /// root (§6.8).
+    #[error("plugin {field} {value:?} is not a single path component")]
+    BadPluginName {
+        /// `type` or `name`.
+        field: &'static str,
+        /// The offending value.
+        value: String,
+    },
+    /// `default_reservations` is not a valid reservation stack (§6.7).
+    #[error("default reservation {index} is invalid: {reason}")]
+    BadReservation {
+        /// Position in the stack, from the bottom.
+        index: usize,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+}
+
+// ---------------------------------------------------------------------------------------
+// Fixed-point scalars (Mesos `convertToFixed`: llround(value × 1000)).
+
+/// A scalar in Mesos's fixed point: thousandths.
+fn fixed(value: f64) -> i64 {
+    // `as` saturates on overflow and maps NaN to 0, the only sane reading of a broken
+    // scalar; f64::round rounds half away from zero like llround.
+    (value * 1000.0).round() as i64
+}
+
+fn floating(fixed: i64) -> f64 {
+    fixed as f64 / 1000.0
+}
+
+fn scalar_of(resource: &Resource) -> i64 {
+    resource.scalar.map_or(0, |s| fixed(s.value))
+}
+
+fn set_scalar(resource: &mut Resource, fixed_value: i64) {
+    resource.scalar = Some(Scalar {
+        value: floating(fixed_value),
+    });
+}
+
+fn is_scalar(resource: &Resource) -> bool {
+    resource.r#type == ValueType::Scalar as i32
+}
+
+/// Mesos `Resources::isEmpty`: a scalar at or below zero in fixed point. Non-scalar
+/// resources (never produced by the provider) are kept as they are.
+fn is_empty(resource: &Resource) -> bool {
+    is_scalar(resource) && scalar_of(resource) <= 0
+}
+
+// ---------------------------------------------------------------------------------------
+// Equality as Mesos defines it (`operator==` in src/v1/resources.cpp and type_utils.cpp).
+
+/// Mesos compares labels order-insensitively. Mesos checks "same size and every left
+/// label occurs on the right", which calls `{a, a, b}` and `{a, b, b}` equal; comparing
+/// sorted copies (a multiset comparison) is a deliberate, stricter difference.
+fn labels_eq(left: Option<&Labels>, right: Option<&Labels>) -> bool {
+    fn sorted(labels: Option<&Labels>) -> Vec<(&str, Option<&str>)> {
+        let mut all: Vec<(&str, Option<&str>)> = labels
+            .map(|l| l.labels.as_slice())
+            .unwrap_or_default()
+            .iter()
+            .map(|label| (label.key.as_str(), label.value.as_deref()))
+            .collect();
+        all.sort_unstable();
+        all
+    }
+    sorted(left) == sorted(right)
+}
+
+fn reservation_eq(left: &ReservationInfo, right: &ReservationInfo) -> bool {
+    left.r#type == right.r#type
+        && left.role == right.role
+        && left.principal == right.principal
+        && left.labels.is_some() == right.labels.is_some()
+        && labels_eq(left.labels.as_ref(), right.labels.as_ref())
+}
+
+fn reservations_eq(left: &[ReservationInfo], right: &[ReservationInfo]) -> bool {
+    left.len() == right.len() && left.iter().zip(right).all(|(l, r)| reservation_eq(l, r))
+}
+
+fn source_eq(left: &Source, right: &Source) -> bool {
+    left.r#type == right.r#type
+        && left.path == right.path
+        && left.mount == right.mount
+        && left.vendor == right.vendor
+        && left.id == right.id
+        && left.metadata.is_some() == right.metadata.is_some()
+        && labels_eq(left.metadata.as_ref(), right.metadata.as_ref())
+        && left.profile == right.profile
+}
+
+/// Mesos `operator==(DiskInfo)`: `volume` is ignored (it says how a task uses the disk,
+/// not what the disk is), and of `persistence` only the id counts.
+fn disk_eq(left: &DiskInfo, right: &DiskInfo) -> bool {
+    let sources = match (&left.source, &right.source) {
+        (None, None) => true,
+        (Some(l), Some(r)) => source_eq(l, r),
+        (None, Some(_)) | (Some(_), None) => false,
+    };
+    sources && left.persistence.as_ref().map(|p| &p.id) == right.persistence.as_ref().map(|p| &p.id)
+}
+
+/// Everything of Mesos's `operator==(Resource)` except the quantity.
+fn same_kind(left: &Resource, right: &Resource) -> bool {
+    let disks = match (&left.disk, &right.disk) {
+        (None, None) => true,
+        (Some(l), Some(r)) => disk_eq(l, r),
+        (None, Some(_)) | (Some(_), None) => false,
+    };
+    left.name == right.name
+        && left.r#type == right.r#type
+        && left.allocation_info == right.allocation_info
+        && reservations_eq(&left.reservations, &right.reservations)
+        && disks
+        && left.revocable.is_some() == right.revocable.is_some()
+        && left.shared.is_some() == right.shared.is_some()
+        && left.provider_id == right.provider_id
+}
+
+/// Mesos `operator==(Resource)`: scalars compare in fixed point; other values exactly.
+pub fn resource_eq(left: &Resource, right: &Resource) -> bool {
+    same_kind(left, right)
+        && if is_scalar(left) {
+            scalar_of(left) == scalar_of(right)
+        } else {
+            left.ranges == right.ranges && left.set == right.set
+        }
+}
+
+/// How a disk may be split or merged (Mesos's `addable`/`subtractable` switch on the
+/// source type).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Divisibility {
+    /// A quantity: merged on addition, partly subtracted.
+    Divisible,
+    /// One exclusive thing (MOUNT/BLOCK disk, RAW with an id, persistent volume, shared
+    /// resource, non-scalar value): never merged, subtracted only by an identical one.
+    Indivisible,
+}
+
+fn divisibility(resource: &Resource) -> Divisibility {
+    if resource.shared.is_some() || !is_scalar(resource) {
+        return Divisibility::Indivisible;
+    }
+    let Some(disk) = &resource.disk else {
+        return Divisibility::Divisible;
+    };
+    if disk.persistence.is_some() {
+        return Divisibility::Indivisible;
+    }
+    let Some(source) = &disk.source else {
+        return Divisibility::Divisible;
+    };
+    match SourceType::try_from(source.r#type) {
+        Ok(SourceType::Path) => Divisibility::Divisible,
+        Ok(SourceType::Raw) if source.id.is_none() => Divisibility::Divisible,
+        // Mesos treats UNKNOWN as unreachable; an unknown number is no better.
+        Ok(SourceType::Raw | SourceType::Mount | SourceType::Block | SourceType::Unknown)
+        | Err(_) => Divisibility::Indivisible,
+    }
+}
+
+/// Mesos `addable`: the two merge into one entry on addition.
+fn addable(left: &Resource, right: &Resource) -> bool {
+    same_kind(left, right) && divisibility(left) == Divisibility::Divisible
+}
+
+/// Mesos `subtractable`: `right` may be taken out of `left`.
+fn subtractable(left: &Resource, right: &Resource) -> bool {
+    same_kind(left, right)
+        && match divisibility(left) {
+            Divisibility::Divisible => true,
+            Divisibility::Indivisible => resource_eq(left, right),
+        }
+}
+
+// ---------------------------------------------------------------------------------------
+// Resources.
+
+/// A collection of resources with Mesos's `Resources` algebra (spec §6.9).
+///
+/// Divisible resources of the same kind are merged into one entry; indivisible ones
+/// (disks with an id, MOUNT/BLOCK disks, persistent volumes) stay separate and identical
+/// copies are kept as separate entries, which is how Mesos counts them. Empty resources
+/// are dropped. Equality is Mesos's: each side contains the other.
+///
+/// Limitation: ranges, sets and shared resources are treated as indivisible (Mesos adds
+/// ranges and sets and counts shared copies); the provider only deals in disk scalars.
+#[derive(Debug, Clone, Default)]
+pub struct Resources(Vec<Resource>);
+
+impl Resources {
+    /// No resources.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The entries, in insertion order.
+    pub fn as_slice(&self) -> &[Resource] {
+        &self.0
+    }
+
+    /// The entries, in insertion order.
+    pub fn into_vec(self) -> Vec<Resource> {
+        self.0
+    }
+
+    /// Iterates over the entries.
+    pub fn iter(&self) -> std::slice::Iter<'_, Resource> {
+        self.0.iter()
+    }
+
+    /// Number of entries (not of resources' quantities).
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether there are no entries.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Mesos `Resources::add`: merged into the first addable entry, else appended; empty
+    /// resources are ignored. Merging adds in fixed point, so merged scalars are rounded
+    /// to 0.001 (Mesos does the same).
+    pub fn add(&mut self, resource: &Resource) {
+        if is_empty(resource) {
+            return;
+        }
+        match self.0.iter_mut().find(|entry| addable(entry, resource)) {
+            Some(entry) => {
+                let sum = scalar_of(entry).saturating_add(scalar_of(resource));
+                set_scalar(entry, sum);
+            }
+            None => self.0.push(resource.clone()),
+        }
+    }
+
+    /// Mesos `Resources::subtract`: taken out of the first subtractable entry; an entry
+    /// that becomes empty or negative is removed (subtracting more than is there is not
+    /// an error, exactly as in Mesos: use [`Resources::contains`] first).
+    pub fn subtract(&mut self, resource: &Resource) {
+        if is_empty(resource) {
+            return;
+        }
+        let Some(index) = self.0.iter().position(|e| subtractable(e, resource)) else {
+            return;
+        };
+        let left = scalar_of(&self.0[index]).saturating_sub(scalar_of(resource));
+        if is_scalar(resource) && left > 0 {
+            set_scalar(&mut self.0[index], left);
+        } else {
+            self.0.remove(index);
+        }
+    }
+
+    fn contains_one(&self, resource: &Resource) -> bool {
+        self.0.iter().any(|entry| {
+            subtractable(entry, resource)
+                && (!is_scalar(resource) || scalar_of(resource) <= scalar_of(entry))
+        })
+    }
+
+    /// Mesos `Resources::contains`: `other` can be subtracted without anything going
+    /// short.
+    pub fn contains(&self, other: &Resources) -> bool {
+        let mut remaining = self.clone();
+        for resource in other.iter() {
+            if !remaining.contains_one(resource) {
+                return false;
+            }
+            remaining.subtract(resource);
+        }
+        true
+    }
+
+    /// Mesos `Resources::filter`.
+    pub fn filter(&self, keep: impl Fn(&Resource) -> bool) -> Resources {
+        self.iter().filter(|r| keep(r)).collect()
+    }
+
+    /// Mesos `Resources::apply(ResourceConversion)`.
+    ///
+    /// # Errors
+    /// [`ResourceError::NotContained`] if `self` does not contain `conversion.consumed`
+    /// (where the reference provider aborts, this returns the error).
+    pub fn apply(&self, conversion: &Conversion) -> Result<Resources, ResourceError> {
+        if !self.contains(&conversion.consumed) {
+            return Err(ResourceError::NotContained {
+                total: self.to_string(),
+                consumed: conversion.consumed.to_string(),
+            });
+        }
+        Ok(self.clone() - &conversion.consumed + &conversion.converted)
+    }
+
+    /// Applies conversions one after the other (Mesos `apply(vector<ResourceConversion>)`).
+    ///
+    /// # Errors
+    /// The first conversion that cannot be applied.
+    pub fn apply_all<'a>(
+        &self,
+        conversions: impl IntoIterator<Item = &'a Conversion>,
+    ) -> Result<Resources, ResourceError> {
+        conversions
+            .into_iter()
+            .try_fold(self.clone(), |total, conversion| total.apply(conversion))
+    }
+}
+
+impl FromIterator<Resource> for Resources {
+    fn from_iter<I: IntoIterator<Item = Resource>>(iter: I) -> Self {
+        let mut all = Resources::new();
+        for resource in iter {
+            all.add(&resource);
+        }
+        all
+    }
+}
+
+impl<'a> FromIterator<&'a Resource> for Resources {
+    fn from_iter<I: IntoIterator<Item = &'a Resource>>(iter: I) -> Self {
+        let mut all = Resources::new();
+        for resource in iter {
+            all.add(resource);
+        }
+        all
+    }
+}
+
+impl From<Resource> for Resources {
+    fn from(resource: Resource) -> Self {
+        std::iter::once(resource).collect()
+    }
+}
+
+impl<'a> IntoIterator for &'a Resources {
+    type Item = &'a Resource;
+    type IntoIter = std::slice::Iter<'a, Resource>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
+}
+
+impl std::ops::Add<&Resources> for Resources {
+    type Output = Resources;
+    fn add(mut self, other: &Resources) -> Resources {
+        for resource in other {
+            Resources::add(&mut self, resource);
+        }
+        self
+    }
+}
+
+impl std::ops::Sub<&Resources> for Resources {
+    type Output = Resources;
+    fn sub(mut self, other: &Resources) -> Resources {
+        for resource in other {
+            self.subtract(resource);
+        }
+        self
+    }
+}
+
+impl PartialEq for Resources {
+    fn eq(&self, other: &Self) -> bool {
+        self.contains(other) && other.contains(self)
+    }
+}
+
+/// Compact text for logs and errors, close to Mesos's stringification:
+/// `disk(reservations: [role,…])[RAW(vendor,id,profile)]:1024`.
+impl fmt::Display for Resources {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[")?;
+        for (i, resource) in self.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{}", DisplayResource(resource))?;
+        }
+        f.write_str("]")
+    }
+}
+
+/// Display of one resource in the format of [`Resources`]' `Display`. Metadata values
+/// are not printed (a plugin's volume context may hold anything).
+#[derive(Debug)]
+pub struct DisplayResource<'a>(pub &'a Resource);
+
+impl fmt::Display for DisplayResource<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let resource = self.0;
+        f.write_str(&resource.name)?;
+        if !resource.reservations.is_empty() {
+            let roles: Vec<&str> = resource
+                .reservations
+                .iter()
+                .map(|r| r.role.as_deref().unwrap_or("?"))
+                .collect();
+            write!(f, "(reservations: [{}])", roles.join(","))?;
+        }
+        if let Some(source) = resource.disk.as_ref().and_then(|d| d.source.as_ref()) {
+            let kind = SourceType::try_from(source.r#type).map_or("?", |t| t.as_str_name());
+            let parts: Vec<&str> = [&source.vendor, &source.id, &source.profile]
+                .into_iter()
+                .map(|p| p.as_deref().unwrap_or(""))
+                .collect();
+            write!(f, "[{kind}({})]", parts.join(","))?;
+        }
+        if resource
+            .disk
+            .as_ref()
+            .is_some_and(|d| d.persistence.is_some())
+        {
+            f.write_str("(persistent)")?;
+        }
+        match resource.scalar {
+            Some(s) if is_scalar(resource) => write!(f, ":{}", s.value),
+            _ => f.write_str(":<non-scalar>"),
+        }
+    }
+}
+
+/// Mesos `ResourceConversion`: take `consumed` out, put `converted` in.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Conversion {
+    /// Resources removed from the total.
+    pub consumed: Resources,
+    /// Resources added to the total.
+    pub converted: Resources,
+}
+
+impl Conversion {
+    /// Whether applying it changes nothing.
+    pub fn is_noop(&self) -> bool {
+        self.consumed.is_empty() && self.converted.is_empty()
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Accessors on disk sources.
+
+fn source(resource: &Resource) -> Option<&Source> {
+    resource.disk.as_ref()?.source.as_ref()
+}
+
+fn source_mut(resource: &mut Resource) -> &mut Source {
+    resource
+        .disk
+        .get_or_insert_with(DiskInfo::default)
+        .source
+        .get_or_insert_with(Source::default)
+}
+
+fn disk_id(resource: &Resource) -> Option<&str> {
+    source(resource)?.id.as_deref()
+}
+
+fn disk_profile(resource: &Resource) -> Option<&str> {
+    source(resource)?.profile.as_deref()
+}
+
+/// Mesos `Resources::isDisk(resource, RAW) && !has_id()`: a storage pool.
+pub fn is_storage_pool(resource: &Resource) -> bool {
+    source(resource).is_some_and(|s| s.r#type == SourceType::Raw as i32 && s.id.is_none())
+}
+
+/// Mesos `convertStringMapToLabels`: one label per key, in key order.
+pub fn labels_from_context(context: &BTreeMap<String, String>) -> Labels {
+    Labels {
+        labels: context
+            .iter()
+            .map(|(key, value)| Label {
+                key: key.clone(),
+                value: Some(value.clone()),
+            })
+            .collect(),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The provider context.
+
+/// What every provider resource is built from (spec §6.1, §6.7, §6.8).
+#[derive(Debug, Clone)]
+pub struct ProviderResources {
+    provider_id: ResourceProviderId,
+    vendor: String,
+    default_reservations: Vec<ReservationInfo>,
+    mount_root: String,
+}
+
+impl ProviderResources {
+    /// The context of the provider `provider_id` serving plugin `plugin_type`/`plugin_name`
+    /// with `default_reservations` (`ResourceProviderInfo.default_reservations`).
+    ///
+    /// # Errors
+    /// - [`ResourceError::BadPluginName`]: the plugin type or name is empty, `.`, `..` or
+    ///   holds a `/` or NUL (it becomes a directory of the MOUNT root; Mesos does not
+    ///   check, see spec §12).
+    /// - [`ResourceError::BadReservation`]: the stack is not "first STATIC or DYNAMIC, the
+    ///   rest DYNAMIC, each role a child of the one below" (§6.7; Mesos validates this when
+    ///   the config is read).
+    pub fn new(
+        provider_id: ResourceProviderId,
+        plugin_type: &str,
+        plugin_name: &str,
+        default_reservations: Vec<ReservationInfo>,
+    ) -> Result<Self, ResourceError> {
+        for (field, value) in [("type", plugin_type), ("name", plugin_name)] {
+            if value.is_empty() || value == "." || value == ".." || value.contains(['/', '\0']) {
+                return Err(ResourceError::BadPluginName {
+                    field,
+                    value: value.to_owned(),
+                });
+            }
+        }
+        validate_reservations(&default_reservations)?;
+        Ok(Self {
+            provider_id,
+            vendor: format!("{plugin_type}.{plugin_name}"),
+            default_reservations,
+            mount_root: format!("./csi/{plugin_type}/{plugin_name}/mounts"),
+        })
+    }
+
+    /// `<plugin type>.<plugin name>`, the `disk.source.vendor` of every resource.
+    pub fn vendor(&self) -> &str {
+        &self.vendor
+    }
+
+    /// The provider id every resource carries.
+    pub fn provider_id(&self) -> &ResourceProviderId {
+        &self.provider_id
+    }
+
+    /// The default reservation stack.
+    pub fn default_reservations(&self) -> &[ReservationInfo] {
+        &self.default_reservations
+    }
+
+    /// `./csi/<plugin type>/<plugin name>/mounts`: the `mount.root` of MOUNT disks,
+    /// relative to the agent's work dir (§6.8; Mesos `csi::paths::getMountRootDir` on
+    /// `getCsiRootDir(".")`).
+    pub fn mount_root(&self) -> &str {
+        &self.mount_root
+    }
+
+    /// The `disk.source.mount` a MOUNT disk of this provider carries.
+    pub fn mount_source(&self) -> Mount {
+        Mount {
+            root: Some(self.mount_root.clone()),
+        }
+    }
+
+    /// Mesos `createRawDiskResource` with the provider's vendor (§6.1): `bytes` as MB
+    /// (not rounded), the provider id, the default reservations verbatim, a RAW source.
+    pub fn raw_disk(
+        &self,
+        bytes: u64,
+        profile: Option<&str>,
+        id: Option<&str>,
+        metadata: Option<Labels>,
+    ) -> Resource {
+        self.raw_disk_mb(
+            bytes as f64 / BYTES_PER_MB,
+            profile,
+            Some(&self.vendor),
+            id,
+            metadata,
+        )
+    }
+
+    fn raw_disk_mb(
+        &self,
+        megabytes: f64,
+        profile: Option<&str>,
+        vendor: Option<&str>,
+        id: Option<&str>,
+        metadata: Option<Labels>,
+    ) -> Resource {
+        Resource {
+            provider_id: Some(self.provider_id.clone()),
+            name: "disk".to_owned(),
+            r#type: ValueType::Scalar as i32,
+            scalar: Some(Scalar { value: megabytes }),
+            role: None,
+            reservations: self.default_reservations.clone(),
+            disk: Some(DiskInfo {
+                persistence: None,
+                volume: None,
+                source: Some(Source {
+                    r#type: SourceType::Raw as i32,
+                    path: None,
+                    mount: None,
+                    vendor: vendor.map(str::to_owned),
+                    id: id.map(str::to_owned),
+                    metadata,
+                    profile: profile.map(str::to_owned),
+                }),
+            }),
+            ..Resource::default()
+        }
+    }
+
+    /// Storage pools from GetCapacity answers (§6.2, Mesos `getStoragePools`): one RAW
+    /// resource per `(profile, available bytes)`, without id or metadata; zero capacities
+    /// are dropped.
+    pub fn storage_pools<'a>(
+        &self,
+        capacities: impl IntoIterator<Item = (&'a str, u64)>,
+    ) -> Resources {
+        capacities
+            .into_iter()
+            .map(|(profile, bytes)| self.raw_disk(bytes, Some(profile), None, None))
+            .collect()
+    }
+
+    /// Mesos `computeConversion(checkpointed, discovered)` (§6.4): keep what frameworks
+    /// converted, drop untouched resources the plugin no longer reports, add newly
+    /// reported ones.
+    ///
+    /// For each checkpointed resource its "unconverted" form (a fresh RAW disk of the same
+    /// size, profile, vendor, id and metadata with the *current* default reservations) is
+    /// looked up in what is left of `discovered`: found, it is not new; not found and the
+    /// checkpointed resource is unconverted, it is removed; otherwise it is kept and
+    /// reported in [`ComputedConversion::missing_converted`] (Mesos logs "Missing converted
+    /// resource").
+    ///
+    /// Difference: Mesos rebuilds the size through `Bytes(mb × 1048576)` (truncating to
+    /// whole bytes); this keeps the MB value, which compares equal at the 0.001 MB
+    /// granularity of every comparison involved.
+    pub fn compute_conversion(
+        &self,
+        checkpointed: &Resources,
+        discovered: &Resources,
+    ) -> ComputedConversion {
+        let mut to_add = discovered.clone();
+        let mut to_remove = Resources::new();
+        let mut missing_converted = Vec::new();
+        for resource in checkpointed {
+            let source = source(resource);
+            let field = |get: fn(&Source) -> Option<&String>| source.and_then(get);
+            let unconverted = Resources::from(self.raw_disk_mb(
+                resource.scalar.map_or(0.0, |s| s.value),
+                field(|s| s.profile.as_ref()).map(String::as_str),
+                field(|s| s.vendor.as_ref()).map(String::as_str),
+                field(|s| s.id.as_ref()).map(String::as_str),
+                source.and_then(|s| s.metadata.clone()),
+            ));
+            if to_add.contains(&unconverted) {
+                to_add = to_add - &unconverted;
+            } else if unconverted == Resources::from(resource.clone()) {
+                to_remove = to_remove + &unconverted;
+            } else {
+                missing_converted.push(resource.clone());
+            }
+        }
+        ComputedConversion {
+            conversion: Conversion {
+                consumed: to_remove,
+                converted: to_add,
+            },
+            missing_converted,
+        }
+    }
+
+    /// The pool part of a reconciliation (§6.2, Mesos `getStoragePools`), with pending
+    /// creates taken into account.
+    ///
+    /// `in_flight` is what pending CREATE_DISK operations consume (RAW pool resources the
+    /// total still holds until they finish). Difference from Mesos: both the checkpointed
+    /// pools and the GetCapacity answers have `in_flight` taken out before
+    /// [`compute_conversion`](Self::compute_conversion), so (a) the conversion never
+    /// removes space a pending operation consumes (in Mesos a plugin that shrinks its
+    /// capacity while a create runs can leave the total without the operation's consumed
+    /// resources, and applying its result then aborts), and (b) the capacity reported to
+    /// the manager excludes volumes still being created whether or not the plugin's
+    /// GetCapacity already counts them. A plugin that already counts them is
+    /// under-reported until the next reconciliation after the create finishes; space is
+    /// never offered twice.
+    pub fn reconcile_pools(
+        &self,
+        total: &Resources,
+        discovered: &Resources,
+        in_flight: &Resources,
+    ) -> ComputedConversion {
+        let checkpointed = total.filter(is_storage_pool) - in_flight;
+        self.compute_conversion(&checkpointed, &(discovered.clone() - in_flight))
+    }
+
+    /// The volume part of a reconciliation (§6.3, Mesos `getExistingVolumes`) from a
+    /// ListVolumes answer.
+    ///
+    /// 1. Resources of `total` with an id already seen are duplicates (a non-conforming
+    ///    plugin) and are removed.
+    /// 2. Each listed volume becomes a RAW disk with the vendor, its id, capacity and
+    ///    context as metadata (none if empty) and the profile of the checkpointed
+    ///    resource with that id; a repeated id in the listing is ignored after the first.
+    /// 3. A checkpointed resource whose metadata differs from the listed context is
+    ///    replaced by a copy with the listed metadata (its conversions kept).
+    /// 4. [`compute_conversion`](Self::compute_conversion) over the resources with an id
+    ///    after step 1 and 3.
+    ///
+    /// As in Mesos, a volume listed with capacity 0 (unknown) makes an empty resource and
+    /// is therefore not discovered; a negative capacity counts as 0.
+    ///
+    /// # Errors
+    /// [`ResourceError::NotContained`] if the cleanup does not apply to `total`, which
+    /// only a `total` holding mergeable disks with ids (PATH disks) can cause; Mesos
+    /// aborts there.
+    pub fn existing_volumes(
+        &self,
+        total: &Resources,
+        listed: &[Volume],
+    ) -> Result<ExistingVolumes, ResourceError> {
+        let mut cleanup = Conversion::default();
+        let mut duplicates = Vec::new();
+        let mut by_id: BTreeMap<&str, &Resource> = BTreeMap::new();
+        for resource in total {
+            let Some(id) = disk_id(resource) else {
+                continue;
+            };
+            if by_id.contains_key(id) {
+                cleanup.consumed.add(resource);
+                duplicates.push(resource.clone());
+            } else {
+                by_id.insert(id, resource);
+            }
+        }
+
+        let mut discovered = Resources::new();
+        let mut seen = BTreeSet::new();
+        let mut repeated_in_listing = Vec::new();
+        let mut drifted = Vec::new();
+        for volume in listed {
+            let id = volume.volume_id.as_str();
+            if !seen.insert(id) {
+                repeated_in_listing.push(id.to_owned());
+                continue;
+            }
+            let checkpointed = by_id.get(id).copied();
+            let metadata = (!volume.volume_context.is_empty())
+                .then(|| labels_from_context(&volume.volume_context));
+            discovered.add(&self.raw_disk(
+                u64::try_from(volume.capacity_bytes).unwrap_or(0),
+                checkpointed.and_then(disk_profile),
+                Some(id),
+                metadata.clone(),
+            ));
+            let Some(checkpointed) = checkpointed else {
+                continue;
+            };
+            // Mesos compares with `metadata.getOrElse(Labels())`: absent and empty agree.
+            let current = source(checkpointed).and_then(|s| s.metadata.as_ref());
+            let wanted = metadata.clone().unwrap_or_default();
+            if !labels_eq(
+                Some(current.cloned().unwrap_or_default()).as_ref(),
+                Some(&wanted),
+            ) {
+                cleanup.consumed.add(checkpointed);
+                let mut changed = checkpointed.clone();
+                source_mut(&mut changed).metadata = metadata;
+                cleanup.converted.add(&changed);
+                drifted.push(id.to_owned());
+            }
+        }
+
+        let with_id = total.filter(|r| disk_id(r).is_some()).apply(&cleanup)?;
+        let merge = self.compute_conversion(&with_id, &discovered);
+        Ok(ExistingVolumes {
+            cleanup,
+            merge,
+            duplicates,
+            drifted,
+            repeated_in_listing,
+        })
+    }
+
+    /// Mesos `reconcileResources` (§6.5) without the I/O: applies the volume conversions
+    /// and then the pool conversion to `total` and says what changed. The caller
+    /// checkpoints and sends UPDATE_STATE when [`Reconciled::changed`] (or always after a
+    /// subscription).
+    ///
+    /// # Errors
+    /// [`ResourceError::NotContained`] if a conversion does not apply (Mesos aborts).
+    pub fn reconcile(
+        &self,
+        total: &Resources,
+        volumes: &ExistingVolumes,
+        pools: &ComputedConversion,
+    ) -> Result<Reconciled, ResourceError> {
+        let result = total.apply_all([
+            &volumes.cleanup,
+            &volumes.merge.conversion,
+            &pools.conversion,
+        ])?;
+        let changed = result != *total;
+        Ok(Reconciled {
+            removed: total.clone() - &result,
+            added: result.clone() - total,
+            total: result,
+            changed,
+        })
+    }
+}
+
+/// Mesos validates `default_reservations` with `Resources::validate` on the reservation
+/// stack; these are the rules that matter to the provider.
+fn validate_reservations(stack: &[ReservationInfo]) -> Result<(), ResourceError> {
+    let mut parent: Option<&str> = None;
+    for (index, reservation) in stack.iter().enumerate() {
+        let bad = |reason| Err(ResourceError::BadReservation { index, reason });
+        let kind = reservation
+            .r#type
+            .and_then(|t| ReservationType::try_from(t).ok());
+        match (index, kind) {
+            (0, Some(ReservationType::Static | ReservationType::Dynamic))
+            | (_, Some(ReservationType::Dynamic)) => {}
+            (0, _) => return bad("the first reservation must be STATIC or DYNAMIC"),
+            (_, _) => return bad("a refined reservation must be DYNAMIC"),
+        }
+        let Some(role) = reservation.role.as_deref().filter(|r| !r.is_empty()) else {
+            return bad("the role is missing");
+        };
+        if role == "*"
+            || role
+                .split('/')
+                .any(|part| part.is_empty() || part == "." || part == "..")
+        {
+            return bad("the role is not a valid role name");
+        }
+        if let Some(parent) = parent
+            && !role
+                .strip_prefix(parent)
+                .is_some_and(|rest| rest.starts_with('/'))
+        {
+            return bad("the role is not a child of the role below it");
+        }
+        parent = Some(role);
+    }
+    Ok(())
+}
+
+/// The result of [`ProviderResources::compute_conversion`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ComputedConversion {
+    /// What to take out of and put into the total.
+    pub conversion: Conversion,
+    /// Checkpointed resources that frameworks converted and the plugin no longer reports;
+    /// kept. Mesos warns: "Missing converted resource '…'. This might cause further
+    /// operations to fail."
+    pub missing_converted: Vec<Resource>,
+}
+
+/// The result of [`ProviderResources::existing_volumes`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ExistingVolumes {
+    /// Removes duplicates and replaces drifted metadata (Mesos's `metadataConversion`).
+    pub cleanup: Conversion,
+    /// `computeConversion` of the resources with an id after `cleanup` against the
+    /// listing.
+    pub merge: ComputedConversion,
+    /// Resources of the total removed because their id was already taken (Mesos warns
+    /// "Removing duplicated volume").
+    pub duplicates: Vec<Resource>,
+    /// Ids whose metadata was replaced by the listed context.
+    pub drifted: Vec<String>,
+    /// Ids listed more than once; later copies were ignored (Mesos warns "Dropping
+    /// duplicated volume").
+    pub repeated_in_listing: Vec<String>,
+}
+
+/// The result of [`ProviderResources::reconcile`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Reconciled {
+    /// The new total.
+    pub total: Resources,
+    /// Whether it differs from the old total (Mesos `result != totalResources`).
+    pub changed: bool,
+    /// Old total minus new (Mesos logs "Removing '…' and adding '…'").
+    pub removed: Resources,
+    /// New total minus old.
+    pub added: Resources,
+}
+
+// ---------------------------------------------------------------------------------------
+// Profiles (§7.3).
+
+/// What a reported profile set asks of the provider's profile map (§7.3 "Profile
+/// update"): drop `removed`, translate `to_translate`. Successful translations are
+/// inserted, failures left out (the next watch reports them again).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProfileChange {
+    /// Names in the map that the adaptor no longer reports.
+    pub removed: Vec<String>,
+    /// Reported names the map does not hold yet.
+    pub to_translate: Vec<String>,
+}
+
+impl ProfileChange {
+    /// The change from the names in the map to the reported set.
+    pub fn between<'a>(
+        current: impl IntoIterator<Item = &'a str>,
+        reported: &BTreeSet<String>,
+    ) -> Self {
+        let current: BTreeSet<&str> = current.into_iter().collect();
+        Self {
+            removed: current
+                .iter()
+                .filter(|name| !reported.contains(**name))
+                .map(|name| (*name).to_owned())
+                .collect(),
+            to_translate: reported
+                .iter()
+                .filter(|name| !current.contains(name.as_str()))
+                .cloned()
+                .collect(),
+        }
+    }
+
+    /// Whether nothing changes.
+    pub fn is_empty(&self) -> bool {
+        self.removed.is_empty() && self.to_translate.is_empty()
+    }
+}
+
+/// Profiles of the storage pools in `total`: the profile map Mesos recovers from a
+/// checkpoint holds exactly these (§7.3).
+pub fn pool_profiles(total: &Resources) -> BTreeSet<String> {
+    total
+        .iter()
+        .filter(|r| is_storage_pool(r))
+        .filter_map(|r| disk_profile(r).map(str::to_owned))
+        .collect()
+}
+
+/// Storage pools of `total` whose profile is not in `known`: converted pools (e.g. with
+/// a refined reservation) outlive their profile, because `computeConversion` keeps
+/// converted resources. Mesos asserts on the next checkpoint that every pool's profile is
+/// known and aborts (spec §12 item 11); a provider reports these instead and keeps them.
+pub fn pools_without_profile<'a>(
+    total: &'a Resources,
+    known: &BTreeSet<String>,
+) -> Vec<&'a Resource> {
+    total
+        .iter()
+        .filter(|r| is_storage_pool(r) && disk_profile(r).is_some_and(|p| !known.contains(p)))
+        .collect()
+}
