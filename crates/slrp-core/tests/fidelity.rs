@@ -219,6 +219,26 @@ async fn a_delete_backing_off_when_the_manager_stops_is_interrupted_not_failed()
     the_next_start_finishes_the_deletion(&h).await;
 }
 
+#[tokio::test]
+async fn a_delete_whose_plugin_endpoint_was_stopped_is_interrupted_not_failed() {
+    // The supervisor stopped the plugin for good (slrp is shutting down) before the
+    // manager: the deletion was cut short, not refused, and the next start resumes it.
+    let h = Harness::new(FakeCsi::full());
+    let m = h.start();
+    let v = m.handle.create(create_req("op-1")).await.unwrap();
+    h.fake.st().stopped.insert(CsiRpc::DeleteVolume);
+    assert!(m.handle.delete(&v.id).await.is_err());
+    m.stop().await.unwrap();
+    let stored = h.stored();
+    assert!(
+        stored[0].deleting && stored[0].delete_failed.is_none(),
+        "{:?}",
+        stored[0]
+    );
+    h.fake.st().stopped.clear();
+    the_next_start_finishes_the_deletion(&h).await;
+}
+
 // === item 5: no data crosses between users of the space ===
 
 #[tokio::test]

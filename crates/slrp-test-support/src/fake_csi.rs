@@ -91,6 +91,10 @@ pub struct FakeState {
     pub down: HashSet<CsiRpc>,
     /// Calls waiting now because their RPC is [`FakeState::down`].
     pub waiting_for_endpoint: usize,
+    /// The container serving these RPCs was stopped for good (slrp is shutting down):
+    /// their calls fail unsent with [`CsiError::EndpointStopped`], as a managed
+    /// client's do.
+    pub stopped: HashSet<CsiRpc>,
 }
 
 /// The in-memory plugin.
@@ -262,6 +266,12 @@ impl FakeCsi {
         f: impl FnOnce(&mut FakeState) -> Result<T, CsiError>,
     ) -> Result<T, CsiError> {
         self.wait_up(rpc).await;
+        if self.st().stopped.contains(&rpc) {
+            return Err(CsiError::EndpointStopped {
+                rpc,
+                endpoint: "unix:///fake.sock".into(),
+            });
+        }
         {
             let mut st = self.st();
             *st.calls.entry(rpc).or_default() += 1;

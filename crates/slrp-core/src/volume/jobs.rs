@@ -540,10 +540,11 @@ impl<C: CsiVolumes> Ctx<C> {
         let interrupted = e.is_fatal()
             || self.cancel.is_cancelled()
             || e.kind() == VolumeErrorKind::Stopped
+            // A plugin endpoint stopped for good: its supervisor is shutting down.
             || matches!(
                 &e,
                 VolumeError::Csi {
-                    source: CsiError::Cancelled { .. },
+                    source: CsiError::Cancelled { .. } | CsiError::EndpointStopped { .. },
                     ..
                 }
             );
