@@ -30,6 +30,32 @@ async fn recovering(h: &Harness) -> (Running, VolumeId) {
     (m, v.id)
 }
 
+/// Waits for `m` to be ready and tracks a pre-existing volume (validated), which a
+/// publish can use without any controller call that a test holds up.
+async fn ready_with_a_validated_volume(h: &Harness, m: &Running) -> VolumeId {
+    within(m.handle.ready()).await.unwrap();
+    let id = VolumeId::new("pre-1");
+    h.fake
+        .st()
+        .volumes
+        .insert(id.clone(), FakeVolume::default());
+    m.handle.validate(validate_req(&id)).await.unwrap();
+    id
+}
+
+/// `n` concurrent creates (`op-0` …), each on its own task.
+fn spawn_creates(
+    handle: &VolumeManagerHandle,
+    n: usize,
+) -> Vec<tokio::task::JoinHandle<Result<VolumeInfo, VolumeError>>> {
+    (0..n)
+        .map(|i| {
+            let hd = handle.clone();
+            tokio::spawn(async move { hd.create(create_req(&format!("op-{i}"))).await })
+        })
+        .collect()
+}
+
 #[tokio::test]
 async fn list_and_capacity_issued_during_recovery_are_answered_after_it() {
     let h = Harness::new(FakeCsi::full());
@@ -84,22 +110,11 @@ async fn creates_backing_off_hold_no_permit_so_a_publish_completes() {
         h.config()
             .retry(RetryConfig::none().with(CsiRpc::CreateVolume, policy)),
     );
-    within(m.handle.ready()).await.unwrap();
-    let id = VolumeId::new("pre-1");
-    h.fake
-        .st()
-        .volumes
-        .insert(id.clone(), FakeVolume::default());
-    m.handle.validate(validate_req(&id)).await.unwrap();
+    let id = ready_with_a_validated_volume(&h, &m).await;
 
     h.fake
         .fail(CsiRpc::CreateVolume, Code::Unavailable, usize::MAX);
-    let creates: Vec<_> = (0..16)
-        .map(|i| {
-            let hd = m.handle.clone();
-            tokio::spawn(async move { hd.create(create_req(&format!("op-{i}"))).await })
-        })
-        .collect();
+    let creates = spawn_creates(&m.handle, 16);
     let answered = || creates.iter().any(|c| c.is_finished());
     until(|| h.fake.calls(CsiRpc::CreateVolume) == 16 || answered()).await;
     assert!(!answered(), "a create gave up instead of retrying");
@@ -121,4 +136,36 @@ async fn creates_backing_off_hold_no_permit_so_a_publish_completes() {
     }
     within(m.guard.join()).await.unwrap();
     assert_eq!(h.stored_intents().len(), 16);
+}
+
+/// With 4 permits and 16 creates waiting for the controller's container (down, as a
+/// managed client sees it while the plugin restarts), a publish through the node service
+/// still completes at once: a call waiting for its endpoint holds no permit.
+#[tokio::test]
+async fn creates_waiting_for_a_restarting_controller_hold_no_permit() {
+    let mut h = Harness::new(FakeCsi::full());
+    h.max_concurrent = 4;
+    let m = h.start();
+    let id = ready_with_a_validated_volume(&h, &m).await;
+
+    h.fake.set_down(CsiRpc::CreateVolume, true);
+    let creates = spawn_creates(&m.handle, 16);
+    let answered = || creates.iter().any(|c| c.is_finished());
+    until(|| h.fake.st().waiting_for_endpoint >= 4 || answered()).await;
+    assert!(!answered(), "a create did not wait for its endpoint");
+
+    let published = tokio::time::timeout(Duration::from_secs(20), m.handle.publish(&id)).await;
+    assert!(
+        matches!(published, Ok(Ok(_))),
+        "publish stalled behind creates waiting for their endpoint: {published:?}"
+    );
+    until(|| h.fake.st().waiting_for_endpoint == 16 || answered()).await;
+    assert_eq!(h.fake.calls(CsiRpc::CreateVolume), 0, "sent while down");
+
+    h.fake.set_down(CsiRpc::CreateVolume, false);
+    for c in creates {
+        within(c).await.unwrap().unwrap();
+    }
+    assert_eq!(h.fake.ids().len(), 17);
+    m.stop().await.unwrap();
 }

@@ -813,6 +813,22 @@ impl CsiClient {
         }
     }
 
+    /// Waits, at most [`ClientConfig::rpc_timeout`], until a managed endpoint is up; at
+    /// once for an unmanaged one (see [`crate::CsiVolumes::endpoint_ready`]).
+    ///
+    /// # Errors
+    /// [`CsiError::NotReady`] if the wait runs out, [`CsiError::EndpointStopped`] if the
+    /// endpoint was stopped.
+    pub async fn endpoint_ready(&self, rpc: CsiRpc) -> Result<(), CsiError> {
+        match &self.inner.readiness {
+            None => Ok(()),
+            Some(ready) => {
+                let deadline = Instant::now() + self.inner.config.rpc_timeout;
+                self.wait_ready(ready, rpc, deadline).await
+            }
+        }
+    }
+
     /// Waits until a managed endpoint is up, at most until `deadline`.
     async fn wait_ready(
         &self,

@@ -191,6 +191,31 @@ impl CsiServices {
 }
 
 impl CsiVolumes for CsiServices {
+    async fn endpoint_ready(&self, rpc: CsiRpc) -> Result<(), CsiError> {
+        match rpc {
+            CsiRpc::CreateVolume
+            | CsiRpc::DeleteVolume
+            | CsiRpc::ControllerPublishVolume
+            | CsiRpc::ControllerUnpublishVolume
+            | CsiRpc::ValidateVolumeCapabilities
+            | CsiRpc::ListVolumes
+            | CsiRpc::GetCapacity
+            | CsiRpc::ControllerGetCapabilities
+            | CsiRpc::ControllerExpandVolume => self.controller_for(rpc)?.endpoint_ready(rpc).await,
+            CsiRpc::GetPluginInfo
+            | CsiRpc::GetPluginCapabilities
+            | CsiRpc::Probe
+            | CsiRpc::NodeStageVolume
+            | CsiRpc::NodeUnstageVolume
+            | CsiRpc::NodePublishVolume
+            | CsiRpc::NodeUnpublishVolume
+            | CsiRpc::NodeGetVolumeStats
+            | CsiRpc::NodeExpandVolume
+            | CsiRpc::NodeGetCapabilities
+            | CsiRpc::NodeGetInfo => self.node.endpoint_ready(rpc).await,
+        }
+    }
+
     async fn create_volume(&self, req: &CreateVolumeRequest) -> Result<Volume, CsiError> {
         self.controller_for(CsiRpc::CreateVolume)?
             .create_volume(req)

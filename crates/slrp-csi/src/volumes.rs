@@ -5,7 +5,7 @@
 use std::future::Future;
 
 use crate::client::CsiClient;
-use crate::error::CsiError;
+use crate::error::{CsiError, CsiRpc};
 use crate::types::{
     Capacity, ControllerPublishRequest, CreateVolumeRequest, NodePublishRequest, NodeStageRequest,
     Secrets, StringMap, ValidateRequest, Validation, Volume, VolumeCapability, VolumeId,
@@ -19,6 +19,19 @@ use crate::types::{
 /// [`CsiError`]s, and `NOT_FOUND` from the calls that remove something comes back as an
 /// error whose [`CsiError::retry_class`] is [`crate::RetryClass::AlreadyDone`].
 pub trait CsiVolumes: Send + Sync + 'static {
+    /// Waits, at most one call deadline, until the endpoint serving `rpc` takes calls
+    /// (managed plugins, see [`crate::readiness`]); at once where nobody reports
+    /// readiness. A caller that bounds its calls in flight waits here before it takes a
+    /// slot, so calls waiting for a restarting plugin hold none.
+    ///
+    /// # Errors
+    /// [`CsiError::NotReady`] when the deadline passes first (nothing was sent),
+    /// [`CsiError::EndpointStopped`], [`CsiError::NoService`].
+    fn endpoint_ready(&self, rpc: CsiRpc) -> impl Future<Output = Result<(), CsiError>> + Send {
+        let _ = rpc;
+        std::future::ready(Ok(()))
+    }
+
     /// `CreateVolume` (idempotent by `req.name`).
     fn create_volume(
         &self,
@@ -93,6 +106,10 @@ pub trait CsiVolumes: Send + Sync + 'static {
 }
 
 impl CsiVolumes for CsiClient {
+    fn endpoint_ready(&self, rpc: CsiRpc) -> impl Future<Output = Result<(), CsiError>> + Send {
+        CsiClient::endpoint_ready(self, rpc)
+    }
+
     fn create_volume(
         &self,
         req: &CreateVolumeRequest,

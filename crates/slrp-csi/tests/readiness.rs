@@ -250,3 +250,62 @@ async fn controller_calls_go_to_the_controller_container_and_node_calls_to_the_n
     let caps = node_only.capabilities().await.unwrap();
     assert!(!caps.controller.create_delete_volume);
 }
+
+/// `CsiVolumes::endpoint_ready` waits for the container serving the RPC (so a caller can
+/// wait before taking a concurrency slot), within one call deadline, sending nothing.
+#[tokio::test(start_paused = true)]
+async fn endpoint_ready_waits_for_the_container_serving_the_rpc() {
+    let controller = FakePlugin::start(Serve::V1).await;
+    let node = FakePlugin::start(Serve::V1).await;
+    let (ctl_tx, ctl_rx) = watch::channel(EndpointStatus::Down);
+    let services = CsiServices::new(
+        managed(
+            &controller.socket,
+            EndpointReadiness::new(ctl_rx),
+            Duration::from_secs(5),
+        ),
+        managed(
+            &node.socket,
+            EndpointReadiness::fixed(EndpointStatus::Up),
+            Duration::from_secs(5),
+        ),
+    );
+    // The node's calls do not wait for the controller's container.
+    services
+        .endpoint_ready(CsiRpc::NodePublishVolume)
+        .await
+        .unwrap();
+    let err = services
+        .endpoint_ready(CsiRpc::CreateVolume)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            CsiError::NotReady {
+                rpc: CsiRpc::CreateVolume,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let wait = tokio::spawn({
+        let services = services.clone();
+        async move { services.endpoint_ready(CsiRpc::DeleteVolume).await }
+    });
+    tokio::task::yield_now().await;
+    ctl_tx.send_replace(EndpointStatus::Up);
+    wait.await.unwrap().unwrap();
+    ctl_tx.send_replace(EndpointStatus::Stopped);
+    assert!(matches!(
+        services.endpoint_ready(CsiRpc::ListVolumes).await,
+        Err(CsiError::EndpointStopped { .. })
+    ));
+    assert!(controller.script.call_names().is_empty());
+    assert!(node.script.call_names().is_empty());
+    let node_only = CsiServices::node_only(services.node().clone());
+    assert!(matches!(
+        node_only.endpoint_ready(CsiRpc::GetCapacity).await,
+        Err(CsiError::NoService { .. })
+    ));
+}

@@ -85,6 +85,12 @@ pub struct FakeState {
     pub leave_target: bool,
     /// What ValidateVolumeCapabilities confirms instead of echoing the request.
     pub confirm: Option<Confirmed>,
+    /// The container serving these RPCs is down: their calls wait, unsent and
+    /// uncounted, as a managed client's do ([`FakeCsi::set_down`]), both in
+    /// `endpoint_ready` and inside the call.
+    pub down: HashSet<CsiRpc>,
+    /// Calls waiting now because their RPC is [`FakeState::down`].
+    pub waiting_for_endpoint: usize,
 }
 
 /// The in-memory plugin.
@@ -216,6 +222,38 @@ impl FakeCsi {
         self.st().volumes.get(id).cloned()
     }
 
+    /// Marks the container serving `rpc` down (its calls wait) or up again.
+    pub fn set_down(&self, rpc: CsiRpc, down: bool) {
+        if down {
+            self.st().down.insert(rpc);
+        } else {
+            self.st().down.remove(&rpc);
+        }
+        self.release.notify_waiters();
+    }
+
+    /// Waits while `rpc`'s container is down (see [`FakeState::down`]).
+    async fn wait_up(&self, rpc: CsiRpc) {
+        let mut counted = false;
+        loop {
+            let notified = self.release.notified();
+            {
+                let mut st = self.st();
+                if !st.down.contains(&rpc) {
+                    if counted {
+                        st.waiting_for_endpoint -= 1;
+                    }
+                    return;
+                }
+                if !counted {
+                    st.waiting_for_endpoint += 1;
+                    counted = true;
+                }
+            }
+            notified.await;
+        }
+    }
+
     /// Bookkeeping around one call on `vol`: concurrency counters, delay, hold.
     async fn enter<T>(
         &self,
@@ -223,6 +261,7 @@ impl FakeCsi {
         vol: Option<&VolumeId>,
         f: impl FnOnce(&mut FakeState) -> Result<T, CsiError>,
     ) -> Result<T, CsiError> {
+        self.wait_up(rpc).await;
         {
             let mut st = self.st();
             *st.calls.entry(rpc).or_default() += 1;
@@ -291,6 +330,11 @@ pub fn full_caps() -> CsiCapabilities {
 }
 
 impl CsiVolumes for FakeCsi {
+    async fn endpoint_ready(&self, rpc: CsiRpc) -> Result<(), CsiError> {
+        self.wait_up(rpc).await;
+        Ok(())
+    }
+
     fn create_volume(
         &self,
         req: &CreateVolumeRequest,

@@ -315,8 +315,10 @@ impl<C: CsiVolumes> Ctx<C> {
 
     /// One CSI call under the manager's retry policy for `rpc`
     /// ([`VolumeManagerConfig::retry`](super::VolumeManagerConfig::retry)). Each attempt
-    /// holds a concurrency permit; the backoff between attempts holds none, so calls
-    /// waiting out an unavailable plugin never keep other volumes' calls from running.
+    /// holds a concurrency permit; the backoff between attempts and the wait for a
+    /// restarting plugin's endpoint before it ([`CsiVolumes::endpoint_ready`]) hold none,
+    /// so calls waiting out an unavailable plugin never keep other volumes' calls from
+    /// running.
     /// Shutdown ends a backoff at once with the last error (the volume stays in flight or
     /// its intent stays, as after any failed call).
     pub(super) async fn call<T, F, Fut>(&self, rpc: CsiRpc, mut attempt: F) -> Result<T, CsiError>
@@ -328,10 +330,18 @@ impl<C: CsiVolumes> Ctx<C> {
         let mut jitter = policy.map(|p| JitterRng::new(p.jitter));
         let mut n: u32 = 1;
         loop {
-            let result = {
-                // Never closed; if it were, calls would simply run unlimited.
-                let _permit = self.permits.acquire().await.ok();
-                attempt().await
+            // A plugin that is restarting is waited for before taking a permit: calls
+            // waiting for one container's endpoint must not hold off the calls to another
+            // (or to the same one once it is back). Not cut short by shutdown: a job
+            // finishing within the shutdown grace still makes its next calls, and the
+            // wait is bounded by one call deadline.
+            let result = match self.csi.endpoint_ready(rpc).await {
+                Err(e) => Err(e),
+                Ok(()) => {
+                    // Never closed; if it were, calls would simply run unlimited.
+                    let _permit = self.permits.acquire().await.ok();
+                    attempt().await
+                }
             };
             let err = match result {
                 Ok(v) => return Ok(v),
