@@ -174,8 +174,11 @@ impl VolumeManagerHandle {
     /// without `CREATE_DELETE_VOLUME`: the volume is only untracked).
     ///
     /// # Errors
-    /// [`VolumeError::Csi`] if a step failed (the deletion resumes on the next request
-    /// or at recovery).
+    /// [`VolumeError::Csi`] if a step failed, [`VolumeError::Cleanup`] if the contents of
+    /// a once-published volume could not be removed: the volume stays tracked and usable
+    /// (`delete_failed` says why) and is deleted only when asked again. A deletion
+    /// interrupted by a crash or a shutdown ([`VolumeError::Stopped`], or the error a
+    /// shutdown cut short) is resumed at the next start.
     pub async fn delete(&self, id: &VolumeId) -> Result<bool, VolumeError> {
         let key = Key::Volume(id.clone());
         self.ask(|reply| Command::Job(key, Job::Delete { reply: Some(reply) }))
