@@ -15,6 +15,27 @@ fn state_of(recs: &[VolumeRecord], id: &VolumeId) -> StateName {
     recs.iter().find(|r| &r.id == id).unwrap().state.name()
 }
 
+/// Starts a manager that retries `rpc` as Mesos does, after a fixed `backoff`.
+fn start_retrying(h: &Harness, rpc: CsiRpc, backoff: std::time::Duration) -> Running {
+    let policy = slrp_csi::retry::RetryPolicy::mesos()
+        .with_jitter(slrp_csi::retry::Jitter::None)
+        .with_backoff(slrp_csi::retry::Backoff::new(backoff, backoff).unwrap());
+    h.start_with(
+        h.config()
+            .retry(slrp_csi::RetryConfig::none().with(rpc, policy)),
+    )
+}
+
+/// Starts the manager again: recovery resumes the interrupted deletion and the volume is
+/// gone, from the manager and from the plugin.
+async fn the_next_start_finishes_the_deletion(h: &Harness) {
+    let m = h.start();
+    m.handle.ready().await.unwrap();
+    assert!(m.handle.volumes().await.unwrap().is_empty());
+    assert!(h.fake.ids().is_empty());
+    m.stop().await.unwrap();
+}
+
 // === item 7: target paths ===
 
 #[tokio::test]
@@ -159,11 +180,7 @@ async fn a_delete_interrupted_by_a_crash_is_resumed_at_the_next_start() {
     fail::remove(manager::failpoints::BEFORE_CALL);
     let stored = h.stored();
     assert!(stored[0].deleting && stored[0].delete_failed.is_none());
-    let m = h.start();
-    m.handle.ready().await.unwrap();
-    assert!(m.handle.volumes().await.unwrap().is_empty());
-    assert!(h.fake.ids().is_empty());
-    m.stop().await.unwrap();
+    the_next_start_finishes_the_deletion(&h).await;
 }
 
 #[tokio::test]
@@ -172,13 +189,10 @@ async fn a_delete_backing_off_when_the_manager_stops_is_interrupted_not_failed()
     // stopping the manager ends that backoff. The deletion did not fail: the next start
     // must resume it, not leave the volume "usable" with `delete_failed`.
     let h = Harness::new(FakeCsi::full());
-    let hour = std::time::Duration::from_secs(3600);
-    let policy = slrp_csi::retry::RetryPolicy::mesos()
-        .with_jitter(slrp_csi::retry::Jitter::None)
-        .with_backoff(slrp_csi::retry::Backoff::new(hour, hour).unwrap());
-    let m = h.start_with(
-        h.config()
-            .retry(slrp_csi::RetryConfig::none().with(CsiRpc::DeleteVolume, policy)),
+    let m = start_retrying(
+        &h,
+        CsiRpc::DeleteVolume,
+        std::time::Duration::from_secs(3600),
     );
     let v = m.handle.create(create_req("op-1")).await.unwrap();
     h.fake
@@ -202,11 +216,7 @@ async fn a_delete_backing_off_when_the_manager_stops_is_interrupted_not_failed()
     );
 
     h.fake.st().faults.clear();
-    let m = h.start();
-    m.handle.ready().await.unwrap();
-    assert!(m.handle.volumes().await.unwrap().is_empty());
-    assert!(h.fake.ids().is_empty());
-    m.stop().await.unwrap();
+    the_next_start_finishes_the_deletion(&h).await;
 }
 
 // === item 5: no data crosses between users of the space ===
@@ -391,18 +401,10 @@ async fn an_intent_survives_a_last_answer_that_rules_out_only_its_own_attempt() 
     // sent). The last answer alone says "nothing created", but the first attempt may have:
     // the intent must stay, and the next start must find and track that volume.
     let h = Harness::new(FakeCsi::full());
-    let policy = slrp_csi::retry::RetryPolicy::mesos()
-        .with_jitter(slrp_csi::retry::Jitter::None)
-        .with_backoff(
-            slrp_csi::retry::Backoff::new(
-                std::time::Duration::from_millis(1),
-                std::time::Duration::from_millis(1),
-            )
-            .unwrap(),
-        );
-    let m = h.start_with(
-        h.config()
-            .retry(slrp_csi::RetryConfig::none().with(CsiRpc::CreateVolume, policy)),
+    let m = start_retrying(
+        &h,
+        CsiRpc::CreateVolume,
+        std::time::Duration::from_millis(1),
     );
     h.fake
         .fail_after_effect(CsiRpc::CreateVolume, Code::Unavailable, 1);
