@@ -9,8 +9,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use proptest::prelude::*;
 use slrp_core::provider::resources::{
-    Conversion, ProfileChange, ProviderResources, ResourceError, Resources, pool_profiles,
-    pools_without_profile, resource_eq,
+    Conversion, CreatedKind, CreatedVolume, ProfileChange, ProviderResources, ResourceError,
+    Resources, pool_profiles, pools_without_profile, resource_eq,
 };
 use slrp_csi::{Volume, VolumeId};
 use slrp_proto::mesos::v1::resource::ReservationInfo;
@@ -793,4 +793,192 @@ fn reconciliation_never_takes_space_of_pending_creates() {
     let got = p.reconcile_pools(&total, &p.storage_pools([("a", 6 * GB)]), &in_flight);
     let after = total.apply(&got.conversion).unwrap();
     assert_eq!(after.clone() - &in_flight, res(&[pool(&p, "a", 2 * GB)]));
+}
+
+// ---------------------------------------------------------------------------------------
+// CREATE_DISK / DESTROY_DISK conversions (§5.4, §5.5, §6.8).
+
+fn created<'a>(
+    id: &'a str,
+    context: &'a BTreeMap<String, String>,
+    bytes: Option<u64>,
+) -> CreatedVolume<'a> {
+    CreatedVolume {
+        id,
+        context,
+        profile: "test",
+        bytes,
+    }
+}
+
+/// Mesos CreateDestroyDisk at the arithmetic level: RESERVE (refine) + CREATE_DISK(MOUNT)
+/// on a 4 GB pool gives a MOUNT disk with the relative MOUNT root; DESTROY_DISK and
+/// UNRESERVE give the original pool back.
+#[test]
+fn create_then_destroy_gives_the_pool_back() {
+    let p = provider();
+    let original = res(&[pool(&p, "test", 4 * GB)]);
+    let reserved = refined(pool(&p, "test", 4 * GB));
+    let reserve = Conversion {
+        consumed: original.clone(),
+        converted: one(&reserved),
+    };
+    let total = original.apply(&reserve).unwrap();
+
+    let context = BTreeMap::from([("label".to_owned(), "foo".to_owned())]);
+    let create = p.created_disk(
+        &reserved,
+        &created("v1", &context, None),
+        CreatedKind::Mount,
+    );
+    let total = total.apply(&create).unwrap();
+    let disk = &total.as_slice()[0];
+    let s = src(disk);
+    assert_eq!(s.r#type, SourceType::Mount as i32);
+    assert_eq!(
+        s.mount.as_ref().unwrap().root.as_deref(),
+        Some("./csi/org.apache.mesos.csi.test/local/mounts")
+    );
+    assert_eq!(
+        (s.id.as_deref(), s.profile.as_deref()),
+        (Some("v1"), Some("test"))
+    );
+    assert_eq!(s.metadata, Some(labels(&[("label", "foo")])));
+    assert_eq!(
+        disk.reservations, reserved.reservations,
+        "reservations kept"
+    );
+    assert_eq!(mb(disk), 4096.0);
+
+    let block = p.created_disk(
+        &reserved,
+        &created("v2", &BTreeMap::new(), None),
+        CreatedKind::Block,
+    );
+    let b = &block.converted.as_slice()[0];
+    assert_eq!(src(b).r#type, SourceType::Block as i32);
+    assert!(src(b).mount.is_none() && src(b).metadata.is_none());
+
+    let destroy = p.destroyed_disk(disk, true, |profile| profile == "test");
+    assert!(!destroy.reconcile_pools);
+    let total = total.apply(&destroy.conversion).unwrap();
+    assert_eq!(total, one(&reserved));
+    let unreserve = Conversion {
+        consumed: one(&reserved),
+        converted: original.clone(),
+    };
+    assert_eq!(total.apply(&unreserve).unwrap(), original);
+}
+
+/// Mesos ProfileDisappeared, second half: DESTROY_DISK of a disk whose profile is gone
+/// finishes with empty converted resources and asks for a pool reconciliation.
+#[test]
+fn destroying_a_disk_of_a_vanished_profile_frees_nothing_until_reconciled() {
+    let p = provider();
+    let disk = mounted(&p, volume(&p, "v1", 2 * GB, Some("test1")));
+    let got = p.destroyed_disk(&disk, true, |profile| profile == "test2");
+    assert!(got.reconcile_pools);
+    assert!(got.conversion.converted.is_empty());
+    assert_eq!(got.conversion.consumed, one(&disk));
+
+    // Without DeleteVolume the volume stays: RAW, with its id, without profile.
+    let kept = p.destroyed_disk(&disk, false, |_| true);
+    assert!(!kept.reconcile_pools);
+    let raw = &kept.conversion.converted.as_slice()[0];
+    assert_eq!(raw, &volume(&p, "v1", 2 * GB, None));
+}
+
+/// Spec §12 item 28: a plugin that rounds sizes up. Mesos keeps the requested size; the
+/// next ListVolumes then reports a different disk, which is added as a new RAW resource
+/// while the created disk is kept as missing. With the created size recorded, nothing
+/// changes.
+#[test]
+fn a_created_disk_has_the_size_the_plugin_created() {
+    let p = provider();
+    let requested = pool(&p, "test", GB);
+    let context = BTreeMap::new();
+    let listing = [listed("v1", GB + 4 * MB, &[])];
+    for (bytes, stable) in [(None, false), (Some(GB + 4 * MB), true)] {
+        let create = p.created_disk(
+            &requested,
+            &created("v1", &context, bytes),
+            CreatedKind::Mount,
+        );
+        let total = one(&requested).apply(&create).unwrap();
+        let got = p.existing_volumes(&total, &listing).unwrap();
+        assert_eq!(
+            got.merge.conversion.is_noop(),
+            stable,
+            "{bytes:?}: {:?}",
+            got.merge
+        );
+        assert_eq!(got.merge.missing_converted.is_empty(), stable, "{bytes:?}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Properties of a whole reconciliation.
+
+fn arb_listing() -> impl Strategy<Value = Vec<Volume>> {
+    prop::collection::vec(
+        (0usize..4, 0u64..4, any::<bool>()).prop_map(|(id, gb, context)| {
+            let ctx: &[(&str, &str)] = if context { &[("k", "v")] } else { &[] };
+            listed(["v1", "v2", "v3", "v4"][id], gb * GB, ctx)
+        }),
+        0..5,
+    )
+}
+
+fn arb_capacities() -> impl Strategy<Value = Vec<(&'static str, u64)>> {
+    prop::collection::vec(
+        (0usize..3, 0u64..8).prop_map(|(p, gb)| (["a", "b", "c"][p], gb * GB)),
+        0..3,
+    )
+    .prop_map(|mut c| {
+        // One GetCapacity answer per profile.
+        c.sort_by_key(|(p, _)| *p);
+        c.dedup_by_key(|(p, _)| *p);
+        c
+    })
+}
+
+proptest! {
+    /// Reconciling again with the same plugin answers changes nothing, whatever the
+    /// total held before (converted, reserved, duplicated, vanished resources).
+    #[test]
+    fn reconciliation_is_idempotent(
+        total in prop::collection::vec(arb_resource(), 0..6),
+        listing in arb_listing(),
+        capacities in arb_capacities(),
+    ) {
+        let p = provider();
+        let once = reconcile(&p, &res(&total), &listing, &capacities);
+        let twice = reconcile(&p, &once, &listing, &capacities);
+        prop_assert_eq!(&twice, &once);
+        // Every volume with a size at its first listing is in the total, in some form.
+        let mut seen = BTreeSet::new();
+        let first = listing.iter().filter(|v| seen.insert(v.volume_id.as_str()));
+        for v in first.filter(|v| v.capacity_bytes > 0) {
+            prop_assert!(once.iter().any(|r| src(r).id.as_deref() == Some(v.volume_id.as_str())));
+        }
+    }
+
+    /// With creates pending, the total always still holds what they consume.
+    #[test]
+    fn pending_creates_always_stay_applicable(
+        total_gb in 1u64..16,
+        pending_gb in 1u64..16,
+        reported_gb in 0u64..16,
+    ) {
+        let p = provider();
+        let total = res(&[pool(&p, "a", total_gb * GB)]);
+        let in_flight = res(&[pool(&p, "a", pending_gb.min(total_gb) * GB)]);
+        let got = p.reconcile_pools(&total, &p.storage_pools([("a", reported_gb * GB)]), &in_flight);
+        let after = total.apply(&got.conversion).unwrap();
+        prop_assert!(after.contains(&in_flight));
+        // The free part is exactly what the plugin reports beyond what is in flight.
+        let pending = pending_gb.min(total_gb);
+        let free = after - &in_flight;
+        prop_assert_eq!(free, p.storage_pools([("a", reported_gb.saturating_sub(pending) * GB)]));
+    }
 }

@@ -845,6 +845,123 @@ impl ProviderResources {
     }
 }
 
+impl ProviderResources {
+    /// The conversion of a finished CREATE_DISK (Mesos `applyCreateDisk`): `source` (a
+    /// pool, or a RAW disk with an id for a pre-existing volume) becomes a `kind` disk
+    /// with the plugin's volume id, the profile, the volume context as metadata (left as
+    /// it was if the context is empty) and, for MOUNT, this provider's
+    /// [`mount_root`](Self::mount_root). Reservations and everything else are kept.
+    ///
+    /// Difference (spec §12 item 28): Mesos keeps the requested size even when the
+    /// plugin created a different one, so the next ListVolumes reports a volume that no
+    /// longer matches and the disk is kept as "missing converted" beside a new RAW copy.
+    /// `created_bytes` (CreateVolumeResponse `capacity_bytes`; `None` or 0 = unknown)
+    /// gives the disk its real size; the pool answers of the next reconciliation account
+    /// for the difference.
+    pub fn created_disk(
+        &self,
+        source: &Resource,
+        created: &CreatedVolume<'_>,
+        kind: CreatedKind,
+    ) -> Conversion {
+        let mut disk = source.clone();
+        if let Some(bytes) = created.bytes.filter(|b| *b > 0) {
+            disk.scalar = Some(Scalar {
+                value: bytes as f64 / BYTES_PER_MB,
+            });
+        }
+        let s = source_mut(&mut disk);
+        s.id = Some(created.id.to_owned());
+        s.profile = Some(created.profile.to_owned());
+        if !created.context.is_empty() {
+            s.metadata = Some(labels_from_context(created.context));
+        }
+        match kind {
+            CreatedKind::Mount => {
+                s.r#type = SourceType::Mount as i32;
+                s.mount = Some(self.mount_source());
+            }
+            CreatedKind::Block => s.r#type = SourceType::Block as i32,
+        }
+        Conversion {
+            consumed: Resources::from(source.clone()),
+            converted: Resources::from(disk),
+        }
+    }
+
+    /// The conversion of a finished DESTROY_DISK (Mesos `applyDestroyDisk`): the disk
+    /// becomes RAW again (MOUNT root cleared).
+    ///
+    /// - `deprovisioned` (the plugin deleted the volume): id and metadata are cleared, so
+    ///   the space returns to its pool; if the disk has no profile or `profile_known`
+    ///   says its profile is gone, the space is returned as nothing (an empty converted
+    ///   side) and [`DestroyedDisk::reconcile_pools`] asks for a pool reconciliation, which
+    ///   lets the currently existing profiles claim it.
+    /// - not deprovisioned (no DeleteVolume capability): the volume stays, as a RAW disk
+    ///   with its id and no profile.
+    pub fn destroyed_disk(
+        &self,
+        resource: &Resource,
+        deprovisioned: bool,
+        profile_known: impl Fn(&str) -> bool,
+    ) -> DestroyedDisk {
+        let mut raw = resource.clone();
+        let s = source_mut(&mut raw);
+        s.r#type = SourceType::Raw as i32;
+        s.mount = None;
+        let mut reconcile_pools = false;
+        if deprovisioned {
+            s.id = None;
+            s.metadata = None;
+            if !s.profile.as_deref().is_some_and(&profile_known) {
+                raw.scalar = Some(Scalar { value: 0.0 });
+                reconcile_pools = true;
+            }
+        } else {
+            s.profile = None;
+        }
+        DestroyedDisk {
+            conversion: Conversion {
+                consumed: Resources::from(resource.clone()),
+                converted: Resources::from(raw),
+            },
+            reconcile_pools,
+        }
+    }
+}
+
+/// What CREATE_DISK made, for [`ProviderResources::created_disk`].
+#[derive(Debug, Clone, Copy)]
+pub struct CreatedVolume<'a> {
+    /// The plugin's volume id.
+    pub id: &'a str,
+    /// The volume context (becomes the disk's metadata).
+    pub context: &'a BTreeMap<String, String>,
+    /// The profile the disk was created with.
+    pub profile: &'a str,
+    /// The size the plugin reports having created, if it says.
+    pub bytes: Option<u64>,
+}
+
+/// The disk type CREATE_DISK produces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CreatedKind {
+    /// A MOUNT disk (a file system the agent mounts under the MOUNT root).
+    Mount,
+    /// A BLOCK disk.
+    Block,
+}
+
+/// The result of [`ProviderResources::destroyed_disk`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct DestroyedDisk {
+    /// The disk out, the freed RAW resource (possibly nothing) in.
+    pub conversion: Conversion,
+    /// The freed space had no live profile: reconcile the pools to recover it (Mesos
+    /// does so unless a reconciliation is already pending).
+    pub reconcile_pools: bool,
+}
+
 /// Mesos validates `default_reservations` with `Resources::validate` on the reservation
 /// stack; these are the rules that matter to the provider.
 fn validate_reservations(stack: &[ReservationInfo]) -> Result<(), ResourceError> {
