@@ -207,6 +207,9 @@ fn context_rejects_what_mesos_would_misuse() {
         (vec![reservation(ReservationType::Unknown, "a")], Some(0)),
         (vec![reservation(ReservationType::Dynamic, "*")], Some(0)),
         (vec![reservation(ReservationType::Dynamic, "a//b")], Some(0)),
+        (vec![reservation(ReservationType::Dynamic, "a/-b")], Some(0)),
+        (vec![reservation(ReservationType::Dynamic, "a b")], Some(0)),
+        (vec![reservation(ReservationType::Dynamic, "/a")], Some(0)),
     ];
     for (stack, bad) in table {
         let got = ProviderResources::new(id.clone(), "t", "n", stack.clone());

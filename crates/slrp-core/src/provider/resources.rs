@@ -24,7 +24,7 @@ const BYTES_PER_MB: f64 = 1_048_576.0;
 #[derive(Debug, thiserror::Error)]
 pub enum ResourceError {
     /// A conversion consumes resources the total does not hold (Mesos:
-    /// "<total> does not contain <consumed>", where the reference provider aborts).
+    /// "`<total>` does not contain `<consumed>`", where the reference provider aborts).
     #[error("resources {total} do not contain {consumed}")]
     NotContained {
         /// The resources the conversion was applied to.
@@ -980,11 +980,12 @@ fn validate_reservations(stack: &[ReservationInfo]) -> Result<(), ResourceError>
         let Some(role) = reservation.role.as_deref().filter(|r| !r.is_empty()) else {
             return bad("the role is missing");
         };
-        if role == "*"
-            || role
-                .split('/')
-                .any(|part| part.is_empty() || part == "." || part == "..")
-        {
+        // Mesos `roles::validate`: no empty, `.`, `..` or `-`-prefixed component, no
+        // whitespace or DEL; `*` cannot be reserved for.
+        let bad_part =
+            |part: &str| part.is_empty() || part == "." || part == ".." || part.starts_with('-');
+        let bad_char = |c: char| c.is_ascii_whitespace() || c == '\x0b' || c == '\x7f';
+        if role == "*" || role.contains(bad_char) || role.split('/').any(bad_part) {
             return bad("the role is not a valid role name");
         }
         if let Some(parent) = parent
