@@ -448,6 +448,34 @@ async fn an_intent_survives_a_last_answer_that_rules_out_only_its_own_attempt() 
 }
 
 #[tokio::test]
+async fn an_unsettled_intent_does_not_block_readiness_under_a_retrying_policy() {
+    // Production retries CreateVolume on UNAVAILABLE without limit (Mesos's policy).
+    // Recovery's one try of an intent must not sit in those retries: readiness would
+    // wait for a plugin that keeps answering UNAVAILABLE.
+    let h = Harness::new(FakeCsi::full());
+    let m = h.start();
+    h.fake.fail(CsiRpc::CreateVolume, Code::Unavailable, 1);
+    assert!(m.handle.create(create_req("op-1")).await.is_err());
+    m.stop().await.unwrap();
+    assert_eq!(h.stored_intents().len(), 1);
+
+    h.fake
+        .fail(CsiRpc::CreateVolume, Code::Unavailable, usize::MAX);
+    let m = start_retrying(
+        &h,
+        CsiRpc::CreateVolume,
+        std::time::Duration::from_secs(3600),
+    );
+    let report = tokio::time::timeout(std::time::Duration::from_secs(10), m.handle.ready())
+        .await
+        .expect("readiness waited for the intent's retries")
+        .unwrap();
+    assert_eq!(report.unsettled_intents, ["op-1"], "{report:?}");
+    m.stop().await.unwrap();
+    assert_eq!(h.stored_intents().len(), 1);
+}
+
+#[tokio::test]
 async fn an_intent_recovery_cannot_settle_does_not_block_readiness_and_is_settled_later() {
     let h = Harness::new(FakeCsi::full());
     let m = h.start();

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use slrp_csi::retry::JitterRng;
+use slrp_csi::retry::{JitterRng, RetryPolicy};
 use slrp_csi::{
     ControllerPublishRequest, CsiError, CsiRpc, CsiVolumes, NodePublishRequest, NodeStageRequest,
     RetryClass, Secrets, StringMap, VolumeId,
@@ -321,12 +321,26 @@ impl<C: CsiVolumes> Ctx<C> {
     /// running.
     /// Shutdown ends a backoff at once with the last error (the volume stays in flight or
     /// its intent stays, as after any failed call).
-    pub(super) async fn call<T, F, Fut>(&self, rpc: CsiRpc, mut attempt: F) -> Result<T, CsiError>
+    pub(super) async fn call<T, F, Fut>(&self, rpc: CsiRpc, attempt: F) -> Result<T, CsiError>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, CsiError>>,
     {
-        let policy = self.cfg.retry.policy(rpc);
+        self.call_with(rpc, self.cfg.retry.policy(rpc), attempt)
+            .await
+    }
+
+    /// [`Ctx::call`] under `policy` (`None`: one attempt).
+    pub(super) async fn call_with<T, F, Fut>(
+        &self,
+        rpc: CsiRpc,
+        policy: Option<&RetryPolicy>,
+        mut attempt: F,
+    ) -> Result<T, CsiError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, CsiError>>,
+    {
         let mut jitter = policy.map(|p| JitterRng::new(p.jitter));
         let mut n: u32 = 1;
         loop {

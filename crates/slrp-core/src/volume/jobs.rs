@@ -184,7 +184,11 @@ impl<C: CsiVolumes> Ctx<C> {
                         ..Done::plain(Box::new(|| {}))
                     };
                 }
-                let (result, change) = self.create(req.clone(), record).await;
+                // Recovery's try of an intent and its background retries make one
+                // attempt each: the background schedule is their retry, and readiness
+                // must not wait out the RPC policy's (unlimited) retries.
+                let retried = reply.is_some();
+                let (result, change) = self.create(req.clone(), record, retried).await;
                 // Recovery never blocks readiness on an intent: a settled one is done, a
                 // dropped one reported, and one the plugin may still have acted on is
                 // reported by name and retried in the background (caller creates leave
@@ -308,17 +312,19 @@ impl<C: CsiVolumes> Ctx<C> {
         })
     }
 
+    /// `retried`: CreateVolume under the configured retry policy, else one attempt.
     pub(super) async fn create(
         &self,
         req: CreateVolume,
         existing: Option<VolumeRecord>,
+        retried: bool,
     ) -> (Result<VolumeInfo, VolumeError>, Change) {
         if let Some(rec) = existing {
             // Already tracked under this name: the earlier attempt's result (spec §12.7).
             let result = self.compare_tracked(&rec, &req.capability, &req.parameters);
             return (result, Change::None);
         }
-        match self.create_steps(&req).await {
+        match self.create_steps(&req, retried).await {
             Ok(rec) => (Ok(VolumeInfo::of(&rec)), Change::Put(Box::new(rec))),
             Err(e) => (Err(e), Change::None),
         }
@@ -327,6 +333,7 @@ impl<C: CsiVolumes> Ctx<C> {
     pub(super) async fn create_steps(
         &self,
         req: &CreateVolume,
+        retried: bool,
     ) -> Result<VolumeRecord, VolumeError> {
         if !self.cfg.caps.controller.create_delete_volume {
             return Err(VolumeError::Unsupported {
@@ -362,8 +369,13 @@ impl<C: CsiVolumes> Ctx<C> {
         // refused without effect (or never sent, the plugin restarting) says nothing
         // about the attempt before it.
         let effect = std::sync::atomic::AtomicBool::new(false);
+        let policy = if retried {
+            self.cfg.retry.policy(CsiRpc::CreateVolume)
+        } else {
+            None
+        };
         let result = self
-            .call(CsiRpc::CreateVolume, || async {
+            .call_with(CsiRpc::CreateVolume, policy, || async {
                 let r = self.csi.create_volume(&request).await;
                 if r.as_ref().is_err_and(CsiError::may_have_taken_effect) {
                     effect.store(true, std::sync::atomic::Ordering::Relaxed);
