@@ -14,8 +14,11 @@
 //!   [`volume::VolumeRecord`]), [`volume::paths`] (volume id ↔ mount directory),
 //!   [`volume::manager`] (the worker; with private modules beside it for the handle,
 //!   per-volume lanes and the create gate, the jobs, the durable driver loop, recovery
-//!   and mount-directory cleanup), [`volume::host`]
-//!   (boot id, mount table, secrets) and [`volume::error`].
+//!   and mount-directory cleanup), [`volume::plan`] (recovery planning as one pure
+//!   function), [`volume::host`] (boot id, mount table, secrets) and [`volume::error`].
+//! - [`provider`]: [`provider::resources`], the provider's resource arithmetic (resource
+//!   shapes, storage pools, pre-existing volumes, Mesos's `computeConversion` and the
+//!   `Resources` algebra), pure; the provider's driver comes with issue #10.
 //!
 //! # Invariants
 //!
@@ -33,8 +36,6 @@
 //!
 //! # Limitations
 //!
-//! - No persistent-volume content cleanup before DeleteVolume (Mesos wipes the target of
-//!   volumes that were published); the provider layer must do it if it needs it.
 //! - No metrics yet (volumes by state, job latency).
 //! - Readiness reports a failed republish; retrying recovery is the caller's decision.
 
