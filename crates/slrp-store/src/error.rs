@@ -34,6 +34,14 @@ pub enum StoreError {
         #[source]
         source: std::io::Error,
     },
+    /// A tuning knob of [`crate::StoreConfig`] has a value the store cannot work with.
+    #[error("store config field {field}: {problem}")]
+    Config {
+        /// The field, as named in `StoreConfig`.
+        field: &'static str,
+        /// What is wrong with its value.
+        problem: &'static str,
+    },
     /// The writer thread could not be started.
     #[error("starting the state store writer thread")]
     WriterSpawn {
@@ -175,7 +183,10 @@ impl StoreError {
     /// itself (a bad key, an unserialisable value, writing to a read-only store) are not.
     pub fn is_fatal(&self) -> bool {
         match self {
-            Self::InvalidKey { .. } | Self::Encode { .. } | Self::ReadOnly => false,
+            Self::InvalidKey { .. }
+            | Self::Encode { .. }
+            | Self::ReadOnly
+            | Self::Config { .. } => false,
             Self::Open { .. }
             | Self::Dir { .. }
             | Self::Locked { .. }
@@ -372,7 +383,8 @@ impl StoreError {
             | Self::ReadOnly
             | Self::Poisoned
             | Self::WriterStopped
-            | Self::ReadTask { .. } => Self::Poisoned,
+            | Self::ReadTask { .. }
+            | Self::Config { .. } => Self::Poisoned,
         }
     }
 }

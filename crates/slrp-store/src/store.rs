@@ -34,6 +34,29 @@ pub struct StoreConfig {
     pub queue_depth: usize,
 }
 
+impl StoreConfig {
+    /// Refuses values the store cannot work with, naming the field, instead of quietly
+    /// raising them: a zero here is a configuration mistake, not a request for one.
+    ///
+    /// # Errors
+    /// [`StoreError::Config`] for a zero `max_batch` or `queue_depth`.
+    pub fn validate(&self) -> Result<(), StoreError> {
+        if self.max_batch == 0 {
+            return Err(StoreError::Config {
+                field: "max_batch",
+                problem: "must be at least 1",
+            });
+        }
+        if self.queue_depth == 0 {
+            return Err(StoreError::Config {
+                field: "queue_depth",
+                problem: "must be at least 1",
+            });
+        }
+        Ok(())
+    }
+}
+
 impl Default for StoreConfig {
     fn default() -> Self {
         Self {
@@ -254,6 +277,7 @@ impl Store {
 
     /// [`Store::open`] with explicit tuning.
     pub fn open_with(dir: impl AsRef<Path>, config: StoreConfig) -> Result<Self, StoreError> {
+        config.validate()?;
         let dir = dir.as_ref();
         create_dir_durable(dir)?;
         let lock_path = dir.join(LOCK_FILE);
@@ -298,10 +322,10 @@ impl Store {
 
         let reader = Self::open_reader(&path)?;
         let shared = Arc::new(Shared::default());
-        let (tx, rx) = mpsc::channel(config.queue_depth.max(1));
+        let (tx, rx) = mpsc::channel(config.queue_depth);
         let thread = {
             let shared = shared.clone();
-            let max_batch = config.max_batch.max(1);
+            let max_batch = config.max_batch;
             std::thread::Builder::new()
                 .name("slrp-store-writer".to_owned())
                 .spawn(move || writer::run(conn, rx, shared, max_batch))

@@ -630,3 +630,39 @@ async fn disk_full_is_fatal_and_typed() {
     tx.put(&vol("small", "CREATED")).unwrap();
     assert!(matches!(tx.commit().await, Err(StoreError::Poisoned)));
 }
+
+#[test]
+fn zero_tuning_knobs_are_refused_naming_the_field_and_create_nothing() {
+    use slrp_store::StoreConfig;
+    for (config, field) in [
+        (
+            StoreConfig {
+                max_batch: 0,
+                ..StoreConfig::default()
+            },
+            "max_batch",
+        ),
+        (
+            StoreConfig {
+                queue_depth: 0,
+                ..StoreConfig::default()
+            },
+            "queue_depth",
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        match Store::open_with(&state, config) {
+            Err(e @ StoreError::Config { field: f, .. }) => {
+                assert_eq!(f, field);
+                assert!(e.to_string().contains(field), "{e}");
+                assert!(!e.is_fatal());
+            }
+            other => panic!("expected a config error naming {field}, got {other:?}"),
+        }
+        assert!(
+            !state.exists(),
+            "a refused config must not create the state directory"
+        );
+    }
+}
