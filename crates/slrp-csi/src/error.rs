@@ -255,8 +255,10 @@ impl CsiError {
             Self::Rpc { code, .. } => Some(*code),
             Self::Timeout { .. } | Self::NotReady { .. } => Some(Code::DeadlineExceeded),
             Self::Cancelled { .. } => Some(Code::Cancelled),
-            Self::EndpointStopped { .. } => Some(Code::Unavailable),
-            Self::NoService { .. }
+            // No code: a stopped endpoint never comes back, so no retry policy (they retry
+            // by code, and UNAVAILABLE is in Mesos's) may spin on it until shutdown.
+            Self::EndpointStopped { .. }
+            | Self::NoService { .. }
             | Self::InvalidEndpoint { .. }
             | Self::SocketAlias { .. }
             | Self::UnknownVersion { .. }
@@ -483,6 +485,16 @@ mod tests {
             }
             .may_have_taken_effect()
         );
+    }
+
+    #[test]
+    fn a_stopped_endpoint_is_retried_by_no_policy() {
+        let e = CsiError::EndpointStopped {
+            rpc: CsiRpc::DeleteVolume,
+            endpoint: "unix:///run/p.sock".to_owned(),
+        };
+        assert_eq!(e.retry_class(), RetryClass::Permanent);
+        assert!(!crate::RetryPolicy::mesos().retries(&e));
     }
 
     #[test]
