@@ -157,14 +157,7 @@ impl<C: CsiVolumes> Ctx<C> {
             id: id.clone(),
             source,
         };
-        let target = self
-            .cfg
-            .mount_paths
-            .target(id)
-            .map_err(|source| VolumeError::Path {
-                id: id.clone(),
-                source,
-            })?;
+        let target = self.target_path(id)?;
         let nested: Vec<PathBuf> = self
             .cfg
             .mounts

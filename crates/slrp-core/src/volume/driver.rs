@@ -250,14 +250,7 @@ impl<C: CsiVolumes> Ctx<C> {
             | CsiCall::NodeStage
             | CsiCall::NodeUnstage => return Ok(()),
         };
-        let path = self
-            .cfg
-            .mount_paths
-            .target(id)
-            .map_err(|source| VolumeError::Path {
-                id: id.clone(),
-                source,
-            })?;
+        let path = self.target_path(id)?;
         // A dangling link at the target counts as present: something is there.
         let present = tokio::fs::symlink_metadata(&path).await.is_ok();
         match (expect_present, present) {

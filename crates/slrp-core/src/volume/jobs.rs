@@ -154,6 +154,17 @@ pub(super) struct Ctx<C> {
 const SLRP_VOLUMES_READONLY: bool = false;
 
 impl<C: CsiVolumes> Ctx<C> {
+    /// The volume's target path, or the error naming the volume whose id has none.
+    pub(super) fn target_path(&self, id: &VolumeId) -> Result<PathBuf, VolumeError> {
+        self.cfg
+            .mount_paths
+            .target(id)
+            .map_err(|source| VolumeError::Path {
+                id: id.clone(),
+                source,
+            })
+    }
+
     pub(super) async fn run_job(
         self: Arc<Self>,
         key: Key,
@@ -666,14 +677,7 @@ impl<C: CsiVolumes> Ctx<C> {
             return (Err(VolumeError::BeingDeleted { id }), Change::None);
         }
         let result = match self.drive(&mut rec, Goal::Published).await {
-            Ok(()) => self
-                .cfg
-                .mount_paths
-                .target(&rec.id)
-                .map_err(|source| VolumeError::Path {
-                    id: rec.id.clone(),
-                    source,
-                }),
+            Ok(()) => self.target_path(&rec.id),
             Err(e) => Err(e),
         };
         (result, Change::Put(Box::new(rec)))
