@@ -1,0 +1,33 @@
+//! slrp's resource provider and the daemon that runs it.
+//!
+//! # Overview
+//!
+//! A provider reports one CSI plugin's storage to a resource provider manager (a Mesos
+//! agent, or slrp's embedded manager) as Mesos resources, and keeps that report true
+//! (spec §2, §3, §6, §7.3). This crate wires the layers below into that: the plugin stack
+//! of one provider (supervised plugin, CSI services prepared as Mesos prepares them, the
+//! volume manager), the provider worker (lifecycle RECOVERING → … → READY, reconciliation,
+//! UPDATE_STATE), the configuration in Mesos's formats, and the daemon that runs several
+//! providers in one process (`slrp run`).
+//!
+//! # Layout
+//!
+//! - [`config`]: the daemon's configuration and the ResourceProviderInfo files of
+//!   `--resource-provider-config-dir`, validated as Mesos validates them.
+//! - [`workdir`]: the refusal to start on a work directory that holds a Mesos SLRP's
+//!   checkpoints for the same plugin.
+//! - [`metrics`]: per-provider metrics with Mesos's names (spec §9).
+//! - [`services`]: `prepareServices` (spec §4.4).
+//! - [`stack`]: one provider's plugin stack (supervisor, version, services, volume manager).
+//! - [`worker`]: the provider worker.
+//! - [`daemon`]: the process: providers, admin endpoint, shutdown order.
+//! - [`admin`]: the admin endpoint's HTTP server (metrics, health, readiness).
+
+pub mod config;
+pub mod workdir;
+pub mod metrics;
+pub mod services;
+pub mod stack;
+pub mod worker;
+pub mod daemon;
+pub mod admin;
