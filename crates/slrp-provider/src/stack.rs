@@ -299,13 +299,13 @@ impl PluginStack {
                 sup.runtime_dir.clone_from(&cfg.runtime_dir);
                 let probe = CsiProbe::new(sup.probe_timeout, metrics.health_probes());
                 // Its own token: only `shutdown` decides whether plugins stop or stay.
-                let handle = Supervisor::start(
+                let handle = Box::pin(Supervisor::start(
                     spec,
                     sup,
                     probe,
                     metrics.supervisor(),
                     CancellationToken::new(),
-                )
+                ))
                 .await
                 .map_err(|e| failed(&provider, StackStep::Supervisor)(e.into()))?;
                 let ready = async {
@@ -339,7 +339,15 @@ impl PluginStack {
             }
         };
 
-        match volume_manager(&provider, &cfg, &plugin_info, &services, &cancel).await {
+        // Boxed, like the supervisor's start: the futures of the layers below are large.
+        let part = Box::pin(volume_manager(
+            &provider,
+            &cfg,
+            &plugin_info,
+            &services,
+            &cancel,
+        ));
+        match part.await {
             Ok(v) => Ok(Self {
                 provider,
                 plugin,
@@ -445,7 +453,11 @@ async fn volume_manager(
     let plugin_name = plugin_info.name.as_deref().unwrap_or("default");
     let prepared = until_cancelled(
         cancel,
-        prepare_services(plugin_type, plugin_name, Services::of(services)),
+        Box::pin(prepare_services(
+            plugin_type,
+            plugin_name,
+            Services::of(services),
+        )),
     )
     .await
     .ok_or_else(|| cancelled(provider, StackStep::PrepareServices))?
