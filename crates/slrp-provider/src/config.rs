@@ -649,9 +649,11 @@ pub struct DaemonConfigFile {
     pub state_dir: Option<PathBuf>,
     /// The directory of ResourceProviderInfo JSON files.
     pub resource_provider_config_dir: Option<PathBuf>,
-    /// The profile adaptor (Mesos's URI disk profile adaptor parameters: `uri`,
-    /// `poll_interval`, …).
-    pub disk_profiles: Option<slrp_profiles::ProfilesConfigFile>,
+    /// The `[profiles]` table (also accepted as `[disk_profiles]`, after the flag): the
+    /// profile adaptor, with Mesos's URI disk profile adaptor parameters (`uri`,
+    /// `poll_interval`, …). `--disk-profiles URI` sets its `uri`.
+    #[serde(alias = "disk_profiles")]
+    pub profiles: Option<slrp_profiles::ProfilesConfigFile>,
     /// The admin endpoint.
     #[serde(default)]
     pub admin: AdminFile,
@@ -715,7 +717,7 @@ impl DaemonConfigFile {
         self.agent.token_file = relative_to(base, self.agent.token_file.take());
         self.agent.ca_file = relative_to(base, self.agent.ca_file.take());
         self.admin.socket = relative_to(base, self.admin.socket.take());
-        if let Some(p) = &mut self.disk_profiles {
+        if let Some(p) = &mut self.profiles {
             if let Some(uri) = &p.uri
                 && !uri.contains("://")
                 && !Path::new(uri).is_absolute()
@@ -757,11 +759,11 @@ impl DaemonConfigFile {
             if !uri.contains("://") && !Path::new(&uri).is_absolute() {
                 uri = cwd.join(uri).to_string_lossy().into_owned();
             }
-            let mut profiles = self.disk_profiles.take().unwrap_or_default();
+            let mut profiles = self.profiles.take().unwrap_or_default();
             // A URI from the command line replaces an inline set from the file.
             profiles.inline = None;
             profiles.uri = Some(uri);
-            self.disk_profiles = Some(profiles);
+            self.profiles = Some(profiles);
         }
         self
     }
@@ -870,10 +872,10 @@ impl DaemonConfig {
         let shutdown_grace = duration("shutdown_grace", file.shutdown_grace.as_ref())?
             .unwrap_or(DEFAULT_SHUTDOWN_GRACE);
         let profiles = file
-            .disk_profiles
+            .profiles
             .map(slrp_profiles::ProfilesConfig::try_from)
             .transpose()
-            .map_err(|e| setting("disk_profiles", SettingError::Profiles(e)))?;
+            .map_err(|e| setting("profiles", SettingError::Profiles(e)))?;
         let dir = non_empty(
             "resource_provider_config_dir",
             file.resource_provider_config_dir,

@@ -332,7 +332,7 @@ call_timeout = "3secs"
 backoff_base = "100ms"
 backoff_max = "2s"
 
-[disk_profiles]
+[profiles]
 uri = "profiles.json"
 poll_interval = "10secs"
 
@@ -456,7 +456,7 @@ fn bad_settings_are_refused_naming_the_key() {
         (
             "profiles",
             format!("{rp}[agent]\nurl = \"http://a:1\"\n[disk_profiles]\nuri = \"ftp://x\"\n"),
-            "disk_profiles",
+            "setting 'profiles'",
         ),
         (
             "profiles key",
