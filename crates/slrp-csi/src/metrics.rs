@@ -66,6 +66,14 @@ impl CsiMetrics {
     /// Creates the metrics and registers them under the `csi` prefix of `registry`.
     pub fn register(registry: &mut Registry) -> Self {
         let m = Self::default();
+        m.register_in(registry);
+        m
+    }
+
+    /// Registers these (already counting) metrics under the `csi` prefix of `registry`,
+    /// e.g. a per-provider sub-registry.
+    pub fn register_in(&self, registry: &mut Registry) {
+        let m = self;
         let sub = registry.sub_registry_with_prefix("csi");
         sub.register(
             "rpcs_pending",
@@ -92,7 +100,6 @@ impl CsiMetrics {
             "Latency of completed CSI RPC attempts",
             m.latency.clone(),
         );
-        m
     }
 
     fn labels(rpc: CsiRpc) -> RpcLabels {
@@ -122,6 +129,21 @@ impl CsiMetrics {
     /// Sum over all RPCs of attempts that returned OK.
     pub fn finished_total(&self) -> u64 {
         CsiRpc::ALL.into_iter().map(|r| self.finished(r)).sum()
+    }
+
+    /// Sum over all RPCs of attempts in flight (Mesos's `csi_plugin/rpcs_pending`).
+    pub fn pending_total(&self) -> i64 {
+        CsiRpc::ALL.into_iter().map(|r| self.pending(r)).sum()
+    }
+
+    /// Sum over all RPCs of attempts that failed (Mesos's `csi_plugin/rpcs_failed`).
+    pub fn failed_total(&self) -> u64 {
+        CsiRpc::ALL.into_iter().map(|r| self.failed(r)).sum()
+    }
+
+    /// Sum over all RPCs of attempts that were cancelled (`csi_plugin/rpcs_cancelled`).
+    pub fn cancelled_total(&self) -> u64 {
+        CsiRpc::ALL.into_iter().map(|r| self.cancelled(r)).sum()
     }
 
     pub(crate) fn start(&self, rpc: CsiRpc) -> AttemptGuard {

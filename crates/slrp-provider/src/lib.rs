@@ -23,11 +23,11 @@
 //! - [`daemon`]: the process: providers, admin endpoint, shutdown order.
 //! - [`admin`]: the admin endpoint's HTTP server (metrics, health, readiness).
 
+pub mod admin;
 pub mod config;
-pub mod workdir;
+pub mod daemon;
 pub mod metrics;
 pub mod services;
 pub mod stack;
+pub mod workdir;
 pub mod worker;
-pub mod daemon;
-pub mod admin;

@@ -60,12 +60,23 @@ pub struct SupervisorMetrics {
     restarts: Family<ContainerLabels, Counter>,
     ready: Family<ContainerLabels, Gauge>,
     adoptions: Family<ContainerLabels, Counter>,
+    /// All terminations of all containers: Mesos's single `container_terminations`
+    /// counter (a `Family` cannot be summed without knowing its label values).
+    terminations_total: Counter,
 }
 
 impl SupervisorMetrics {
     /// Creates the metrics under the `csi_plugin` prefix of `registry`.
     pub fn register(registry: &mut Registry) -> Self {
         let m = Self::default();
+        m.register_in(registry);
+        m
+    }
+
+    /// Registers these (already counting) metrics under the `csi_plugin` prefix of
+    /// `registry`, e.g. a per-provider sub-registry.
+    pub fn register_in(&self, registry: &mut Registry) {
+        let m = self;
         let sub = registry.sub_registry_with_prefix("csi_plugin");
         sub.register(
             "container_terminations",
@@ -87,7 +98,6 @@ impl SupervisorMetrics {
             "Plugin processes adopted from a previous slrp run",
             m.adoptions.clone(),
         );
-        m
     }
 
     fn labels(container: &str) -> ContainerLabels {
@@ -104,6 +114,12 @@ impl SupervisorMetrics {
                 cause,
             })
             .get()
+    }
+
+    /// Terminations of every container, whatever the cause (Mesos's
+    /// `csi_plugin/container_terminations`).
+    pub fn terminations_total(&self) -> u64 {
+        self.terminations_total.get()
     }
 
     /// Restarts of `container`.
@@ -123,6 +139,7 @@ impl SupervisorMetrics {
                 cause,
             })
             .inc();
+        self.terminations_total.inc();
     }
 
     pub(crate) fn restarted(&self, container: &str) {

@@ -1,0 +1,742 @@
+//! The process-level harness of `slrp run`: an embedded manager in the test process (real
+//! HTTP on loopback), provider configs in Mesos's format whose plugin is the bundled
+//! `slrp-csi-local`, and the daemon as a child process.
+//!
+//! A test observes only what a Mesos agent would (the manager's messages: SUBSCRIBE,
+//! UPDATE_STATE with resources) plus the daemon's admin endpoint
+//! (`<state-dir>/admin.sock`). Every wait has a timeout and, when it expires, panics with
+//! the daemon's log. Dropping a [`Cluster`] kills the daemon and every plugin process
+//! started under its directory (also when the test panics), so no process outlives a test.
+
+// Shared by several test binaries; each uses a part.
+#![allow(dead_code, unreachable_pub, missing_docs)]
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::{Value, json};
+use slrp_manager::{
+    EmbeddedManager, Listen, ManagerConfig, ManagerGuard, ManagerHandle, ManagerMessage,
+};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+
+/// The only local resource provider type (spec §10.1).
+pub const RP_TYPE: &str = "org.apache.mesos.rp.local.storage";
+/// The plugin type of Mesos's test fixture (vendor `org.apache.mesos.csi.test.<name>`).
+pub const PLUGIN_TYPE: &str = "org.apache.mesos.csi.test";
+/// The role of the fixture's default reservation.
+pub const DEFAULT_ROLE: &str = "storage";
+
+/// How long any single wait may take before the test fails (a hang guard: a healthy run
+/// takes a fraction of it, even on 2 busy cores).
+pub const WAIT: Duration = Duration::from_secs(60);
+
+/// One provider of the cluster: its ResourceProviderInfo and its plugin's flags.
+#[derive(Debug, Clone)]
+pub struct ProviderSpec {
+    /// `ResourceProviderInfo.name`.
+    pub name: String,
+    /// `storage.plugin.name` (the plugin type is [`PLUGIN_TYPE`]).
+    pub plugin_name: String,
+    /// `--csi-version` of the plugin.
+    pub csi_version: &'static str,
+    /// `--pool NAME=SIZE` flags of the plugin.
+    pub pools: Vec<String>,
+    /// `storage.reconciliation_interval_seconds` (Mesos's fixture: 0).
+    pub reconciliation_interval_seconds: f64,
+}
+
+impl ProviderSpec {
+    /// Mesos's fixture: provider `test`, plugin `local` (CSI v1) with a 4 GiB pool,
+    /// periodic reconciliation off.
+    pub fn fixture() -> Self {
+        Self::named("test", "local")
+    }
+
+    /// The fixture under other names.
+    pub fn named(name: &str, plugin_name: &str) -> Self {
+        Self {
+            name: name.into(),
+            plugin_name: plugin_name.into(),
+            csi_version: "v1",
+            pools: vec!["default=4GiB".into()],
+            reconciliation_interval_seconds: 0.0,
+        }
+    }
+
+    /// `<plugin type>.<plugin name>`, the resources' `disk.source.vendor`.
+    pub fn vendor(&self) -> String {
+        format!("{PLUGIN_TYPE}.{}", self.plugin_name)
+    }
+
+    /// `<rp type>.<rp name>`, the provider's metrics prefix and state directory name.
+    pub fn key(&self) -> String {
+        format!("{RP_TYPE}.{}", self.name)
+    }
+}
+
+/// An UPDATE_STATE as the manager received it, resources in Mesos's JSON form.
+#[derive(Debug, Clone)]
+pub struct Update {
+    pub provider_id: String,
+    pub resources: Vec<Value>,
+    pub resource_version: Vec<u8>,
+}
+
+impl Update {
+    /// The storage pools: RAW, vendor, profile, no id (Mesos's `isStoragePool`).
+    pub fn pools(&self) -> Vec<&Value> {
+        self.resources
+            .iter()
+            .filter(|r| source(r)["type"] == "RAW" && source(r)["id"].is_null())
+            .collect()
+    }
+
+    /// The disks with an id (pre-existing or created).
+    pub fn disks(&self) -> Vec<&Value> {
+        self.resources
+            .iter()
+            .filter(|r| !source(r)["id"].is_null())
+            .collect()
+    }
+}
+
+/// `disk.source` of a resource (`Value::Null` if absent).
+pub fn source(r: &Value) -> &Value {
+    &r["disk"]["source"]
+}
+
+/// A resource's size in MB.
+pub fn mb(r: &Value) -> f64 {
+    r["scalar"]["value"].as_f64().unwrap_or(f64::NAN)
+}
+
+/// `disk.source.metadata` as a map (empty if absent).
+pub fn metadata(r: &Value) -> BTreeMap<String, String> {
+    source(r)["metadata"]["labels"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|l| {
+            (
+                l["key"].as_str().unwrap_or_default().to_owned(),
+                l["value"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// Asserts the shape every provider resource has (spec §6.1): `disk`, SCALAR, the
+/// provider id, the fixture's default reservation, the plugin's vendor.
+pub fn assert_provider_resource(r: &Value, spec: &ProviderSpec, provider_id: &str) {
+    assert_eq!(r["name"], "disk", "{r}");
+    assert_eq!(r["type"], "SCALAR", "{r}");
+    assert_eq!(r["provider_id"]["value"], provider_id, "{r}");
+    assert_eq!(
+        r["reservations"],
+        json!([{"type": "DYNAMIC", "role": DEFAULT_ROLE}]),
+        "{r}"
+    );
+    assert_eq!(source(r)["vendor"], spec.vendor(), "{r}");
+}
+
+/// A profile document (Mesos URI adaptor format) with `names`, each selecting the test
+/// plugin type with capability `mount {}` + SINGLE_NODE_WRITER and no parameters, as
+/// Mesos's fixture does.
+pub fn profiles(names: &[&str]) -> Value {
+    let matrix: serde_json::Map<String, Value> = names
+        .iter()
+        .map(|n| {
+            (
+                (*n).to_owned(),
+                json!({
+                    "csi_plugin_type_selector": {"plugin_type": PLUGIN_TYPE},
+                    "volume_capabilities": {
+                        "mount": {},
+                        "access_mode": {"mode": "SINGLE_NODE_WRITER"}
+                    }
+                }),
+            )
+        })
+        .collect();
+    json!({ "profile_matrix": matrix })
+}
+
+/// The daemon child process; SIGKILLed on drop.
+#[derive(Debug)]
+pub struct Daemon {
+    child: tokio::process::Child,
+}
+
+impl Daemon {
+    fn pid(&self) -> Pid {
+        Pid::from_raw(
+            self.child
+                .id()
+                .and_then(|p| i32::try_from(p).ok())
+                .expect("daemon already reaped"),
+        )
+    }
+}
+
+/// How the daemon is started (flags and config of `slrp run`).
+#[derive(Debug, Clone, Default)]
+pub struct DaemonOptions {
+    /// The agent URL's transport: protobuf (default) or JSON.
+    pub json: bool,
+    /// How often the profile document is re-read; `None`: no `--disk-profiles` at all.
+    pub profiles_poll: Option<Duration>,
+}
+
+/// A manager, a state directory and the daemon's providers, all under one temporary
+/// directory.
+#[derive(Debug)]
+pub struct Cluster {
+    /// The test's directory (see [`Cluster::new`] for the layout).
+    pub dir: tempfile::TempDir,
+    pub specs: Vec<ProviderSpec>,
+    pub options: DaemonOptions,
+    manager: Option<(ManagerHandle, ManagerGuard)>,
+    /// Subscribed when the manager started, so nothing it observed is missed.
+    messages: Option<broadcast::Receiver<ManagerMessage>>,
+    /// The manager's address, kept across manager restarts (the daemon's `--agent`).
+    addr: Option<SocketAddr>,
+    daemon: Option<Daemon>,
+    /// Daemon starts so far (each appends to the same log, separated by a banner).
+    starts: usize,
+}
+
+impl Cluster {
+    /// Lays out `dir`: `manager/` (registrar), `state/` (`--state-dir`), `work/`
+    /// (`--work-dir`), `rp/` (`--resource-provider-config-dir`, one JSON per spec),
+    /// `plugins/<name>/{root,faults.json}`, `profiles.json`, `slrp.toml`, `daemon.log`; and
+    /// starts the manager. The daemon is not started.
+    pub async fn new(specs: Vec<ProviderSpec>, options: DaemonOptions) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cluster = Self {
+            dir,
+            specs,
+            options,
+            manager: None,
+            messages: None,
+            addr: None,
+            daemon: None,
+            starts: 0,
+        };
+        for sub in ["manager", "state", "work", "rp"] {
+            std::fs::create_dir_all(cluster.path(sub)).unwrap();
+        }
+        for spec in cluster.specs.clone() {
+            std::fs::create_dir_all(cluster.plugin_root(&spec.name)).unwrap();
+            std::fs::write(cluster.faults_file(&spec.name), "[]").unwrap();
+            let info = cluster.provider_info(&spec);
+            write_atomic(
+                &cluster.path("rp").join(format!("{}.json", spec.name)),
+                &serde_json::to_vec_pretty(&info).unwrap(),
+            );
+        }
+        cluster.set_profiles(&profiles(&[]));
+        cluster.write_config();
+        cluster.start_manager().await;
+        cluster
+    }
+
+    /// The fixture's single provider with default options.
+    pub async fn fixture() -> Self {
+        Self::new(vec![ProviderSpec::fixture()], DaemonOptions::default()).await
+    }
+
+    pub fn path(&self, sub: &str) -> PathBuf {
+        self.dir.path().join(sub)
+    }
+
+    pub fn state_dir(&self) -> PathBuf {
+        self.path("state")
+    }
+
+    pub fn admin_socket(&self) -> PathBuf {
+        self.state_dir().join("admin.sock")
+    }
+
+    pub fn plugin_root(&self, provider: &str) -> PathBuf {
+        self.path("plugins").join(provider).join("root")
+    }
+
+    pub fn faults_file(&self, provider: &str) -> PathBuf {
+        self.path("plugins").join(provider).join("faults.json")
+    }
+
+    pub fn spec(&self, provider: &str) -> &ProviderSpec {
+        self.specs
+            .iter()
+            .find(|s| s.name == provider)
+            .expect("no such provider in this cluster")
+    }
+
+    /// The ResourceProviderInfo JSON of `spec`, as Mesos's fixture writes it (spec §11).
+    fn provider_info(&self, spec: &ProviderSpec) -> Value {
+        let bin = slrp_test_support::csi_local_bin();
+        let mut args = vec![
+            "slrp-csi-local".to_owned(),
+            "--root".to_owned(),
+            self.plugin_root(&spec.name).display().to_string(),
+            "--node-id".to_owned(),
+            "test-node".to_owned(),
+            "--csi-version".to_owned(),
+            spec.csi_version.to_owned(),
+            "--faults-file".to_owned(),
+            self.faults_file(&spec.name).display().to_string(),
+        ];
+        for pool in &spec.pools {
+            args.extend(["--pool".to_owned(), pool.clone()]);
+        }
+        json!({
+            "type": RP_TYPE,
+            "name": spec.name,
+            "default_reservations": [{"type": "DYNAMIC", "role": DEFAULT_ROLE}],
+            "storage": {
+                "plugin": {
+                    "type": PLUGIN_TYPE,
+                    "name": spec.plugin_name,
+                    "containers": [{
+                        "services": ["CONTROLLER_SERVICE", "NODE_SERVICE"],
+                        "command": {
+                            "shell": false,
+                            "value": bin.display().to_string(),
+                            "arguments": args,
+                        },
+                        "resources": [
+                            {"name": "cpus", "type": "SCALAR", "scalar": {"value": 0.1}},
+                            {"name": "mem", "type": "SCALAR", "scalar": {"value": 1024}}
+                        ]
+                    }]
+                },
+                "reconciliation_interval_seconds": spec.reconciliation_interval_seconds
+            }
+        })
+    }
+
+    /// slrp's own config file: what has no flag (transport, profile polling).
+    fn write_config(&self) {
+        let mut toml = String::new();
+        if self.options.json {
+            toml.push_str("[agent]\ncontent_type = \"json\"\n");
+        }
+        if let Some(poll) = self.options.profiles_poll {
+            toml.push_str(&format!(
+                "[profiles]\nuri = \"file://{}\"\npoll_interval = \"{}ms\"\n",
+                self.path("profiles.json").display(),
+                poll.as_millis()
+            ));
+        }
+        write_atomic(&self.path("slrp.toml"), toml.as_bytes());
+    }
+
+    /// Replaces the profile document atomically (the adaptor never reads half a file).
+    pub fn set_profiles(&self, doc: &Value) {
+        write_atomic(
+            &self.path("profiles.json"),
+            &serde_json::to_vec_pretty(doc).unwrap(),
+        );
+    }
+
+    /// Replaces a provider's plugin fault rules (see docs/csi-local.md).
+    pub fn set_faults(&self, provider: &str, rules: &Value) {
+        write_atomic(
+            &self.faults_file(provider),
+            &serde_json::to_vec(rules).unwrap(),
+        );
+    }
+
+    /// The fault rules as the plugin left them (counted rules are decremented).
+    pub fn faults_left(&self, provider: &str) -> Value {
+        serde_json::from_slice(&std::fs::read(self.faults_file(provider)).unwrap()).unwrap()
+    }
+
+    /// How many calls of `rpc` the plugin answered since [`Cluster::count_calls`] set up
+    /// its counter: a counted no-op rule (`delay_ms: 0`) is decremented once per call.
+    pub fn calls(&self, provider: &str, rpc: &str) -> u64 {
+        let rules = self.faults_left(provider);
+        let left = rules
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["rpc"] == rpc)
+            .map_or(0, |r| r["times"].as_u64().unwrap());
+        COUNTER - left
+    }
+
+    /// Counts every call of `rpcs` from now on (see [`Cluster::calls`]).
+    pub fn count_calls(&self, provider: &str, rpcs: &[&str]) {
+        let rules: Vec<Value> = rpcs
+            .iter()
+            .map(|rpc| json!({"rpc": rpc, "delay_ms": 0, "times": COUNTER}))
+            .collect();
+        self.set_faults(provider, &Value::Array(rules));
+    }
+
+    /// Places a pre-existing volume in a provider's plugin: a sparse image of `bytes`
+    /// imported as `import-loop-<name>` (docs/csi-local.md, "Imported volumes").
+    pub fn import_volume(&self, provider: &str, name: &str, bytes: u64) -> String {
+        let dir = self.plugin_root(provider).join("import").join("loop");
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = std::fs::File::create(dir.join(format!("{name}.img"))).unwrap();
+        f.set_len(bytes).unwrap();
+        format!("import-loop-{name}")
+    }
+
+    // ---- the manager ----
+
+    async fn start_manager(&mut self) {
+        let listen = match self.addr {
+            Some(addr) => Listen::Tcp(addr),
+            None => ManagerConfig::loopback().listen,
+        };
+        let mut config = ManagerConfig::new(listen);
+        config.state_dir = Some(self.path("manager"));
+        let (handle, guard) = EmbeddedManager::spawn(config, CancellationToken::new())
+            .await
+            .unwrap();
+        let slrp_manager::Endpoint::Tcp(addr) = handle.endpoint().clone() else {
+            unreachable!("the harness listens on TCP")
+        };
+        self.addr = Some(addr);
+        self.messages = Some(handle.messages());
+        self.manager = Some((handle, guard));
+    }
+
+    /// Stops the manager (every stream closes) and starts it again on the same address
+    /// and registrar state, as an agent restart that keeps its ID.
+    pub async fn restart_manager(&mut self) {
+        let (_, guard) = self.manager.take().expect("manager not running");
+        guard.shutdown().await;
+        self.start_manager().await;
+    }
+
+    pub fn manager(&self) -> &ManagerHandle {
+        &self.manager.as_ref().expect("manager not running").0
+    }
+
+    /// The `--agent` URL.
+    pub fn agent_url(&self) -> String {
+        self.manager().endpoint().url()
+    }
+
+    /// The next manager observation, or a panic with the daemon's log after [`WAIT`].
+    pub async fn next_message(&mut self) -> ManagerMessage {
+        let rx = self.messages.as_mut().expect("manager not running");
+        let got = tokio::time::timeout(WAIT, async {
+            match rx.recv().await {
+                Ok(m) => m,
+                Err(broadcast::error::RecvError::Lagged(n)) => {
+                    panic!("the test missed {n} manager messages (buffer too small)")
+                }
+                Err(broadcast::error::RecvError::Closed) => panic!("the manager stopped"),
+            }
+        })
+        .await;
+        match got {
+            Ok(m) => {
+                if let ManagerMessage::ProtocolViolation { reason, .. } = &m {
+                    self.fail(&format!("protocol violation: {reason}"));
+                }
+                m
+            }
+            Err(_) => self.fail("no manager message within the timeout"),
+        }
+    }
+
+    /// Waits for the next SUBSCRIBE admitted by the manager; returns the provider's info
+    /// as JSON (with its `id`).
+    pub async fn next_subscribed(&mut self) -> Value {
+        loop {
+            if let ManagerMessage::Subscribed { info } = self.next_message().await {
+                return slrp_wire::json::to_value(&info).unwrap();
+            }
+        }
+    }
+
+    /// Waits for the next UPDATE_STATE (of any provider).
+    pub async fn next_update(&mut self) -> Update {
+        loop {
+            if let ManagerMessage::UpdateState {
+                provider_id,
+                resources,
+                resource_version_uuid,
+                ..
+            } = self.next_message().await
+            {
+                return Update {
+                    provider_id,
+                    resources: resources
+                        .iter()
+                        .map(|r| slrp_wire::json::to_value(r).unwrap())
+                        .collect(),
+                    resource_version: resource_version_uuid.value.clone(),
+                };
+            }
+        }
+    }
+
+    /// Waits for an UPDATE_STATE for which `want` holds, skipping others.
+    pub async fn update_where(&mut self, want: impl Fn(&Update) -> bool) -> Update {
+        loop {
+            let u = self.next_update().await;
+            if want(&u) {
+                return u;
+            }
+        }
+    }
+
+    // ---- the daemon ----
+
+    /// Starts `slrp run` with this cluster's flags; output goes to `daemon.log`.
+    pub fn start_daemon(&mut self) {
+        assert!(self.daemon.is_none(), "daemon already running");
+        self.starts += 1;
+        let log_path = self.path("daemon.log");
+        let mut log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .unwrap();
+        std::io::Write::write_all(
+            &mut log,
+            format!("==== daemon start {} ====\n", self.starts).as_bytes(),
+        )
+        .unwrap();
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_slrp"));
+        cmd.arg("run")
+            .arg("--config")
+            .arg(self.path("slrp.toml"))
+            .arg("--agent")
+            .arg(self.agent_url())
+            .arg("--work-dir")
+            .arg(self.path("work"))
+            .arg("--state-dir")
+            .arg(self.state_dir())
+            .arg("--resource-provider-config-dir")
+            .arg(self.path("rp"));
+        if self.options.profiles_poll.is_some() {
+            cmd.arg("--disk-profiles")
+                .arg(format!("file://{}", self.path("profiles.json").display()));
+        }
+        let child = cmd
+            .env("SLRP_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        self.daemon = Some(Daemon { child });
+    }
+
+    /// SIGTERM, then waits for the exit; returns its status.
+    pub async fn stop_daemon(&mut self) -> ExitStatus {
+        self.signal_and_wait(Signal::SIGTERM).await
+    }
+
+    /// SIGKILL, then reaps it (plugins it started may live on, as after a crash).
+    pub async fn kill_daemon(&mut self) -> ExitStatus {
+        self.signal_and_wait(Signal::SIGKILL).await
+    }
+
+    async fn signal_and_wait(&mut self, signal: Signal) -> ExitStatus {
+        let pid = self.daemon.as_ref().expect("daemon not running").pid();
+        kill(pid, signal).unwrap();
+        let mut daemon = self.daemon.take().unwrap();
+        match tokio::time::timeout(WAIT, daemon.child.wait()).await {
+            Ok(status) => status.unwrap(),
+            Err(_) => {
+                self.daemon = Some(daemon);
+                self.fail(&format!("the daemon did not exit after {signal}"))
+            }
+        }
+    }
+
+    /// Whether the daemon is still running (it has not exited on its own).
+    pub fn daemon_running(&mut self) -> bool {
+        self.daemon
+            .as_mut()
+            .is_some_and(|d| d.child.try_wait().unwrap().is_none())
+    }
+
+    /// The daemon's combined output so far.
+    pub fn daemon_log(&self) -> String {
+        std::fs::read_to_string(self.path("daemon.log")).unwrap_or_default()
+    }
+
+    /// Panics with `what` and the daemon's log.
+    pub fn fail(&self, what: &str) -> ! {
+        panic!(
+            "{what}\n---- daemon log ({}) ----\n{}---- end of daemon log ----",
+            self.path("daemon.log").display(),
+            self.daemon_log()
+        )
+    }
+
+    /// Runs `f` with the hang guard [`WAIT`]; on timeout fails with `what` and the log.
+    pub async fn within<T>(&self, what: &str, f: impl Future<Output = T>) -> T {
+        match tokio::time::timeout(WAIT, f).await {
+            Ok(v) => v,
+            Err(_) => self.fail(&format!("timed out: {what}")),
+        }
+    }
+
+    // ---- the admin endpoint ----
+
+    /// `GET path` on the admin socket: `(status, body)`, or `None` while nothing listens.
+    pub async fn admin_get(&self, path: &str) -> Option<(u16, String)> {
+        http_get_unix(&self.admin_socket(), path).await
+    }
+
+    /// Polls until `GET path` answers (the daemon's admin endpoint is up); returns the
+    /// body of a 200. Polling, since the endpoint signals readiness only by answering.
+    pub async fn admin_ok(&self, path: &str) -> String {
+        self.within(&format!("admin {path} answering 200"), async {
+            loop {
+                if let Some((200, body)) = self.admin_get(path).await {
+                    return body;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await
+    }
+
+    /// `/metrics/snapshot` as Mesos-style names → values.
+    pub async fn snapshot(&self) -> BTreeMap<String, f64> {
+        let body = self.admin_ok("/metrics/snapshot").await;
+        let v: BTreeMap<String, Value> = serde_json::from_str(&body).unwrap_or_else(|e| {
+            self.fail(&format!(
+                "/metrics/snapshot is not a JSON object: {e}: {body}"
+            ))
+        });
+        v.into_iter()
+            .filter_map(|(k, v)| v.as_f64().map(|f| (k, f)))
+            .collect()
+    }
+
+    /// One metric of a provider (`name` after `resource_providers/<type>.<name>/`).
+    pub async fn provider_metric(&self, provider: &str, name: &str) -> f64 {
+        let key = format!("resource_providers/{}/{name}", self.spec(provider).key());
+        let snap = self.snapshot().await;
+        match snap.get(&key) {
+            Some(v) => *v,
+            None => self.fail(&format!("metric {key} missing from {snap:?}")),
+        }
+    }
+
+    /// Polls the snapshot until `want` holds for it; returns it.
+    pub async fn snapshot_until(
+        &self,
+        what: &str,
+        want: impl Fn(&BTreeMap<String, f64>) -> bool,
+    ) -> BTreeMap<String, f64> {
+        self.within(what, async {
+            loop {
+                let snap = self.snapshot().await;
+                if want(&snap) {
+                    return snap;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await
+    }
+
+    // ---- plugin processes ----
+
+    /// Live `slrp-csi-local` processes of `provider` (found by the plugin root in their
+    /// command line, unique to this test).
+    pub fn plugin_pids(&self, provider: &str) -> Vec<i32> {
+        processes_mentioning(&self.plugin_root(provider))
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if std::thread::panicking() && self.daemon.is_some() {
+            eprintln!(
+                "---- daemon log at the failure ----\n{}---- end ----",
+                self.daemon_log()
+            );
+        }
+        if let Some(d) = &self.daemon {
+            let _ = kill(d.pid(), Signal::SIGKILL);
+        }
+        // Plugins outlive a SIGKILLed daemon; only processes naming this test's directory
+        // are ours.
+        for pid in processes_mentioning(self.dir.path()) {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+    }
+}
+
+/// The remaining uses of a counting rule; large enough never to run out in a test.
+const COUNTER: u64 = 1_000_000;
+
+/// Writes through a temporary file and a rename, so a reader sees the old or the new
+/// content, never a mix.
+pub fn write_atomic(path: &Path, data: &[u8]) {
+    let tmp = path.with_extension("tmp~");
+    std::fs::write(&tmp, data).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// Pids of live (not zombie) processes whose command line contains `needle`.
+pub fn processes_mentioning(needle: &Path) -> Vec<i32> {
+    let needle = needle.display().to_string();
+    let me = std::process::id();
+    let mut pids = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return pids;
+    };
+    for e in entries.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        if u32::try_from(pid).is_ok_and(|p| p == me) {
+            continue;
+        }
+        let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        let zombie = std::fs::read_to_string(e.path().join("stat"))
+            .ok()
+            .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| rest.starts_with('Z')))
+            .unwrap_or(true);
+        if !zombie && cmdline.contains(&needle) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// A minimal HTTP/1.0 GET over a unix socket (the admin endpoint): `None` if nothing
+/// accepts the connection or the answer is cut short.
+pub async fn http_get_unix(socket: &Path, path: &str) -> Option<(u16, String)> {
+    let mut s = tokio::net::UnixStream::connect(socket).await.ok()?;
+    // HTTP/1.0 and `Connection: close`: the answer is delimited by the close, not chunked.
+    let req = format!("GET {path} HTTP/1.0\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.ok()?;
+    let mut raw = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut raw))
+        .await
+        .ok()?
+        .ok()?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, body.to_owned()))
+}
