@@ -5,6 +5,7 @@
 //! (atomic rewrite) before it acts, so the count survives the plugin's own crash: an
 //! `exit` rule with `times: 1` crashes the plugin once, not on every restart.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -12,6 +13,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::store;
+use crate::types::VolumeInfo;
 use slrp_types::{DisplayChain, parse_code};
 
 /// Every RPC name of CSI v0 and v1 services, as in the service definitions.
@@ -60,15 +62,68 @@ struct Rule {
     exit: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     times: Option<u64>,
+    /// ListVolumes only: every entry of the page is listed twice (a non-conforming plugin,
+    /// Mesos's RecoverDuplicatedVolumes).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    duplicate_entries: bool,
+    /// ListVolumes only: the listed volumes report this context instead of their own (a
+    /// plugin whose metadata changed, Mesos's RecoverDiskWithChangedMetadata).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    volume_context: Option<BTreeMap<String, String>>,
+    /// With `volume_context`: only this volume's context is replaced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    volume_id: Option<String>,
+}
+
+impl Rule {
+    fn edits_listing(&self) -> bool {
+        self.duplicate_entries || self.volume_context.is_some() || self.volume_id.is_some()
+    }
+}
+
+/// How a ListVolumes answer is altered before it is sent (nothing by default). The
+/// plugin's records are never changed: only what this one answer reports.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListEdit {
+    /// List every entry twice, each copy right after its original.
+    pub duplicate_entries: bool,
+    /// Report this context for the selected volumes.
+    pub volume_context: Option<BTreeMap<String, String>>,
+    /// Select only this volume (`None`: all of them).
+    pub volume_id: Option<String>,
+}
+
+impl ListEdit {
+    /// Applies the edit to one ListVolumes page.
+    pub fn apply(&self, entries: Vec<VolumeInfo>) -> Vec<VolumeInfo> {
+        let mut out = Vec::with_capacity(entries.len() * 2);
+        for mut e in entries {
+            if let Some(ctx) = &self.volume_context
+                && self
+                    .volume_id
+                    .as_deref()
+                    .is_none_or(|want| want == e.volume_id)
+            {
+                e.volume_context = ctx.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+            }
+            if self.duplicate_entries {
+                out.push(e.clone());
+            }
+            out.push(e);
+        }
+        out
+    }
 }
 
 /// What to do with an RPC.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Fault {
-    /// Handle it normally after `delay`.
+    /// Handle it normally after `delay`, then alter a ListVolumes answer by `edit`.
     Proceed {
         /// Sleep first.
         delay: Option<Duration>,
+        /// What to change in a ListVolumes answer (default for every other RPC).
+        edit: ListEdit,
     },
     /// Fail it with this status after `delay`.
     Fail {
@@ -112,8 +167,29 @@ fn parse_rules(data: &[u8]) -> Result<Vec<Rule>, RulesError> {
         if r.fail.is_some() && r.exit {
             return Err(bad("fail and exit exclude each other".to_owned()));
         }
-        if r.fail.is_none() && !r.exit && r.delay_ms.is_none() {
-            return Err(bad("no action: give delay_ms, fail or exit".to_owned()));
+        if r.edits_listing() {
+            if r.rpc != "ListVolumes" {
+                return Err(bad(
+                    "duplicate_entries, volume_context and volume_id apply to ListVolumes only"
+                        .to_owned(),
+                ));
+            }
+            if r.fail.is_some() || r.exit {
+                return Err(bad(
+                    "a ListVolumes edit answers the call: it excludes fail and exit".to_owned(),
+                ));
+            }
+            if r.volume_id.is_some() && r.volume_context.is_none() {
+                return Err(bad(
+                    "volume_id selects whose volume_context is replaced: give volume_context"
+                        .to_owned(),
+                ));
+            }
+        }
+        if r.fail.is_none() && !r.exit && r.delay_ms.is_none() && !r.edits_listing() {
+            return Err(bad(
+                "no action: give delay_ms, fail, exit or a ListVolumes edit".to_owned(),
+            ));
         }
     }
     Ok(rules)
@@ -140,7 +216,10 @@ impl Faults {
     /// Decides what to do with a call of `rpc`, consuming one use of a counted rule.
     /// Blocking (reads and may rewrite the file).
     pub fn take(&self, rpc: &str) -> Fault {
-        let proceed = Fault::Proceed { delay: None };
+        let proceed = Fault::Proceed {
+            delay: None,
+            edit: ListEdit::default(),
+        };
         let Some(path) = &self.path else {
             return proceed;
         };
@@ -199,7 +278,14 @@ impl Faults {
                     .message
                     .unwrap_or_else(|| format!("injected fault for {rpc}")),
             },
-            None => Fault::Proceed { delay },
+            None => Fault::Proceed {
+                delay,
+                edit: ListEdit {
+                    duplicate_entries: rule.duplicate_entries,
+                    volume_context: rule.volume_context,
+                    volume_id: rule.volume_id,
+                },
+            },
         }
     }
 }
@@ -214,7 +300,16 @@ fn rewrite(path: &Path, rules: &[Rule]) -> Result<(), store::StoreError> {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
+
     use super::*;
+
+    fn proceed(delay: Option<Duration>) -> Fault {
+        Fault::Proceed {
+            delay,
+            edit: ListEdit::default(),
+        }
+    }
 
     fn faults(content: &str) -> (tempfile::TempDir, PathBuf, Faults) {
         let dir = tempfile::tempdir().unwrap();
@@ -238,9 +333,7 @@ mod tests {
         let left: Vec<Rule> = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
         assert_eq!(left[0].times, Some(1));
         assert_eq!(f.take("CreateVolume"), fail);
-        let delayed = Fault::Proceed {
-            delay: Some(Duration::from_millis(5)),
-        };
+        let delayed = proceed(Some(Duration::from_millis(5)));
         assert_eq!(f.take("CreateVolume"), delayed);
         assert_eq!(f.take("Probe"), delayed);
         let left: Vec<Rule> = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
@@ -258,7 +351,7 @@ mod tests {
                 delay: Some(Duration::from_millis(1))
             }
         );
-        assert_eq!(f.take("Probe"), Fault::Proceed { delay: None });
+        assert_eq!(f.take("Probe"), proceed(None));
     }
 
     #[test]
@@ -272,16 +365,18 @@ mod tests {
             r#"[{"rpc":"Probe"}]"#,
             r#"[{"rpc":"Probe","fail":"INTERNAL","exit":true}]"#,
             r#"[{"rpc":"Probe","fail":"INTERNAL","colour":1}]"#,
+            r#"[{"rpc":"GetCapacity","duplicate_entries":true}]"#,
+            r#"[{"rpc":"*","volume_context":{"label":"bar"}}]"#,
+            r#"[{"rpc":"ListVolumes","duplicate_entries":true,"fail":"INTERNAL"}]"#,
+            r#"[{"rpc":"ListVolumes","volume_context":{},"exit":true}]"#,
+            r#"[{"rpc":"ListVolumes","volume_id":"v1"}]"#,
         ] {
             let (_d, _p, f) = faults(bad);
-            assert_eq!(f.take("Probe"), Fault::Proceed { delay: None }, "{bad}");
+            assert_eq!(f.take("Probe"), proceed(None), "{bad}");
         }
         let f = Faults::new(Some(PathBuf::from("/nonexistent/faults.json")));
-        assert_eq!(f.take("Probe"), Fault::Proceed { delay: None });
-        assert_eq!(
-            Faults::new(None).take("Probe"),
-            Fault::Proceed { delay: None }
-        );
+        assert_eq!(f.take("Probe"), proceed(None));
+        assert_eq!(Faults::new(None).take("Probe"), proceed(None));
     }
 
     #[test]
@@ -295,5 +390,70 @@ mod tests {
             assert_eq!(parse_code(name), Some(code));
         }
         assert_eq!(parse_code("unavailable"), None);
+    }
+
+    #[test]
+    fn list_edits_are_returned_for_list_volumes_and_off_by_default() {
+        let (_d, _p, f) = faults(
+            r#"[{"rpc":"ListVolumes","duplicate_entries":true,"volume_context":{"label":"bar"},"volume_id":"b","times":1}]"#,
+        );
+        let Fault::Proceed { delay: None, edit } = f.take("ListVolumes") else {
+            panic!("a ListVolumes edit proceeds");
+        };
+        assert_eq!(
+            edit,
+            ListEdit {
+                duplicate_entries: true,
+                volume_context: Some(BTreeMap::from([("label".into(), "bar".into())])),
+                volume_id: Some("b".into()),
+            }
+        );
+        // Counted like any rule, then gone.
+        assert_eq!(f.take("ListVolumes"), proceed(None));
+    }
+
+    #[test]
+    fn list_edit_duplicates_and_overrides_the_selected_contexts() {
+        let volume = |id: &str| VolumeInfo {
+            volume_id: id.into(),
+            capacity_bytes: 1 << 30,
+            volume_context: HashMap::from([("label".to_owned(), "foo".to_owned())]),
+        };
+        let page = || vec![volume("a"), volume("b")];
+        assert_eq!(ListEdit::default().apply(page()), page());
+
+        let dup = ListEdit {
+            duplicate_entries: true,
+            ..ListEdit::default()
+        };
+        let ids: Vec<String> = dup.apply(page()).into_iter().map(|e| e.volume_id).collect();
+        assert_eq!(ids, ["a", "a", "b", "b"]);
+
+        let bar = HashMap::from([("label".to_owned(), "bar".to_owned())]);
+        let all = ListEdit {
+            volume_context: Some(BTreeMap::from([("label".into(), "bar".into())])),
+            ..ListEdit::default()
+        };
+        let got = all.apply(page());
+        assert!(got.iter().all(|e| e.volume_context == bar), "{got:?}");
+
+        let only_b = ListEdit {
+            volume_id: Some("b".into()),
+            ..all.clone()
+        };
+        let got = only_b.apply(page());
+        assert_eq!(got[0], page()[0]);
+        assert_eq!(got[1].volume_context, bar);
+
+        let cleared = ListEdit {
+            volume_context: Some(BTreeMap::new()),
+            ..ListEdit::default()
+        };
+        assert!(
+            cleared
+                .apply(page())
+                .iter()
+                .all(|e| e.volume_context.is_empty())
+        );
     }
 }

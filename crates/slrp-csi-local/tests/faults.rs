@@ -121,3 +121,88 @@ async fn exit_crashes_once_and_the_count_survives_the_restart() {
         .await
         .unwrap();
 }
+
+/// `(id, context)` of every entry of one v1 ListVolumes page.
+async fn listed_v1(c: &mut V1) -> Vec<(String, std::collections::HashMap<String, String>)> {
+    c.controller
+        .list_volumes(v1::ListVolumesRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .entries
+        .into_iter()
+        .map(|e| {
+            let v = e.volume.unwrap();
+            (v.volume_id, v.volume_context)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn list_volumes_can_list_a_volume_twice_and_report_another_context() {
+    let p = TestPlugin::start(&[]).await;
+    let mut c = p.v1().await;
+    let id = c
+        .controller
+        .create_volume(create_req("dup", MIB, mount_cap(""), &[]))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+        .volume_id;
+    let own = listed_v1(&mut c).await;
+    assert_eq!(own.len(), 1, "off unless configured: {own:?}");
+
+    // RecoverDuplicatedVolumes: the same volume twice in one answer.
+    p.write_faults(r#"[{"rpc": "ListVolumes", "duplicate_entries": true}]"#);
+    let twice = listed_v1(&mut c).await;
+    assert_eq!(twice, vec![own[0].clone(), own[0].clone()]);
+
+    // RecoverDiskWithChangedMetadata: `label=bar` instead of the volume's own context, for
+    // the selected volume only; the records keep the real context.
+    p.write_faults(&format!(
+        r#"[{{"rpc": "ListVolumes", "volume_context": {{"label": "bar"}}, "volume_id": "{id}"}}]"#
+    ));
+    let changed = listed_v1(&mut c).await;
+    assert_eq!(changed.len(), 1);
+    assert_eq!(
+        changed[0].1,
+        std::collections::HashMap::from([("label".to_owned(), "bar".to_owned())])
+    );
+    p.write_faults("[]");
+    assert_eq!(listed_v1(&mut c).await, own);
+}
+
+#[tokio::test]
+async fn list_volume_edits_apply_to_v0_attributes_too() {
+    use slrp_proto::csi::v0;
+    let p = TestPlugin::start(&["--csi-version", "v0"]).await;
+    let mut c = p.v0().await;
+    std::fs::create_dir_all(p.path("root/import/dir/old")).unwrap();
+    p.write_faults(
+        r#"[{"rpc": "ListVolumes", "duplicate_entries": true, "volume_context": {"label": "foo"}}]"#,
+    );
+    let entries = c
+        .controller
+        .list_volumes(v0::ListVolumesRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .entries;
+    let got: Vec<_> = entries
+        .into_iter()
+        .map(|e| {
+            let v = e.volume.unwrap();
+            (v.id, v.attributes)
+        })
+        .collect();
+    let foo = std::collections::HashMap::from([("label".to_owned(), "foo".to_owned())]);
+    assert_eq!(
+        got,
+        vec![
+            ("import-dir-old".to_owned(), foo.clone()),
+            ("import-dir-old".to_owned(), foo)
+        ]
+    );
+}

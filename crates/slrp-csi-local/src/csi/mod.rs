@@ -6,7 +6,7 @@ use std::sync::Arc;
 use tonic::Status;
 
 use crate::error::VolumeError;
-use crate::faults::{Fault, Faults};
+use crate::faults::{Fault, Faults, ListEdit};
 use crate::host::Host;
 use crate::plugin::Plugin;
 use crate::types::{AccessMode, AccessType, Capability, CapacityRange};
@@ -39,21 +39,24 @@ fn join_error(e: tokio::task::JoinError) -> Status {
 }
 
 impl<H: Host> Shared<H> {
-    /// Applies fault injection for `rpc`; `Err` is the injected failure.
-    pub(crate) async fn enter(&self, rpc: &'static str) -> Result<(), Status> {
+    /// Applies fault injection for `rpc`; `Err` is the injected failure, `Ok` what to
+    /// change in a ListVolumes answer.
+    pub(crate) async fn enter(&self, rpc: &'static str) -> Result<ListEdit, Status> {
         tracing::debug!(rpc, "request");
         let faults = Arc::clone(&self.faults);
         let fault = tokio::task::spawn_blocking(move || faults.take(rpc))
             .await
             .map_err(join_error)?;
         let delay = match &fault {
-            Fault::Proceed { delay } | Fault::Fail { delay, .. } | Fault::Exit { delay } => *delay,
+            Fault::Proceed { delay, .. } | Fault::Fail { delay, .. } | Fault::Exit { delay } => {
+                *delay
+            }
         };
         if let Some(d) = delay {
             tokio::time::sleep(d).await;
         }
         match fault {
-            Fault::Proceed { .. } => Ok(()),
+            Fault::Proceed { edit, .. } => Ok(edit),
             Fault::Fail { code, message, .. } => Err(Status::new(code, message)),
             Fault::Exit { .. } => {
                 tracing::warn!(rpc, "fault injection: exiting without replying");
@@ -61,6 +64,20 @@ impl<H: Host> Shared<H> {
                 std::process::exit(1)
             }
         }
+    }
+
+    /// One ListVolumes page, altered as the fault rules say.
+    pub(crate) async fn list_volumes(
+        &self,
+        max_entries: i32,
+        starting_token: String,
+    ) -> Result<crate::types::VolumePage, Status> {
+        let edit = self.enter("ListVolumes").await?;
+        let mut page = self
+            .run(move |p| p.list_volumes(max_entries, &starting_token))
+            .await?;
+        page.entries = edit.apply(page.entries);
+        Ok(page)
     }
 
     /// Runs blocking plugin work off the async runtime.

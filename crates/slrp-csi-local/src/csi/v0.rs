@@ -211,12 +211,8 @@ impl<H: Host> Controller for CsiV0<H> {
         &self,
         req: Request<csi::ListVolumesRequest>,
     ) -> Result<Response<csi::ListVolumesResponse>, Status> {
-        self.0.enter("ListVolumes").await?;
         let r = req.into_inner();
-        let page = self
-            .0
-            .run(move |p| p.list_volumes(r.max_entries, &r.starting_token))
-            .await?;
+        let page = self.0.list_volumes(r.max_entries, r.starting_token).await?;
         Ok(Response::new(csi::ListVolumesResponse {
             entries: page
                 .entries

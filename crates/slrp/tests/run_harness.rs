@@ -1,0 +1,95 @@
+//! The harness of the `slrp run` tests checked on its own: the plugin command it writes
+//! into a provider config starts the bundled plugin, and a dropped cluster leaves no
+//! process behind.
+
+#![allow(
+    clippy::tests_outside_test_module,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic
+)]
+
+mod support;
+
+use support::{Cluster, processes_mentioning};
+
+/// Starts the plugin exactly as the provider config says (Mesos's `CommandInfo` with
+/// `shell: false`: `value` is the program, `arguments` its argv including argv[0]) and with
+/// `CSI_ENDPOINT`, as the daemon will.
+async fn start_configured_plugin(c: &Cluster, provider: &str, socket: &std::path::Path) {
+    let info: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(c.path("rp").join(format!("{provider}.json"))).unwrap(),
+    )
+    .unwrap();
+    let command = &info["storage"]["plugin"]["containers"][0]["command"];
+    assert_eq!(command["shell"], false);
+    let args: Vec<String> = command["arguments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_owned())
+        .collect();
+    // Detached on purpose (not kill_on_drop, not waited for): the cluster's drop must
+    // find and kill it, as it must for plugins a SIGKILLed daemon left behind.
+    let child = std::process::Command::new(command["value"].as_str().unwrap())
+        .args(&args[1..])
+        .env("CSI_ENDPOINT", format!("unix://{}", socket.display()))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::mem::forget(child);
+    slrp_test_support::wait_until_listening(socket).await;
+}
+
+#[tokio::test]
+async fn the_configured_plugin_runs_and_a_dropped_cluster_kills_it() {
+    let c = Cluster::fixture().await;
+    let socket = c.path("probe.sock");
+    start_configured_plugin(&c, "test", &socket).await;
+    let pids = c.plugin_pids("test");
+    assert_eq!(pids.len(), 1, "one plugin process expected: {pids:?}");
+    // The plugin takes the fixture's pool and the faults file.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_slrp"))
+        .args(["csi", "--endpoint"])
+        .arg(format!("unix://{}", socket.display()))
+        .args(["--json", "capacity"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cap: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(cap["available_bytes"], 4u64 << 30, "{cap}");
+    c.count_calls("test", &["ListVolumes"]);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_slrp"))
+        .args(["csi", "--endpoint"])
+        .arg(format!("unix://{}", socket.display()))
+        .arg("list-volumes")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(c.calls("test", "ListVolumes"), 1);
+
+    let dir = c.dir.path().to_owned();
+    drop(c);
+    // SIGKILL is delivered before kill(2) returns, but the process lingers until it is
+    // reaped (by init: it was detached); a zombie is not a leak.
+    let gone = tokio::time::timeout(support::WAIT, async {
+        while !processes_mentioning(&dir).is_empty() {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(
+        gone.is_ok(),
+        "plugin left running: {:?}",
+        processes_mentioning(&dir)
+    );
+}
