@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use slrp_csi::CsiRpc;
+use slrp_proto::csi::v1 as pb;
 use slrp_proto::mesos::v1 as mesos;
 use slrp_provider::metrics::ProviderMetrics;
 use slrp_provider::stack::{PluginStack, StackConfig, StackError, StackStep, StopPlugins};
@@ -308,4 +309,82 @@ async fn a_restarted_stack_adopts_the_plugin_it_left_running() {
     stack.shutdown(StopPlugins::Stop).await;
     until(|| !alive(pid)).await;
     assert_eq!(env.plugin_pid(CONTAINER), None);
+}
+
+/// A CSI v1 plugin that serves only the identity service and does not offer
+/// CONTROLLER_SERVICE (the bundled plugin always does).
+struct IdentityOnly;
+
+#[tonic::async_trait]
+impl pb::identity_server::Identity for IdentityOnly {
+    async fn get_plugin_info(
+        &self,
+        _: tonic::Request<pb::GetPluginInfoRequest>,
+    ) -> Result<tonic::Response<pb::GetPluginInfoResponse>, tonic::Status> {
+        Ok(tonic::Response::new(pb::GetPluginInfoResponse {
+            name: "org.example.identity-only".into(),
+            vendor_version: "1".into(),
+            manifest: Default::default(),
+        }))
+    }
+
+    async fn get_plugin_capabilities(
+        &self,
+        _: tonic::Request<pb::GetPluginCapabilitiesRequest>,
+    ) -> Result<tonic::Response<pb::GetPluginCapabilitiesResponse>, tonic::Status> {
+        Ok(tonic::Response::new(pb::GetPluginCapabilitiesResponse {
+            capabilities: Vec::new(),
+        }))
+    }
+
+    async fn probe(
+        &self,
+        _: tonic::Request<pb::ProbeRequest>,
+    ) -> Result<tonic::Response<pb::ProbeResponse>, tonic::Status> {
+        Ok(tonic::Response::new(pb::ProbeResponse {
+            ready: Some(true),
+        }))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_without_controller_service_fails_with_mesos_text() {
+    let env = Env::new();
+    let socket = env.path("identity.sock");
+    let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(pb::identity_server::IdentityServer::new(IdentityOnly))
+            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
+    );
+    let endpoint = format!("unix://{}", socket.display());
+    let mut info = env.info("test", &[BOTH]);
+    let plugin = &mut info.storage.as_mut().unwrap().plugin;
+    plugin.containers.clear();
+    plugin.endpoints = ["CONTROLLER_SERVICE", "NODE_SERVICE"]
+        .into_iter()
+        .map(|s| mesos::CsiPluginEndpoint {
+            csi_service: mesos::csi_plugin_container_info::Service::from_str_name(s).unwrap()
+                as i32,
+            endpoint: endpoint.clone(),
+        })
+        .collect();
+    let m = ProviderMetrics::new(RP_TYPE, "test");
+    let err = within(PluginStack::start(
+        env.config(info),
+        &m,
+        CancellationToken::new(),
+    ))
+    .await
+    .unwrap_err();
+    assert_eq!(err.step(), StackStep::PrepareServices);
+    let cause = std::error::Error::source(&err).unwrap().to_string();
+    assert_eq!(
+        cause,
+        "CONTROLLER_SERVICE plugin capability is not supported for CSI plugin type \
+         'org.apache.mesos.csi.test' and name 'local'"
+    );
+    // Only the version probe and GetPluginCapabilities were sent, as in Mesos.
+    assert_eq!(snapshot_value(&m, "rpcs_finished"), 2.0);
+    server.abort();
 }
