@@ -29,7 +29,10 @@
 //!   no storage pools and can create no disks.
 //! - Each container must have a `command` (slrp launches processes; it has no containerizer).
 //! - A negative or zero `reconciliation_interval_seconds` disables periodic reconciliation
-//!   (the proto's documentation; Mesos checks only for zero); NaN or infinity is refused.
+//!   (the proto's documentation; Mesos checks only for zero; see
+//!   `worker::reconciliation_interval`); NaN or infinity is refused.
+//! - An absent `storage.plugin.name` is set to `default`, the proto default, when the file
+//!   is read.
 //! - The default reservations are checked as a reservation stack when the file is read.
 //! - Two files with the same provider type and name are refused naming both files, and so
 //!   are two providers with the same plugin type and name: their volumes would share
@@ -229,17 +232,6 @@ pub fn validate_info(info: &ResourceProviderInfo) -> Result<(), InfoError> {
     .map_err(InfoError::Reservations)?;
     slrp_supervisor::deployment_from_info(&storage.plugin).map_err(InfoError::Plugin)?;
     Ok(())
-}
-
-/// The periodic reconciliation interval of a validated provider: `None` when disabled
-/// (zero or negative, spec §10.1 and the proto's documentation); 10 s when unset.
-pub fn reconciliation_interval(info: &ResourceProviderInfo) -> Option<Duration> {
-    let seconds = info
-        .storage
-        .as_ref()
-        .and_then(|s| s.reconciliation_interval_seconds)
-        .unwrap_or(10.0);
-    (seconds > 0.0).then(|| Duration::try_from_secs_f64(seconds).unwrap_or(Duration::MAX))
 }
 
 /// Why the configuration cannot be used. Every variant names the file or the setting.
@@ -475,10 +467,18 @@ pub fn load_provider_file(path: &Path) -> Result<ProviderConfig, ConfigError> {
             info
         }
     };
+    let mut info = info;
     validate_info(&info).map_err(|source| ConfigError::InvalidProvider {
         path: path.to_owned(),
         source,
     })?;
+    // The proto default made explicit, so that no later layer defaults it differently.
+    if let Some(storage) = &mut info.storage {
+        storage
+            .plugin
+            .name
+            .get_or_insert_with(|| DEFAULT_PLUGIN_NAME.to_owned());
+    }
     Ok(ProviderConfig {
         info,
         source: path.to_owned(),

@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use slrp_provider::config::{
     AdminListen, ConfigError, DaemonConfig, DaemonConfigFile, Overrides, PluginsOnExit,
-    load_provider_dir, load_provider_file, reconciliation_interval,
+    load_provider_dir, load_provider_file,
 };
 use slrp_wire::ContentType;
 
@@ -65,10 +65,6 @@ fn a_mesos_example_config_is_accepted_unchanged() {
         ("org.apache.mesos.csi.test".into(), "local".into())
     );
     assert_eq!(config.info.default_reservations.len(), 1);
-    assert_eq!(
-        reconciliation_interval(&config.info),
-        Some(Duration::from_secs(10))
-    );
 }
 
 #[test]
@@ -200,18 +196,17 @@ fn unknown_fields_and_enum_names_are_ignored_as_stout_ignores_them() {
 }
 
 #[test]
-fn reconciliation_interval_zero_or_negative_disables_and_absent_is_ten_seconds() {
-    for (value, expected) in [
-        (Some(json!(0)), None),
-        (Some(json!(-5)), None),
-        (Some(json!(2.5)), Some(Duration::from_millis(2500))),
-        (None, Some(Duration::from_secs(10))),
-    ] {
-        let v = edited("/storage/reconciliation_interval_seconds", value.clone());
+fn a_zero_or_negative_reconciliation_interval_is_accepted_and_the_plugin_name_defaulted() {
+    for value in [json!(0), json!(-5), json!(2.5)] {
+        let v = edited("/storage/reconciliation_interval_seconds", Some(value.clone()));
         let dir = tempfile::tempdir().unwrap();
-        let config = load_provider_file(&write(dir.path(), "rp.json", &v)).unwrap();
-        assert_eq!(reconciliation_interval(&config.info), expected, "{value:?}");
+        load_provider_file(&write(dir.path(), "rp.json", &v)).expect("accepted");
     }
+    let v = edited("/storage/plugin/name", None);
+    let dir = tempfile::tempdir().unwrap();
+    let config = load_provider_file(&write(dir.path(), "rp.json", &v)).unwrap();
+    let plugin = config.info.storage.unwrap().plugin;
+    assert_eq!(plugin.name.as_deref(), Some("default"), "Mesos's proto default");
 }
 
 #[test]
