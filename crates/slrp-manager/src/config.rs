@@ -35,6 +35,13 @@ pub struct ManagerConfig {
     /// Buffered observations ([`crate::ManagerMessage`]) per subscriber of
     /// [`crate::ManagerHandle::messages`]; a slower subscriber sees a lag error.
     pub message_buffer: usize,
+    /// The agent ID served on GET_AGENT (`agent_info.id`). `None`: the one recorded in the
+    /// registry under `state_dir`, else a fresh `<uuid>-S0` (recorded there, so it is
+    /// stable across restarts). An ID different from the recorded one is a re-registered
+    /// agent: the registry starts empty, as under Mesos's `meta/slaves/<agent_id>/`.
+    pub agent_id: Option<String>,
+    /// `agent_info.hostname` on GET_AGENT. The manager serves only this host.
+    pub hostname: String,
 }
 
 impl ManagerConfig {
@@ -48,6 +55,8 @@ impl ManagerConfig {
             body_timeout: Duration::from_secs(30),
             event_queue: 1024,
             message_buffer: 1024,
+            agent_id: None,
+            hostname: "localhost".to_owned(),
         }
     }
 
@@ -66,6 +75,15 @@ impl ManagerConfig {
             && !addr.ip().is_loopback()
         {
             return Err(ConfigError::NotLoopback { addr: *addr });
+        }
+        if let Some(id) = &self.agent_id {
+            slrp_types::validate_id(id).map_err(|source| ConfigError::AgentId {
+                id: id.clone(),
+                source,
+            })?;
+        }
+        if self.hostname.is_empty() {
+            return Err(ConfigError::Empty { field: "hostname" });
         }
         let positive = [
             ("max_body_bytes", self.max_body_bytes > 0),
@@ -103,6 +121,17 @@ mod tests {
             Err(ConfigError::Zero {
                 field: "event_queue"
             })
+        ));
+        config = ManagerConfig::loopback();
+        config.agent_id = Some("a/b".to_owned());
+        let error = config.validate().expect_err("a slash in the agent ID");
+        assert!(error.to_string().contains("\"a/b\""), "{error}");
+        config.agent_id = Some("2c9b0b4b-S0".to_owned());
+        assert!(config.validate().is_ok());
+        config.hostname.clear();
+        assert!(matches!(
+            config.validate(),
+            Err(ConfigError::Empty { field: "hostname" })
         ));
     }
 }

@@ -12,6 +12,21 @@ pub enum ConfigError {
         /// The rejected address.
         addr: std::net::SocketAddr,
     },
+    /// The configured agent ID is not a valid Mesos ID.
+    #[error("manager agent_id {id:?} is not a valid agent ID")]
+    AgentId {
+        /// The rejected ID.
+        id: String,
+        /// The rule it breaks.
+        #[source]
+        source: slrp_types::IdError,
+    },
+    /// A text setting that must not be empty is empty.
+    #[error("manager setting '{field}' must not be empty")]
+    Empty {
+        /// The setting's name.
+        field: &'static str,
+    },
     /// A limit that must be positive is zero.
     #[error("manager setting '{field}' must be positive")]
     Zero {

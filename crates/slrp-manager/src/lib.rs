@@ -12,6 +12,7 @@
 //! # Layout
 //! - [`config`]: [`ManagerConfig`], validated at spawn.
 //! - `server`: HTTP routing, media types, body limits, decoding (§2.2 steps 2–6).
+//! - `operator`: the agent operator API subset (`GET_AGENT`) on the parent path.
 //! - `worker`: admission, step 7, bookkeeping, publish, removal; owns all state.
 //! - [`validation`]: Mesos's call validation (§2.6).
 //! - [`registrar`]: durable record of admitted and removed provider IDs.
@@ -28,6 +29,7 @@
 pub mod config;
 pub mod error;
 pub mod metrics;
+mod operator;
 pub mod registrar;
 mod server;
 pub mod validation;
@@ -47,6 +49,7 @@ use tokio_util::task::TaskTracker;
 pub use config::{Listen, ManagerConfig};
 pub use error::{ConfigError, ManagerError, PublishError, RegistrarError, SendEventError};
 pub use metrics::ManagerMetrics;
+pub use operator::OPERATOR_PATHS;
 pub use server::{ENDPOINT_PATHS, STREAM_ID_HEADER};
 pub use worker::{ManagerMessage, OperationView, ProviderView};
 
@@ -67,11 +70,21 @@ pub enum Endpoint {
 }
 
 impl Endpoint {
+    /// The agent operator API URL (the parent path of [`Endpoint::url`]); see
+    /// [`Endpoint::url`] for the unix-socket form.
+    #[must_use]
+    pub fn operator_url(&self) -> String {
+        self.url_of(OPERATOR_PATHS[0])
+    }
+
     /// The resource provider API URL as a Mesos agent advertises it. A unix socket has no
     /// URL authority, so its URL uses `localhost` and the client must connect to the path.
     #[must_use]
     pub fn url(&self) -> String {
-        let path = ENDPOINT_PATHS[0];
+        self.url_of(ENDPOINT_PATHS[0])
+    }
+
+    fn url_of(&self, path: &str) -> String {
         match self {
             Self::Tcp(addr) => format!("http://{addr}{path}"),
             Self::Unix(_) => format!("http://localhost{path}"),
@@ -95,11 +108,15 @@ impl EmbeddedManager {
     ) -> Result<(ManagerHandle, ManagerGuard), ManagerError> {
         config.validate()?;
         let state_dir = config.state_dir.clone();
-        let registrar =
-            tokio::task::spawn_blocking(move || Registrar::recover(state_dir.as_deref()))
-                .await
-                .map_err(RegistrarError::Task)??;
+        let configured = config.agent_id.clone();
+        let registrar = tokio::task::spawn_blocking(move || {
+            Registrar::recover(state_dir.as_deref(), configured.as_deref())
+        })
+        .await
+        .map_err(RegistrarError::Task)??;
+        let agent_id = registrar.agent_id().to_owned();
         let (listener, endpoint) = bind(&config.listen).await?;
+        let agent = operator::agent_info(&config.hostname, &agent_id, &endpoint);
 
         let cancel = cancel.child_token();
         let tasks = TaskTracker::new();
@@ -120,15 +137,17 @@ impl EmbeddedManager {
             max_body_bytes: config.max_body_bytes,
             body_timeout: config.body_timeout,
             event_queue: config.event_queue,
+            agent,
         });
         tasks.spawn(server::serve(listener, ctx, tasks.clone(), cancel.clone()));
-        tracing::info!(url = %endpoint.url(), ?endpoint, "resource provider manager serving");
+        tracing::info!(url = %endpoint.url(), ?endpoint, %agent_id, "resource provider manager serving");
         Ok((
             ManagerHandle {
                 commands,
                 messages,
                 metrics,
                 endpoint,
+                agent_id,
             },
             ManagerGuard { cancel, tasks },
         ))
@@ -202,9 +221,16 @@ pub struct ManagerHandle {
     messages: broadcast::Sender<ManagerMessage>,
     metrics: ManagerMetrics,
     endpoint: Endpoint,
+    agent_id: String,
 }
 
 impl ManagerHandle {
+    /// The agent ID this manager serves on GET_AGENT.
+    #[must_use]
+    pub fn agent_id(&self) -> &str {
+        &self.agent_id
+    }
+
     /// Where the manager serves.
     #[must_use]
     pub fn endpoint(&self) -> &Endpoint {

@@ -6,6 +6,12 @@
 //! file, fsync, rename, fsync the directory) on every change. It holds a handful of
 //! records and changes only on admission and removal, so a whole-file rewrite is cheaper
 //! and simpler than a database. Without a state dir the registry lives in memory.
+//!
+//! The file also holds the agent ID the manager serves on GET_AGENT, so that a restarted
+//! manager is the same agent. Mesos keeps the registry under `meta/slaves/<agent_id>/`: an
+//! agent with a new ID starts from an empty registry. Here a configured agent ID that
+//! differs from the recorded one does the same (the providers admitted under the old ID
+//! are forgotten), which is what lets a test restart the manager as a re-registered agent.
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
@@ -33,6 +39,10 @@ pub struct ProviderRecord {
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct RegistryFile {
     version: u32,
+    /// Absent in files written before GET_AGENT existed: those keep their providers and
+    /// adopt the configured (or a new) agent ID.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    agent_id: Option<String>,
     providers: Vec<ProviderRecord>,
     removed: Vec<ProviderRecord>,
 }
@@ -40,22 +50,30 @@ struct RegistryFile {
 #[derive(Debug)]
 pub(crate) struct Registrar {
     path: Option<PathBuf>,
+    agent_id: String,
     known: BTreeMap<String, ProviderRecord>,
     removed: BTreeMap<String, ProviderRecord>,
 }
 
 impl Registrar {
-    /// Loads the registry (blocking; runs before the manager serves anything).
-    pub(crate) fn recover(state_dir: Option<&Path>) -> Result<Self, RegistrarError> {
+    /// Loads the registry (blocking; runs before the manager serves anything) and settles
+    /// the agent ID: `configured` if given, else the recorded one, else a fresh one. A
+    /// configured ID that differs from the recorded one starts an empty registry, as a
+    /// Mesos agent registered under a new ID does.
+    pub(crate) fn recover(
+        state_dir: Option<&Path>,
+        configured: Option<&str>,
+    ) -> Result<Self, RegistrarError> {
         let Some(dir) = state_dir else {
             return Ok(Self {
                 path: None,
+                agent_id: configured.map_or_else(new_agent_id, str::to_owned),
                 known: BTreeMap::new(),
                 removed: BTreeMap::new(),
             });
         };
         let path = dir.join(FILE_NAME);
-        let file = match std::fs::read(&path) {
+        let mut file = match std::fs::read(&path) {
             Ok(bytes) => serde_json::from_slice::<RegistryFile>(&bytes).map_err(|source| {
                 RegistrarError::Parse {
                     path: path.clone(),
@@ -71,17 +89,44 @@ impl Registrar {
             }
             Err(source) => return Err(RegistrarError::Read { path, source }),
         };
+        let agent_id = match (configured, file.agent_id.as_deref()) {
+            (Some(new), Some(old)) if new != old => {
+                tracing::info!(
+                    old_agent_id = old,
+                    agent_id = new,
+                    forgotten = file.providers.len(),
+                    "the agent ID changed: providers admitted under the old ID are unknown now"
+                );
+                file.providers.clear();
+                file.removed.clear();
+                new.to_owned()
+            }
+            (Some(id), _) | (None, Some(id)) => id.to_owned(),
+            (None, None) => new_agent_id(),
+        };
+        let changed = file.agent_id.as_deref() != Some(agent_id.as_str());
         let by_id = |records: Vec<ProviderRecord>| {
             records
                 .into_iter()
                 .map(|record| (record.id.clone(), record))
                 .collect()
         };
-        Ok(Self {
+        let registrar = Self {
             path: Some(path),
+            agent_id,
             known: by_id(file.providers),
             removed: by_id(file.removed),
-        })
+        };
+        // Written at once so that the ID is stable even if no provider is ever admitted.
+        if changed && let Some(path) = &registrar.path {
+            write_atomically(path, &registrar.file())?;
+        }
+        Ok(registrar)
+    }
+
+    /// The agent ID served on GET_AGENT.
+    pub(crate) fn agent_id(&self) -> &str {
+        &self.agent_id
     }
 
     pub(crate) fn known(&self, id: &str) -> Option<&ProviderRecord> {
@@ -120,15 +165,27 @@ impl Registrar {
         let Some(path) = self.path.clone() else {
             return Ok(());
         };
-        let file = RegistryFile {
-            version: FORMAT_VERSION,
-            providers: self.known.values().cloned().collect(),
-            removed: self.removed.values().cloned().collect(),
-        };
+        let file = self.file();
         tokio::task::spawn_blocking(move || write_atomically(&path, &file))
             .await
             .map_err(RegistrarError::Task)?
     }
+}
+
+impl Registrar {
+    fn file(&self) -> RegistryFile {
+        RegistryFile {
+            version: FORMAT_VERSION,
+            agent_id: Some(self.agent_id.clone()),
+            providers: self.known.values().cloned().collect(),
+            removed: self.removed.values().cloned().collect(),
+        }
+    }
+}
+
+/// An ID of the form a Mesos master gives an agent: `<master-assigned UUID>-S<n>`.
+fn new_agent_id() -> String {
+    format!("{}-S0", uuid::Uuid::new_v4())
 }
 
 fn write_atomically(path: &Path, file: &RegistryFile) -> Result<(), RegistrarError> {
@@ -171,7 +228,7 @@ mod tests {
             path: PathBuf::new(),
             source,
         })?;
-        let mut registrar = Registrar::recover(Some(dir.path()))?;
+        let mut registrar = Registrar::recover(Some(dir.path()), None)?;
         registrar.admit(record("a")).await?;
         registrar.remove("a").await?;
         assert!(matches!(
@@ -184,10 +241,44 @@ mod tests {
         ));
         registrar.admit(record("c")).await?;
 
-        let recovered = Registrar::recover(Some(dir.path()))?;
+        let recovered = Registrar::recover(Some(dir.path()), None)?;
         assert_eq!(recovered.known("c"), Some(&record("c")));
         assert_eq!(recovered.known("a"), None);
         assert!(recovered.removed.contains_key("a"));
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn agent_id_is_stable_and_a_new_one_starts_an_empty_registry()
+    -> Result<(), RegistrarError> {
+        let dir = tempfile::tempdir().map_err(|source| RegistrarError::Read {
+            path: PathBuf::new(),
+            source,
+        })?;
+        let first = Registrar::recover(Some(dir.path()), None)?;
+        let generated = first.agent_id().to_owned();
+        assert!(generated.ends_with("-S0"), "{generated}");
+        assert!(slrp_types::validate_id(&generated).is_ok());
+        drop(first);
+        let mut again = Registrar::recover(Some(dir.path()), None)?;
+        assert_eq!(again.agent_id(), generated, "stable across restarts");
+        again.admit(record("a")).await?;
+
+        let same = Registrar::recover(Some(dir.path()), Some(&generated))?;
+        assert_eq!(same.known("a"), Some(&record("a")));
+
+        let renewed = Registrar::recover(Some(dir.path()), Some("new-S1"))?;
+        assert_eq!(renewed.agent_id(), "new-S1");
+        assert_eq!(renewed.known("a"), None, "a new agent ID knows no provider");
+        let reread = Registrar::recover(Some(dir.path()), None)?;
+        assert_eq!(reread.agent_id(), "new-S1");
+        assert_eq!(reread.known("a"), None);
+
+        let memory = Registrar::recover(None, None)?;
+        assert_ne!(
+            memory.agent_id(),
+            Registrar::recover(None, None)?.agent_id()
+        );
         Ok(())
     }
 
@@ -196,7 +287,7 @@ mod tests {
         let dir = tempfile::tempdir()?;
         std::fs::write(dir.path().join(FILE_NAME), b"not json")?;
         assert!(matches!(
-            Registrar::recover(Some(dir.path())),
+            Registrar::recover(Some(dir.path()), None),
             Err(RegistrarError::Parse { .. })
         ));
         Ok(())

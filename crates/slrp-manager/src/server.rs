@@ -12,6 +12,7 @@ use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt as _, Empty, Full, Limited, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper_util::rt::{TokioIo, TokioTimer};
+use slrp_proto::mesos::v1::AgentInfo;
 use slrp_proto::mesos::v1::resource_provider::{Call, call};
 use slrp_types::DisplayChain;
 use slrp_wire::{ContentType, JsonError};
@@ -34,13 +35,15 @@ pub const ENDPOINT_PATHS: [&str; 2] = [
 /// Header carrying the subscription's stream ID.
 pub const STREAM_ID_HEADER: &str = "Mesos-Stream-Id";
 
-type Body = UnsyncBoxBody<Bytes, Infallible>;
+pub(crate) type Body = UnsyncBoxBody<Bytes, Infallible>;
 
 pub(crate) struct Ctx {
     pub(crate) commands: mpsc::Sender<Command>,
     pub(crate) max_body_bytes: usize,
     pub(crate) body_timeout: Duration,
     pub(crate) event_queue: usize,
+    /// What GET_AGENT answers.
+    pub(crate) agent: AgentInfo,
 }
 
 pub(crate) enum Listener {
@@ -110,7 +113,7 @@ where
     });
 }
 
-fn text(status: StatusCode, body: impl Into<String>) -> Response<Body> {
+pub(crate) fn text(status: StatusCode, body: impl Into<String>) -> Response<Body> {
     let body: String = body.into();
     let mut response = Response::new(Full::new(Bytes::from(body)).boxed_unsync());
     *response.status_mut() = status;
@@ -121,75 +124,37 @@ fn text(status: StatusCode, body: impl Into<String>) -> Response<Body> {
     response
 }
 
-fn empty(status: StatusCode) -> Response<Body> {
+pub(crate) fn empty(status: StatusCode) -> Response<Body> {
     let mut response = Response::new(Empty::new().boxed_unsync());
     *response.status_mut() = status;
     response
 }
 
 async fn respond(request: Request<Incoming>, ctx: &Ctx) -> Response<Body> {
+    if crate::operator::OPERATOR_PATHS.contains(&request.uri().path()) {
+        return Box::pin(crate::operator::respond(request, ctx)).await;
+    }
     if !ENDPOINT_PATHS.contains(&request.uri().path()) {
         return empty(StatusCode::NOT_FOUND);
     }
-    if request.method() != Method::POST {
-        let mut response = text(
-            StatusCode::METHOD_NOT_ALLOWED,
-            format!(
-                "Expecting one of {{ 'POST' }}, but received '{}'",
-                request.method()
-            ),
-        );
-        response
-            .headers_mut()
-            .insert(ALLOW, HeaderValue::from_static("POST"));
+    if let Some(response) = refuse_non_post(&request) {
         return response;
     }
     let Some(content_type) = request.headers().get(CONTENT_TYPE) else {
-        return text(
-            StatusCode::BAD_REQUEST,
-            "Expecting 'Content-Type' to be present",
-        );
+        return no_content_type();
     };
     // An exact match, as on the agent: a provider sending `application/json; charset=utf-8`
     // must fail here as it would there.
-    let content_type = match content_type.as_bytes() {
-        b"application/x-protobuf" => ContentType::Protobuf,
-        b"application/json" => ContentType::Json,
-        _ => {
-            return text(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "Expecting 'Content-Type' of application/json or application/x-protobuf",
-            );
-        }
+    let Some(content_type) = exact_content_type(content_type) else {
+        return text(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "Expecting 'Content-Type' of application/json or application/x-protobuf",
+        );
     };
     let (parts, body) = request.into_parts();
-    let limited = Limited::new(body, ctx.max_body_bytes).collect();
-    let bytes = match tokio::time::timeout(ctx.body_timeout, limited).await {
-        Ok(Ok(collected)) => collected.to_bytes(),
-        Ok(Err(error)) if error.is::<http_body_util::LengthLimitError>() => {
-            return text(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!(
-                    "Request body exceeds the limit of {} bytes",
-                    ctx.max_body_bytes
-                ),
-            );
-        }
-        Ok(Err(error)) => {
-            return text(
-                StatusCode::BAD_REQUEST,
-                format!("Failed to read the request body: {}", DisplayChain(&*error)),
-            );
-        }
-        Err(_) => {
-            return text(
-                StatusCode::REQUEST_TIMEOUT,
-                format!(
-                    "Timed out reading the request body after {}s",
-                    ctx.body_timeout.as_secs_f64()
-                ),
-            );
-        }
+    let bytes = match read_body(body, ctx).await {
+        Ok(bytes) => bytes,
+        Err(response) => return response,
     };
     let call = match decode_call(content_type, &bytes) {
         Ok(call) => call,
@@ -222,6 +187,67 @@ async fn respond(request: Request<Incoming>, ctx: &Ctx) -> Response<Body> {
         Ok(CallReply::NotImplemented) => empty(StatusCode::NOT_IMPLEMENTED),
         Ok(CallReply::Accepted) => empty(StatusCode::ACCEPTED),
         Err(_) => stopped(),
+    }
+}
+
+/// `405` with libprocess's text for anything but `POST` (both APIs take only `POST`).
+pub(crate) fn refuse_non_post<B>(request: &Request<B>) -> Option<Response<Body>> {
+    if request.method() == Method::POST {
+        return None;
+    }
+    let mut response = text(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!(
+            "Expecting one of {{ 'POST' }}, but received '{}'",
+            request.method()
+        ),
+    );
+    response
+        .headers_mut()
+        .insert(ALLOW, HeaderValue::from_static("POST"));
+    Some(response)
+}
+
+pub(crate) fn no_content_type() -> Response<Body> {
+    text(
+        StatusCode::BAD_REQUEST,
+        "Expecting 'Content-Type' to be present",
+    )
+}
+
+/// The two media types both APIs decode, compared exactly as Mesos does.
+pub(crate) fn exact_content_type(value: &HeaderValue) -> Option<ContentType> {
+    match value.as_bytes() {
+        b"application/x-protobuf" => Some(ContentType::Protobuf),
+        b"application/json" => Some(ContentType::Json),
+        _ => None,
+    }
+}
+
+/// The whole request body within the configured size and time bounds, or the answer
+/// (`413`, `408`, `400`) to send instead.
+pub(crate) async fn read_body(body: Incoming, ctx: &Ctx) -> Result<Bytes, Response<Body>> {
+    let limited = Limited::new(body, ctx.max_body_bytes).collect();
+    match tokio::time::timeout(ctx.body_timeout, limited).await {
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(error)) if error.is::<http_body_util::LengthLimitError>() => Err(text(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "Request body exceeds the limit of {} bytes",
+                ctx.max_body_bytes
+            ),
+        )),
+        Ok(Err(error)) => Err(text(
+            StatusCode::BAD_REQUEST,
+            format!("Failed to read the request body: {}", DisplayChain(&*error)),
+        )),
+        Err(_) => Err(text(
+            StatusCode::REQUEST_TIMEOUT,
+            format!(
+                "Timed out reading the request body after {}s",
+                ctx.body_timeout.as_secs_f64()
+            ),
+        )),
     }
 }
 
@@ -316,7 +342,7 @@ async fn subscribe(headers: &HeaderMap, call: Call, ctx: &Ctx) -> Response<Body>
 
 /// Whether the `Accept` headers admit `media` (`type/subtype`): the most specific
 /// matching range decides, and `q=0` excludes. No `Accept` admits everything.
-fn accepts(headers: &HeaderMap, media: &str) -> bool {
+pub(crate) fn accepts(headers: &HeaderMap, media: &str) -> bool {
     let mut values = headers.get_all(ACCEPT).iter().peekable();
     if values.peek().is_none() {
         return true;

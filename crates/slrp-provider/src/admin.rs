@@ -1,1 +1,273 @@
-//! See the crate docs; filled in by issue #10's work.
+//! The admin endpoint: HTTP on a unix socket, for operators and probes.
+//!
+//! # Routes
+//!
+//! - `GET /health`: 200 while the process runs and serves.
+//! - `GET /ready`: 200 when every provider is `READY`, else 503; the JSON body names each
+//!   provider and its state (`{"ready": false, "providers": [{"provider": "<type>.<name>",
+//!   "state": "SUBSCRIBED", "ready": false}], "not_ready": ["<type>.<name>"]}`).
+//! - `GET /metrics`: OpenMetrics text of the daemon's registry.
+//! - `GET /metrics/snapshot`: a JSON object of Mesos-style names to numbers (spec §9), the
+//!   union of every provider's [`ProviderView::snapshot`], as a Mesos agent's
+//!   `/metrics/snapshot` shows them.
+//!
+//! The rest of the admin API (status, volumes, operations, disks) is issue #12.
+//!
+//! # The socket
+//!
+//! [`AdminListener::bind`] refuses a socket a live daemon answers on, replaces the stale
+//! socket of a dead one, and refuses to delete anything that is not a socket. The socket is
+//! created under a temporary name, made mode 0600, then renamed into place, so there is no
+//! moment in which others could connect. [`AdminListener::serve`] removes it when it stops,
+//! unless another daemon has replaced it meanwhile.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _, PermissionsExt as _};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use prometheus_client::registry::Registry;
+use slrp_types::DisplayChain;
+use tokio_util::sync::CancellationToken;
+
+/// What the admin endpoint needs to know about one provider. The daemon implements it over
+/// the provider's status and metrics; tests implement it with fakes.
+pub trait ProviderView: Send + Sync + 'static {
+    /// `<rp type>.<rp name>`.
+    fn key(&self) -> String;
+    /// The lifecycle state's Mesos name (`READY`, …), or the daemon's step while the
+    /// provider is not running yet (`STARTING`, `FAILED`, …).
+    fn state(&self) -> String;
+    /// Whether the provider is `READY`.
+    fn is_ready(&self) -> bool;
+    /// Mesos-style metric names to values (`resource_providers/<type>.<name>/…`).
+    fn snapshot(&self) -> BTreeMap<String, f64>;
+}
+
+/// What the routes read: the providers and the metrics registry.
+#[derive(Clone)]
+pub struct AdminState {
+    providers: Arc<Vec<Arc<dyn ProviderView>>>,
+    registry: Arc<Registry>,
+}
+
+impl std::fmt::Debug for AdminState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminState")
+            .field(
+                "providers",
+                &self.providers.iter().map(|p| p.key()).collect::<Vec<_>>(),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+impl AdminState {
+    /// The state for these providers and this registry (complete: nothing registers later).
+    pub fn new(providers: Vec<Arc<dyn ProviderView>>, registry: Registry) -> Self {
+        Self {
+            providers: Arc::new(providers),
+            registry: Arc::new(registry),
+        }
+    }
+
+    /// The `/ready` answer: status and JSON body.
+    pub fn readiness(&self) -> (StatusCode, serde_json::Value) {
+        let mut not_ready = Vec::new();
+        let providers: Vec<_> = self
+            .providers
+            .iter()
+            .map(|p| {
+                let ready = p.is_ready();
+                if !ready {
+                    not_ready.push(p.key());
+                }
+                serde_json::json!({"provider": p.key(), "state": p.state(), "ready": ready})
+            })
+            .collect();
+        let ready = not_ready.is_empty();
+        let body = serde_json::json!({
+            "ready": ready,
+            "providers": providers,
+            "not_ready": not_ready,
+        });
+        let status = if ready {
+            StatusCode::OK
+        } else {
+            StatusCode::SERVICE_UNAVAILABLE
+        };
+        (status, body)
+    }
+
+    /// The `/metrics/snapshot` object.
+    pub fn snapshot(&self) -> BTreeMap<String, f64> {
+        self.providers.iter().flat_map(|p| p.snapshot()).collect()
+    }
+}
+
+/// The routes over `state`.
+pub fn router(state: AdminState) -> axum::Router {
+    axum::Router::new()
+        .route("/health", get(|| async { "OK\n" }))
+        .route("/ready", get(ready))
+        .route("/metrics", get(metrics))
+        .route("/metrics/snapshot", get(snapshot))
+        .with_state(state)
+}
+
+async fn ready(State(state): State<AdminState>) -> Response {
+    let (status, body) = state.readiness();
+    (status, axum::Json(body)).into_response()
+}
+
+async fn snapshot(State(state): State<AdminState>) -> Response {
+    axum::Json(state.snapshot()).into_response()
+}
+
+async fn metrics(State(state): State<AdminState>) -> Response {
+    let mut text = String::new();
+    match prometheus_client::encoding::text::encode(&mut text, &state.registry) {
+        Ok(()) => (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        Err(e) => {
+            tracing::error!(error = %e, "encoding the metrics failed");
+            StatusCode::INTERNAL_SERVER_ERROR.into_response()
+        }
+    }
+}
+
+/// Why the admin endpoint cannot listen.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    /// Another process answers on the socket: a daemon with the same state directory runs.
+    #[error(
+        "the admin socket {path} is in use: another slrp daemon with this state directory is running"
+    )]
+    InUse {
+        /// The socket.
+        path: PathBuf,
+    },
+    /// Something other than a socket is at the path; slrp does not delete it.
+    #[error("the admin socket path {path} exists and is not a socket")]
+    NotASocket {
+        /// The path.
+        path: PathBuf,
+    },
+    /// Creating, securing or placing the socket failed.
+    #[error("creating the admin socket {path}")]
+    Bind {
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A bound admin socket, not yet serving.
+#[derive(Debug)]
+pub struct AdminListener {
+    listener: tokio::net::UnixListener,
+    path: PathBuf,
+    /// Device and inode of the socket we created, so that stopping removes only ours.
+    identity: (u64, u64),
+}
+
+impl AdminListener {
+    /// Binds the socket at `path` (mode 0600), replacing a stale one.
+    ///
+    /// # Errors
+    /// [`AdminError`]: a live daemon answers there, the path is not a socket, or the
+    /// socket cannot be created.
+    pub fn bind(path: &Path) -> Result<Self, AdminError> {
+        let bind_error = |source| AdminError::Bind {
+            path: path.to_owned(),
+            source,
+        };
+        match std::fs::symlink_metadata(path) {
+            Ok(meta) if meta.file_type().is_socket() => {
+                match std::os::unix::net::UnixStream::connect(path) {
+                    Ok(_) => {
+                        return Err(AdminError::InUse {
+                            path: path.to_owned(),
+                        });
+                    }
+                    // Nobody listens: the socket of a daemon that died without cleaning up.
+                    Err(_) => remove_if_present(path).map_err(bind_error)?,
+                }
+            }
+            Ok(_) => {
+                return Err(AdminError::NotASocket {
+                    path: path.to_owned(),
+                });
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(bind_error(e)),
+        }
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(bind_error)?;
+        }
+        let mut staging = path.as_os_str().to_owned();
+        staging.push(format!(".{}.tmp", std::process::id()));
+        let staging = PathBuf::from(staging);
+        remove_if_present(&staging).map_err(bind_error)?;
+        let listener = tokio::net::UnixListener::bind(&staging).map_err(bind_error)?;
+        let placed = std::fs::set_permissions(&staging, std::fs::Permissions::from_mode(0o600))
+            .and_then(|()| std::fs::rename(&staging, path))
+            .and_then(|()| std::fs::symlink_metadata(path));
+        let meta = match placed {
+            Ok(meta) => meta,
+            Err(e) => {
+                let _ = std::fs::remove_file(&staging);
+                return Err(bind_error(e));
+            }
+        };
+        Ok(Self {
+            listener,
+            path: path.to_owned(),
+            identity: (meta.dev(), meta.ino()),
+        })
+    }
+
+    /// The socket's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Serves `state` until `cancel` fires, then lets requests in progress finish and
+    /// removes the socket (if it is still ours).
+    pub async fn serve(self, state: AdminState, cancel: CancellationToken) {
+        let Self {
+            listener,
+            path,
+            identity,
+        } = self;
+        let served = axum::serve(listener, router(state))
+            .with_graceful_shutdown(cancel.cancelled_owned())
+            .await;
+        if let Err(e) = served {
+            tracing::error!(error = %DisplayChain(&e), socket = %path.display(), "the admin endpoint failed");
+        }
+        let ours = std::fs::symlink_metadata(&path).is_ok_and(|m| (m.dev(), m.ino()) == identity);
+        if ours && let Err(e) = std::fs::remove_file(&path) {
+            tracing::warn!(error = %DisplayChain(&e), socket = %path.display(), "removing the admin socket failed");
+        }
+    }
+}
+
+fn remove_if_present(path: &Path) -> std::io::Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        Ok(()) | Err(_) => Ok(()),
+    }
+}

@@ -15,6 +15,7 @@
 //! - [`size`]: [`parse_size`], [`format_size`] (`64MiB`, `10GiB`, `1G`, `1.5GiB`).
 //! - [`backoff`]: [`Backoff`], [`Jitter`], [`JitterRng`] (full-jitter exponential).
 //! - [`provider`]: [`ProviderKey`], what profile selectors match.
+//! - [`id`]: [`validate_id`], Mesos's rules for IDs that name directories.
 //! - [`capability`]: [`VolumeCapability`] and its Mesos / CSI v0 / CSI v1 conversions.
 //!
 //! # Invariants
@@ -33,6 +34,7 @@ pub mod boot;
 pub mod capability;
 pub mod chain;
 pub mod grpc;
+pub mod id;
 pub mod provider;
 pub mod size;
 
@@ -43,6 +45,7 @@ pub use boot::{BOOT_ID_PATH, BootId, read_boot_id};
 pub use capability::{AccessMode, AccessType, CapabilityError, CapabilityForm, VolumeCapability};
 pub use chain::DisplayChain;
 pub use grpc::parse_code;
+pub use id::{IdError, validate_id};
 pub use provider::ProviderKey;
 pub use size::{SizeError, format_size, parse_size};
 

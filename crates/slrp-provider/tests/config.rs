@@ -1,0 +1,505 @@
+//! `slrp_provider::config`: the provider files (spec §10.1) and the daemon's TOML file, as
+//! tables of inputs and the error each must produce.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use slrp_provider::config::{
+    AdminListen, ConfigError, DaemonConfig, DaemonConfigFile, Overrides, PluginsOnExit,
+    load_provider_dir, load_provider_file,
+};
+use slrp_wire::ContentType;
+
+fn valid() -> Value {
+    json!({
+        "type": "org.apache.mesos.rp.local.storage",
+        "name": "test",
+        "default_reservations": [{"type": "DYNAMIC", "role": "storage"}],
+        "storage": {
+            "plugin": {
+                "type": "org.apache.mesos.csi.test",
+                "name": "local",
+                "containers": [{
+                    "services": ["CONTROLLER_SERVICE", "NODE_SERVICE"],
+                    "command": {"shell": false, "value": "/bin/true", "arguments": ["true"]},
+                    "resources": [{"name": "cpus", "type": "SCALAR", "scalar": {"value": 0.1}}]
+                }]
+            },
+            "reconciliation_interval_seconds": 10
+        }
+    })
+}
+
+fn write(dir: &Path, name: &str, value: &Value) -> std::path::PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, serde_json::to_vec_pretty(value).unwrap()).unwrap();
+    path
+}
+
+/// Applies `edit` to the valid document at a JSON pointer (`None` removes the field).
+fn edited(pointer: &str, edit: Option<Value>) -> Value {
+    let mut v = valid();
+    let (parent, key) = pointer.rsplit_once('/').unwrap();
+    let parent = v.pointer_mut(parent).unwrap();
+    match edit {
+        Some(new) => parent[key] = new,
+        None => {
+            parent.as_object_mut().unwrap().remove(key);
+        }
+    }
+    v
+}
+
+#[test]
+fn a_mesos_example_config_is_accepted_unchanged() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "test.json", &valid());
+    let config = load_provider_file(&path).unwrap();
+    assert_eq!(config.source, path);
+    assert_eq!(config.key(), "org.apache.mesos.rp.local.storage.test");
+    assert_eq!(
+        config.plugin(),
+        ("org.apache.mesos.csi.test".into(), "local".into())
+    );
+    assert_eq!(config.info.default_reservations.len(), 1);
+}
+
+#[test]
+fn every_rule_of_section_10_1_is_enforced_with_mesos_text_file_and_field() {
+    let unknown_service = {
+        let mut v = valid();
+        v["storage"]["plugin"]["containers"][0]["services"] = json!(["CONTROLLER_SERVICE"]);
+        v
+    };
+    let no_command = edited("/storage/plugin/containers/0/command", None);
+    let cases: Vec<(&str, Value, &str, &str)> = vec![
+        (
+            "type",
+            edited("/type", Some(json!("org.apache.mesos.rp.local.other"))),
+            "type",
+            "Unknown local resource provider type 'org.apache.mesos.rp.local.other'",
+        ),
+        (
+            "id",
+            edited("/id", Some(json!({"value": "abc"}))),
+            "id",
+            "'ResourceProviderInfo.id' must not be set",
+        ),
+        (
+            "name with a dash",
+            edited("/name", Some(json!("te-st"))),
+            "name",
+            "Resource provider name 'te-st' does not follow Java package naming convention",
+        ),
+        (
+            "empty name",
+            edited("/name", Some(json!(""))),
+            "name",
+            "Resource provider name '' does not follow Java package naming convention",
+        ),
+        (
+            "storage",
+            edited("/storage", None),
+            "storage",
+            "'ResourceProviderInfo.storage' must be set",
+        ),
+        (
+            "plugin type",
+            edited("/storage/plugin/type", Some(json!("org..csi"))),
+            "storage.plugin",
+            "CSI plugin type 'org..csi' and name 'local' does not follow Java package naming convention",
+        ),
+        (
+            "plugin name",
+            edited("/storage/plugin/name", Some(json!("lo/cal"))),
+            "storage.plugin",
+            "CSI plugin type 'org.apache.mesos.csi.test' and name 'lo/cal' does not follow Java package naming convention",
+        ),
+        (
+            "node service",
+            unknown_service,
+            "storage.plugin.containers",
+            "NODE_SERVICE not found",
+        ),
+        (
+            "no containers",
+            edited("/storage/plugin/containers", Some(json!([]))),
+            "storage.plugin.containers",
+            "NODE_SERVICE not found",
+        ),
+        (
+            "interval",
+            edited(
+                "/storage/reconciliation_interval_seconds",
+                Some(json!("ten")),
+            ),
+            "storage.reconciliation_interval_seconds",
+            "invalid float",
+        ),
+        (
+            "reservations",
+            edited(
+                "/default_reservations",
+                Some(json!([{"type": "DYNAMIC", "role": "a"}, {"type": "STATIC", "role": "a/b"}])),
+            ),
+            "default_reservations",
+            "a refined reservation must be DYNAMIC",
+        ),
+        (
+            "command",
+            no_command,
+            "storage.plugin.containers",
+            "no command",
+        ),
+        (
+            "required field",
+            edited("/storage/plugin/type", None),
+            "storage.plugin.type",
+            "missing required field 'type'",
+        ),
+    ];
+    for (what, document, field, text) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(dir.path(), "rp.json", &document);
+        let err = load_provider_file(&path).expect_err(what);
+        let chain = format!("{}", slrp_types::DisplayChain(&err));
+        assert!(
+            chain.contains(&path.display().to_string()),
+            "{what}: {chain}"
+        );
+        assert!(chain.contains(&format!("'{field}'")), "{what}: {chain}");
+        assert!(chain.contains(text), "{what}: {chain}");
+    }
+}
+
+#[test]
+fn unknown_fields_and_enum_names_are_ignored_as_stout_ignores_them() {
+    let mut v = valid();
+    v["future_field"] = json!({"x": 1});
+    v["storage"]["plugin"]["containers"][0]["command"]["also_new"] = json!(true);
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "rp.json", &v);
+    let config = load_provider_file(&path).unwrap();
+    assert_eq!(config.info.name, "test");
+
+    // An unknown enum name of an optional field is dropped, as stout drops it (proto2).
+    let v = edited(
+        "/storage/plugin/containers/0/services",
+        Some(json!(["NODE_SERVICE", "CONTROLER_SERVICE"])),
+    );
+    let config = load_provider_file(&write(dir.path(), "rp.json", &v)).unwrap();
+    let container = &config.info.storage.unwrap().plugin.containers[0];
+    assert_eq!(container.services, [2], "NODE_SERVICE only");
+}
+
+#[test]
+fn a_zero_or_negative_reconciliation_interval_is_accepted_and_the_plugin_name_defaulted() {
+    for value in [json!(0), json!(-5), json!(2.5)] {
+        let v = edited("/storage/reconciliation_interval_seconds", Some(value.clone()));
+        let dir = tempfile::tempdir().unwrap();
+        load_provider_file(&write(dir.path(), "rp.json", &v)).expect("accepted");
+    }
+    let v = edited("/storage/plugin/name", None);
+    let dir = tempfile::tempdir().unwrap();
+    let config = load_provider_file(&write(dir.path(), "rp.json", &v)).unwrap();
+    let plugin = config.info.storage.unwrap().plugin;
+    assert_eq!(plugin.name.as_deref(), Some("default"), "Mesos's proto default");
+}
+
+#[test]
+fn a_node_only_plugin_is_accepted() {
+    let mut v = valid();
+    v["storage"]["plugin"]["containers"][0]["services"] = json!(["NODE_SERVICE"]);
+    let dir = tempfile::tempdir().unwrap();
+    load_provider_file(&write(dir.path(), "rp.json", &v)).unwrap();
+}
+
+#[test]
+fn the_directory_skips_hidden_files_staging_and_other_extensions() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "b.json", &valid());
+    let mut second = valid();
+    second["name"] = json!("second");
+    second["storage"]["plugin"]["name"] = json!("other");
+    write(dir.path(), "a.json", &second);
+    std::fs::write(dir.path().join(".hidden.json"), "not json").unwrap();
+    std::fs::write(dir.path().join("README"), "not json").unwrap();
+    std::fs::write(dir.path().join("x.json~"), "not json").unwrap();
+    std::fs::create_dir(dir.path().join(".staging")).unwrap();
+    std::fs::create_dir(dir.path().join("sub.json")).unwrap();
+    let providers = load_provider_dir(dir.path()).unwrap();
+    let names: Vec<_> = providers.iter().map(|p| p.info.name.as_str()).collect();
+    assert_eq!(names, ["second", "test"], "file name order");
+}
+
+#[test]
+fn duplicates_are_refused_naming_both_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = write(dir.path(), "a.json", &valid());
+    let mut other_plugin = valid();
+    other_plugin["storage"]["plugin"]["name"] = json!("other");
+    let second = write(dir.path(), "b.json", &other_plugin);
+    let err = load_provider_dir(dir.path()).unwrap_err();
+    assert!(
+        matches!(err, ConfigError::DuplicateProvider { .. }),
+        "{err:?}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains("Multiple resource providers with type 'org.apache.mesos.rp.local.storage' and name 'test'")
+            && text.contains(&first.display().to_string())
+            && text.contains(&second.display().to_string()),
+        "{text}"
+    );
+
+    let mut same_plugin = valid();
+    same_plugin["name"] = json!("other");
+    write(dir.path(), "b.json", &same_plugin);
+    let err = load_provider_dir(dir.path()).unwrap_err();
+    assert!(
+        matches!(err, ConfigError::DuplicatePlugin { .. }),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string().contains("org.apache.mesos.csi.test"),
+        "{err}"
+    );
+}
+
+#[test]
+fn an_empty_or_missing_directory_is_an_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = load_provider_dir(dir.path()).unwrap_err();
+    assert!(matches!(err, ConfigError::NoProviders { .. }), "{err:?}");
+    let missing = dir.path().join("nope");
+    let err = load_provider_dir(&missing).unwrap_err();
+    assert!(
+        err.to_string().contains(&missing.display().to_string()),
+        "{err}"
+    );
+}
+
+struct Setup {
+    dir: tempfile::TempDir,
+}
+
+impl Setup {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("rp")).unwrap();
+        write(&dir.path().join("rp"), "test.json", &valid());
+        Self { dir }
+    }
+
+    fn config(&self, toml: &str) -> std::path::PathBuf {
+        let path = self.dir.path().join("slrp.toml");
+        std::fs::write(&path, toml).unwrap();
+        path
+    }
+
+    fn resolve(&self, toml: &str, flags: Overrides) -> Result<DaemonConfig, ConfigError> {
+        let file = DaemonConfigFile::load(&self.config(toml))?;
+        DaemonConfig::resolve(file.apply(flags))
+    }
+}
+
+#[test]
+fn the_toml_file_sets_everything_and_relative_paths_follow_the_file() {
+    let s = Setup::new();
+    std::fs::write(s.dir.path().join("token"), "s3cret\n").unwrap();
+    let config = s
+        .resolve(
+            r#"
+state_dir = "state"
+work_dir = "/var/lib/mesos"
+resource_provider_config_dir = "rp"
+plugins_on_exit = "leave"
+shutdown_grace = "5s"
+
+[agent]
+url = "http://127.0.0.1:5051"
+token_file = "token"
+content_type = "json"
+call_timeout = "3secs"
+backoff_base = "100ms"
+backoff_max = "2s"
+
+[profiles]
+uri = "profiles.json"
+poll_interval = "10secs"
+
+[admin]
+socket = "/run/slrp.sock"
+"#,
+            Overrides::default(),
+        )
+        .unwrap();
+    let base = s.dir.path();
+    assert_eq!(config.state_dir, base.join("state"));
+    assert_eq!(config.work_dir, Path::new("/var/lib/mesos"));
+    assert_eq!(config.providers.len(), 1);
+    assert_eq!(config.plugins_on_exit, PluginsOnExit::Leave);
+    assert_eq!(config.shutdown_grace, Duration::from_secs(5));
+    assert_eq!(config.admin, AdminListen::Unix("/run/slrp.sock".into()));
+    assert_eq!(config.agent.content_type, ContentType::Json);
+    assert_eq!(config.agent.call_timeout, Duration::from_secs(3));
+    assert_eq!(config.agent.backoff.base(), Duration::from_millis(100));
+    assert_eq!(
+        config.agent.endpoint.to_string(),
+        "http://127.0.0.1:5051/slave(1)/api/v1/resource_provider"
+    );
+    assert!(config.agent.token.is_some());
+    assert!(
+        !format!("{config:?}").contains("s3cret"),
+        "the token never shows"
+    );
+    let profiles = config.profiles.unwrap();
+    assert_eq!(
+        profiles.source.to_string(),
+        base.join("profiles.json").display().to_string()
+    );
+    assert_eq!(profiles.poll_interval, Some(Duration::from_secs(10)));
+}
+
+#[test]
+fn flags_override_the_file_and_defaults_hang_off_the_state_dir() {
+    let s = Setup::new();
+    let rp = s.dir.path().join("rp");
+    let config = s
+        .resolve(
+            "state_dir = \"/nowhere\"\n[agent]\nurl = \"http://10.0.0.1:5051\"\n",
+            Overrides {
+                agent: Some("unix:///run/agent.sock".into()),
+                state_dir: Some(s.dir.path().join("s")),
+                resource_provider_config_dir: Some(rp),
+                disk_profiles: Some("/etc/profiles.json".into()),
+                ..Overrides::default()
+            },
+        )
+        .unwrap();
+    let state = s.dir.path().join("s");
+    assert_eq!(config.state_dir, state);
+    assert_eq!(config.work_dir, state.join("work"));
+    assert_eq!(config.admin, AdminListen::Unix(state.join("admin.sock")));
+    assert_eq!(config.plugins_on_exit, PluginsOnExit::Stop);
+    assert_eq!(
+        config.agent.endpoint.to_string(),
+        "unix:///run/agent.sock/slave(1)/api/v1/resource_provider"
+    );
+    assert_eq!(
+        config.profiles.unwrap().source.to_string(),
+        "/etc/profiles.json"
+    );
+}
+
+#[test]
+fn bad_settings_are_refused_naming_the_key() {
+    let s = Setup::new();
+    let rp = "resource_provider_config_dir = \"rp\"\n".to_owned();
+    let cases = [
+        (
+            "unknown top-level key",
+            format!("{rp}colour = 1\n[agent]\nurl = \"http://a:1\"\n"),
+            "colour",
+        ),
+        (
+            "unknown agent key",
+            format!("{rp}[agent]\nurl = \"http://a:1\"\ntoken = \"x\"\n"),
+            "token",
+        ),
+        ("no agent", rp.clone(), "--agent"),
+        (
+            "bad url",
+            format!("{rp}[agent]\nurl = \"ftp://a\"\n"),
+            "agent.url",
+        ),
+        (
+            "bad duration",
+            format!("{rp}[agent]\nurl = \"http://a:1\"\ncall_timeout = \"soon\"\n"),
+            "agent.call_timeout",
+        ),
+        (
+            "zero duration",
+            format!("{rp}[agent]\nurl = \"http://a:1\"\nconnect_timeout = \"0s\"\n"),
+            "agent.connect_timeout",
+        ),
+        (
+            "content type",
+            format!("{rp}[agent]\nurl = \"http://a:1\"\ncontent_type = \"xml\"\n"),
+            "agent.content_type",
+        ),
+        (
+            "backoff",
+            format!(
+                "{rp}[agent]\nurl = \"http://a:1\"\nbackoff_base = \"10s\"\nbackoff_max = \"1s\"\n"
+            ),
+            "agent.backoff_max",
+        ),
+        (
+            "missing token file",
+            format!("{rp}[agent]\nurl = \"http://a:1\"\ntoken_file = \"nope\"\n"),
+            "agent.token_file",
+        ),
+        (
+            "plugins_on_exit",
+            format!("{rp}plugins_on_exit = \"keep\"\n[agent]\nurl = \"http://a:1\"\n"),
+            "plugins_on_exit",
+        ),
+        (
+            "profiles",
+            format!("{rp}[agent]\nurl = \"http://a:1\"\n[disk_profiles]\nuri = \"ftp://x\"\n"),
+            "setting 'profiles'",
+        ),
+        (
+            "profiles key",
+            format!("{rp}[agent]\nurl = \"http://a:1\"\n[disk_profiles]\nurl = \"/x\"\n"),
+            "url",
+        ),
+        (
+            "no provider dir",
+            "[agent]\nurl = \"http://a:1\"\n".to_owned(),
+            "--resource-provider-config-dir",
+        ),
+        ("syntax", "[agent\n".to_owned(), "slrp.toml"),
+    ];
+    for (what, toml, needle) in cases {
+        let err = s.resolve(&toml, Overrides::default()).expect_err(what);
+        let chain = format!("{}", slrp_types::DisplayChain(&err));
+        assert!(chain.contains(needle), "{what}: {chain}");
+    }
+    std::fs::write(s.dir.path().join("empty"), "\n").unwrap();
+    let err = s
+        .resolve(
+            &format!("{rp}[agent]\nurl = \"http://a:1\"\ntoken_file = \"empty\"\n"),
+            Overrides::default(),
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("agent.token_file"), "{err}");
+}
+
+#[test]
+fn a_provider_error_surfaces_through_the_daemon_config_naming_the_file() {
+    let s = Setup::new();
+    let bad = write(
+        &s.dir.path().join("rp"),
+        "bad.json",
+        &edited("/name", Some(json!("bad name"))),
+    );
+    let err = s
+        .resolve(
+            "resource_provider_config_dir = \"rp\"\n[agent]\nurl = \"http://a:1\"\n",
+            Overrides::default(),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(err, ConfigError::InvalidProvider { .. }),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string().contains(&bad.display().to_string()),
+        "{err}"
+    );
+}
