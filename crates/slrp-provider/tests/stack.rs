@@ -277,6 +277,9 @@ async fn a_failing_prepare_services_names_the_step_and_leaves_no_plugin() {
     );
     assert!(matches!(err, StackError::Step { .. }));
     assert_eq!(snapshot_value(&m, "rpcs_failed"), 1.0);
+    // Stopped and waited for before `start` returned, not merely asked to stop.
+    assert_eq!(snapshot_value(&m, "container_terminations"), 1.0);
+    assert_eq!(env.plugin_pid(CONTAINER), None);
     assert_eq!(
         processes_naming(&env.path("plugin-root")),
         Vec::<i64>::new(),
@@ -387,4 +390,117 @@ async fn a_controller_without_controller_service_fails_with_mesos_text() {
     // Only the version probe and GetPluginCapabilities were sent, as in Mesos.
     assert_eq!(snapshot_value(&m, "rpcs_finished"), 2.0);
     server.abort();
+}
+
+/// Unmounts whatever a test left mounted under `dir` (deepest first), so a failing test
+/// leaks no mount.
+struct Unmount(PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        use slrp_core::volume::MountTable;
+        let mut mounts = slrp_core::volume::ProcMountTable
+            .mounts_under(&self.0)
+            .unwrap_or_default();
+        mounts.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+        for m in mounts {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(&m)
+                .status();
+        }
+    }
+}
+
+fn is_mounted(p: &Path) -> bool {
+    use slrp_core::volume::MountTable;
+    slrp_core::volume::ProcMountTable
+        .mounts_under(p)
+        .unwrap()
+        .iter()
+        .any(|m| m == p)
+}
+
+/// Creates, publishes, unpublishes and deletes one volume through the stack; returns
+/// the target path it was published at.
+async fn publish_one(stack: &PluginStack) -> PathBuf {
+    let v = stack
+        .volumes()
+        .create(slrp_core::volume::CreateVolume {
+            name: "op-1".into(),
+            required_bytes: 1 << 20,
+            limit_bytes: 0,
+            capability: slrp_csi::VolumeCapability::mount_default(),
+            parameters: Default::default(),
+        })
+        .await
+        .unwrap();
+    let target = stack.volumes().publish(&v.id).await.unwrap();
+    assert!(is_mounted(&target), "{}", target.display());
+    stack.volumes().unpublish(&v.id).await.unwrap();
+    assert!(stack.volumes().delete(&v.id).await.unwrap());
+    target
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn volumes_mount_where_the_agent_looks_unless_target_path_root_moves_them() {
+    if !slrp_test_support::require_root(&slrp_test_support::current_test()) {
+        return;
+    }
+    let env = Env::new();
+    let _unmount = Unmount(env.dir.path().to_owned());
+    let m = ProviderMetrics::new(RP_TYPE, "test");
+    let stack = env.start(env.info("test", &[BOTH]), &m).await;
+    let target = publish_one(&stack).await;
+    // The MOUNT root the provider reports, `./csi/<plugin type>/<plugin name>/mounts`,
+    // resolved against the work dir as the agent does (spec §6.8).
+    let root = env.path("work/csi/org.apache.mesos.csi.test/local/mounts");
+    assert_eq!(target.parent().unwrap().parent().unwrap(), root);
+    assert_eq!(target.file_name().unwrap(), "target");
+    stack.shutdown(StopPlugins::Stop).await;
+
+    let mut info = env.info("test", &[BOTH]);
+    let moved = env.path("elsewhere");
+    info.storage.as_mut().unwrap().plugin.target_path_root = Some(moved.to_str().unwrap().into());
+    let stack = env.start(info, &m).await;
+    let target = publish_one(&stack).await;
+    assert_eq!(target.parent().unwrap().parent().unwrap(), moved);
+    stack.shutdown(StopPlugins::Stop).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_start_stops_the_plugin_it_launched() {
+    let env = Env::new();
+    let m = ProviderMetrics::new(RP_TYPE, "test");
+    let cancel = CancellationToken::new();
+    cancel.cancel();
+    let err = within(PluginStack::start(
+        env.config(env.info("test", &[BOTH])),
+        &m,
+        cancel,
+    ))
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StackError::Cancelled {
+                step: StackStep::WaitReady,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "resource provider {RP_TYPE}.test: cancelled while waiting for the plugin to become ready"
+        )
+    );
+    assert_eq!(env.plugin_pid(CONTAINER), None);
+    assert_eq!(
+        processes_naming(&env.path("plugin-root")),
+        Vec::<i64>::new()
+    );
+    assert_eq!(snapshot_value(&m, "rpcs_finished"), 0.0);
 }
