@@ -821,8 +821,9 @@ impl Worker {
 
     /// Starts the next job and the next UPDATE_STATE when their turn has come.
     fn start_work(&mut self) {
+        // A job waiting out its retry backoff does not hold up the others (a resubscription
+        // must not wait for a failed periodic reconciliation's next attempt).
         if self.job.is_none()
-            && self.retry.is_none()
             && let Some(kind) = self.jobs.take(self.lifecycle)
         {
             self.start_job(kind);
@@ -1152,6 +1153,32 @@ mod tests {
             }),
             ..ResourceProviderInfo::default()
         }
+    }
+
+    #[test]
+    fn jobs_run_in_sequence_order_and_only_when_allowed() {
+        let mut jobs = Jobs::default();
+        for kind in [JobKind::Periodic, JobKind::Profiles, JobKind::Subscription] {
+            jobs.mark(kind);
+            // A second request joins the first.
+            jobs.mark(kind);
+        }
+        for state in [
+            Lifecycle::Recovering,
+            Lifecycle::Disconnected,
+            Lifecycle::Connected,
+        ] {
+            assert_eq!(jobs.take(state), None, "{state}");
+        }
+        assert_eq!(
+            jobs.take(Lifecycle::Subscribed),
+            Some(JobKind::Subscription)
+        );
+        // Before READY only the subscription reconciliation runs.
+        assert_eq!(jobs.take(Lifecycle::Subscribed), None);
+        assert_eq!(jobs.take(Lifecycle::Ready), Some(JobKind::Profiles));
+        assert_eq!(jobs.take(Lifecycle::Ready), Some(JobKind::Periodic));
+        assert_eq!(jobs.take(Lifecycle::Ready), None);
     }
 
     #[test]
