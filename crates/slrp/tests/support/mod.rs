@@ -234,6 +234,8 @@ pub struct Cluster {
     messages: Option<broadcast::Receiver<ManagerMessage>>,
     /// The manager's address, kept across manager restarts (the daemon's `--agent`).
     addr: Option<SocketAddr>,
+    /// The agent ID the manager serves (`None`: the one in its registry).
+    agent_id: Option<String>,
     daemon: Option<Daemon>,
     /// Daemon starts so far (each appends to the same log, separated by a banner).
     starts: usize,
@@ -255,6 +257,7 @@ impl Cluster {
             manager: None,
             messages: None,
             addr: None,
+            agent_id: None,
             daemon: None,
             starts: 0,
             log_shown: std::cell::Cell::new(false),
@@ -438,6 +441,7 @@ impl Cluster {
         };
         let mut config = ManagerConfig::new(listen);
         config.state_dir = Some(self.path("manager"));
+        config.agent_id.clone_from(&self.agent_id);
         let (handle, guard) = EmbeddedManager::spawn(config, CancellationToken::new())
             .await
             .unwrap();
@@ -447,6 +451,13 @@ impl Cluster {
         self.addr = Some(addr);
         self.messages = Some(handle.messages());
         self.manager = Some((handle, guard));
+    }
+
+    /// Restarts the manager as an agent that registered with a new agent ID `agent_id`:
+    /// same address, but its registry of providers starts empty (spec §3.6, §8.6).
+    pub async fn restart_manager_with_agent_id(&mut self, agent_id: &str) {
+        self.agent_id = Some(agent_id.to_owned());
+        self.restart_manager().await;
     }
 
     /// Stops the manager (every stream closes) and starts it again on the same address
