@@ -504,3 +504,24 @@ async fn a_cancelled_start_stops_the_plugin_it_launched() {
     );
     assert_eq!(snapshot_value(&m, "rpcs_finished"), 0.0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_v0_plugin_is_detected_with_one_counted_probe() {
+    let env = Env::new();
+    let mut info = env.info("test", &[BOTH]);
+    let command = info.storage.as_mut().unwrap().plugin.containers[0]
+        .command
+        .as_mut()
+        .unwrap();
+    command
+        .arguments
+        .extend(["--csi-version".to_owned(), "v0".to_owned()]);
+    let m = ProviderMetrics::new(RP_TYPE, "test");
+    let stack = env.start(info, &m).await;
+    assert_eq!(stack.prepared().version, slrp_csi::CsiVersion::V0);
+    // v1 answered UNIMPLEMENTED, then v0: one Probe attempt, as in Mesos.
+    assert_eq!(m.csi().finished(CsiRpc::Probe), 1);
+    assert_eq!(m.csi().failed(CsiRpc::Probe), 0);
+    assert_eq!(snapshot_value(&m, "rpcs_finished"), 6.0);
+    stack.shutdown(StopPlugins::Stop).await;
+}
