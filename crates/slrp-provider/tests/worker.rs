@@ -666,3 +666,29 @@ async fn a_new_agent_id_is_a_new_identity() {
         SourceType::Mount as i32
     );
 }
+
+/// Spec §12 item 13: the periodic loop survives failed reconciliations (Mesos stops it
+/// for good at the first one) and goes on after a backoff.
+#[tokio::test]
+async fn periodic_reconciliation_survives_failures() {
+    let mut env = Env::new(FakeCsi::full()).await;
+    let provider = env.spawn(env.params(Some(0.05), "agent-S0")).await;
+    env.next_update().await;
+    ready(&provider.handle).await;
+
+    env.fake()
+        .fail(CsiRpc::ListVolumes, slrp_csi::Code::Unavailable, 2);
+    let failed = status_until(&provider.handle, "a failed periodic reconciliation", |s| {
+        s.last_error
+            .as_deref()
+            .is_some_and(|e| e.starts_with("periodic reconciliation failed"))
+    })
+    .await;
+    let status = status_until(&provider.handle, "reconciling again", |s| {
+        s.reconciliations > failed.reconciliations
+    })
+    .await;
+    assert_eq!(status.lifecycle, Lifecycle::Ready);
+    assert!(env.fake().calls(CsiRpc::ListVolumes) >= 4);
+    provider.stop().await;
+}
