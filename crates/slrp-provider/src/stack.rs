@@ -211,6 +211,10 @@ pub enum StackCause {
     /// The mount root is unusable.
     #[error(transparent)]
     Paths(#[from] PathError),
+    /// `CSIPluginInfo.target_path_root` is relative: it would resolve against slrp's
+    /// working directory, and CSI requires absolute staging and target paths.
+    #[error("'CSIPluginInfo.target_path_root' must be an absolute path, not '{0}'")]
+    RelativeTargetPathRoot(String),
     /// The boot id could not be read.
     #[error("reading the boot id")]
     BootId(#[source] std::io::Error),
@@ -286,6 +290,7 @@ impl PluginStack {
             .map(|s| s.plugin.clone())
             .ok_or(StackCause::NoStorage)
             .map_err(failed(&provider, StackStep::PluginConfig))?;
+        check_target_path_root(&plugin_info).map_err(failed(&provider, StackStep::PluginConfig))?;
         let deployment = deployment_from_info(&plugin_info)
             .map_err(|e| failed(&provider, StackStep::PluginConfig)(e.into()))?;
         let client_cfg = ClientConfig::default()
@@ -519,6 +524,17 @@ async fn volume_manager(
             }
             Err(failed(provider, StackStep::Recovery)(e.into()))
         }
+    }
+}
+
+/// Refuses a relative `target_path_root` before anything is launched (an empty one means
+/// unset, as in Mesos's JSON).
+fn check_target_path_root(plugin: &mesos::CsiPluginInfo) -> Result<(), StackCause> {
+    match plugin.target_path_root.as_deref() {
+        Some(root) if !root.is_empty() && !std::path::Path::new(root).is_absolute() => {
+            Err(StackCause::RelativeTargetPathRoot(root.to_owned()))
+        }
+        _ => Ok(()),
     }
 }
 
