@@ -26,9 +26,10 @@
 //! [`PluginStack::shutdown`] stops the volume manager first (running jobs get their
 //! grace period), then the plugins ([`StopPlugins::Stop`]) or leaves them running with
 //! their pid records for the next slrp to adopt ([`StopPlugins::Leave`]). The `cancel`
-//! token given to `start` aborts a start in progress and stops the volume manager; it
-//! never stops the plugins by itself, so a daemon that is cancelled can still choose to
-//! leave them running.
+//! token given to `start` aborts a start in progress and stops the volume manager; what
+//! then happens to the plugins is [`StackConfig::plugins_on_cancel`], so a daemon that
+//! leaves its plugins running on shutdown leaves them too when the shutdown comes during
+//! a start. A start that fails (not cancelled) always stops them.
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -79,6 +80,9 @@ pub struct StackConfig {
     pub boot_id: Option<BootId>,
     /// How long running volume jobs may take to finish on shutdown.
     pub volume_shutdown_grace: Duration,
+    /// What a start aborted by its `cancel` token does with the plugins it launched or
+    /// adopted (a failed start always stops them). Default [`StopPlugins::Stop`].
+    pub plugins_on_cancel: StopPlugins,
 }
 
 impl StackConfig {
@@ -101,6 +105,7 @@ impl StackConfig {
             rpc_timeout: DEFAULT_RPC_TIMEOUT,
             boot_id: None,
             volume_shutdown_grace: Duration::from_secs(30),
+            plugins_on_cancel: StopPlugins::Stop,
         }
     }
 }
@@ -186,6 +191,14 @@ impl StackError {
     pub fn step(&self) -> StackStep {
         match self {
             Self::Step { step, .. } | Self::Cancelled { step, .. } => *step,
+        }
+    }
+
+    /// What a start that ended with this error does with its plugins.
+    fn plugins_after(&self, on_cancel: StopPlugins) -> StopPlugins {
+        match self {
+            Self::Cancelled { .. } => on_cancel,
+            Self::Step { .. } => StopPlugins::Stop,
         }
     }
 }
@@ -332,7 +345,9 @@ impl PluginStack {
                 match outcome {
                     Ok(services) => (Plugin::Managed(handle), services),
                     Err(e) => {
-                        handle.shutdown().await;
+                        Plugin::Managed(handle)
+                            .stop(e.plugins_after(cfg.plugins_on_cancel))
+                            .await;
                         return Err(e);
                     }
                 }
@@ -364,7 +379,7 @@ impl PluginStack {
                 volume_task: Some(v.task),
             }),
             Err(e) => {
-                plugin.stop(StopPlugins::Stop).await;
+                plugin.stop(e.plugins_after(cfg.plugins_on_cancel)).await;
                 Err(e)
             }
         }

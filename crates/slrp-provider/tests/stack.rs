@@ -548,3 +548,30 @@ async fn a_relative_target_path_root_is_refused_before_the_plugin_runs() {
     assert_eq!(snapshot_value(&m, "rpcs_finished"), 0.0);
     assert_eq!(snapshot_value(&m, "container_terminations"), 0.0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_start_leaves_the_plugin_running_when_told_to() {
+    let env = Env::new();
+    let m = ProviderMetrics::new(RP_TYPE, "test");
+    let mut cfg = env.config(env.info("test", &[BOTH]));
+    cfg.plugins_on_cancel = StopPlugins::Leave;
+    let cancel = CancellationToken::new();
+    cancel.cancel();
+    let err = within(PluginStack::start(cfg, &m, cancel))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StackError::Cancelled { .. }), "{err}");
+    let pid = env
+        .plugin_pid(CONTAINER)
+        .expect("pid record left for adoption");
+    assert!(alive(pid), "left running");
+    assert_eq!(snapshot_value(&m, "container_terminations"), 0.0);
+
+    // The next start adopts it rather than launching a second copy.
+    let m2 = ProviderMetrics::new(RP_TYPE, "test");
+    let stack = env.start(env.info("test", &[BOTH]), &m2).await;
+    assert_eq!(m2.supervisor().adoptions(CONTAINER), 1);
+    assert_eq!(processes_naming(&env.path("plugin-root")), [pid]);
+    stack.shutdown(StopPlugins::Stop).await;
+    until(|| !alive(pid)).await;
+}
