@@ -205,8 +205,8 @@ pub struct ProviderStatus {
     pub provider_id: Option<String>,
     /// The total resources last computed.
     pub total: Vec<Resource>,
-    /// The last failure (reconciliation, UPDATE_STATE), with its cause chain; cleared by
-    /// the next accepted UPDATE_STATE.
+    /// The last failure (a session that ended, a reconciliation, an UPDATE_STATE), with
+    /// its cause chain; cleared by the next accepted UPDATE_STATE.
     pub last_error: Option<String>,
     /// Reconciliations completed (successfully) since the start.
     pub reconciliations: u64,
@@ -624,7 +624,11 @@ impl Worker {
         match session {
             SessionEvent::Connected => self.enter(Lifecycle::Connected),
             SessionEvent::Disconnected { reason } => {
-                tracing::info!(reason = %DisplayChain(&*reason), "disconnected from the resource provider manager");
+                let chain = DisplayChain(&*reason).to_string();
+                tracing::info!(reason = %chain, "disconnected from the resource provider manager");
+                // Operators see why the provider is not READY (e.g. a provider id the
+                // manager does not admit keeps failing here).
+                self.set_error(format!("disconnected: {chain}"));
                 self.enter(Lifecycle::Disconnected);
             }
             SessionEvent::Subscribed { provider_id, .. } => self.on_subscribed(provider_id).await?,
