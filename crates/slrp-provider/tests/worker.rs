@@ -314,6 +314,21 @@ async fn no_resource() {
     provider.stop().await;
 }
 
+/// The same over the JSON transport (`application/json` both ways).
+#[tokio::test]
+async fn no_resource_over_json() {
+    let mut env = Env::new(fake_with_one_volume()).await;
+    let mut params = env.params(None, "agent-S0");
+    params.agent.content_type = slrp_wire::ContentType::Json;
+    let provider = env.spawn(params).await;
+    let (id, resources) = env.next_update().await;
+    assert_eq!(resources.len(), 1, "{resources:?}");
+    assert_eq!(source_of(&resources[0]).id.as_deref(), Some("vol-1"));
+    let status = ready(&provider.handle).await;
+    assert_eq!(status.provider_id.as_deref(), Some(id.as_str()));
+    provider.stop().await;
+}
+
 /// Mesos ProfileAppeared and ProfileDisappeared: a profile the adaptor starts reporting
 /// becomes a storage pool with GetCapacity's value; one it stops reporting goes.
 #[tokio::test]
