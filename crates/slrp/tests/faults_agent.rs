@@ -44,6 +44,14 @@ fn manager_addr(c: &Cluster) -> SocketAddr {
 /// `[agent]` settings; the daemon is started and subscribed. Returns the cluster, the
 /// proxy, the provider id and its first UPDATE_STATE.
 async fn behind_proxy(agent_settings: &[&str]) -> (Cluster, FaultProxy, String, Update) {
+    behind_proxy_with(agent_settings, DaemonOptions::default()).await
+}
+
+/// [`behind_proxy`] with more daemon options.
+async fn behind_proxy_with(
+    agent_settings: &[&str],
+    options: DaemonOptions,
+) -> (Cluster, FaultProxy, String, Update) {
     // The proxy's address goes into the daemon's flags, the manager's address into the
     // proxy: start the proxy first and point it at the manager once that runs.
     let placeholder = SocketAddr::from(([127, 0, 0, 1], 9));
@@ -51,7 +59,7 @@ async fn behind_proxy(agent_settings: &[&str]) -> (Cluster, FaultProxy, String, 
     let options = DaemonOptions {
         agent_url: Some(proxy.url()),
         agent_settings: agent_settings.iter().map(|s| (*s).to_owned()).collect(),
-        ..DaemonOptions::default()
+        ..options
     };
     let mut c = Cluster::new(vec![ProviderSpec::fixture()], options).await;
     proxy.set_target(manager_addr(&c));
@@ -204,5 +212,46 @@ async fn half_open_agent_is_detected_within_the_bound() {
     }
     proxy.set_mode(Mode::PassThrough);
     resubscribed(&mut c, &id, &first).await;
+    c.finish().await;
+}
+
+/// A live session whose agent goes silent: the stream stays idle (nothing can tell a
+/// silent agent from an idle one), but the next call (the UPDATE_STATE for a profile that
+/// appeared) is unanswered → the session ends within `call_timeout` and the daemon
+/// reconnects; once the agent answers again it resubscribes with the same id and reports
+/// the new pool.
+#[tokio::test]
+#[ignore = "needs slrp run (issue #10)"]
+async fn silent_agent_under_a_live_session_is_detected_by_the_call_bound() {
+    let call_timeout = Duration::from_secs(2);
+    let (mut c, proxy, id, _) = behind_proxy_with(
+        &["subscribe_timeout = \"2s\"", "call_timeout = \"2s\""],
+        DaemonOptions::with_profiles(),
+    )
+    .await;
+    proxy.set_mode(Mode::BlackHole);
+    let silent_since = tokio::time::Instant::now();
+    c.set_profiles(&support::profiles(&["test"]));
+    // A new connection in the hole: the daemon gave up on the live session.
+    proxy_saw(
+        &c,
+        &proxy,
+        "a reconnection after the unanswered call",
+        |s| s.black_holed >= 1,
+    )
+    .await;
+    let detected = silent_since.elapsed();
+    // The profile poll (100 ms), the call bound, the first reconnect wait (at most the
+    // 100 ms base) and one second of slack for two busy cores.
+    let bound = call_timeout + Duration::from_millis(200) + Duration::from_secs(1);
+    assert!(
+        detected <= bound,
+        "the silent agent was noticed after {detected:?} (bound {bound:?})"
+    );
+    proxy.set_mode(Mode::PassThrough);
+    let info = c.next_subscribed().await;
+    assert_eq!(id_of(&info), id);
+    let update = c.update_where(|u| u.pool("test").is_some()).await;
+    assert_eq!(update.provider_id, id);
     c.finish().await;
 }
