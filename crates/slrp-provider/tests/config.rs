@@ -198,7 +198,10 @@ fn unknown_fields_and_enum_names_are_ignored_as_stout_ignores_them() {
 #[test]
 fn a_zero_or_negative_reconciliation_interval_is_accepted_and_the_plugin_name_defaulted() {
     for value in [json!(0), json!(-5), json!(2.5)] {
-        let v = edited("/storage/reconciliation_interval_seconds", Some(value.clone()));
+        let v = edited(
+            "/storage/reconciliation_interval_seconds",
+            Some(value.clone()),
+        );
         let dir = tempfile::tempdir().unwrap();
         load_provider_file(&write(dir.path(), "rp.json", &v)).expect("accepted");
     }
@@ -206,7 +209,11 @@ fn a_zero_or_negative_reconciliation_interval_is_accepted_and_the_plugin_name_de
     let dir = tempfile::tempdir().unwrap();
     let config = load_provider_file(&write(dir.path(), "rp.json", &v)).unwrap();
     let plugin = config.info.storage.unwrap().plugin;
-    assert_eq!(plugin.name.as_deref(), Some("default"), "Mesos's proto default");
+    assert_eq!(
+        plugin.name.as_deref(),
+        Some("default"),
+        "Mesos's proto default"
+    );
 }
 
 #[test]
