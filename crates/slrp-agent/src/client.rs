@@ -229,7 +229,7 @@ async fn send(
         .map_err(AgentError::Http)
 }
 
-fn build_request(
+pub(crate) fn build_request(
     config: &AgentConfig,
     body: Vec<u8>,
     stream_id: Option<&str>,
@@ -266,7 +266,13 @@ fn build_request(
 }
 
 async fn read_error_body(response: Response<Incoming>) -> Result<String, AgentError> {
-    let collected = Limited::new(response.into_body(), MAX_ERROR_BODY)
+    let bytes = read_body(response.into_body(), MAX_ERROR_BODY).await?;
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// A whole answer body of at most `limit` bytes.
+pub(crate) async fn read_body(body: Incoming, limit: usize) -> Result<Bytes, AgentError> {
+    let collected = Limited::new(body, limit)
         .collect()
         .await
         .map_err(|error| match error.downcast::<hyper::Error>() {
@@ -275,7 +281,7 @@ async fn read_error_body(response: Response<Incoming>) -> Result<String, AgentEr
                 detail: format!("answer body: {e}"),
             },
         })?;
-    Ok(String::from_utf8_lossy(&collected.to_bytes()).into_owned())
+    Ok(collected.to_bytes())
 }
 
 type EventFrames = FramedRead<

@@ -11,6 +11,7 @@
 //! - [`config`]: [`AgentConfig`], the `--agent` URL forms ([`AgentEndpoint`]).
 //! - [`state`]: the observable [`ConnectionState`] and the pure [`ReconnectPolicy`].
 //! - [`client`]: the session worker and [`AgentHandle`] for calls.
+//! - [`operator`]: [`operator::get_agent_id`], GET_AGENT on the agent operator API.
 //! - [`error`], [`metrics`]; `transport`: opening one connection over TCP, TLS or a unix
 //!   socket.
 //!
@@ -22,6 +23,7 @@ pub mod client;
 pub mod config;
 pub mod error;
 pub mod metrics;
+pub mod operator;
 pub mod state;
 mod transport;
 
@@ -29,4 +31,5 @@ pub use client::{AgentClient, AgentHandle, STREAM_ID_HEADER, SessionEvent};
 pub use config::{AgentConfig, AgentEndpoint, RESOURCE_PROVIDER_PATH, TcpKeepalive, Token};
 pub use error::{AgentError, ConfigError};
 pub use metrics::Metrics;
+pub use operator::{OperatorError, get_agent_id};
 pub use state::{ConnectionState, ReconnectPolicy};

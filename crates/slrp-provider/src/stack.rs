@@ -1,1 +1,549 @@
-//! See the crate docs; filled in by issue #10's work.
+//! One provider's plugin stack: the supervised plugin, its services as Mesos prepares
+//! them, and the volume manager over them (spec §3.3 steps 1–3, §4.1, §4.4, §4.7).
+//!
+//! # Steps of [`PluginStack::start`]
+//! 1. `deployment_from_info(info.storage.plugin)`: the containers to run (or, for a
+//!    plugin given by `endpoints`, the sockets someone else serves).
+//! 2. [`Supervisor::start`] under `runtime_dir`: adopts plugins a previous slrp left
+//!    running (same configuration) or stops them, launches the others with
+//!    `CSI_ENDPOINT=unix://…` (through `/bin/sh -c` when `shell` is true, Mesos's
+//!    default). Readiness and health are checked by [`CsiProbe`] counting into
+//!    [`ProviderMetrics::health_probes`], never into the provider's RPC metrics.
+//! 3. Waits until the node container (and the controller container) is ready.
+//! 4. [`prepare_services`] through managed clients counting into
+//!    [`ProviderMetrics::csi`]: the version detection (one Probe sequence per
+//!    container), `GetPluginCapabilities`, `GetPluginInfo` per service, the controller
+//!    and node capabilities, `NodeGetInfo` when needed.
+//! 5. The volume manager: mounts under `<work_dir>/csi/<plugin type>/<plugin name>/mounts`
+//!    (or `plugin.target_path_root`), the target path rule of the detected version and
+//!    `plugin.target_path_exists`, a client that does not retry (the manager does);
+//!    then waits for its recovery (spec §4.7).
+//!
+//! Any failure stops what was started (plugins included) and is returned as a
+//! [`StackError`] naming the provider and the step.
+//!
+//! # Shutdown
+//! [`PluginStack::shutdown`] stops the volume manager first (running jobs get their
+//! grace period), then the plugins ([`StopPlugins::Stop`]) or leaves them running with
+//! their pid records for the next slrp to adopt ([`StopPlugins::Leave`]). The `cancel`
+//! token given to `start` aborts a start in progress and stops the volume manager; it
+//! never stops the plugins by itself, so a daemon that is cancelled can still choose to
+//! leave them running.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use slrp_core::volume::{
+    BootId, MountPaths, PathError, RecoveryReport, TargetPath, VolumeError, VolumeManager,
+    VolumeManagerConfig, VolumeManagerHandle, read_boot_id,
+};
+use slrp_csi::{
+    ClientConfig, CsiClient, CsiEndpoint, CsiError, CsiServices, DEFAULT_RPC_TIMEOUT, RetryConfig,
+};
+use slrp_proto::mesos::v1 as mesos;
+use slrp_store::Store;
+use slrp_supervisor::{
+    CsiProbe, PluginDeployment, Service, SpecError, Supervisor, SupervisorConfig, SupervisorError,
+    SupervisorHandle, deployment_from_info,
+};
+use slrp_types::DisplayChain;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::ProviderMetrics;
+use crate::services::{PreparedServices, Services, ServicesError, prepare_services};
+
+/// What a plugin stack is built from.
+#[derive(Debug, Clone)]
+pub struct StackConfig {
+    /// The provider's ResourceProviderInfo (validated; `storage.plugin` is the plugin).
+    pub info: mesos::ResourceProviderInfo,
+    /// The agent's work directory: volumes are mounted under
+    /// `<work_dir>/csi/<plugin type>/<plugin name>/mounts` (spec §6.8).
+    pub work_dir: PathBuf,
+    /// The supervisor's runtime directory (pid records, logs, endpoint links):
+    /// `S/providers/<type>.<name>/plugins`. Replaces `supervisor.runtime_dir`.
+    pub runtime_dir: PathBuf,
+    /// The provider's store; the volume records go here.
+    pub store: Store,
+    /// Supervision settings (probe periods, restart backoff, stop grace, agent id).
+    pub supervisor: SupervisorConfig,
+    /// How long `start` waits for each plugin container to become ready.
+    pub ready_timeout: Duration,
+    /// Deadline of every CSI call of the provider (Mesos: 1 min).
+    pub rpc_timeout: Duration,
+    /// The boot id the volume manager compares records with; `None`: read it from
+    /// `/proc/sys/kernel/random/boot_id`.
+    pub boot_id: Option<BootId>,
+    /// How long running volume jobs may take to finish on shutdown.
+    pub volume_shutdown_grace: Duration,
+}
+
+impl StackConfig {
+    /// Defaults: Mesos's timeouts (1 min socket wait plus 1 min of readiness probes,
+    /// 1 min RPC deadline), the supervisor's defaults, the real boot id.
+    pub fn new(
+        info: mesos::ResourceProviderInfo,
+        work_dir: impl Into<PathBuf>,
+        runtime_dir: impl Into<PathBuf>,
+        store: Store,
+    ) -> Self {
+        let runtime_dir = runtime_dir.into();
+        Self {
+            info,
+            work_dir: work_dir.into(),
+            supervisor: SupervisorConfig::new(runtime_dir.clone()),
+            runtime_dir,
+            store,
+            ready_timeout: Duration::from_secs(120),
+            rpc_timeout: DEFAULT_RPC_TIMEOUT,
+            boot_id: None,
+            volume_shutdown_grace: Duration::from_secs(30),
+        }
+    }
+}
+
+/// What [`PluginStack::shutdown`] does with the plugin processes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopPlugins {
+    /// Stop them (SIGTERM, SIGKILL after the grace period).
+    Stop,
+    /// Leave them running for the next slrp to adopt.
+    Leave,
+}
+
+/// A step of [`PluginStack::start`], named in errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StackStep {
+    /// Reading `storage.plugin`.
+    PluginConfig,
+    /// Starting the supervisor.
+    Supervisor,
+    /// Waiting for a plugin container to become ready.
+    WaitReady,
+    /// Making the CSI clients.
+    Clients,
+    /// `prepareServices`.
+    PrepareServices,
+    /// Building the volume manager's configuration.
+    VolumeConfig,
+    /// Starting the volume manager.
+    VolumeManager,
+    /// The volume manager's recovery.
+    Recovery,
+}
+
+impl StackStep {
+    /// A lower-case description.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::PluginConfig => "reading the plugin configuration",
+            Self::Supervisor => "starting the plugin supervisor",
+            Self::WaitReady => "waiting for the plugin to become ready",
+            Self::Clients => "making the CSI clients",
+            Self::PrepareServices => "preparing the CSI services",
+            Self::VolumeConfig => "configuring the volume manager",
+            Self::VolumeManager => "starting the volume manager",
+            Self::Recovery => "recovering volumes",
+        }
+    }
+}
+
+impl std::fmt::Display for StackStep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a plugin stack could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StackError {
+    /// A step failed.
+    #[error("resource provider {provider}: {step}")]
+    Step {
+        /// `<type>.<name>` of the provider.
+        provider: String,
+        /// What was being done.
+        step: StackStep,
+        /// Why it failed.
+        #[source]
+        source: StackCause,
+    },
+    /// `cancel` fired before the stack was up.
+    #[error("resource provider {provider}: cancelled while {step}")]
+    Cancelled {
+        /// `<type>.<name>` of the provider.
+        provider: String,
+        /// What was being done.
+        step: StackStep,
+    },
+}
+
+impl StackError {
+    /// The step that failed or was cancelled.
+    pub fn step(&self) -> StackStep {
+        match self {
+            Self::Step { step, .. } | Self::Cancelled { step, .. } => *step,
+        }
+    }
+}
+
+/// The cause of a [`StackError::Step`]: the error of the layer below.
+#[derive(Debug, thiserror::Error)]
+pub enum StackCause {
+    /// `ResourceProviderInfo.storage` is missing.
+    #[error("'ResourceProviderInfo.storage' must be set")]
+    NoStorage,
+    /// The plugin description cannot be run.
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    /// The supervisor failed.
+    #[error(transparent)]
+    Supervisor(#[from] SupervisorError),
+    /// A CSI client could not be made.
+    #[error(transparent)]
+    Csi(#[from] CsiError),
+    /// `prepareServices` failed.
+    #[error(transparent)]
+    Services(#[from] ServicesError),
+    /// The mount root is unusable.
+    #[error(transparent)]
+    Paths(#[from] PathError),
+    /// The boot id could not be read.
+    #[error("reading the boot id")]
+    BootId(#[source] std::io::Error),
+    /// The volume manager failed.
+    #[error(transparent)]
+    Volume(#[from] VolumeError),
+}
+
+/// Builds the error of a failed `step` of `provider`'s start.
+fn failed(provider: &str, step: StackStep) -> impl FnOnce(StackCause) -> StackError + '_ {
+    move |source| StackError::Step {
+        provider: provider.to_owned(),
+        step,
+        source,
+    }
+}
+
+fn cancelled(provider: &str, step: StackStep) -> StackError {
+    StackError::Cancelled {
+        provider: provider.to_owned(),
+        step,
+    }
+}
+
+/// How the plugin is run: supervised by us, or by someone else.
+#[derive(Debug)]
+enum Plugin {
+    Managed(SupervisorHandle),
+    Unmanaged,
+}
+
+impl Plugin {
+    async fn stop(self, how: StopPlugins) {
+        match (self, how) {
+            (Self::Managed(s), StopPlugins::Stop) => s.shutdown().await,
+            (Self::Managed(s), StopPlugins::Leave) => s.detach().await,
+            (Self::Unmanaged, _) => {}
+        }
+    }
+}
+
+/// One provider's running plugin stack; see the module docs.
+#[derive(Debug)]
+pub struct PluginStack {
+    provider: String,
+    plugin: Plugin,
+    services: CsiServices,
+    prepared: PreparedServices,
+    recovery: RecoveryReport,
+    volumes: VolumeManagerHandle,
+    /// Stops the volume manager (child of the `cancel` given to `start`).
+    volume_cancel: CancellationToken,
+    /// The volume manager's end; `None` once awaited.
+    volume_task: Option<JoinHandle<Result<(), VolumeError>>>,
+}
+
+impl PluginStack {
+    /// Launches (or adopts) the plugin, detects its CSI version, prepares its services as
+    /// Mesos does (spec §4.4), spawns the volume manager and waits for its recovery.
+    ///
+    /// # Errors
+    /// [`StackError`] naming the provider and the step; whatever was started is stopped.
+    pub async fn start(
+        cfg: StackConfig,
+        metrics: &ProviderMetrics,
+        cancel: CancellationToken,
+    ) -> Result<Self, StackError> {
+        let provider = format!("{}.{}", cfg.info.r#type, cfg.info.name);
+        let plugin_info = cfg
+            .info
+            .storage
+            .as_ref()
+            .map(|s| s.plugin.clone())
+            .ok_or(StackCause::NoStorage)
+            .map_err(failed(&provider, StackStep::PluginConfig))?;
+        let deployment = deployment_from_info(&plugin_info)
+            .map_err(|e| failed(&provider, StackStep::PluginConfig)(e.into()))?;
+        let client_cfg = ClientConfig::default()
+            .rpc_timeout(cfg.rpc_timeout)
+            .retry(RetryConfig::none());
+
+        let (plugin, services) = match deployment {
+            PluginDeployment::Managed(spec) => {
+                let has_controller = spec.container_for(Service::Controller).is_some();
+                let mut sup = cfg.supervisor.clone();
+                sup.runtime_dir.clone_from(&cfg.runtime_dir);
+                let probe = CsiProbe::new(sup.probe_timeout, metrics.health_probes());
+                // Its own token: only `shutdown` decides whether plugins stop or stay.
+                let handle = Box::pin(Supervisor::start(
+                    spec,
+                    sup,
+                    probe,
+                    metrics.supervisor(),
+                    CancellationToken::new(),
+                ))
+                .await
+                .map_err(|e| failed(&provider, StackStep::Supervisor)(e.into()))?;
+                let ready = async {
+                    handle.wait_ready(Service::Node, cfg.ready_timeout).await?;
+                    if has_controller {
+                        handle
+                            .wait_ready(Service::Controller, cfg.ready_timeout)
+                            .await?;
+                    }
+                    Ok::<_, SupervisorError>(())
+                };
+                let outcome = match until_cancelled(&cancel, ready).await {
+                    Some(Ok(())) => handle
+                        .services(client_cfg.clone(), metrics.csi())
+                        .map_err(|e| failed(&provider, StackStep::Clients)(e.into())),
+                    Some(Err(e)) => Err(failed(&provider, StackStep::WaitReady)(e.into())),
+                    None => Err(cancelled(&provider, StackStep::WaitReady)),
+                };
+                match outcome {
+                    Ok(services) => (Plugin::Managed(handle), services),
+                    Err(e) => {
+                        handle.shutdown().await;
+                        return Err(e);
+                    }
+                }
+            }
+            PluginDeployment::Unmanaged { controller, node } => {
+                let services = unmanaged_services(controller, node, &client_cfg, metrics)
+                    .map_err(|e| failed(&provider, StackStep::Clients)(e.into()))?;
+                (Plugin::Unmanaged, services)
+            }
+        };
+
+        // Boxed, like the supervisor's start: the futures of the layers below are large.
+        let part = Box::pin(volume_manager(
+            &provider,
+            &cfg,
+            &plugin_info,
+            &services,
+            &cancel,
+        ));
+        match part.await {
+            Ok(v) => Ok(Self {
+                provider,
+                plugin,
+                services,
+                prepared: v.prepared,
+                recovery: v.recovery,
+                volumes: v.volumes,
+                volume_cancel: v.cancel,
+                volume_task: Some(v.task),
+            }),
+            Err(e) => {
+                plugin.stop(StopPlugins::Stop).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// `<type>.<name>` of the provider.
+    pub fn provider(&self) -> &str {
+        &self.provider
+    }
+
+    /// The volume manager.
+    pub fn volumes(&self) -> &VolumeManagerHandle {
+        &self.volumes
+    }
+
+    /// What `prepareServices` learnt: capabilities, node id, plugin infos, version.
+    pub fn prepared(&self) -> &PreparedServices {
+        &self.prepared
+    }
+
+    /// The volume manager's recovery at start.
+    pub fn recovery(&self) -> &RecoveryReport {
+        &self.recovery
+    }
+
+    /// The plugin's routed CSI clients (counting into the provider's metrics).
+    pub fn services(&self) -> &CsiServices {
+        &self.services
+    }
+
+    /// Waits until the volume manager ends by itself (a fatal error; the provider must
+    /// fail then), pending forever while it runs. Returns at once once it was awaited.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    ///
+    /// # Errors
+    /// The volume manager's fatal error.
+    pub async fn volume_manager_ended(&mut self) -> Result<(), VolumeError> {
+        let Some(task) = self.volume_task.as_mut() else {
+            return Ok(());
+        };
+        let res = join_volume_task(task).await;
+        self.volume_task = None;
+        res
+    }
+
+    /// Stops the volume manager, then the plugins ([`StopPlugins::Stop`]) or leaves them
+    /// running for the next slrp to adopt ([`StopPlugins::Leave`]).
+    pub async fn shutdown(mut self, plugins: StopPlugins) {
+        self.volume_cancel.cancel();
+        if let Some(task) = self.volume_task.as_mut()
+            && let Err(e) = join_volume_task(task).await
+        {
+            tracing::warn!(provider = %self.provider, error = %DisplayChain(&e), "volume manager ended with an error");
+        }
+        self.volume_task = None;
+        self.plugin.stop(plugins).await;
+        tracing::info!(provider = %self.provider, ?plugins, "plugin stack stopped");
+    }
+}
+
+async fn join_volume_task(
+    task: &mut JoinHandle<Result<(), VolumeError>>,
+) -> Result<(), VolumeError> {
+    match task.await {
+        Ok(res) => res,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(_) => Err(VolumeError::Stopped),
+    }
+}
+
+/// What [`volume_manager`] started.
+struct VolumePart {
+    prepared: PreparedServices,
+    recovery: RecoveryReport,
+    volumes: VolumeManagerHandle,
+    cancel: CancellationToken,
+    task: JoinHandle<Result<(), VolumeError>>,
+}
+
+/// Steps 4 and 5 of the module docs, once the plugin is up and its clients are made.
+async fn volume_manager(
+    provider: &str,
+    cfg: &StackConfig,
+    plugin_info: &mesos::CsiPluginInfo,
+    services: &CsiServices,
+    cancel: &CancellationToken,
+) -> Result<VolumePart, StackError> {
+    let plugin_type = plugin_info.r#type.as_str();
+    let plugin_name = plugin_info.name.as_deref().unwrap_or("default");
+    let prepared = until_cancelled(
+        cancel,
+        Box::pin(prepare_services(
+            plugin_type,
+            plugin_name,
+            Services::of(services),
+        )),
+    )
+    .await
+    .ok_or_else(|| cancelled(provider, StackStep::PrepareServices))?
+    .map_err(|e| failed(provider, StackStep::PrepareServices)(e.into()))?;
+    tracing::info!(
+        provider,
+        version = %prepared.version,
+        node_id = %prepared.node_id,
+        caps = ?prepared.caps,
+        "CSI services prepared"
+    );
+
+    let paths = match plugin_info.target_path_root.as_deref() {
+        Some(root) if !root.is_empty() => Ok(MountPaths::new(root)),
+        _ => MountPaths::under_work_dir(&cfg.work_dir, plugin_type, plugin_name),
+    }
+    .map_err(|e| failed(provider, StackStep::VolumeConfig)(e.into()))?;
+    let boot_id = match &cfg.boot_id {
+        Some(b) => b.clone(),
+        None => read_boot_id()
+            .map_err(|e| failed(provider, StackStep::VolumeConfig)(StackCause::BootId(e)))?,
+    };
+    let target = TargetPath::for_plugin(
+        prepared.version,
+        plugin_info.target_path_exists.unwrap_or(false),
+    );
+    let vm_cfg = VolumeManagerConfig::new(
+        paths,
+        prepared.node_id.clone(),
+        prepared.caps,
+        boot_id,
+        target,
+    )
+    .plugin(plugin_type, plugin_name, prepared.version)
+    .shutdown_grace(cfg.volume_shutdown_grace);
+
+    let volume_cancel = cancel.child_token();
+    let (volumes, guard) = VolumeManager::spawn(
+        vm_cfg,
+        cfg.store.clone(),
+        Arc::new(services.clone()),
+        &volume_cancel,
+    )
+    .map_err(|e| failed(provider, StackStep::VolumeManager)(e.into()))?;
+    let mut task = tokio::spawn(guard.join());
+    match volumes.ready().await {
+        Ok(recovery) => Ok(VolumePart {
+            prepared,
+            recovery,
+            volumes,
+            cancel: volume_cancel,
+            task,
+        }),
+        Err(e) => {
+            volume_cancel.cancel();
+            let _ = join_volume_task(&mut task).await;
+            if cancel.is_cancelled() {
+                return Err(cancelled(provider, StackStep::Recovery));
+            }
+            Err(failed(provider, StackStep::Recovery)(e.into()))
+        }
+    }
+}
+
+/// Runs `fut` unless `cancel` fires first (`None` then).
+async fn until_cancelled<T>(cancel: &CancellationToken, fut: impl Future<Output = T>) -> Option<T> {
+    tokio::select! {
+        biased;
+        () = cancel.cancelled() => None,
+        v = fut => Some(v),
+    }
+}
+
+/// Clients of a plugin someone else runs (`CSIPluginInfo.endpoints`): sent at once, no
+/// readiness to wait for.
+fn unmanaged_services(
+    controller: Option<CsiEndpoint>,
+    node: CsiEndpoint,
+    client_cfg: &ClientConfig,
+    metrics: &ProviderMetrics,
+) -> Result<CsiServices, CsiError> {
+    let shared = controller.as_ref().is_some_and(|c| c.path() == node.path());
+    let node = CsiClient::new(node, client_cfg.clone(), metrics.csi())?;
+    Ok(match controller {
+        None => CsiServices::node_only(node),
+        Some(_) if shared => CsiServices::new(node.clone(), node),
+        Some(c) => CsiServices::new(CsiClient::new(c, client_cfg.clone(), metrics.csi())?, node),
+    })
+}

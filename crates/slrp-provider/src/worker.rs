@@ -1,1 +1,1199 @@
-//! See the crate docs; filled in by issue #10's work.
+//! The provider worker: subscribes to the resource provider manager and keeps its view of
+//! the provider's storage true (spec §2.7, §2.8, §3, §6.5, §7.3).
+//!
+//! # Design
+//! [`Provider::spawn`] recovers the durable state ([`ProviderState`], keyed by the agent
+//! id) before anything connects, then starts the agent client and one task that owns
+//! everything else. That task reacts to session events and runs the provider's work one
+//! job at a time (Mesos's provider-wide sequence): the subscription reconciliation after
+//! every SUBSCRIBED, the periodic reconciliation and the profile change. A job gathers
+//! GetCapacity per profile and ListVolumes concurrently while the task keeps reading
+//! events, so events that arrive during a reconciliation are queued, dropped or answered
+//! as [`lifecycle::disposition`] says instead of waiting in the channel.
+//!
+//! The lifecycle follows spec §3.2 with the fixes of §12: READY only after the
+//! subscription reconciliation's UPDATE_STATE was accepted *in the same session* (a
+//! reconciliation that finishes after a disconnect does not set READY, §12 item 9); the
+//! periodic loop and the profile watch start once per process, at the first READY, and a
+//! resubscription only reconciles and sends UPDATE_STATE (§12 item 8); failed
+//! reconciliations and UPDATE_STATEs are retried with jittered backoff, never fatal
+//! (§12 items 12, 13). Only a failed store write is fatal (conventions §4.4 rule 5).
+//!
+//! Operations (APPLY, ACKNOWLEDGE, RECONCILE, PUBLISH in READY) are issue #11's: they all
+//! reach [`Worker::on_ready_event`], the one place to replace.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures_util::future::{BoxFuture, OptionFuture, join_all};
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use slrp_agent::{AgentClient, AgentConfig, AgentError, AgentHandle, SessionEvent};
+use slrp_core::provider::lifecycle::{
+    DEFAULT_PENDING_EVENTS, Disposition, EventKind, Lifecycle, PendingEvents, disposition,
+};
+use slrp_core::provider::resources::{
+    DisplayResource, ProfileChange, ProviderResources, ResourceError, Resources,
+};
+use slrp_core::provider::state::{ProfileDef, ProviderState, StateError};
+use slrp_core::volume::{VolumeError, VolumeManagerHandle};
+use slrp_profiles::{ProfileAdaptorHandle, ProfileView, ProviderKey};
+use slrp_proto::mesos::v1::resource_provider::{Call, Event, call};
+use slrp_proto::mesos::v1::{Resource, ResourceProviderId, ResourceProviderInfo, Uuid};
+use slrp_store::Store;
+use slrp_types::{Backoff, DisplayChain, Jitter, JitterRng, VolumeCapability};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Sleep;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
+
+use crate::metrics::ProviderMetrics;
+
+/// Mesos's `DEFAULT_STORAGE_RECONCILIATION_INTERVAL`.
+pub const DEFAULT_RECONCILIATION_INTERVAL: Duration = Duration::from_secs(10);
+
+/// What one provider is and where its manager is.
+#[derive(Debug, Clone)]
+pub struct ProviderParams {
+    /// The validated ResourceProviderInfo, `id` unset (the durable state supplies it).
+    pub info: ResourceProviderInfo,
+    /// How to reach the manager.
+    pub agent: AgentConfig,
+    /// The agent id (learnt by the daemon with `slrp_agent::operator::get_agent_id`). The
+    /// provider's durable identity is keyed by it (spec §3.6, §8.6): a new agent id is a
+    /// new provider identity.
+    pub agent_id: String,
+    /// `None` disables periodic reconciliation (non-positive
+    /// `reconciliation_interval_seconds`).
+    pub reconciliation_interval: Option<Duration>,
+    /// Waits between attempts of a failed UPDATE_STATE in the same session.
+    pub update_backoff: Backoff,
+    /// Waits between attempts of a failed reconciliation (GetCapacity or ListVolumes
+    /// failed, or its result did not apply).
+    pub retry_backoff: Backoff,
+    /// How the waits above are drawn below their ceiling.
+    pub jitter: Jitter,
+    /// At most this many ACKNOWLEDGE_OPERATION_STATUS / RECONCILE_OPERATIONS events wait
+    /// for READY; beyond it the oldest ACK is dropped.
+    pub pending_events: usize,
+    /// ListVolumes page size (`max_entries`; 0 lets the plugin choose).
+    pub list_page_size: i32,
+}
+
+impl ProviderParams {
+    /// Defaults: the interval from `info` ([`reconciliation_interval`]), backoff 1 s
+    /// doubling to 1 min with full jitter, 1024 pending events, plugin-chosen pages.
+    pub fn new(info: ResourceProviderInfo, agent: AgentConfig, agent_id: String) -> Self {
+        let backoff = Backoff::PLUGIN_RESTART;
+        Self {
+            reconciliation_interval: reconciliation_interval(&info),
+            info,
+            agent,
+            agent_id,
+            update_backoff: backoff,
+            retry_backoff: backoff,
+            jitter: Jitter::Full,
+            pending_events: DEFAULT_PENDING_EVENTS,
+            list_page_size: 0,
+        }
+    }
+}
+
+/// The periodic reconciliation interval of `info`: `reconciliation_interval_seconds`
+/// (default 10 s); zero, negative or not finite disables it.
+///
+/// Differences from Mesos (spec §12 item 30): fractions of a second are kept (Mesos
+/// truncates, so 0.5 disables it there) and a negative value disables the loop as the
+/// proto documents (Mesos lets it fire without delay).
+pub fn reconciliation_interval(info: &ResourceProviderInfo) -> Option<Duration> {
+    let seconds = info
+        .storage
+        .as_ref()
+        .and_then(|s| s.reconciliation_interval_seconds);
+    match seconds {
+        None => Some(DEFAULT_RECONCILIATION_INTERVAL),
+        Some(s) if s.is_finite() && s > 0.0 => Duration::try_from_secs_f64(s).ok(),
+        Some(_) => None,
+    }
+}
+
+/// What the worker uses from the layers around it.
+#[derive(Debug, Clone)]
+pub struct ProviderDeps {
+    /// The provider's volume manager (GetCapacity, ListVolumes).
+    pub volumes: VolumeManagerHandle,
+    /// The provider's store: its durable state lives beside the volume records.
+    pub store: Store,
+    /// `None`: no profiles (no storage pools), as a Mesos agent without an adaptor.
+    pub profiles: Option<ProfileAdaptorHandle>,
+    /// The provider's metrics (operation metrics come with issue #11).
+    pub metrics: ProviderMetrics,
+    /// What the agent client counts into.
+    pub agent_metrics: slrp_agent::Metrics,
+}
+
+/// Errors of the provider worker.
+#[derive(Debug, thiserror::Error)]
+pub enum ProviderError {
+    /// The ResourceProviderInfo cannot serve as a storage provider.
+    #[error("resource provider {provider}: {problem}")]
+    Info {
+        /// `<type>.<name>`.
+        provider: String,
+        /// What is wrong.
+        problem: &'static str,
+    },
+    /// The plugin name or the default reservations are unusable.
+    #[error("resource provider {provider}: invalid resource context")]
+    Resources {
+        /// `<type>.<name>`.
+        provider: String,
+        /// Why.
+        #[source]
+        source: ResourceError,
+    },
+    /// Recovering the durable state failed (Mesos: "Failed to recover resource provider
+    /// with type '…' and name '…'").
+    #[error("Failed to recover resource provider with type '{rp_type}' and name '{rp_name}'")]
+    Recover {
+        /// `ResourceProviderInfo.type`.
+        rp_type: String,
+        /// `ResourceProviderInfo.name`.
+        rp_name: String,
+        /// Why.
+        #[source]
+        source: Box<StateError>,
+    },
+    /// Writing the durable state failed; the process should exit and recover from disk.
+    #[error("resource provider {provider}: checkpointing the provider state failed")]
+    Checkpoint {
+        /// `<type>.<name>`.
+        provider: String,
+        /// Why.
+        #[source]
+        source: Box<StateError>,
+    },
+    /// The agent client refused its configuration.
+    #[error("resource provider {provider}: agent client")]
+    Agent {
+        /// `<type>.<name>`.
+        provider: String,
+        /// Why.
+        #[source]
+        source: slrp_agent::ConfigError,
+    },
+    /// The agent client stopped without being cancelled.
+    #[error("resource provider {provider}: the agent client stopped")]
+    AgentStopped {
+        /// `<type>.<name>`.
+        provider: String,
+    },
+    /// The worker task panicked.
+    #[error("resource provider worker task failed")]
+    Task(#[source] tokio::task::JoinError),
+}
+
+/// What a provider looks like from outside.
+#[derive(Clone, Debug)]
+pub struct ProviderStatus {
+    /// Where the lifecycle is.
+    pub lifecycle: Lifecycle,
+    /// The provider id, once assigned.
+    pub provider_id: Option<String>,
+    /// The total resources last computed.
+    pub total: Vec<Resource>,
+    /// The last failure (reconciliation, UPDATE_STATE), with its cause chain; cleared by
+    /// the next accepted UPDATE_STATE.
+    pub last_error: Option<String>,
+    /// Reconciliations completed (successfully) since the start.
+    pub reconciliations: u64,
+    /// UPDATE_STATE calls the manager accepted since the start.
+    pub updates_sent: u64,
+    /// What happened to the manager's events.
+    pub events: EventStats,
+}
+
+/// Counts of manager events by what the lifecycle made of them (spec §3.5, §3.6).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EventStats {
+    /// ACKNOWLEDGE_OPERATION_STATUS / RECONCILE_OPERATIONS waiting for READY now.
+    pub queued: usize,
+    /// Queued events dropped because the queue was full.
+    pub overflowed: u64,
+    /// APPLY_OPERATIONs dropped before READY.
+    pub dropped: u64,
+    /// PUBLISH_RESOURCES answered FAILED before READY.
+    pub publish_failed: u64,
+    /// Events handed to the READY-state handling.
+    pub handled: u64,
+}
+
+/// Observes a running provider. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct ProviderHandle {
+    status: watch::Receiver<ProviderStatus>,
+    agent: AgentHandle,
+}
+
+impl ProviderHandle {
+    /// The provider's status, kept current by the worker.
+    pub fn status(&self) -> watch::Receiver<ProviderStatus> {
+        self.status.clone()
+    }
+
+    /// The agent client's connection state.
+    pub fn connection(&self) -> watch::Receiver<slrp_agent::ConnectionState> {
+        self.agent.state()
+    }
+}
+
+/// The worker's task. Awaiting it yields the worker's end: `Ok` on cancel, `Err` on a
+/// fatal error (a failed checkpoint, a stopped agent client, a panic).
+#[derive(Debug)]
+pub struct ProviderTask {
+    join: JoinHandle<Result<(), ProviderError>>,
+}
+
+impl Future for ProviderTask {
+    type Output = Result<(), ProviderError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.join)
+            .poll(cx)
+            .map(|joined| joined.unwrap_or_else(|e| Err(ProviderError::Task(e))))
+    }
+}
+
+/// Entry point: [`Provider::spawn`].
+#[derive(Debug)]
+pub struct Provider;
+
+impl Provider {
+    /// Recovers the durable provider state of `params.agent_id` (before subscribing), then
+    /// starts the agent client (with the recovered provider id, if any) and the worker.
+    /// The worker runs until `cancel` fires or it fails fatally.
+    ///
+    /// # Errors
+    /// [`ProviderError::Info`] without `storage.plugin`; [`ProviderError::Resources`] for
+    /// an unusable plugin name or default reservations; [`ProviderError::Recover`] if the
+    /// state cannot be read or a storage pool's profile is missing from it;
+    /// [`ProviderError::Agent`] for an unusable agent configuration.
+    pub async fn spawn(
+        params: ProviderParams,
+        deps: ProviderDeps,
+        cancel: CancellationToken,
+    ) -> Result<(ProviderHandle, ProviderTask), ProviderError> {
+        let info = &params.info;
+        let label = format!("{}.{}", info.r#type, info.name);
+        let Some(plugin) = info.storage.as_ref().map(|s| &s.plugin) else {
+            return Err(ProviderError::Info {
+                provider: label,
+                problem: "no storage.plugin",
+            });
+        };
+        let Some(plugin_name) = plugin.name.clone() else {
+            return Err(ProviderError::Info {
+                provider: label,
+                problem: "no storage.plugin.name",
+            });
+        };
+        let plugin_type = plugin.r#type.clone();
+        let reservations = info.default_reservations.clone();
+        // Checks the plugin name and reservations now rather than at the first SUBSCRIBED.
+        let context = |id: ResourceProviderId| {
+            ProviderResources::new(id, &plugin_type, &plugin_name, reservations.clone())
+        };
+        context(ResourceProviderId::default()).map_err(|source| ProviderError::Resources {
+            provider: label.clone(),
+            source,
+        })?;
+
+        let state = ProviderState::load(&deps.store, &params.agent_id)
+            .await
+            .map_err(|source| ProviderError::Recover {
+                rp_type: info.r#type.clone(),
+                rp_name: info.name.clone(),
+                source: Box::new(source),
+            })?;
+        tracing::info!(
+            provider = %label,
+            agent_id = %params.agent_id,
+            provider_id = ?state.provider_id.as_ref().map(|id| &id.value),
+            resources = %state.total,
+            "recovered resource provider state"
+        );
+        let ctx = match &state.provider_id {
+            Some(id) => Some(
+                context(id.clone()).map_err(|source| ProviderError::Resources {
+                    provider: label.clone(),
+                    source,
+                })?,
+            ),
+            None => None,
+        };
+
+        let cancel = cancel.child_token();
+        let (agent, sessions) = AgentClient::spawn(
+            params.agent.clone(),
+            params.info.clone(),
+            state.provider_id.clone(),
+            deps.agent_metrics.clone(),
+            cancel.child_token(),
+        )
+        .map_err(|source| ProviderError::Agent {
+            provider: label.clone(),
+            source,
+        })?;
+
+        let (status_tx, status) = watch::channel(ProviderStatus {
+            lifecycle: Lifecycle::Disconnected,
+            provider_id: state.provider_id.as_ref().map(|id| id.value.clone()),
+            total: state.total.as_slice().to_vec(),
+            last_error: None,
+            reconciliations: 0,
+            updates_sent: 0,
+            events: EventStats::default(),
+        });
+        let key = ProviderKey::new(
+            info.r#type.clone(),
+            info.name.clone(),
+            Some(plugin.r#type.clone()),
+        );
+        let worker = Worker {
+            label: label.clone(),
+            key,
+            plugin: (plugin_type.clone(), plugin_name.clone()),
+            agent: agent.clone(),
+            sessions,
+            status: status_tx,
+            lifecycle: Lifecycle::Disconnected,
+            session: 0,
+            ctx,
+            live_profiles: state.profiles.clone(),
+            state,
+            pending_events: PendingEvents::new(params.pending_events),
+            jobs: Jobs::default(),
+            job: None,
+            retry: None,
+            job_failures: 0,
+            periodic: None,
+            loops_started: false,
+            watch: None,
+            update_needed: false,
+            sending: None,
+            send_seq: 0,
+            ready_from_send: None,
+            send_retry: None,
+            send_failures: 0,
+            replies: FuturesUnordered::new(),
+            jitter: JitterRng::new(params.jitter),
+            deps,
+            params,
+        };
+        let span = tracing::info_span!(parent: None, "provider", provider = %label);
+        let join = tokio::spawn(worker.run(cancel).instrument(span));
+        Ok((ProviderHandle { status, agent }, ProviderTask { join }))
+    }
+}
+
+/// The jobs of the provider-wide sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum JobKind {
+    /// After SUBSCRIBED: reconcile, always send UPDATE_STATE, then READY.
+    Subscription,
+    /// The periodic reconciliation.
+    Periodic,
+    /// The profile set changed: update the profile map, then reconcile.
+    Profiles,
+}
+
+impl JobKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Subscription => "subscription reconciliation",
+            Self::Periodic => "periodic reconciliation",
+            Self::Profiles => "profile update",
+        }
+    }
+}
+
+/// Jobs waiting to run: at most one of each kind (a second request joins the first).
+#[derive(Debug, Default)]
+struct Jobs {
+    subscription: bool,
+    periodic: bool,
+    profiles: bool,
+}
+
+impl Jobs {
+    fn mark(&mut self, kind: JobKind) {
+        match kind {
+            JobKind::Subscription => self.subscription = true,
+            JobKind::Periodic => self.periodic = true,
+            JobKind::Profiles => self.profiles = true,
+        }
+    }
+
+    /// The next job that may start in `state`: the subscription reconciliation once
+    /// subscribed, the others only when READY.
+    fn take(&mut self, state: Lifecycle) -> Option<JobKind> {
+        if !state.is_subscribed() {
+            return None;
+        }
+        if std::mem::take(&mut self.subscription) {
+            return Some(JobKind::Subscription);
+        }
+        if state != Lifecycle::Ready {
+            return None;
+        }
+        if std::mem::take(&mut self.profiles) {
+            return Some(JobKind::Profiles);
+        }
+        std::mem::take(&mut self.periodic).then_some(JobKind::Periodic)
+    }
+}
+
+/// What a reconciliation learnt from the plugin (and, for a profile job, the adaptor).
+struct Gathered {
+    /// The profile map to use from now on.
+    profiles: BTreeMap<String, ProfileDef>,
+    /// Available bytes per profile.
+    capacities: Vec<(String, u64)>,
+    /// Every volume the plugin lists.
+    listing: Vec<slrp_csi::Volume>,
+}
+
+/// Why a reconciliation failed.
+#[derive(Debug, thiserror::Error)]
+enum ReconcileError {
+    #[error("GetCapacity for profile {profile:?}")]
+    Capacity {
+        profile: String,
+        #[source]
+        source: VolumeError,
+    },
+    #[error("the capability of profile {profile:?} is not usable")]
+    Capability {
+        profile: String,
+        #[source]
+        source: slrp_types::CapabilityError,
+    },
+    #[error("ListVolumes")]
+    List(#[source] VolumeError),
+    #[error("applying the reconciled resources")]
+    Apply(#[source] ResourceError),
+}
+
+struct JobDone {
+    kind: JobKind,
+    session: u64,
+    result: Result<Gathered, ReconcileError>,
+}
+
+struct SendDone {
+    seq: u64,
+    session: u64,
+    result: Result<(), AgentError>,
+}
+
+struct Worker {
+    label: String,
+    key: ProviderKey,
+    plugin: (String, String),
+    params: ProviderParams,
+    deps: ProviderDeps,
+    agent: AgentHandle,
+    sessions: mpsc::Receiver<SessionEvent>,
+    status: watch::Sender<ProviderStatus>,
+    lifecycle: Lifecycle,
+    /// Counts SUBSCRIBED events: results of an older session do not make this one READY.
+    session: u64,
+    /// The resource context, once a provider id is known.
+    ctx: Option<ProviderResources>,
+    /// Identity, total and the checkpointed pool profiles.
+    state: ProviderState,
+    /// The profile map (§7.3): every profile translated for this provider.
+    live_profiles: BTreeMap<String, ProfileDef>,
+    pending_events: PendingEvents,
+    jobs: Jobs,
+    job: Option<BoxFuture<'static, JobDone>>,
+    /// A failed job waits here for its next attempt.
+    retry: Option<(Pin<Box<Sleep>>, JobKind)>,
+    job_failures: u32,
+    periodic: Option<Pin<Box<Sleep>>>,
+    /// The periodic loop and the profile watch run once per process (§3.6).
+    loops_started: bool,
+    watch: Option<watch::Receiver<ProfileView>>,
+    update_needed: bool,
+    sending: Option<BoxFuture<'static, SendDone>>,
+    send_seq: u64,
+    /// READY comes with the first accepted UPDATE_STATE numbered at least this, sent in
+    /// the session that ran the subscription reconciliation.
+    ready_from_send: Option<(u64, u64)>,
+    send_retry: Option<Pin<Box<Sleep>>>,
+    send_failures: u32,
+    /// Answers to events (UPDATE_PUBLISH_RESOURCES_STATUS); failures are logged.
+    replies: FuturesUnordered<BoxFuture<'static, ()>>,
+    jitter: JitterRng,
+}
+
+/// Waits for an optional timer; pending forever without one.
+async fn fire(timer: &mut Option<Pin<Box<Sleep>>>) {
+    match timer {
+        Some(sleep) => sleep.as_mut().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn changed(watch: &mut Option<watch::Receiver<ProfileView>>) -> bool {
+    match watch {
+        Some(rx) => rx.changed().await.is_ok(),
+        None => std::future::pending().await,
+    }
+}
+
+impl Worker {
+    async fn run(mut self, cancel: CancellationToken) -> Result<(), ProviderError> {
+        loop {
+            self.start_work();
+            tokio::select! {
+                biased;
+                () = cancel.cancelled() => return Ok(()),
+                session = self.sessions.recv() => match session {
+                    Some(session) => self.on_session(session).await?,
+                    None if cancel.is_cancelled() => return Ok(()),
+                    None => return Err(ProviderError::AgentStopped { provider: self.label.clone() }),
+                },
+                Some(done) = OptionFuture::from(self.job.as_mut()) => {
+                    self.job = None;
+                    self.on_job_done(done).await?;
+                }
+                Some(sent) = OptionFuture::from(self.sending.as_mut()) => {
+                    self.sending = None;
+                    self.on_sent(sent).await;
+                }
+                () = fire(&mut self.send_retry) => self.send_retry = None,
+                () = fire(&mut self.periodic) => {
+                    self.periodic = None;
+                    self.on_periodic_tick();
+                }
+                () = async {
+                    match &mut self.retry {
+                        Some((sleep, _)) => sleep.as_mut().await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    if let Some((_, kind)) = self.retry.take() {
+                        self.jobs.mark(kind);
+                    }
+                }
+                alive = changed(&mut self.watch) => self.on_profiles_changed(alive),
+                Some(()) = self.replies.next(), if !self.replies.is_empty() => {}
+            }
+        }
+    }
+
+    fn publish_status(&self) {
+        self.status.send_modify(|s| {
+            s.lifecycle = self.lifecycle;
+            s.provider_id = self.state.provider_id.as_ref().map(|id| id.value.clone());
+            s.total = self.state.total.as_slice().to_vec();
+        });
+    }
+
+    fn set_error(&self, error: String) {
+        self.status.send_modify(|s| s.last_error = Some(error));
+    }
+
+    fn enter(&mut self, state: Lifecycle) {
+        if self.lifecycle != state {
+            tracing::info!(from = %self.lifecycle, to = %state, "resource provider state changed");
+        }
+        self.lifecycle = state;
+        self.publish_status();
+    }
+
+    async fn on_session(&mut self, session: SessionEvent) -> Result<(), ProviderError> {
+        match session {
+            SessionEvent::Connected => self.enter(Lifecycle::Connected),
+            SessionEvent::Disconnected { reason } => {
+                tracing::info!(reason = %DisplayChain(&*reason), "disconnected from the resource provider manager");
+                self.enter(Lifecycle::Disconnected);
+            }
+            SessionEvent::Subscribed { provider_id, .. } => self.on_subscribed(provider_id).await?,
+            SessionEvent::Event(event) => self.on_event(*event),
+        }
+        Ok(())
+    }
+
+    async fn on_subscribed(&mut self, id: ResourceProviderId) -> Result<(), ProviderError> {
+        if self.state.provider_id.as_ref() != Some(&id) {
+            if let Some(old) = &self.state.provider_id {
+                // The client resubscribes with the id it has; a different answer means the
+                // manager gave us a new identity, to which the old resources do not belong.
+                tracing::warn!(old = %old.value, new = %id.value, "the manager assigned a new provider id; starting as a new identity");
+                self.state.total = Resources::new();
+                self.state.profiles.clear();
+            }
+            let ctx = ProviderResources::new(
+                id.clone(),
+                &self.plugin.0,
+                &self.plugin.1,
+                self.params.info.default_reservations.clone(),
+            )
+            .map_err(|source| ProviderError::Resources {
+                provider: self.label.clone(),
+                source,
+            })?;
+            self.ctx = Some(ctx);
+            self.state.provider_id = Some(id.clone());
+            self.checkpoint().await?;
+            tracing::info!(provider_id = %id.value, "subscribed with a new provider id");
+        } else {
+            tracing::info!(provider_id = %id.value, "subscribed");
+        }
+        self.session += 1;
+        self.ready_from_send = None;
+        // What the last session did not send, the subscription reconciliation sends.
+        self.update_needed = false;
+        self.send_failures = 0;
+        self.send_retry = None;
+        self.enter(Lifecycle::Subscribed);
+        self.jobs.mark(JobKind::Subscription);
+        Ok(())
+    }
+
+    async fn checkpoint(&mut self) -> Result<(), ProviderError> {
+        // Pools that outlived their profile (converted ones, §12 item 11) keep the profile
+        // they were checkpointed with.
+        let mut known = self.live_profiles.clone();
+        for (name, def) in &self.state.profiles {
+            known.entry(name.clone()).or_insert_with(|| def.clone());
+        }
+        let state = ProviderState::checkpoint(
+            self.state.provider_id.clone(),
+            self.state.total.clone(),
+            &known,
+        );
+        state
+            .save(&self.deps.store, &self.params.agent_id)
+            .await
+            .map_err(|source| ProviderError::Checkpoint {
+                provider: self.label.clone(),
+                source: Box::new(source),
+            })?;
+        self.state = state;
+        Ok(())
+    }
+
+    fn on_event(&mut self, event: Event) {
+        let kind = EventKind::of(&event);
+        match disposition(self.lifecycle, kind) {
+            Disposition::Handle => self.on_ready_event(event),
+            Disposition::Queue => {
+                tracing::info!(event = %kind, state = %self.lifecycle, "queueing the event until READY");
+                let evicted = self.pending_events.push(event);
+                let queued = self.pending_events.len();
+                self.status.send_modify(|s| {
+                    s.events.queued = queued;
+                    s.events.overflowed += u64::from(evicted.is_some());
+                });
+                if let Some(evicted) = evicted {
+                    tracing::error!(
+                        event = %EventKind::of(&evicted),
+                        operation_uuid = %event_operation(&evicted),
+                        bound = self.params.pending_events,
+                        "too many events waiting for READY; dropping the oldest (the status update will be resent)"
+                    );
+                }
+            }
+            Disposition::Drop { message } => {
+                tracing::warn!(
+                    operation_uuid = %event_operation(&event),
+                    "dropping operation: {message}"
+                );
+                self.status.send_modify(|s| s.events.dropped += 1);
+            }
+            Disposition::AnswerFailed { message } => {
+                tracing::warn!(uuid = %event_operation(&event), "{message}");
+                self.answer_publish_failed(&event);
+                self.status.send_modify(|s| s.events.publish_failed += 1);
+            }
+            Disposition::Ignore => {
+                tracing::info!(event = %kind, "ignoring the event");
+            }
+            Disposition::Warn { reason } => {
+                tracing::warn!(event = %kind, "ignoring the event: {reason}");
+            }
+        }
+    }
+
+    /// Every operation-flow event in READY arrives here. Operations, the status update
+    /// manager and publishing are issue #11's work; until then each event is logged and a
+    /// publish is answered FAILED so that the task waiting for it fails instead of hanging.
+    fn on_ready_event(&mut self, event: Event) {
+        let kind = EventKind::of(&event);
+        tracing::warn!(
+            event = %kind,
+            operation_uuid = %event_operation(&event),
+            "operations are not handled yet (issue #11)"
+        );
+        self.status.send_modify(|s| s.events.handled += 1);
+        if kind == EventKind::PublishResources {
+            self.answer_publish_failed(&event);
+        }
+    }
+
+    fn answer_publish_failed(&mut self, event: &Event) {
+        let Some(publish) = &event.publish_resources else {
+            tracing::warn!("PUBLISH_RESOURCES without its payload; nothing to answer");
+            return;
+        };
+        let call = Call {
+            r#type: Some(call::Type::UpdatePublishResourcesStatus as i32),
+            update_publish_resources_status: Some(call::UpdatePublishResourcesStatus {
+                uuid: publish.uuid.clone(),
+                status: call::update_publish_resources_status::Status::Failed as i32,
+            }),
+            ..Call::default()
+        };
+        let agent = self.agent.clone();
+        let uuid = uuid_text(&publish.uuid);
+        self.replies.push(Box::pin(async move {
+            if let Err(error) = agent.call(call).await {
+                tracing::warn!(%uuid, error = %DisplayChain(&error), "answering PUBLISH_RESOURCES failed");
+            }
+        }));
+    }
+
+    async fn become_ready(&mut self) {
+        self.enter(Lifecycle::Ready);
+        for event in self.pending_events.drain() {
+            self.on_ready_event(event);
+        }
+        self.status.send_modify(|s| s.events.queued = 0);
+        if self.loops_started {
+            return;
+        }
+        self.loops_started = true;
+        self.arm_periodic();
+        if let Some(profiles) = &self.deps.profiles {
+            match profiles.subscribe(self.key.clone()).await {
+                Ok(mut rx) => {
+                    // The view holds the current profiles at once (Mesos's `watch` returns
+                    // immediately when the provider's set differs).
+                    rx.mark_changed();
+                    self.watch = Some(rx);
+                }
+                Err(error) => {
+                    tracing::error!(error = %DisplayChain(&error), "the disk profile adaptor stopped; profiles are not watched");
+                }
+            }
+        }
+    }
+
+    fn arm_periodic(&mut self) {
+        if let Some(interval) = self.params.reconciliation_interval {
+            self.periodic = Some(Box::pin(tokio::time::sleep(interval)));
+        }
+    }
+
+    fn on_periodic_tick(&mut self) {
+        if self.lifecycle == Lifecycle::Ready {
+            self.jobs.mark(JobKind::Periodic);
+        } else {
+            // Not connected: the next subscription reconciles anyway.
+            self.arm_periodic();
+        }
+    }
+
+    fn on_profiles_changed(&mut self, alive: bool) {
+        if alive {
+            self.jobs.mark(JobKind::Profiles);
+        } else {
+            tracing::error!("the disk profile adaptor stopped; profiles are no longer watched");
+            self.watch = None;
+        }
+    }
+
+    /// Starts the next job and the next UPDATE_STATE when their turn has come.
+    fn start_work(&mut self) {
+        // A job waiting out its retry backoff does not hold up the others (a resubscription
+        // must not wait for a failed periodic reconciliation's next attempt).
+        if self.job.is_none()
+            && let Some(kind) = self.jobs.take(self.lifecycle)
+        {
+            self.start_job(kind);
+        }
+        self.maybe_send();
+    }
+
+    fn start_job(&mut self, kind: JobKind) {
+        let volumes = self.deps.volumes.clone();
+        let page = self.params.list_page_size;
+        let mut profiles = self.live_profiles.clone();
+        let adaptor = self.deps.profiles.clone();
+        let key = self.key.clone();
+        let reported: Option<BTreeSet<String>> = match (&mut self.watch, kind) {
+            (Some(rx), JobKind::Profiles) => Some(rx.borrow_and_update().keys().cloned().collect()),
+            (None, JobKind::Profiles) | (_, JobKind::Subscription | JobKind::Periodic) => None,
+        };
+        let session = self.session;
+        tracing::debug!(job = kind.as_str(), "starting");
+        self.job = Some(Box::pin(async move {
+            let result = async {
+                if let (Some(adaptor), Some(reported)) = (adaptor, reported) {
+                    update_profiles(&adaptor, &key, &mut profiles, &reported).await;
+                }
+                let (capacities, listing) =
+                    tokio::join!(capacities(&volumes, &profiles), volumes.list_all(page));
+                Ok(Gathered {
+                    capacities: capacities?,
+                    listing: listing.map_err(ReconcileError::List)?,
+                    profiles,
+                })
+            }
+            .await;
+            JobDone {
+                kind,
+                session,
+                result,
+            }
+        }));
+    }
+
+    async fn on_job_done(&mut self, done: JobDone) -> Result<(), ProviderError> {
+        let JobDone {
+            kind,
+            session,
+            result,
+        } = done;
+        let outcome = match result {
+            Ok(gathered) => self.apply(gathered).await?,
+            Err(error) => Err(error),
+        };
+        match outcome {
+            Ok(changed) => {
+                self.job_failures = 0;
+                self.status.send_modify(|s| s.reconciliations += 1);
+                if changed || kind == JobKind::Subscription {
+                    self.update_needed = true;
+                }
+                match kind {
+                    JobKind::Subscription if session == self.session => {
+                        self.ready_from_send = Some((self.send_seq + 1, session));
+                    }
+                    JobKind::Subscription => {}
+                    JobKind::Periodic => self.arm_periodic(),
+                    JobKind::Profiles => {}
+                }
+            }
+            Err(error) => {
+                let delay = self
+                    .params
+                    .retry_backoff
+                    .delay(self.job_failures, &mut self.jitter);
+                self.job_failures = self.job_failures.saturating_add(1);
+                let chain = format!("{} failed: {}", kind.as_str(), DisplayChain(&error));
+                tracing::warn!(retry_in = ?delay, "{chain}");
+                self.set_error(chain);
+                // A stale subscription job is not retried: the new session has its own.
+                if kind != JobKind::Subscription || session == self.session {
+                    self.retry = Some((Box::pin(tokio::time::sleep(delay)), kind));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies a reconciliation's findings (§6.5). `Ok(Err(_))` leaves everything as it
+    /// was; `Err(_)` is a failed checkpoint (fatal).
+    async fn apply(
+        &mut self,
+        gathered: Gathered,
+    ) -> Result<Result<bool, ReconcileError>, ProviderError> {
+        let Some(ctx) = &self.ctx else {
+            // Jobs start only once subscribed, which sets the context.
+            return Ok(Ok(false));
+        };
+        let total = &self.state.total;
+        let volumes = match ctx.existing_volumes(total, &gathered.listing) {
+            Ok(volumes) => volumes,
+            Err(error) => return Ok(Err(ReconcileError::Apply(error))),
+        };
+        let pools = ctx.reconcile_pools(
+            total,
+            &ctx.storage_pools(gathered.capacities.iter().map(|(p, b)| (p.as_str(), *b))),
+            // Pending CREATE_DISKs come with issue #11.
+            &Resources::new(),
+        );
+        let reconciled = match ctx.reconcile(total, &volumes, &pools) {
+            Ok(reconciled) => reconciled,
+            Err(error) => return Ok(Err(ReconcileError::Apply(error))),
+        };
+        for duplicate in &volumes.duplicates {
+            tracing::warn!(resource = %DisplayResource(duplicate), "Removing duplicated volume");
+        }
+        for id in &volumes.repeated_in_listing {
+            tracing::warn!(volume_id = %id, "Dropping duplicated volume");
+        }
+        for id in &volumes.drifted {
+            tracing::warn!(volume_id = %id, "volume metadata changed; taking the plugin's");
+        }
+        for missing in volumes
+            .merge
+            .missing_converted
+            .iter()
+            .chain(&pools.missing_converted)
+        {
+            tracing::warn!(
+                "Missing converted resource '{}'. This might cause further operations to fail.",
+                DisplayResource(missing)
+            );
+        }
+        let profiles_changed = self.live_profiles != gathered.profiles;
+        self.live_profiles = gathered.profiles;
+        if reconciled.changed {
+            tracing::info!(
+                removed = %reconciled.removed,
+                added = %reconciled.added,
+                "resources changed"
+            );
+            self.state.total = reconciled.total;
+        }
+        if reconciled.changed || profiles_changed {
+            self.checkpoint().await?;
+            self.publish_status();
+        }
+        Ok(Ok(reconciled.changed))
+    }
+
+    fn maybe_send(&mut self) {
+        if self.sending.is_some()
+            || self.send_retry.is_some()
+            || !self.update_needed
+            || !self.lifecycle.is_subscribed()
+        {
+            return;
+        }
+        let Some(id) = self.state.provider_id.clone() else {
+            return;
+        };
+        self.update_needed = false;
+        self.send_seq += 1;
+        let version = uuid::Uuid::new_v4();
+        let call = Call {
+            r#type: Some(call::Type::UpdateState as i32),
+            resource_provider_id: Some(id),
+            update_state: Some(call::UpdateState {
+                // Operations come with issue #11.
+                operations: Vec::new(),
+                resources: self.state.total.as_slice().to_vec(),
+                resource_version_uuid: Uuid {
+                    value: version.as_bytes().to_vec(),
+                },
+            }),
+            ..Call::default()
+        };
+        let agent = self.agent.clone();
+        let (seq, session) = (self.send_seq, self.session);
+        tracing::debug!(%version, resources = %self.state.total, "sending UPDATE_STATE");
+        self.sending = Some(Box::pin(async move {
+            SendDone {
+                seq,
+                session,
+                result: agent.call(call).await,
+            }
+        }));
+    }
+
+    async fn on_sent(&mut self, sent: SendDone) {
+        let current = sent.session == self.session && self.lifecycle.is_subscribed();
+        match sent.result {
+            Ok(()) => {
+                self.send_failures = 0;
+                self.status.send_modify(|s| {
+                    s.last_error = None;
+                    s.updates_sent += 1;
+                });
+                if let Some((from, session)) = self.ready_from_send
+                    && current
+                    && sent.seq >= from
+                    && session == sent.session
+                {
+                    self.ready_from_send = None;
+                    self.become_ready().await;
+                }
+            }
+            Err(error) => {
+                let chain = format!("UPDATE_STATE failed: {}", DisplayChain(&error));
+                self.set_error(chain.clone());
+                if !current {
+                    // The next subscription reconciles and sends again.
+                    tracing::info!("{chain}; the session ended");
+                    return;
+                }
+                let delay = self
+                    .params
+                    .update_backoff
+                    .delay(self.send_failures, &mut self.jitter);
+                self.send_failures = self.send_failures.saturating_add(1);
+                tracing::warn!(retry_in = ?delay, "{chain}");
+                self.update_needed = true;
+                self.send_retry = Some(Box::pin(tokio::time::sleep(delay)));
+            }
+        }
+    }
+}
+
+/// The profile update of §7.3: drop names no longer reported, translate new ones (in
+/// parallel); a failed translation leaves the name out (the next change retries it).
+async fn update_profiles(
+    adaptor: &ProfileAdaptorHandle,
+    key: &ProviderKey,
+    profiles: &mut BTreeMap<String, ProfileDef>,
+    reported: &BTreeSet<String>,
+) {
+    let change = ProfileChange::between(profiles.keys().map(String::as_str), reported);
+    for name in &change.removed {
+        profiles.remove(name);
+    }
+    let translated = join_all(
+        change
+            .to_translate
+            .iter()
+            .map(|name| async move { (name, adaptor.translate(name, key).await) }),
+    )
+    .await;
+    for (name, result) in translated {
+        match result {
+            Ok(info) => {
+                profiles.insert(
+                    name.clone(),
+                    ProfileDef {
+                        capability: info.capability,
+                        parameters: info.parameters,
+                    },
+                );
+            }
+            Err(error) => {
+                tracing::warn!(profile = %name, error = %DisplayChain(&error), "cannot translate profile; leaving it out");
+            }
+        }
+    }
+}
+
+/// GetCapacity for every profile, concurrently (§6.2).
+async fn capacities(
+    volumes: &VolumeManagerHandle,
+    profiles: &BTreeMap<String, ProfileDef>,
+) -> Result<Vec<(String, u64)>, ReconcileError> {
+    let asks = profiles.iter().map(|(name, def)| async move {
+        let capability = VolumeCapability::from_mesos(&def.capability).map_err(|source| {
+            ReconcileError::Capability {
+                profile: name.clone(),
+                source,
+            }
+        })?;
+        let bytes = volumes
+            .capacity(capability, def.parameters.clone())
+            .await
+            .map_err(|source| ReconcileError::Capacity {
+                profile: name.clone(),
+                source,
+            })?;
+        Ok((name.clone(), u64::try_from(bytes).unwrap_or(0)))
+    });
+    join_all(asks).await.into_iter().collect()
+}
+
+/// A UUID in its text form (Mesos's `id::UUID::toString`), or hex for other lengths.
+fn uuid_text(uuid: &Uuid) -> String {
+    match uuid::Uuid::from_slice(&uuid.value) {
+        Ok(u) => u.to_string(),
+        Err(_) => uuid.value.iter().map(|b| format!("{b:02x}")).collect(),
+    }
+}
+
+/// The operation (or publish) UUID an event concerns, for logs.
+fn event_operation(event: &Event) -> String {
+    let uuid = event
+        .apply_operation
+        .as_ref()
+        .map(|a| &a.operation_uuid)
+        .or(event
+            .acknowledge_operation_status
+            .as_ref()
+            .map(|a| &a.operation_uuid))
+        .or(event.publish_resources.as_ref().map(|p| &p.uuid));
+    match (uuid, &event.reconcile_operations) {
+        (Some(uuid), _) => uuid_text(uuid),
+        (None, Some(r)) => r
+            .operation_uuids
+            .iter()
+            .map(uuid_text)
+            .collect::<Vec<_>>()
+            .join(","),
+        (None, None) => "-".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(seconds: Option<f64>) -> ResourceProviderInfo {
+        ResourceProviderInfo {
+            storage: Some(slrp_proto::mesos::v1::resource_provider_info::Storage {
+                plugin: Default::default(),
+                reconciliation_interval_seconds: seconds,
+            }),
+            ..ResourceProviderInfo::default()
+        }
+    }
+
+    #[test]
+    fn jobs_run_in_sequence_order_and_only_when_allowed() {
+        let mut jobs = Jobs::default();
+        for kind in [JobKind::Periodic, JobKind::Profiles, JobKind::Subscription] {
+            jobs.mark(kind);
+            // A second request joins the first.
+            jobs.mark(kind);
+        }
+        for state in [
+            Lifecycle::Recovering,
+            Lifecycle::Disconnected,
+            Lifecycle::Connected,
+        ] {
+            assert_eq!(jobs.take(state), None, "{state}");
+        }
+        assert_eq!(
+            jobs.take(Lifecycle::Subscribed),
+            Some(JobKind::Subscription)
+        );
+        // Before READY only the subscription reconciliation runs.
+        assert_eq!(jobs.take(Lifecycle::Subscribed), None);
+        assert_eq!(jobs.take(Lifecycle::Ready), Some(JobKind::Profiles));
+        assert_eq!(jobs.take(Lifecycle::Ready), Some(JobKind::Periodic));
+        assert_eq!(jobs.take(Lifecycle::Ready), None);
+    }
+
+    #[test]
+    fn reconciliation_interval_rules() {
+        let rows = [
+            (None, Some(Duration::from_secs(10))),
+            (Some(10.0), Some(Duration::from_secs(10))),
+            (Some(0.5), Some(Duration::from_millis(500))),
+            (Some(0.0), None),
+            (Some(-5.0), None),
+            (Some(f64::NAN), None),
+            (Some(f64::INFINITY), None),
+        ];
+        for (seconds, want) in rows {
+            assert_eq!(reconciliation_interval(&info(seconds)), want, "{seconds:?}");
+        }
+    }
+}

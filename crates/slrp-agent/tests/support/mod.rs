@@ -63,6 +63,16 @@ impl Incoming {
         let _ = self.respond.send(response);
     }
 
+    /// Answers with a binary body of the given media type.
+    pub fn respond_bytes(self, status: StatusCode, content_type: &str, body: Vec<u8>) {
+        let response = Response::builder()
+            .status(status)
+            .header("content-type", content_type)
+            .body(Full::new(Bytes::from(body)).boxed())
+            .expect("response");
+        let _ = self.respond.send(response);
+    }
+
     /// Answers 200 with an open event stream; the returned writer feeds it.
     pub fn respond_stream(self, ct: ContentType, stream_id: &str) -> StreamWriter {
         let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, Infallible>>(16);
@@ -278,12 +288,17 @@ impl FakeAgent {
     }
 
     pub async fn next(&mut self) -> Incoming {
+        self.next_at(slrp_agent::RESOURCE_PROVIDER_PATH).await
+    }
+
+    /// The next request, which must be a POST to `path`.
+    pub async fn next_at(&mut self, path: &str) -> Incoming {
         let req = tokio::time::timeout(WAIT, self.requests.recv())
             .await
             .expect("a request within the bound")
             .expect("server running");
         assert_eq!(req.method, Method::POST);
-        assert_eq!(req.path, slrp_agent::RESOURCE_PROVIDER_PATH);
+        assert_eq!(req.path, path);
         req
     }
 

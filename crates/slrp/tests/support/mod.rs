@@ -100,6 +100,13 @@ impl Update {
             .collect()
     }
 
+    /// The storage pool of `profile`, if reported.
+    pub fn pool(&self, profile: &str) -> Option<&Value> {
+        self.pools()
+            .into_iter()
+            .find(|r| source(r)["profile"] == profile)
+    }
+
     /// The disks with an id (pre-existing or created).
     pub fn disks(&self) -> Vec<&Value> {
         self.resources
@@ -107,6 +114,13 @@ impl Update {
             .filter(|r| !source(r)["id"].is_null())
             .collect()
     }
+}
+
+/// Resources as sorted JSON texts, to compare two totals regardless of order.
+pub fn sorted(resources: &[Value]) -> Vec<String> {
+    let mut v: Vec<String> = resources.iter().map(Value::to_string).collect();
+    v.sort();
+    v
 }
 
 /// `disk.source` of a resource (`Value::Null` if absent).
@@ -177,13 +191,12 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    fn pid(&self) -> Pid {
-        Pid::from_raw(
-            self.child
-                .id()
-                .and_then(|p| i32::try_from(p).ok())
-                .expect("daemon already reaped"),
-        )
+    /// `None` once reaped.
+    fn pid(&self) -> Option<Pid> {
+        self.child
+            .id()
+            .and_then(|p| i32::try_from(p).ok())
+            .map(Pid::from_raw)
     }
 }
 
@@ -194,6 +207,18 @@ pub struct DaemonOptions {
     pub json: bool,
     /// How often the profile document is re-read; `None`: no `--disk-profiles` at all.
     pub profiles_poll: Option<Duration>,
+    /// `plugins_on_exit = "leave"` instead of `"stop"`.
+    pub leave_plugins: bool,
+}
+
+impl DaemonOptions {
+    /// Profiles from the cluster's `profiles.json`, re-read every 100 ms.
+    pub fn with_profiles() -> Self {
+        Self {
+            profiles_poll: Some(Duration::from_millis(100)),
+            ..Self::default()
+        }
+    }
 }
 
 /// A manager, a state directory and the daemon's providers, all under one temporary
@@ -209,9 +234,13 @@ pub struct Cluster {
     messages: Option<broadcast::Receiver<ManagerMessage>>,
     /// The manager's address, kept across manager restarts (the daemon's `--agent`).
     addr: Option<SocketAddr>,
+    /// The agent ID the manager serves (`None`: the one in its registry).
+    agent_id: Option<String>,
     daemon: Option<Daemon>,
     /// Daemon starts so far (each appends to the same log, separated by a banner).
     starts: usize,
+    /// A failure already printed the daemon's log (the drop need not repeat it).
+    log_shown: std::cell::Cell<bool>,
 }
 
 impl Cluster {
@@ -228,8 +257,10 @@ impl Cluster {
             manager: None,
             messages: None,
             addr: None,
+            agent_id: None,
             daemon: None,
             starts: 0,
+            log_shown: std::cell::Cell::new(false),
         };
         for sub in ["manager", "state", "work", "rp"] {
             std::fs::create_dir_all(cluster.path(sub)).unwrap();
@@ -324,15 +355,23 @@ impl Cluster {
         })
     }
 
-    /// slrp's own config file: what has no flag (transport, profile polling).
+    /// slrp's own config file (`--config`): what has no flag. Reconnects are quick
+    /// (100 ms to 1 s) so that restarts of the manager do not make the tests slow.
     fn write_config(&self) {
-        let mut toml = String::new();
+        let mut toml = format!(
+            "plugins_on_exit = \"{}\"\n[agent]\nbackoff_base = \"100ms\"\nbackoff_max = \"1s\"\n",
+            if self.options.leave_plugins {
+                "leave"
+            } else {
+                "stop"
+            }
+        );
         if self.options.json {
-            toml.push_str("[agent]\ncontent_type = \"json\"\n");
+            toml.push_str("content_type = \"json\"\n");
         }
         if let Some(poll) = self.options.profiles_poll {
             toml.push_str(&format!(
-                "[profiles]\nuri = \"file://{}\"\npoll_interval = \"{}ms\"\n",
+                "[disk_profiles]\nuri = \"file://{}\"\npoll_interval = \"{}ms\"\n",
                 self.path("profiles.json").display(),
                 poll.as_millis()
             ));
@@ -402,6 +441,7 @@ impl Cluster {
         };
         let mut config = ManagerConfig::new(listen);
         config.state_dir = Some(self.path("manager"));
+        config.agent_id.clone_from(&self.agent_id);
         let (handle, guard) = EmbeddedManager::spawn(config, CancellationToken::new())
             .await
             .unwrap();
@@ -411,6 +451,13 @@ impl Cluster {
         self.addr = Some(addr);
         self.messages = Some(handle.messages());
         self.manager = Some((handle, guard));
+    }
+
+    /// Restarts the manager as an agent that registered with a new agent ID `agent_id`:
+    /// same address, but its registry of providers starts empty (spec §3.6, §8.6).
+    pub async fn restart_manager_with_agent_id(&mut self, agent_id: &str) {
+        self.agent_id = Some(agent_id.to_owned());
+        self.restart_manager().await;
     }
 
     /// Stops the manager (every stream closes) and starts it again on the same address
@@ -430,28 +477,37 @@ impl Cluster {
         self.manager().endpoint().url()
     }
 
-    /// The next manager observation, or a panic with the daemon's log after [`WAIT`].
+    /// The next manager observation, or a panic with the daemon's log after [`WAIT`] or
+    /// as soon as the daemon has exited (nothing more will come).
     pub async fn next_message(&mut self) -> ManagerMessage {
-        let rx = self.messages.as_mut().expect("manager not running");
-        let got = tokio::time::timeout(WAIT, async {
-            match rx.recv().await {
-                Ok(m) => m,
-                Err(broadcast::error::RecvError::Lagged(n)) => {
-                    panic!("the test missed {n} manager messages (buffer too small)")
+        let deadline = tokio::time::Instant::now() + WAIT;
+        let Self {
+            messages, daemon, ..
+        } = self;
+        let rx = messages.as_mut().expect("manager not running");
+        let failure = loop {
+            // Short slices, so that a daemon that died is noticed at once.
+            match tokio::time::timeout(Duration::from_millis(100), rx.recv()).await {
+                Ok(Ok(ManagerMessage::ProtocolViolation { reason, .. })) => {
+                    break format!("protocol violation: {reason}");
                 }
-                Err(broadcast::error::RecvError::Closed) => panic!("the manager stopped"),
-            }
-        })
-        .await;
-        match got {
-            Ok(m) => {
-                if let ManagerMessage::ProtocolViolation { reason, .. } = &m {
-                    self.fail(&format!("protocol violation: {reason}"));
+                Ok(Ok(m)) => return m,
+                Ok(Err(broadcast::error::RecvError::Lagged(n))) => {
+                    break format!("the test missed {n} manager messages (buffer too small)");
                 }
-                m
+                Ok(Err(broadcast::error::RecvError::Closed)) => break "the manager stopped".into(),
+                Err(_) => {}
             }
-            Err(_) => self.fail("no manager message within the timeout"),
-        }
+            if let Some(d) = daemon.as_mut()
+                && let Ok(Some(status)) = d.child.try_wait()
+            {
+                break format!("the daemon exited ({status}) while a manager message was awaited");
+            }
+            if tokio::time::Instant::now() > deadline {
+                break "no manager message within the timeout".into();
+            }
+        };
+        self.fail(&failure)
     }
 
     /// Waits for the next SUBSCRIBE admitted by the manager; returns the provider's info
@@ -551,7 +607,9 @@ impl Cluster {
     }
 
     async fn signal_and_wait(&mut self, signal: Signal) -> ExitStatus {
-        let pid = self.daemon.as_ref().expect("daemon not running").pid();
+        let Some(pid) = self.daemon.as_ref().expect("daemon not running").pid() else {
+            self.fail("the daemon had already exited")
+        };
         kill(pid, signal).unwrap();
         let mut daemon = self.daemon.take().unwrap();
         match tokio::time::timeout(WAIT, daemon.child.wait()).await {
@@ -561,6 +619,30 @@ impl Cluster {
                 self.fail(&format!("the daemon did not exit after {signal}"))
             }
         }
+    }
+
+    /// The orderly end of a test: SIGTERM, exit status 0, and no plugin process left
+    /// (with `plugins_on_exit = "stop"`).
+    pub async fn finish(mut self) {
+        let status = self.stop_daemon().await;
+        if !status.success() {
+            self.fail(&format!("the daemon exited with {status} after SIGTERM"));
+        }
+        if !self.options.leave_plugins {
+            self.wait_no_plugins().await;
+        }
+    }
+
+    /// Waits until no plugin process of this cluster is left (their exit is observed by
+    /// polling /proc: nothing else announces it).
+    pub async fn wait_no_plugins(&self) {
+        let dir = self.dir.path().to_owned();
+        self.within("plugin processes to exit", async {
+            while !processes_mentioning(&dir).is_empty() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
     }
 
     /// Whether the daemon is still running (it has not exited on its own).
@@ -577,6 +659,7 @@ impl Cluster {
 
     /// Panics with `what` and the daemon's log.
     pub fn fail(&self, what: &str) -> ! {
+        self.log_shown.set(true);
         panic!(
             "{what}\n---- daemon log ({}) ----\n{}---- end of daemon log ----",
             self.path("daemon.log").display(),
@@ -665,14 +748,14 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        if std::thread::panicking() && self.daemon.is_some() {
+        if std::thread::panicking() && self.daemon.is_some() && !self.log_shown.get() {
             eprintln!(
                 "---- daemon log at the failure ----\n{}---- end ----",
                 self.daemon_log()
             );
         }
-        if let Some(d) = &self.daemon {
-            let _ = kill(d.pid(), Signal::SIGKILL);
+        if let Some(pid) = self.daemon.as_ref().and_then(Daemon::pid) {
+            let _ = kill(pid, Signal::SIGKILL);
         }
         // Plugins outlive a SIGKILLed daemon; only processes naming this test's directory
         // are ours.

@@ -1,0 +1,668 @@
+//! The provider worker against the real embedded manager (HTTP on a unix socket) and a
+//! volume manager over the in-memory fake plugin: Mesos's provider tests that need no
+//! operations (spec §11.1) and the lifecycle rules of §3.6 / §12.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use slrp_agent::{AgentConfig, AgentEndpoint};
+use slrp_core::provider::lifecycle::Lifecycle;
+use slrp_core::provider::resources::{ProviderResources, Resources};
+use slrp_core::provider::state::{ProfileDef, ProviderState};
+use slrp_core::volume::{VolumeManager, VolumeManagerGuard, VolumeManagerHandle};
+use slrp_csi::CsiRpc;
+use slrp_manager::{
+    EmbeddedManager, Listen, ManagerConfig, ManagerGuard, ManagerHandle, ManagerMessage,
+};
+use slrp_profiles::{
+    Metrics as ProfileMetrics, ProfileAdaptorHandle, ProfileSource, ProfilesConfig,
+};
+use slrp_proto::mesos::v1::resource::disk_info::source::Type as SourceType;
+use slrp_proto::mesos::v1::resource_provider::{Event, event};
+use slrp_proto::mesos::v1::resource_provider_info::Storage;
+use slrp_proto::mesos::v1::{
+    CsiPluginInfo, Resource, ResourceProviderId, ResourceProviderInfo, Uuid,
+};
+use slrp_provider::metrics::ProviderMetrics;
+use slrp_provider::worker::{
+    Provider, ProviderDeps, ProviderError, ProviderHandle, ProviderParams, ProviderStatus,
+    ProviderTask,
+};
+use slrp_store::Store;
+use slrp_test_support::fake_csi::FakeCsi;
+use slrp_test_support::harness::Harness;
+use slrp_types::{Backoff, Jitter};
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+
+const RP_TYPE: &str = "org.apache.mesos.rp.local.storage";
+const RP_NAME: &str = "test";
+/// Bound for waits: a hang guard, not a deadline.
+const HANG: Duration = Duration::from_secs(60);
+
+fn info(interval: Option<f64>) -> ResourceProviderInfo {
+    ResourceProviderInfo {
+        r#type: RP_TYPE.into(),
+        name: RP_NAME.into(),
+        storage: Some(Storage {
+            plugin: CsiPluginInfo {
+                r#type: "org.test".into(),
+                name: Some("fake".into()),
+                ..CsiPluginInfo::default()
+            },
+            reconciliation_interval_seconds: interval,
+        }),
+        ..ResourceProviderInfo::default()
+    }
+}
+
+/// A volume manager over a fake plugin, a manager on a unix socket, and the store.
+struct Env {
+    dir: tempfile::TempDir,
+    harness: Harness,
+    store: Store,
+    volumes: VolumeManagerHandle,
+    _volumes_guard: VolumeManagerGuard,
+    manager: Option<(ManagerHandle, ManagerGuard)>,
+    messages: broadcast::Receiver<ManagerMessage>,
+    profiles: Option<ProfileAdaptorHandle>,
+    cancel: CancellationToken,
+}
+
+impl Env {
+    async fn new(fake: Arc<FakeCsi>) -> Self {
+        let harness = Harness::new(fake);
+        let store = Store::open(harness.state_dir()).unwrap();
+        let cancel = CancellationToken::new();
+        let (volumes, guard) = VolumeManager::spawn(
+            harness.config(),
+            store.clone(),
+            harness.fake.clone(),
+            &cancel,
+        )
+        .unwrap();
+        volumes.ready().await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let (manager, messages) = start_manager(dir.path(), 4 * 1024 * 1024, &cancel).await;
+        Self {
+            dir,
+            harness,
+            store,
+            volumes,
+            _volumes_guard: guard,
+            manager: Some(manager),
+            messages,
+            profiles: None,
+            cancel,
+        }
+    }
+
+    fn fake(&self) -> &FakeCsi {
+        &self.harness.fake
+    }
+
+    fn manager(&self) -> &ManagerHandle {
+        &self.manager.as_ref().unwrap().0
+    }
+
+    fn agent(&self) -> AgentConfig {
+        let socket = self.dir.path().join("agent.sock");
+        let mut agent = AgentConfig::new(
+            AgentEndpoint::parse(&format!("unix://{}", socket.display())).unwrap(),
+        );
+        agent.backoff =
+            Backoff::new(Duration::from_millis(10), Duration::from_millis(200)).unwrap();
+        agent.jitter = Jitter::None;
+        agent
+    }
+
+    fn params(&self, interval: Option<f64>, agent_id: &str) -> ProviderParams {
+        let mut params = ProviderParams::new(info(interval), self.agent(), agent_id.into());
+        params.jitter = Jitter::None;
+        params.update_backoff =
+            Backoff::new(Duration::from_millis(20), Duration::from_millis(200)).unwrap();
+        params.retry_backoff = params.update_backoff;
+        params
+    }
+
+    fn deps(&self) -> ProviderDeps {
+        ProviderDeps {
+            volumes: self.volumes.clone(),
+            store: self.store.clone(),
+            profiles: self.profiles.clone(),
+            metrics: ProviderMetrics::new(RP_TYPE, RP_NAME),
+            agent_metrics: slrp_agent::Metrics::default(),
+        }
+    }
+
+    async fn spawn(&self, params: ProviderParams) -> Running {
+        let cancel = self.cancel.child_token();
+        let (handle, task) = Provider::spawn(params, self.deps(), cancel.clone())
+            .await
+            .unwrap();
+        Running {
+            handle,
+            task,
+            cancel,
+        }
+    }
+
+    async fn restart_manager(&mut self, max_body_bytes: usize) {
+        if let Some((_, guard)) = self.manager.take() {
+            guard.shutdown().await;
+        }
+        let (manager, messages) =
+            start_manager(self.dir.path(), max_body_bytes, &self.cancel).await;
+        self.manager = Some(manager);
+        self.messages = messages;
+    }
+
+    async fn stop_manager(&mut self) {
+        if let Some((_, guard)) = self.manager.take() {
+            guard.shutdown().await;
+        }
+    }
+
+    /// The next UPDATE_STATE the manager accepted: (provider id, resources).
+    async fn next_update(&mut self) -> (String, Vec<Resource>) {
+        let messages = &mut self.messages;
+        tokio::time::timeout(HANG, async {
+            loop {
+                match messages.recv().await.unwrap() {
+                    ManagerMessage::UpdateState {
+                        provider_id,
+                        resources,
+                        ..
+                    } => return (provider_id, resources),
+                    ManagerMessage::ProtocolViolation { reason, .. } => {
+                        panic!("protocol violation: {reason}")
+                    }
+                    _ => {}
+                }
+            }
+        })
+        .await
+        .expect("no UPDATE_STATE")
+    }
+
+    /// Profiles from a file the test rewrites (`poll_now` applies it at once).
+    fn with_profiles(&mut self, document: &serde_json::Value) -> PathBuf {
+        let path = self.dir.path().join("profiles.json");
+        std::fs::write(&path, document.to_string()).unwrap();
+        let config = ProfilesConfig::new(ProfileSource::File(path.clone()))
+            .poll_interval(Duration::from_secs(3600))
+            .max_random_wait(Duration::ZERO);
+        let (handle, _task) =
+            slrp_profiles::spawn(config, ProfileMetrics::default(), self.cancel.child_token());
+        self.profiles = Some(handle);
+        path
+    }
+}
+
+/// A running provider with its own cancellation.
+struct Running {
+    handle: ProviderHandle,
+    task: ProviderTask,
+    cancel: CancellationToken,
+}
+
+impl Running {
+    /// Cancels the provider and checks it ended cleanly.
+    async fn stop(self) {
+        self.cancel.cancel();
+        tokio::time::timeout(HANG, self.task)
+            .await
+            .expect("provider did not stop")
+            .unwrap();
+    }
+}
+
+async fn start_manager(
+    dir: &std::path::Path,
+    max_body_bytes: usize,
+    cancel: &CancellationToken,
+) -> (
+    (ManagerHandle, ManagerGuard),
+    broadcast::Receiver<ManagerMessage>,
+) {
+    let mut config = ManagerConfig::new(Listen::Unix(dir.join("agent.sock")));
+    config.state_dir = Some(dir.join("manager"));
+    config.max_body_bytes = max_body_bytes;
+    let (handle, guard) = EmbeddedManager::spawn(config, cancel.child_token())
+        .await
+        .unwrap();
+    let messages = handle.messages();
+    ((handle, guard), messages)
+}
+
+async fn status_until(
+    handle: &ProviderHandle,
+    what: &str,
+    want: impl Fn(&ProviderStatus) -> bool,
+) -> ProviderStatus {
+    let mut rx = handle.status();
+    let reached = tokio::time::timeout(HANG, async {
+        rx.wait_for(|s| want(s)).await.unwrap().clone()
+    })
+    .await;
+    match reached {
+        Ok(status) => status,
+        Err(_) => panic!(
+            "provider never reached: {what}; now {:?}",
+            *handle.status().borrow()
+        ),
+    }
+}
+
+async fn ready(handle: &ProviderHandle) -> ProviderStatus {
+    status_until(handle, "READY", |s| s.lifecycle == Lifecycle::Ready).await
+}
+
+fn profile_doc(names: &[&str]) -> serde_json::Value {
+    let matrix: serde_json::Map<String, serde_json::Value> = names
+        .iter()
+        .map(|name| {
+            (
+                (*name).to_owned(),
+                serde_json::json!({
+                    "csi_plugin_type_selector": {"plugin_type": "org.test"},
+                    "volume_capabilities": {
+                        "mount": {},
+                        "access_mode": {"mode": "SINGLE_NODE_WRITER"}
+                    }
+                }),
+            )
+        })
+        .collect();
+    serde_json::json!({ "profile_matrix": matrix })
+}
+
+fn source_of(r: &Resource) -> &slrp_proto::mesos::v1::resource::disk_info::Source {
+    r.disk.as_ref().unwrap().source.as_ref().unwrap()
+}
+
+fn pool_profiles(resources: &[Resource]) -> Vec<String> {
+    resources
+        .iter()
+        .filter(|r| source_of(r).id.is_none())
+        .map(|r| source_of(r).profile.clone().unwrap())
+        .collect()
+}
+
+/// Mesos NoResource: without profiles and volumes, the first UPDATE_STATE after
+/// SUBSCRIBED reports nothing, and the provider gets READY.
+#[tokio::test]
+async fn no_resource() {
+    let mut env = Env::new(FakeCsi::full()).await;
+    let provider = env.spawn(env.params(None, "agent-S0")).await;
+    let (id, resources) = env.next_update().await;
+    assert!(resources.is_empty(), "{resources:?}");
+    let status = ready(&provider.handle).await;
+    assert_eq!(status.provider_id.as_deref(), Some(id.as_str()));
+    assert_eq!(status.updates_sent, 1);
+    provider.stop().await;
+}
+
+/// Mesos ProfileAppeared and ProfileDisappeared: a profile the adaptor starts reporting
+/// becomes a storage pool with GetCapacity's value; one it stops reporting goes.
+#[tokio::test]
+async fn profile_appeared_and_disappeared() {
+    let mut env = Env::new(FakeCsi::full()).await;
+    let file = env.with_profiles(&profile_doc(&[]));
+    let provider = env.spawn(env.params(None, "agent-S0")).await;
+    let (_, first) = env.next_update().await;
+    assert!(first.is_empty(), "{first:?}");
+    ready(&provider.handle).await;
+
+    std::fs::write(&file, profile_doc(&["test"]).to_string()).unwrap();
+    env.profiles.as_ref().unwrap().poll_now().await.unwrap();
+    let (_, resources) = env.next_update().await;
+    assert_eq!(pool_profiles(&resources), ["test"]);
+    let mb = resources[0].scalar.unwrap().value;
+    assert_eq!(mb, (env.fake().total_bytes as f64) / 1_048_576.0);
+
+    std::fs::write(&file, profile_doc(&[]).to_string()).unwrap();
+    env.profiles.as_ref().unwrap().poll_now().await.unwrap();
+    let (_, resources) = env.next_update().await;
+    assert!(resources.is_empty(), "{resources:?}");
+    provider.stop().await;
+}
+
+/// Spec §3.6 / §12 item 8: a resubscription after a manager restart keeps the provider id,
+/// reconciles once and starts no second periodic loop.
+///
+/// Counted in ListVolumes calls: one loop waits a whole interval after each reconciliation,
+/// so a window of `W` holds at most `W / interval + 1` of them whatever the machine's load;
+/// a loop per SUBSCRIBED makes about twice that.
+#[tokio::test]
+async fn resubscription_keeps_the_id_and_a_single_periodic_loop() {
+    let interval = Duration::from_millis(100);
+    let mut env = Env::new(FakeCsi::full()).await;
+    let provider = env
+        .spawn(env.params(Some(interval.as_secs_f64()), "agent-S0"))
+        .await;
+    let (id, _) = env.next_update().await;
+    ready(&provider.handle).await;
+
+    env.restart_manager(4 * 1024 * 1024).await;
+    let (again, _) = env.next_update().await;
+    assert_eq!(again, id, "the resubscription kept the provider id");
+    let status = ready(&provider.handle).await;
+    assert_eq!(status.provider_id.as_deref(), Some(id.as_str()));
+
+    let start = tokio::time::Instant::now();
+    let before = env.fake().calls(CsiRpc::ListVolumes);
+    // An observation window, not a synchronisation: the bound holds for any length.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let periodic = env.fake().calls(CsiRpc::ListVolumes) - before;
+    let window = start.elapsed();
+    let bound = (window.as_millis() / interval.as_millis()) as usize + 1;
+    assert!(
+        periodic >= 1,
+        "the periodic loop survived the resubscription"
+    );
+    assert!(
+        periodic <= bound,
+        "{periodic} reconciliations in {window:?} of a {interval:?} interval (at most {bound})"
+    );
+    provider.stop().await;
+}
+
+/// Spec §6.5 and §12 item 30: a zero or negative interval disables periodic
+/// reconciliation (Mesos lets a negative one fire without delay).
+#[tokio::test]
+async fn non_positive_interval_disables_periodic_reconciliation() {
+    for seconds in [0.0, -1.0] {
+        let mut env = Env::new(FakeCsi::full()).await;
+        let provider = env.spawn(env.params(Some(seconds), "agent-S0")).await;
+        env.next_update().await;
+        ready(&provider.handle).await;
+        let before = env.fake().calls(CsiRpc::ListVolumes);
+        // An observation window: nothing may happen in it.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(
+            env.fake().calls(CsiRpc::ListVolumes),
+            before,
+            "interval {seconds}"
+        );
+        provider.stop().await;
+    }
+}
+
+fn uuid(byte: u8) -> Uuid {
+    Uuid {
+        value: vec![byte; 16],
+    }
+}
+
+/// Spec §3.5 / §3.6 (§12 item 10): while the subscription reconciliation runs
+/// (ListVolumes held), ACKNOWLEDGE_OPERATION_STATUS and RECONCILE_OPERATIONS are queued
+/// (Mesos aborts), APPLY_OPERATION is dropped and PUBLISH_RESOURCES answered FAILED; the
+/// queued events are handled once READY.
+#[tokio::test]
+async fn events_before_ready_are_queued_dropped_or_answered() {
+    let env = Env::new(FakeCsi::full()).await;
+    env.fake().set_down(CsiRpc::ListVolumes, true);
+    let provider = env.spawn(env.params(None, "agent-S0")).await;
+    let status = status_until(&provider.handle, "SUBSCRIBED", |s| {
+        s.lifecycle == Lifecycle::Subscribed
+    })
+    .await;
+    let id = status.provider_id.unwrap();
+    slrp_test_support::harness::until(|| env.fake().st().waiting_for_endpoint == 1).await;
+
+    let manager = env.manager().clone();
+    let ack = Event {
+        r#type: Some(event::Type::AcknowledgeOperationStatus as i32),
+        acknowledge_operation_status: Some(event::AcknowledgeOperationStatus {
+            status_uuid: uuid(1),
+            operation_uuid: uuid(2),
+        }),
+        ..Event::default()
+    };
+    let reconcile = Event {
+        r#type: Some(event::Type::ReconcileOperations as i32),
+        reconcile_operations: Some(event::ReconcileOperations {
+            operation_uuids: vec![uuid(2)],
+        }),
+        ..Event::default()
+    };
+    let apply = Event {
+        r#type: Some(event::Type::ApplyOperation as i32),
+        apply_operation: Some(event::ApplyOperation {
+            framework_id: None,
+            info: Default::default(),
+            operation_uuid: uuid(3),
+            resource_version_uuid: uuid(4),
+        }),
+        ..Event::default()
+    };
+    for e in [ack, reconcile, apply] {
+        manager.send_event(&id, e).await.unwrap();
+    }
+    let disk = Resource {
+        provider_id: Some(ResourceProviderId { value: id.clone() }),
+        ..ProviderResources::new(
+            ResourceProviderId { value: id.clone() },
+            "org.test",
+            "fake",
+            Vec::new(),
+        )
+        .unwrap()
+        .raw_disk(1 << 20, None, Some("v"), None)
+    };
+    let published = tokio::time::timeout(HANG, manager.publish(vec![disk]))
+        .await
+        .unwrap();
+    assert!(published.is_err(), "a publish before READY fails");
+
+    let status = status_until(&provider.handle, "events sorted", |s| {
+        s.events.queued == 2 && s.events.dropped == 1 && s.events.publish_failed == 1
+    })
+    .await;
+    assert_eq!(status.lifecycle, Lifecycle::Subscribed);
+    assert_eq!(status.events.handled, 0);
+
+    env.fake().set_down(CsiRpc::ListVolumes, false);
+    let status = ready(&provider.handle).await;
+    assert_eq!(status.events.queued, 0);
+    assert_eq!(
+        status.events.handled, 2,
+        "the queued ACK and RECONCILE reach READY"
+    );
+    provider.stop().await;
+}
+
+/// Spec §12 item 9: a subscription reconciliation that finishes after the manager went
+/// away does not make the provider READY; the next subscription does.
+#[tokio::test]
+async fn reconciliation_finishing_after_a_disconnect_does_not_set_ready() {
+    let mut env = Env::new(FakeCsi::full()).await;
+    env.fake().set_down(CsiRpc::ListVolumes, true);
+    let provider = env.spawn(env.params(None, "agent-S0")).await;
+    status_until(&provider.handle, "SUBSCRIBED", |s| {
+        s.lifecycle == Lifecycle::Subscribed
+    })
+    .await;
+    slrp_test_support::harness::until(|| env.fake().st().waiting_for_endpoint == 1).await;
+
+    env.stop_manager().await;
+    status_until(&provider.handle, "DISCONNECTED", |s| {
+        !s.lifecycle.is_subscribed()
+    })
+    .await;
+    env.fake().set_down(CsiRpc::ListVolumes, false);
+    let status = status_until(&provider.handle, "reconciled", |s| s.reconciliations == 1).await;
+    assert_ne!(status.lifecycle, Lifecycle::Ready, "{status:?}");
+    assert_eq!(status.updates_sent, 0);
+
+    env.restart_manager(4 * 1024 * 1024).await;
+    let status = ready(&provider.handle).await;
+    assert_eq!(status.reconciliations, 2);
+    provider.stop().await;
+}
+
+/// Spec §12 item 12: an UPDATE_STATE the manager refuses (its body is over the manager's
+/// limit) is retried with backoff and is not fatal; the next subscription sends it again.
+#[tokio::test]
+async fn failed_update_state_is_retried_not_fatal() {
+    let fake = FakeCsi::full();
+    for n in 0..20 {
+        let id = format!("volume-with-a-long-name-to-make-the-update-large-{n:03}");
+        fake.st()
+            .volumes
+            .insert(slrp_core::volume::VolumeId::new(id), Default::default());
+    }
+    let mut env = Env::new(fake).await;
+    for v in env.fake().st().volumes.values_mut() {
+        v.capacity = 1 << 20;
+    }
+    // SUBSCRIBE fits, an UPDATE_STATE with 20 volumes does not.
+    env.restart_manager(2048).await;
+    let metrics = slrp_agent::Metrics::default();
+    let mut deps = env.deps();
+    deps.agent_metrics = metrics.clone();
+    let cancel = env.cancel.child_token();
+    let (handle, task) = Provider::spawn(env.params(None, "agent-S0"), deps, cancel.clone())
+        .await
+        .unwrap();
+    let provider = Running {
+        handle,
+        task,
+        cancel,
+    };
+    let status = status_until(&provider.handle, "UPDATE_STATE failing", |s| {
+        s.last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("UPDATE_STATE"))
+    })
+    .await;
+    assert_ne!(status.lifecycle, Lifecycle::Ready);
+    slrp_test_support::harness::until(|| metrics.call_failures.get() >= 3).await;
+    assert_ne!(
+        provider.handle.status().borrow().lifecycle,
+        Lifecycle::Ready
+    );
+
+    env.restart_manager(4 * 1024 * 1024).await;
+    let (_, resources) = env.next_update().await;
+    assert_eq!(resources.len(), 20);
+    let status = ready(&provider.handle).await;
+    assert!(status.last_error.is_none());
+    provider.stop().await;
+}
+
+fn mount_profile() -> ProfileDef {
+    use slrp_proto::mesos::v1::volume::source::csi_volume::VolumeCapability;
+    use slrp_proto::mesos::v1::volume::source::csi_volume::volume_capability::{
+        AccessMode, AccessType, MountVolume, access_mode,
+    };
+    ProfileDef {
+        capability: VolumeCapability {
+            access_mode: AccessMode {
+                mode: access_mode::Mode::SingleNodeWriter as i32,
+            },
+            access_type: Some(AccessType::Mount(MountVolume::default())),
+        },
+        parameters: Default::default(),
+    }
+}
+
+/// Spec §3.3 step 4 / §8.4: a recovered storage pool whose profile is not recorded fails
+/// recovery with Mesos's text, naming the pool and the store.
+#[tokio::test]
+async fn recovery_refuses_a_pool_without_its_profile() {
+    let env = Env::new(FakeCsi::full()).await;
+    let ctx = ProviderResources::new(
+        ResourceProviderId { value: "rp".into() },
+        "org.test",
+        "fake",
+        Vec::new(),
+    )
+    .unwrap();
+    let state = ProviderState {
+        provider_id: Some(ctx.provider_id().clone()),
+        total: Resources::from(ctx.raw_disk(1 << 30, Some("gone"), None, None)),
+        profiles: Default::default(),
+    };
+    state.save(&env.store, "agent-S0").await.unwrap();
+    let error = Provider::spawn(
+        env.params(None, "agent-S0"),
+        env.deps(),
+        env.cancel.child_token(),
+    )
+    .await
+    .expect_err("recovery must fail");
+    let chain = slrp_types::DisplayChain(&error).to_string();
+    assert!(matches!(error, ProviderError::Recover { .. }), "{chain}");
+    assert!(
+        chain.contains("Failed to recover resource provider with type"),
+        "{chain}"
+    );
+    assert!(
+        chain.contains("Cannot recover profile for storage pool"),
+        "{chain}"
+    );
+    assert!(chain.contains("gone"), "{chain}");
+    assert!(
+        chain.contains(&env.harness.state_dir().display().to_string()),
+        "{chain}"
+    );
+}
+
+/// Mesos ROOT_AgentRegisteredWithNewId: under a new agent id the provider subscribes as a
+/// new identity; a disk frameworks made (MOUNT, with a profile) comes back as a
+/// pre-existing RAW volume without profile, under the new provider id. The old identity's
+/// record is left alone.
+#[tokio::test]
+async fn a_new_agent_id_is_a_new_identity() {
+    let fake = FakeCsi::full();
+    let volume_id = slrp_core::volume::VolumeId::new("vol-1");
+    fake.st().volumes.insert(volume_id, Default::default());
+    fake.st()
+        .volumes
+        .values_mut()
+        .for_each(|v| v.capacity = 1 << 30);
+    let mut env = Env::new(fake).await;
+
+    let provider = env.spawn(env.params(None, "agent-S0")).await;
+    let (old_id, resources) = env.next_update().await;
+    assert_eq!(resources.len(), 1);
+    ready(&provider.handle).await;
+    provider.stop().await;
+
+    // What a CREATE_DISK of issue #11 would have left: vol-1 as a MOUNT disk of "fast".
+    let mut state = ProviderState::load(&env.store, "agent-S0").await.unwrap();
+    let mut disk = state.total.as_slice()[0].clone();
+    {
+        let source = disk.disk.as_mut().unwrap().source.as_mut().unwrap();
+        source.r#type = SourceType::Mount as i32;
+        source.profile = Some("fast".into());
+    }
+    state.total = Resources::from(disk);
+    state.profiles.insert("fast".into(), mount_profile());
+    state.save(&env.store, "agent-S0").await.unwrap();
+
+    env.restart_manager(4 * 1024 * 1024).await;
+    let provider = env.spawn(env.params(None, "agent-S1")).await;
+    let (new_id, resources) = env.next_update().await;
+    assert_ne!(new_id, old_id);
+    assert_eq!(resources.len(), 1, "{resources:?}");
+    let source = source_of(&resources[0]);
+    assert_eq!(source.id.as_deref(), Some("vol-1"));
+    assert_eq!(source.r#type, SourceType::Raw as i32);
+    assert_eq!(source.profile, None);
+    assert_eq!(resources[0].provider_id.as_ref().unwrap().value, new_id);
+    ready(&provider.handle).await;
+    provider.stop().await;
+
+    let old = ProviderState::load(&env.store, "agent-S0").await.unwrap();
+    assert_eq!(old.provider_id.unwrap().value, old_id);
+    assert_eq!(
+        source_of(&old.total.as_slice()[0]).r#type,
+        SourceType::Mount as i32
+    );
+}
