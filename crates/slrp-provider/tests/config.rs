@@ -521,7 +521,10 @@ fn the_examples_are_valid() {
     }))
     .unwrap();
     assert_eq!(config.providers.len(), 1);
-    assert_eq!(config.providers[0].key(), "org.apache.mesos.rp.local.storage.local");
+    assert_eq!(
+        config.providers[0].key(),
+        "org.apache.mesos.rp.local.storage.local"
+    );
     let profiles = std::fs::read(examples.join("profiles.json")).unwrap();
     slrp_profiles::document::ProfileMapping::parse(&profiles).unwrap();
 }

@@ -216,14 +216,14 @@ async fn a_run_reaches_ready_and_sigterm_stops_it_and_its_plugins() {
 
 #[tokio::test]
 async fn with_leave_the_plugins_outlive_the_daemon_and_are_adopted_by_the_next_start() {
-    let mut c = Cluster::fixture().await;
-    // The fixture's config file has no table, so a top-level key can be appended.
-    let config = c.path("slrp.toml");
-    let mut text = std::fs::read_to_string(&config).unwrap();
-    assert!(!text.contains('['), "{text}");
-    text.push_str("plugins_on_exit = \"leave\"\n");
-    std::fs::write(&config, text).unwrap();
-
+    let mut c = Cluster::new(
+        vec![support::ProviderSpec::fixture()],
+        support::DaemonOptions {
+            leave_plugins: true,
+            ..support::DaemonOptions::default()
+        },
+    )
+    .await;
     c.start_daemon();
     c.admin_ok("/ready").await;
     let pids = c.plugin_pids("test");
