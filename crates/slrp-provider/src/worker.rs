@@ -205,8 +205,8 @@ pub struct ProviderStatus {
     pub provider_id: Option<String>,
     /// The total resources last computed.
     pub total: Vec<Resource>,
-    /// The last failure (reconciliation, UPDATE_STATE), with its cause chain; cleared by
-    /// the next accepted UPDATE_STATE.
+    /// The last failure (a session that ended, a reconciliation, an UPDATE_STATE), with
+    /// its cause chain; cleared by the next accepted UPDATE_STATE.
     pub last_error: Option<String>,
     /// Reconciliations completed (successfully) since the start.
     pub reconciliations: u64,
@@ -375,6 +375,7 @@ impl Provider {
             live_profiles: state.profiles.clone(),
             state,
             pending_events: PendingEvents::new(params.pending_events),
+            pending_creates: Resources::new(),
             jobs: Jobs::default(),
             job: None,
             retry: None,
@@ -518,6 +519,9 @@ struct Worker {
     /// The profile map (§7.3): every profile translated for this provider.
     live_profiles: BTreeMap<String, ProfileDef>,
     pending_events: PendingEvents,
+    /// The pool resources pending CREATE_DISK operations consume: kept out of the
+    /// capacity reported (spec §6.2, `reconcile_pools`). Issue #11's operations fill it.
+    pending_creates: Resources,
     jobs: Jobs,
     job: Option<BoxFuture<'static, JobDone>>,
     /// A failed job waits here for its next attempt.
@@ -620,7 +624,11 @@ impl Worker {
         match session {
             SessionEvent::Connected => self.enter(Lifecycle::Connected),
             SessionEvent::Disconnected { reason } => {
-                tracing::info!(reason = %DisplayChain(&*reason), "disconnected from the resource provider manager");
+                let chain = DisplayChain(&*reason).to_string();
+                tracing::info!(reason = %chain, "disconnected from the resource provider manager");
+                // Operators see why the provider is not READY (e.g. a provider id the
+                // manager does not admit keeps failing here).
+                self.set_error(format!("disconnected: {chain}"));
                 self.enter(Lifecycle::Disconnected);
             }
             SessionEvent::Subscribed { provider_id, .. } => self.on_subscribed(provider_id).await?,
@@ -900,9 +908,20 @@ impl Worker {
                 let chain = format!("{} failed: {}", kind.as_str(), DisplayChain(&error));
                 tracing::warn!(retry_in = ?delay, "{chain}");
                 self.set_error(chain);
-                // A stale subscription job is not retried: the new session has its own.
-                if kind != JobKind::Subscription || session == self.session {
-                    self.retry = Some((Box::pin(tokio::time::sleep(delay)), kind));
+                let sleep = Box::pin(tokio::time::sleep(delay));
+                match kind {
+                    // The periodic loop retries by ticking early; it never stops.
+                    JobKind::Periodic => self.periodic = Some(sleep),
+                    // A stale subscription job is not retried: the new session has its own.
+                    JobKind::Subscription if session != self.session => {}
+                    JobKind::Subscription | JobKind::Profiles => {
+                        if let Some((_, other)) = self.retry.replace((sleep, kind))
+                            && other != kind
+                        {
+                            // One retry slot: the job it held runs now instead of being lost.
+                            self.jobs.mark(other);
+                        }
+                    }
                 }
             }
         }
@@ -927,8 +946,7 @@ impl Worker {
         let pools = ctx.reconcile_pools(
             total,
             &ctx.storage_pools(gathered.capacities.iter().map(|(p, b)| (p.as_str(), *b))),
-            // Pending CREATE_DISKs come with issue #11.
-            &Resources::new(),
+            &self.pending_creates,
         );
         let reconciled = match ctx.reconcile(total, &volumes, &pools) {
             Ok(reconciled) => reconciled,

@@ -70,6 +70,8 @@ struct Env {
     messages: broadcast::Receiver<ManagerMessage>,
     profiles: Option<ProfileAdaptorHandle>,
     cancel: CancellationToken,
+    /// `resource_version_uuid` of every UPDATE_STATE seen by `next_update`.
+    versions: Vec<Vec<u8>>,
 }
 
 impl Env {
@@ -97,6 +99,7 @@ impl Env {
             messages,
             profiles: None,
             cancel,
+            versions: Vec::new(),
         }
     }
 
@@ -169,14 +172,19 @@ impl Env {
     /// The next UPDATE_STATE the manager accepted: (provider id, resources).
     async fn next_update(&mut self) -> (String, Vec<Resource>) {
         let messages = &mut self.messages;
+        let versions = &mut self.versions;
         tokio::time::timeout(HANG, async {
             loop {
                 match messages.recv().await.unwrap() {
                     ManagerMessage::UpdateState {
                         provider_id,
                         resources,
+                        resource_version_uuid,
                         ..
-                    } => return (provider_id, resources),
+                    } => {
+                        versions.push(resource_version_uuid.value);
+                        return (provider_id, resources);
+                    }
                     ManagerMessage::ProtocolViolation { reason, .. } => {
                         panic!("protocol violation: {reason}")
                     }
@@ -306,6 +314,21 @@ async fn no_resource() {
     provider.stop().await;
 }
 
+/// The same over the JSON transport (`application/json` both ways).
+#[tokio::test]
+async fn no_resource_over_json() {
+    let mut env = Env::new(fake_with_one_volume()).await;
+    let mut params = env.params(None, "agent-S0");
+    params.agent.content_type = slrp_wire::ContentType::Json;
+    let provider = env.spawn(params).await;
+    let (id, resources) = env.next_update().await;
+    assert_eq!(resources.len(), 1, "{resources:?}");
+    assert_eq!(source_of(&resources[0]).id.as_deref(), Some("vol-1"));
+    let status = ready(&provider.handle).await;
+    assert_eq!(status.provider_id.as_deref(), Some(id.as_str()));
+    provider.stop().await;
+}
+
 /// Mesos ProfileAppeared and ProfileDisappeared: a profile the adaptor starts reporting
 /// becomes a storage pool with GetCapacity's value; one it stops reporting goes.
 #[tokio::test]
@@ -328,6 +351,15 @@ async fn profile_appeared_and_disappeared() {
     env.profiles.as_ref().unwrap().poll_now().await.unwrap();
     let (_, resources) = env.next_update().await;
     assert!(resources.is_empty(), "{resources:?}");
+    // Spec §6.6: every UPDATE_STATE carries a fresh random UUID.
+    assert_eq!(env.versions.len(), 3);
+    assert!(
+        env.versions.iter().all(|v| v.len() == 16),
+        "{:?}",
+        env.versions
+    );
+    let distinct: std::collections::BTreeSet<_> = env.versions.iter().collect();
+    assert_eq!(distinct.len(), 3, "{:?}", env.versions);
     provider.stop().await;
 }
 
@@ -534,18 +566,11 @@ async fn failed_update_state_is_retried_not_fatal() {
         task,
         cancel,
     };
-    let status = status_until(&provider.handle, "UPDATE_STATE failing", |s| {
-        s.last_error
-            .as_deref()
-            .is_some_and(|e| e.contains("UPDATE_STATE"))
-    })
-    .await;
-    assert_ne!(status.lifecycle, Lifecycle::Ready);
+    // Every failed call is an UPDATE_STATE: nothing else is sent before READY.
     slrp_test_support::harness::until(|| metrics.call_failures.get() >= 3).await;
-    assert_ne!(
-        provider.handle.status().borrow().lifecycle,
-        Lifecycle::Ready
-    );
+    let status = provider.handle.status().borrow().clone();
+    assert_ne!(status.lifecycle, Lifecycle::Ready);
+    assert!(status.last_error.is_some(), "{status:?}");
 
     env.restart_manager(4 * 1024 * 1024).await;
     let (_, resources) = env.next_update().await;
@@ -553,6 +578,19 @@ async fn failed_update_state_is_retried_not_fatal() {
     let status = ready(&provider.handle).await;
     assert!(status.last_error.is_none());
     provider.stop().await;
+}
+
+/// A plugin that already has volume `vol-1` of 1 GiB (pre-existing, no CreateVolume).
+fn fake_with_one_volume() -> Arc<FakeCsi> {
+    let fake = FakeCsi::full();
+    fake.st().volumes.insert(
+        slrp_core::volume::VolumeId::new("vol-1"),
+        slrp_test_support::fake_csi::FakeVolume {
+            capacity: 1 << 30,
+            ..Default::default()
+        },
+    );
+    fake
 }
 
 fn mount_profile() -> ProfileDef {
@@ -619,14 +657,7 @@ async fn recovery_refuses_a_pool_without_its_profile() {
 /// record is left alone.
 #[tokio::test]
 async fn a_new_agent_id_is_a_new_identity() {
-    let fake = FakeCsi::full();
-    let volume_id = slrp_core::volume::VolumeId::new("vol-1");
-    fake.st().volumes.insert(volume_id, Default::default());
-    fake.st()
-        .volumes
-        .values_mut()
-        .for_each(|v| v.capacity = 1 << 30);
-    let mut env = Env::new(fake).await;
+    let mut env = Env::new(fake_with_one_volume()).await;
 
     let provider = env.spawn(env.params(None, "agent-S0")).await;
     let (old_id, resources) = env.next_update().await;
@@ -665,4 +696,57 @@ async fn a_new_agent_id_is_a_new_identity() {
         source_of(&old.total.as_slice()[0]).r#type,
         SourceType::Mount as i32
     );
+}
+
+/// Spec §12 item 13: the periodic loop survives failed reconciliations (Mesos stops it
+/// for good at the first one) and goes on after a backoff.
+#[tokio::test]
+async fn periodic_reconciliation_survives_failures() {
+    let mut env = Env::new(FakeCsi::full()).await;
+    let provider = env.spawn(env.params(Some(0.05), "agent-S0")).await;
+    env.next_update().await;
+    ready(&provider.handle).await;
+
+    env.fake()
+        .fail(CsiRpc::ListVolumes, slrp_csi::Code::Unavailable, 2);
+    let failed = status_until(&provider.handle, "a failed periodic reconciliation", |s| {
+        s.last_error
+            .as_deref()
+            .is_some_and(|e| e.starts_with("periodic reconciliation failed"))
+    })
+    .await;
+    let status = status_until(&provider.handle, "reconciling again", |s| {
+        s.reconciliations > failed.reconciliations
+    })
+    .await;
+    assert_eq!(status.lifecycle, Lifecycle::Ready);
+    assert!(env.fake().calls(CsiRpc::ListVolumes) >= 4);
+    provider.stop().await;
+}
+
+/// Spec §3.3: the identity is recovered before subscribing, so a restarted provider
+/// resubscribes with its id (the manager admits only a known id) and reports the total it
+/// checkpointed plus what the plugin lists now.
+#[tokio::test]
+async fn a_restarted_provider_resubscribes_with_its_recovered_id() {
+    let mut env = Env::new(fake_with_one_volume()).await;
+
+    let provider = env.spawn(env.params(None, "agent-S0")).await;
+    let (id, first) = env.next_update().await;
+    assert_eq!(first.len(), 1);
+    ready(&provider.handle).await;
+    provider.stop().await;
+
+    let provider = env.spawn(env.params(None, "agent-S0")).await;
+    let recovered = provider.handle.status().borrow().clone();
+    assert_eq!(recovered.provider_id.as_deref(), Some(id.as_str()));
+    assert_eq!(
+        recovered.total, first,
+        "the checkpointed total is recovered"
+    );
+    let (again, resources) = env.next_update().await;
+    assert_eq!(again, id);
+    assert_eq!(resources, first);
+    ready(&provider.handle).await;
+    provider.stop().await;
 }

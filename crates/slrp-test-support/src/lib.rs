@@ -11,6 +11,10 @@
 //! (`Harness`, a volume manager on a temporary state directory that can be crashed and
 //! restarted, plus request builders and waiting helpers).
 //!
+//! With feature `proxy`: `proxy` (`FaultProxy`, a loopback TCP proxy that passes
+//! through, refuses, resets and counts, answers 503, cuts an event stream mid-record or
+//! black-holes connections, switched at run time).
+//!
 //! [`require`](mod@require) decides whether a test may run on this machine (root, tools,
 //! capabilities, prepared environments): a notice and a skip locally, a failure under
 //! `CI=true`.
@@ -30,6 +34,8 @@ use std::time::Duration;
 pub mod fake_csi;
 #[cfg(feature = "volume")]
 pub mod harness;
+#[cfg(feature = "proxy")]
+pub mod proxy;
 pub mod require;
 
 pub use require::{

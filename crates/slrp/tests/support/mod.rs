@@ -209,6 +209,11 @@ pub struct DaemonOptions {
     pub profiles_poll: Option<Duration>,
     /// `plugins_on_exit = "leave"` instead of `"stop"`.
     pub leave_plugins: bool,
+    /// The daemon's `--agent` instead of the manager's URL (e.g. a fault proxy in front
+    /// of the manager).
+    pub agent_url: Option<String>,
+    /// More `[agent]` settings of the config file, as TOML lines (`call_timeout = "2s"`).
+    pub agent_settings: Vec<String>,
 }
 
 impl DaemonOptions {
@@ -368,6 +373,10 @@ impl Cluster {
         );
         if self.options.json {
             toml.push_str("content_type = \"json\"\n");
+        }
+        for line in &self.options.agent_settings {
+            toml.push_str(line);
+            toml.push('\n');
         }
         if let Some(poll) = self.options.profiles_poll {
             toml.push_str(&format!(
@@ -574,7 +583,12 @@ impl Cluster {
             .arg("--config")
             .arg(self.path("slrp.toml"))
             .arg("--agent")
-            .arg(self.agent_url())
+            .arg(
+                self.options
+                    .agent_url
+                    .clone()
+                    .unwrap_or_else(|| self.agent_url()),
+            )
             .arg("--work-dir")
             .arg(self.path("work"))
             .arg("--state-dir")
