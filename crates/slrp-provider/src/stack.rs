@@ -23,12 +23,15 @@
 //! [`StackError`] naming the provider and the step.
 //!
 //! # Shutdown
+//! Dropping a [`PluginStack`] without `shutdown` stops the volume manager and the plugins
+//! without waiting for either.
 //! [`PluginStack::shutdown`] stops the volume manager first (running jobs get their
 //! grace period), then the plugins ([`StopPlugins::Stop`]) or leaves them running with
 //! their pid records for the next slrp to adopt ([`StopPlugins::Leave`]). The `cancel`
-//! token given to `start` aborts a start in progress and stops the volume manager; it
-//! never stops the plugins by itself, so a daemon that is cancelled can still choose to
-//! leave them running.
+//! token given to `start` aborts a start in progress and stops the volume manager; what
+//! then happens to the plugins is [`StackConfig::plugins_on_cancel`], so a daemon that
+//! leaves its plugins running on shutdown leaves them too when the shutdown comes during
+//! a start. A start that fails (not cancelled) always stops them.
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -79,6 +82,9 @@ pub struct StackConfig {
     pub boot_id: Option<BootId>,
     /// How long running volume jobs may take to finish on shutdown.
     pub volume_shutdown_grace: Duration,
+    /// What a start aborted by its `cancel` token does with the plugins it launched or
+    /// adopted (a failed start always stops them). Default [`StopPlugins::Stop`].
+    pub plugins_on_cancel: StopPlugins,
 }
 
 impl StackConfig {
@@ -101,6 +107,7 @@ impl StackConfig {
             rpc_timeout: DEFAULT_RPC_TIMEOUT,
             boot_id: None,
             volume_shutdown_grace: Duration::from_secs(30),
+            plugins_on_cancel: StopPlugins::Stop,
         }
     }
 }
@@ -188,6 +195,14 @@ impl StackError {
             Self::Step { step, .. } | Self::Cancelled { step, .. } => *step,
         }
     }
+
+    /// What a start that ended with this error does with its plugins.
+    fn plugins_after(&self, on_cancel: StopPlugins) -> StopPlugins {
+        match self {
+            Self::Cancelled { .. } => on_cancel,
+            Self::Step { .. } => StopPlugins::Stop,
+        }
+    }
 }
 
 /// The cause of a [`StackError::Step`]: the error of the layer below.
@@ -211,6 +226,10 @@ pub enum StackCause {
     /// The mount root is unusable.
     #[error(transparent)]
     Paths(#[from] PathError),
+    /// `CSIPluginInfo.target_path_root` is relative: it would resolve against slrp's
+    /// working directory, and CSI requires absolute staging and target paths.
+    #[error("'CSIPluginInfo.target_path_root' must be an absolute path, not '{0}'")]
+    RelativeTargetPathRoot(String),
     /// The boot id could not be read.
     #[error("reading the boot id")]
     BootId(#[source] std::io::Error),
@@ -286,6 +305,7 @@ impl PluginStack {
             .map(|s| s.plugin.clone())
             .ok_or(StackCause::NoStorage)
             .map_err(failed(&provider, StackStep::PluginConfig))?;
+        check_target_path_root(&plugin_info).map_err(failed(&provider, StackStep::PluginConfig))?;
         let deployment = deployment_from_info(&plugin_info)
             .map_err(|e| failed(&provider, StackStep::PluginConfig)(e.into()))?;
         let client_cfg = ClientConfig::default()
@@ -327,7 +347,9 @@ impl PluginStack {
                 match outcome {
                     Ok(services) => (Plugin::Managed(handle), services),
                     Err(e) => {
-                        handle.shutdown().await;
+                        Plugin::Managed(handle)
+                            .stop(e.plugins_after(cfg.plugins_on_cancel))
+                            .await;
                         return Err(e);
                     }
                 }
@@ -359,7 +381,7 @@ impl PluginStack {
                 volume_task: Some(v.task),
             }),
             Err(e) => {
-                plugin.stop(StopPlugins::Stop).await;
+                plugin.stop(e.plugins_after(cfg.plugins_on_cancel)).await;
                 Err(e)
             }
         }
@@ -417,8 +439,19 @@ impl PluginStack {
             tracing::warn!(provider = %self.provider, error = %DisplayChain(&e), "volume manager ended with an error");
         }
         self.volume_task = None;
-        self.plugin.stop(plugins).await;
+        std::mem::replace(&mut self.plugin, Plugin::Unmanaged)
+            .stop(plugins)
+            .await;
         tracing::info!(provider = %self.provider, ?plugins, "plugin stack stopped");
+    }
+}
+
+impl Drop for PluginStack {
+    /// A stack dropped without [`PluginStack::shutdown`] (its owner's future was dropped)
+    /// stops its volume manager too, which would otherwise run on, holding the store,
+    /// against plugins the dropped supervisor handle stops.
+    fn drop(&mut self) {
+        self.volume_cancel.cancel();
     }
 }
 
@@ -519,6 +552,17 @@ async fn volume_manager(
             }
             Err(failed(provider, StackStep::Recovery)(e.into()))
         }
+    }
+}
+
+/// Refuses a relative `target_path_root` before anything is launched (an empty one means
+/// unset, as in Mesos's JSON).
+fn check_target_path_root(plugin: &mesos::CsiPluginInfo) -> Result<(), StackCause> {
+    match plugin.target_path_root.as_deref() {
+        Some(root) if !root.is_empty() && !std::path::Path::new(root).is_absolute() => {
+            Err(StackCause::RelativeTargetPathRoot(root.to_owned()))
+        }
+        _ => Ok(()),
     }
 }
 

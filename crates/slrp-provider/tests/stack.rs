@@ -121,6 +121,21 @@ impl Env {
         .unwrap()
     }
 
+    /// A start that must fail.
+    async fn start_err(
+        &self,
+        info: mesos::ResourceProviderInfo,
+        m: &ProviderMetrics,
+    ) -> StackError {
+        within(PluginStack::start(
+            self.config(info),
+            m,
+            CancellationToken::new(),
+        ))
+        .await
+        .unwrap_err()
+    }
+
     /// The pid of the plugin container's record, if one is there.
     fn plugin_pid(&self, container: &str) -> Option<i64> {
         let rec = self
@@ -258,13 +273,7 @@ async fn a_failing_prepare_services_names_the_step_and_leaves_no_plugin() {
     let env = Env::new();
     env.set_faults(r#"[{"rpc": "GetPluginCapabilities", "fail": "FAILED_PRECONDITION"}]"#);
     let m = ProviderMetrics::new(RP_TYPE, "test");
-    let err = within(PluginStack::start(
-        env.config(env.info("test", &[BOTH])),
-        &m,
-        CancellationToken::new(),
-    ))
-    .await
-    .unwrap_err();
+    let err = env.start_err(env.info("test", &[BOTH]), &m).await;
     assert_eq!(err.step(), StackStep::PrepareServices);
     let chain = slrp_types::DisplayChain(&err).to_string();
     assert!(
@@ -373,13 +382,7 @@ async fn a_controller_without_controller_service_fails_with_mesos_text() {
         })
         .collect();
     let m = ProviderMetrics::new(RP_TYPE, "test");
-    let err = within(PluginStack::start(
-        env.config(info),
-        &m,
-        CancellationToken::new(),
-    ))
-    .await
-    .unwrap_err();
+    let err = env.start_err(info, &m).await;
     assert_eq!(err.step(), StackStep::PrepareServices);
     let cause = std::error::Error::source(&err).unwrap().to_string();
     assert_eq!(
@@ -524,4 +527,72 @@ async fn a_v0_plugin_is_detected_with_one_counted_probe() {
     assert_eq!(m.csi().failed(CsiRpc::Probe), 0);
     assert_eq!(snapshot_value(&m, "rpcs_finished"), 6.0);
     stack.shutdown(StopPlugins::Stop).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relative_target_path_root_is_refused_before_the_plugin_runs() {
+    let env = Env::new();
+    let mut info = env.info("test", &[BOTH]);
+    info.storage.as_mut().unwrap().plugin.target_path_root = Some("relative/mounts".into());
+    let m = ProviderMetrics::new(RP_TYPE, "test");
+    let err = env.start_err(info, &m).await;
+    assert_eq!(err.step(), StackStep::PluginConfig);
+    assert_eq!(
+        slrp_types::DisplayChain(&err).to_string(),
+        format!(
+            "resource provider {RP_TYPE}.test: reading the plugin configuration: \
+             'CSIPluginInfo.target_path_root' must be an absolute path, not 'relative/mounts'"
+        )
+    );
+    assert_eq!(env.plugin_pid(CONTAINER), None);
+    assert_eq!(snapshot_value(&m, "rpcs_finished"), 0.0);
+    assert_eq!(snapshot_value(&m, "container_terminations"), 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_start_leaves_the_plugin_running_when_told_to() {
+    let env = Env::new();
+    let m = ProviderMetrics::new(RP_TYPE, "test");
+    let mut cfg = env.config(env.info("test", &[BOTH]));
+    cfg.plugins_on_cancel = StopPlugins::Leave;
+    let cancel = CancellationToken::new();
+    cancel.cancel();
+    let err = within(PluginStack::start(cfg, &m, cancel))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StackError::Cancelled { .. }), "{err}");
+    let pid = env
+        .plugin_pid(CONTAINER)
+        .expect("pid record left for adoption");
+    assert!(alive(pid), "left running");
+    assert_eq!(snapshot_value(&m, "container_terminations"), 0.0);
+
+    // The next start adopts it rather than launching a second copy.
+    let m2 = ProviderMetrics::new(RP_TYPE, "test");
+    let stack = env.start(env.info("test", &[BOTH]), &m2).await;
+    assert_eq!(m2.supervisor().adoptions(CONTAINER), 1);
+    assert_eq!(processes_naming(&env.path("plugin-root")), [pid]);
+    stack.shutdown(StopPlugins::Stop).await;
+    until(|| !alive(pid)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_stack_stops_its_volume_manager_and_plugin() {
+    let env = Env::new();
+    let m = ProviderMetrics::new(RP_TYPE, "test");
+    let stack = env.start(env.info("test", &[BOTH]), &m).await;
+    let pid = env.plugin_pid(CONTAINER).expect("pid record");
+    let volumes = stack.volumes().clone();
+    assert!(volumes.jobs().await.is_ok());
+    drop(stack);
+    within(async {
+        while !matches!(
+            volumes.jobs().await,
+            Err(slrp_core::volume::VolumeError::Stopped)
+        ) {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await;
+    until(|| !alive(pid)).await;
 }

@@ -197,29 +197,58 @@ async fn recover_disk_with_changed_metadata() {
     c.finish().await;
 }
 
+/// The startup calls per RPC (spec §9) for the bundled plugin, which advertises no
+/// PUBLISH_UNPUBLISH_VOLUME: Mesos's test plugin does, so Mesos also calls NodeGetId once
+/// (its budget is 10); without that capability no node id is asked for (spec §4.4).
+const STARTUP_BUDGET: [(&str, u64); 8] = [
+    ("Probe", 1),
+    ("GetPluginInfo", 2),
+    ("GetPluginCapabilities", 1),
+    ("ControllerGetCapabilities", 1),
+    ("NodeGetCapabilities", 1),
+    ("NodeGetInfo", 0),
+    ("ListVolumes", 2),
+    ("GetCapacity", 1),
+];
+
 /// CsiPluginRpcMetrics (§11.1 test 27), the startup part: with one profile and periodic
-/// reconciliation off, startup costs exactly Mesos's budget (spec §9): Probe 1,
-/// GetPluginInfo 2, GetPluginCapabilities 1, ControllerGetCapabilities 1,
-/// NodeGetCapabilities 1, NodeGetInfo 1, ListVolumes 2, GetCapacity 1 → `rpcs_finished`
-/// 10, `rpcs_failed` 0. The supervisor's health probes do not count.
+/// reconciliation off, the plugin answers exactly Mesos's startup calls (Probe aside:
+/// the supervisor's health probes reach the plugin too), ListVolumes twice (subscription
+/// and profile reconciliations), and `rpcs_finished` counts them with the version
+/// detection's Probe as one: 9 here, Mesos's 10 less its NodeGetId. `rpcs_failed` 0. A
+/// health probe counted in the provider's metrics would make it more.
 #[tokio::test]
 #[ignore = "needs slrp run (issue #10)"]
 async fn csi_plugin_rpc_metrics() {
     let (c, _, _) = started_with_pool(
         ProviderSpec::fixture(),
         DaemonOptions::with_profiles(),
-        |_| {},
+        |c| c.count_calls("test", &STARTUP_BUDGET.map(|(rpc, _)| rpc)),
     )
     .await;
+    let budget: u64 = STARTUP_BUDGET.iter().map(|(_, n)| n).sum();
     let prefix = format!("resource_providers/{}/csi_plugin", c.spec("test").key());
     let finished = format!("{prefix}/rpcs_finished");
     let pending = format!("{prefix}/rpcs_pending");
+    #[allow(clippy::cast_precision_loss)]
+    let budget_f = budget as f64;
     let snap = c
         .snapshot_until("startup RPCs to finish", |s| {
-            s.get(&pending) == Some(&0.0) && s.get(&finished).is_some_and(|v| *v >= 10.0)
+            s.get(&pending) == Some(&0.0) && s.get(&finished).is_some_and(|v| *v >= budget_f)
         })
         .await;
-    assert_eq!(snap[&finished], 10.0, "{snap:?}");
+    let calls: Vec<(&str, u64)> = STARTUP_BUDGET
+        .iter()
+        .map(|(rpc, _)| (*rpc, c.calls("test", rpc)))
+        .collect();
+    for ((rpc, want), (_, got)) in STARTUP_BUDGET.iter().zip(&calls) {
+        if *rpc == "Probe" {
+            assert!(got >= want, "Probe: {calls:?}");
+        } else {
+            assert_eq!(got, want, "{rpc}: {calls:?}");
+        }
+    }
+    assert_eq!(snap[&finished], budget_f, "{snap:?} {calls:?}");
     assert_eq!(snap[&format!("{prefix}/rpcs_failed")], 0.0, "{snap:?}");
     assert_eq!(snap[&format!("{prefix}/rpcs_cancelled")], 0.0, "{snap:?}");
     c.finish().await;
@@ -253,7 +282,15 @@ async fn periodic_reconciliation_calls_the_plugin_again() {
         }
     })
     .await;
-    assert!(c.provider_metric("test", "csi_plugin/rpcs_finished").await > finished);
+    // The plugin counts a call when it arrives, the provider when its answer does.
+    let key = format!(
+        "resource_providers/{}/csi_plugin/rpcs_finished",
+        c.spec("test").key()
+    );
+    c.snapshot_until("the later calls counted as finished", |s| {
+        s.get(&key).is_some_and(|v| *v > finished)
+    })
+    .await;
     c.finish().await;
 }
 

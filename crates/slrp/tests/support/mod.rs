@@ -733,22 +733,32 @@ impl Cluster {
         }
     }
 
-    /// Polls the snapshot until `want` holds for it; returns it.
+    /// Polls the snapshot until `want` holds for it; returns it. On timeout the failure
+    /// shows the last snapshot seen.
     pub async fn snapshot_until(
         &self,
         what: &str,
         want: impl Fn(&BTreeMap<String, f64>) -> bool,
     ) -> BTreeMap<String, f64> {
-        self.within(what, async {
+        let last = std::cell::RefCell::new(BTreeMap::new());
+        let got = tokio::time::timeout(WAIT, async {
             loop {
                 let snap = self.snapshot().await;
                 if want(&snap) {
                     return snap;
                 }
+                *last.borrow_mut() = snap;
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         })
-        .await
+        .await;
+        match got {
+            Ok(snap) => snap,
+            Err(_) => self.fail(&format!(
+                "timed out: {what}; last snapshot: {:#?}",
+                last.borrow()
+            )),
+        }
     }
 
     // ---- plugin processes ----
