@@ -30,6 +30,7 @@ use std::time::Duration;
 
 use futures_util::future::{BoxFuture, OptionFuture, join_all};
 use futures_util::stream::{FuturesUnordered, StreamExt};
+use slrp_agent::operator::OperatorError;
 use slrp_agent::{AgentClient, AgentConfig, AgentError, AgentHandle, SessionEvent};
 use slrp_core::provider::lifecycle::{
     DEFAULT_PENDING_EVENTS, Disposition, EventKind, Lifecycle, PendingEvents, disposition,
@@ -81,6 +82,10 @@ pub struct ProviderParams {
     pub pending_events: usize,
     /// ListVolumes page size (`max_entries`; 0 lets the plugin choose).
     pub list_page_size: i32,
+    /// When the manager does not admit the provider's subscription, ask the agent for its
+    /// id (GET_AGENT); a new agent id switches to that id's identity in this process
+    /// (spec §3.6: a new provider identity, volumes reappear as pre-existing).
+    pub follow_agent_id: bool,
 }
 
 impl ProviderParams {
@@ -98,6 +103,7 @@ impl ProviderParams {
             jitter: Jitter::Full,
             pending_events: DEFAULT_PENDING_EVENTS,
             list_page_size: 0,
+            follow_agent_id: true,
         }
     }
 }
@@ -201,6 +207,8 @@ pub enum ProviderError {
 pub struct ProviderStatus {
     /// Where the lifecycle is.
     pub lifecycle: Lifecycle,
+    /// The agent id the identity belongs to.
+    pub agent_id: String,
     /// The provider id, once assigned.
     pub provider_id: Option<String>,
     /// The total resources last computed.
@@ -235,18 +243,12 @@ pub struct EventStats {
 #[derive(Clone, Debug)]
 pub struct ProviderHandle {
     status: watch::Receiver<ProviderStatus>,
-    agent: AgentHandle,
 }
 
 impl ProviderHandle {
     /// The provider's status, kept current by the worker.
     pub fn status(&self) -> watch::Receiver<ProviderStatus> {
         self.status.clone()
-    }
-
-    /// The agent client's connection state.
-    pub fn connection(&self) -> watch::Receiver<slrp_agent::ConnectionState> {
-        self.agent.state()
     }
 }
 
@@ -336,12 +338,13 @@ impl Provider {
         };
 
         let cancel = cancel.child_token();
+        let client_cancel = cancel.child_token();
         let (agent, sessions) = AgentClient::spawn(
             params.agent.clone(),
             params.info.clone(),
             state.provider_id.clone(),
             deps.agent_metrics.clone(),
-            cancel.child_token(),
+            client_cancel.clone(),
         )
         .map_err(|source| ProviderError::Agent {
             provider: label.clone(),
@@ -350,6 +353,7 @@ impl Provider {
 
         let (status_tx, status) = watch::channel(ProviderStatus {
             lifecycle: Lifecycle::Disconnected,
+            agent_id: params.agent_id.clone(),
             provider_id: state.provider_id.as_ref().map(|id| id.value.clone()),
             total: state.total.as_slice().to_vec(),
             last_error: None,
@@ -366,8 +370,10 @@ impl Provider {
             label: label.clone(),
             key,
             plugin: (plugin_type.clone(), plugin_name.clone()),
-            agent: agent.clone(),
+            agent,
             sessions,
+            client_cancel,
+            agent_check: None,
             status: status_tx,
             lifecycle: Lifecycle::Disconnected,
             session: 0,
@@ -396,7 +402,7 @@ impl Provider {
         };
         let span = tracing::info_span!(parent: None, "provider", provider = %label);
         let join = tokio::spawn(worker.run(cancel).instrument(span));
-        Ok((ProviderHandle { status, agent }, ProviderTask { join }))
+        Ok((ProviderHandle { status }, ProviderTask { join }))
     }
 }
 
@@ -508,6 +514,10 @@ struct Worker {
     deps: ProviderDeps,
     agent: AgentHandle,
     sessions: mpsc::Receiver<SessionEvent>,
+    /// Stops the current agent client (replaced when the agent id changes).
+    client_cancel: CancellationToken,
+    /// GET_AGENT after a subscription that was not admitted.
+    agent_check: Option<BoxFuture<'static, Result<String, OperatorError>>>,
     status: watch::Sender<ProviderStatus>,
     lifecycle: Lifecycle,
     /// Counts SUBSCRIBED events: results of an older session do not make this one READY.
@@ -575,6 +585,10 @@ impl Worker {
                     self.job = None;
                     self.on_job_done(done).await?;
                 }
+                Some(checked) = OptionFuture::from(self.agent_check.as_mut()) => {
+                    self.agent_check = None;
+                    self.on_agent_id(checked, &cancel).await?;
+                }
                 Some(sent) = OptionFuture::from(self.sending.as_mut()) => {
                     self.sending = None;
                     self.on_sent(sent).await;
@@ -603,6 +617,7 @@ impl Worker {
     fn publish_status(&self) {
         self.status.send_modify(|s| {
             s.lifecycle = self.lifecycle;
+            s.agent_id.clone_from(&self.params.agent_id);
             s.provider_id = self.state.provider_id.as_ref().map(|id| id.value.clone());
             s.total = self.state.total.as_slice().to_vec();
         });
@@ -630,11 +645,98 @@ impl Worker {
                 // manager does not admit keeps failing here).
                 self.set_error(format!("disconnected: {chain}"));
                 self.enter(Lifecycle::Disconnected);
+                if matches!(*reason, AgentError::NotAdmitted)
+                    && self.params.follow_agent_id
+                    && self.agent_check.is_none()
+                {
+                    let config = self.params.agent.clone();
+                    self.agent_check = Some(Box::pin(async move {
+                        slrp_agent::operator::get_agent_id(&config).await
+                    }));
+                }
             }
             SessionEvent::Subscribed { provider_id, .. } => self.on_subscribed(provider_id).await?,
             SessionEvent::Event(event) => self.on_event(*event),
         }
         Ok(())
+    }
+
+    /// The agent's id after a subscription was not admitted: a new one is a new provider
+    /// identity (spec §3.6, §8.6), recovered from the store like at start and subscribed
+    /// with a new agent client; the volumes stay in the volume manager.
+    async fn on_agent_id(
+        &mut self,
+        checked: Result<String, OperatorError>,
+        cancel: &CancellationToken,
+    ) -> Result<(), ProviderError> {
+        let agent_id = match checked {
+            Ok(agent_id) if agent_id == self.params.agent_id => {
+                tracing::info!(%agent_id, "the agent id is unchanged; the manager does not admit this provider id");
+                return Ok(());
+            }
+            Ok(agent_id) => agent_id,
+            Err(error) => {
+                tracing::warn!(error = %DisplayChain(&error), "cannot learn the agent id after a subscription was not admitted");
+                return Ok(());
+            }
+        };
+        tracing::warn!(
+            old = %self.params.agent_id,
+            new = %agent_id,
+            "the agent has a new agent id: this is a new provider identity"
+        );
+        let state = ProviderState::load(&self.deps.store, &agent_id)
+            .await
+            .map_err(|source| ProviderError::Recover {
+                rp_type: self.params.info.r#type.clone(),
+                rp_name: self.params.info.name.clone(),
+                source: Box::new(source),
+            })?;
+        self.ctx = match &state.provider_id {
+            Some(id) => Some(self.context(id.clone())?),
+            None => None,
+        };
+        self.client_cancel.cancel();
+        self.client_cancel = cancel.child_token();
+        let (agent, sessions) = AgentClient::spawn(
+            self.params.agent.clone(),
+            self.params.info.clone(),
+            state.provider_id.clone(),
+            self.deps.agent_metrics.clone(),
+            self.client_cancel.clone(),
+        )
+        .map_err(|source| ProviderError::Agent {
+            provider: self.label.clone(),
+            source,
+        })?;
+        self.agent = agent;
+        self.sessions = sessions;
+        self.params.agent_id = agent_id;
+        self.state = state;
+        // Nothing of the old identity's sessions carries over.
+        self.session += 1;
+        self.ready_from_send = None;
+        self.update_needed = false;
+        self.sending = None;
+        self.send_retry = None;
+        self.jobs.subscription = false;
+        self.pending_events = PendingEvents::new(self.params.pending_events);
+        self.status.send_modify(|s| s.events.queued = 0);
+        self.enter(Lifecycle::Disconnected);
+        Ok(())
+    }
+
+    fn context(&self, id: ResourceProviderId) -> Result<ProviderResources, ProviderError> {
+        ProviderResources::new(
+            id,
+            &self.plugin.0,
+            &self.plugin.1,
+            self.params.info.default_reservations.clone(),
+        )
+        .map_err(|source| ProviderError::Resources {
+            provider: self.label.clone(),
+            source,
+        })
     }
 
     async fn on_subscribed(&mut self, id: ResourceProviderId) -> Result<(), ProviderError> {
@@ -646,17 +748,7 @@ impl Worker {
                 self.state.total = Resources::new();
                 self.state.profiles.clear();
             }
-            let ctx = ProviderResources::new(
-                id.clone(),
-                &self.plugin.0,
-                &self.plugin.1,
-                self.params.info.default_reservations.clone(),
-            )
-            .map_err(|source| ProviderError::Resources {
-                provider: self.label.clone(),
-                source,
-            })?;
-            self.ctx = Some(ctx);
+            self.ctx = Some(self.context(id.clone())?);
             self.state.provider_id = Some(id.clone());
             self.checkpoint().await?;
             tracing::info!(provider_id = %id.value, "subscribed with a new provider id");

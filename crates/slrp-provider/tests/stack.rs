@@ -575,3 +575,24 @@ async fn a_cancelled_start_leaves_the_plugin_running_when_told_to() {
     stack.shutdown(StopPlugins::Stop).await;
     until(|| !alive(pid)).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_stack_stops_its_volume_manager_and_plugin() {
+    let env = Env::new();
+    let m = ProviderMetrics::new(RP_TYPE, "test");
+    let stack = env.start(env.info("test", &[BOTH]), &m).await;
+    let pid = env.plugin_pid(CONTAINER).expect("pid record");
+    let volumes = stack.volumes().clone();
+    assert!(volumes.jobs().await.is_ok());
+    drop(stack);
+    within(async {
+        while !matches!(
+            volumes.jobs().await,
+            Err(slrp_core::volume::VolumeError::Stopped)
+        ) {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await;
+    until(|| !alive(pid)).await;
+}

@@ -40,6 +40,8 @@ use tokio_util::sync::CancellationToken;
 
 const RP_TYPE: &str = "org.apache.mesos.rp.local.storage";
 const RP_NAME: &str = "test";
+const AGENT_S0: &str = "2f7a3c1e-8d4b-4a6f-9e2d-5b8c7a1f0e3d-S0";
+const AGENT_S1: &str = "2f7a3c1e-8d4b-4a6f-9e2d-5b8c7a1f0e3d-S1";
 /// Bound for waits: a hang guard, not a deadline.
 const HANG: Duration = Duration::from_secs(60);
 
@@ -88,7 +90,8 @@ impl Env {
         .unwrap();
         volumes.ready().await.unwrap();
         let dir = tempfile::tempdir().unwrap();
-        let (manager, messages) = start_manager(dir.path(), 4 * 1024 * 1024, &cancel).await;
+        let (manager, messages) =
+            start_manager(dir.path(), 4 * 1024 * 1024, AGENT_S0, &cancel).await;
         Self {
             dir,
             harness,
@@ -154,11 +157,16 @@ impl Env {
     }
 
     async fn restart_manager(&mut self, max_body_bytes: usize) {
+        self.restart_manager_as(max_body_bytes, AGENT_S0).await;
+    }
+
+    /// Restarts the manager serving `agent_id` on GET_AGENT (a new id: an empty registry).
+    async fn restart_manager_as(&mut self, max_body_bytes: usize, agent_id: &str) {
         if let Some((_, guard)) = self.manager.take() {
             guard.shutdown().await;
         }
         let (manager, messages) =
-            start_manager(self.dir.path(), max_body_bytes, &self.cancel).await;
+            start_manager(self.dir.path(), max_body_bytes, agent_id, &self.cancel).await;
         self.manager = Some(manager);
         self.messages = messages;
     }
@@ -231,6 +239,7 @@ impl Running {
 async fn start_manager(
     dir: &std::path::Path,
     max_body_bytes: usize,
+    agent_id: &str,
     cancel: &CancellationToken,
 ) -> (
     (ManagerHandle, ManagerGuard),
@@ -239,6 +248,7 @@ async fn start_manager(
     let mut config = ManagerConfig::new(Listen::Unix(dir.join("agent.sock")));
     config.state_dir = Some(dir.join("manager"));
     config.max_body_bytes = max_body_bytes;
+    config.agent_id = Some(agent_id.to_owned());
     let (handle, guard) = EmbeddedManager::spawn(config, cancel.child_token())
         .await
         .unwrap();
@@ -305,7 +315,7 @@ fn pool_profiles(resources: &[Resource]) -> Vec<String> {
 #[tokio::test]
 async fn no_resource() {
     let mut env = Env::new(FakeCsi::full()).await;
-    let provider = env.spawn(env.params(None, "agent-S0")).await;
+    let provider = env.spawn(env.params(None, AGENT_S0)).await;
     let (id, resources) = env.next_update().await;
     assert!(resources.is_empty(), "{resources:?}");
     let status = ready(&provider.handle).await;
@@ -318,7 +328,7 @@ async fn no_resource() {
 #[tokio::test]
 async fn no_resource_over_json() {
     let mut env = Env::new(fake_with_one_volume()).await;
-    let mut params = env.params(None, "agent-S0");
+    let mut params = env.params(None, AGENT_S0);
     params.agent.content_type = slrp_wire::ContentType::Json;
     let provider = env.spawn(params).await;
     let (id, resources) = env.next_update().await;
@@ -335,7 +345,7 @@ async fn no_resource_over_json() {
 async fn profile_appeared_and_disappeared() {
     let mut env = Env::new(FakeCsi::full()).await;
     let file = env.with_profiles(&profile_doc(&[]));
-    let provider = env.spawn(env.params(None, "agent-S0")).await;
+    let provider = env.spawn(env.params(None, AGENT_S0)).await;
     let (_, first) = env.next_update().await;
     assert!(first.is_empty(), "{first:?}");
     ready(&provider.handle).await;
@@ -374,7 +384,7 @@ async fn resubscription_keeps_the_id_and_a_single_periodic_loop() {
     let interval = Duration::from_millis(100);
     let mut env = Env::new(FakeCsi::full()).await;
     let provider = env
-        .spawn(env.params(Some(interval.as_secs_f64()), "agent-S0"))
+        .spawn(env.params(Some(interval.as_secs_f64()), AGENT_S0))
         .await;
     let (id, _) = env.next_update().await;
     ready(&provider.handle).await;
@@ -409,7 +419,7 @@ async fn resubscription_keeps_the_id_and_a_single_periodic_loop() {
 async fn non_positive_interval_disables_periodic_reconciliation() {
     for seconds in [0.0, -1.0] {
         let mut env = Env::new(FakeCsi::full()).await;
-        let provider = env.spawn(env.params(Some(seconds), "agent-S0")).await;
+        let provider = env.spawn(env.params(Some(seconds), AGENT_S0)).await;
         env.next_update().await;
         ready(&provider.handle).await;
         let before = env.fake().calls(CsiRpc::ListVolumes);
@@ -438,7 +448,7 @@ fn uuid(byte: u8) -> Uuid {
 async fn events_before_ready_are_queued_dropped_or_answered() {
     let env = Env::new(FakeCsi::full()).await;
     env.fake().set_down(CsiRpc::ListVolumes, true);
-    let provider = env.spawn(env.params(None, "agent-S0")).await;
+    let provider = env.spawn(env.params(None, AGENT_S0)).await;
     let status = status_until(&provider.handle, "SUBSCRIBED", |s| {
         s.lifecycle == Lifecycle::Subscribed
     })
@@ -514,7 +524,7 @@ async fn events_before_ready_are_queued_dropped_or_answered() {
 async fn reconciliation_finishing_after_a_disconnect_does_not_set_ready() {
     let mut env = Env::new(FakeCsi::full()).await;
     env.fake().set_down(CsiRpc::ListVolumes, true);
-    let provider = env.spawn(env.params(None, "agent-S0")).await;
+    let provider = env.spawn(env.params(None, AGENT_S0)).await;
     status_until(&provider.handle, "SUBSCRIBED", |s| {
         s.lifecycle == Lifecycle::Subscribed
     })
@@ -558,7 +568,7 @@ async fn failed_update_state_is_retried_not_fatal() {
     let mut deps = env.deps();
     deps.agent_metrics = metrics.clone();
     let cancel = env.cancel.child_token();
-    let (handle, task) = Provider::spawn(env.params(None, "agent-S0"), deps, cancel.clone())
+    let (handle, task) = Provider::spawn(env.params(None, AGENT_S0), deps, cancel.clone())
         .await
         .unwrap();
     let provider = Running {
@@ -626,9 +636,9 @@ async fn recovery_refuses_a_pool_without_its_profile() {
         total: Resources::from(ctx.raw_disk(1 << 30, Some("gone"), None, None)),
         profiles: Default::default(),
     };
-    state.save(&env.store, "agent-S0").await.unwrap();
+    state.save(&env.store, AGENT_S0).await.unwrap();
     let error = Provider::spawn(
-        env.params(None, "agent-S0"),
+        env.params(None, AGENT_S0),
         env.deps(),
         env.cancel.child_token(),
     )
@@ -659,14 +669,14 @@ async fn recovery_refuses_a_pool_without_its_profile() {
 async fn a_new_agent_id_is_a_new_identity() {
     let mut env = Env::new(fake_with_one_volume()).await;
 
-    let provider = env.spawn(env.params(None, "agent-S0")).await;
+    let provider = env.spawn(env.params(None, AGENT_S0)).await;
     let (old_id, resources) = env.next_update().await;
     assert_eq!(resources.len(), 1);
     ready(&provider.handle).await;
     provider.stop().await;
 
     // What a CREATE_DISK of issue #11 would have left: vol-1 as a MOUNT disk of "fast".
-    let mut state = ProviderState::load(&env.store, "agent-S0").await.unwrap();
+    let mut state = ProviderState::load(&env.store, AGENT_S0).await.unwrap();
     let mut disk = state.total.as_slice()[0].clone();
     {
         let source = disk.disk.as_mut().unwrap().source.as_mut().unwrap();
@@ -675,10 +685,10 @@ async fn a_new_agent_id_is_a_new_identity() {
     }
     state.total = Resources::from(disk);
     state.profiles.insert("fast".into(), mount_profile());
-    state.save(&env.store, "agent-S0").await.unwrap();
+    state.save(&env.store, AGENT_S0).await.unwrap();
 
     env.restart_manager(4 * 1024 * 1024).await;
-    let provider = env.spawn(env.params(None, "agent-S1")).await;
+    let provider = env.spawn(env.params(None, AGENT_S1)).await;
     let (new_id, resources) = env.next_update().await;
     assert_ne!(new_id, old_id);
     assert_eq!(resources.len(), 1, "{resources:?}");
@@ -690,7 +700,7 @@ async fn a_new_agent_id_is_a_new_identity() {
     ready(&provider.handle).await;
     provider.stop().await;
 
-    let old = ProviderState::load(&env.store, "agent-S0").await.unwrap();
+    let old = ProviderState::load(&env.store, AGENT_S0).await.unwrap();
     assert_eq!(old.provider_id.unwrap().value, old_id);
     assert_eq!(
         source_of(&old.total.as_slice()[0]).r#type,
@@ -703,7 +713,7 @@ async fn a_new_agent_id_is_a_new_identity() {
 #[tokio::test]
 async fn periodic_reconciliation_survives_failures() {
     let mut env = Env::new(FakeCsi::full()).await;
-    let provider = env.spawn(env.params(Some(0.05), "agent-S0")).await;
+    let provider = env.spawn(env.params(Some(0.05), AGENT_S0)).await;
     env.next_update().await;
     ready(&provider.handle).await;
 
@@ -731,13 +741,13 @@ async fn periodic_reconciliation_survives_failures() {
 async fn a_restarted_provider_resubscribes_with_its_recovered_id() {
     let mut env = Env::new(fake_with_one_volume()).await;
 
-    let provider = env.spawn(env.params(None, "agent-S0")).await;
+    let provider = env.spawn(env.params(None, AGENT_S0)).await;
     let (id, first) = env.next_update().await;
     assert_eq!(first.len(), 1);
     ready(&provider.handle).await;
     provider.stop().await;
 
-    let provider = env.spawn(env.params(None, "agent-S0")).await;
+    let provider = env.spawn(env.params(None, AGENT_S0)).await;
     let recovered = provider.handle.status().borrow().clone();
     assert_eq!(recovered.provider_id.as_deref(), Some(id.as_str()));
     assert_eq!(
@@ -749,4 +759,33 @@ async fn a_restarted_provider_resubscribes_with_its_recovered_id() {
     assert_eq!(resources, first);
     ready(&provider.handle).await;
     provider.stop().await;
+}
+
+/// Spec §3.6: the agent comes back with a new agent id while slrp runs. The manager does
+/// not admit the old provider id; the worker asks the agent for its id (GET_AGENT), takes
+/// the new agent id's identity (none recorded yet: subscribe without id) with a new agent
+/// client, and the plugin's volumes reappear under the new provider id. Without
+/// `follow_agent_id` it would retry the unknown id for ever.
+#[tokio::test]
+async fn an_agent_id_change_while_running_switches_identity() {
+    let mut env = Env::new(fake_with_one_volume()).await;
+    let provider = env.spawn(env.params(None, AGENT_S0)).await;
+    let (old_id, _) = env.next_update().await;
+    ready(&provider.handle).await;
+
+    env.restart_manager_as(4 * 1024 * 1024, AGENT_S1).await;
+    let (new_id, resources) = env.next_update().await;
+    assert_ne!(new_id, old_id);
+    assert_eq!(resources.len(), 1, "{resources:?}");
+    assert_eq!(source_of(&resources[0]).id.as_deref(), Some("vol-1"));
+    assert_eq!(resources[0].provider_id.as_ref().unwrap().value, new_id);
+    let status = ready(&provider.handle).await;
+    assert_eq!(status.agent_id, AGENT_S1);
+    assert_eq!(status.provider_id.as_deref(), Some(new_id.as_str()));
+    provider.stop().await;
+
+    for (agent_id, id) in [(AGENT_S0, &old_id), (AGENT_S1, &new_id)] {
+        let state = ProviderState::load(&env.store, agent_id).await.unwrap();
+        assert_eq!(&state.provider_id.unwrap().value, id, "{agent_id}");
+    }
 }
