@@ -17,6 +17,7 @@ mod support;
 use std::collections::BTreeMap;
 
 use serde_json::json;
+use slrp_manager::ManagerMessage;
 use support::{
     Cluster, DaemonOptions, ProviderSpec, Update, assert_provider_resource, mb, metadata, profiles,
     sorted, source,
@@ -306,19 +307,31 @@ async fn two_providers_in_one_process() {
     let mut c = Cluster::new(vec![one, two], DaemonOptions::with_profiles()).await;
     c.set_profiles(&profiles(&["test"]));
     c.start_daemon();
+    // Both providers run concurrently: one's UPDATE_STATE may come before the other's
+    // SUBSCRIBE, so both kinds are taken from one stream of messages.
     let mut ids = BTreeMap::new();
-    while ids.len() < 2 {
-        let info = c.next_subscribed().await;
-        ids.insert(info["name"].as_str().unwrap().to_owned(), id_of(&info));
-    }
-    assert_ne!(ids["test1"], ids["test2"]);
     let mut pools = BTreeMap::new();
-    while pools.len() < 2 {
-        let u = c.next_update().await;
-        if let Some(pool) = u.pool("test") {
-            pools.insert(u.provider_id.clone(), pool.clone());
+    while ids.len() < 2 || pools.len() < 2 {
+        match c.next_message().await {
+            ManagerMessage::Subscribed { info } => {
+                let id = info.id.unwrap().value;
+                assert!(ids.insert(info.name, id).is_none(), "subscribed twice");
+            }
+            ManagerMessage::UpdateState {
+                provider_id,
+                resources,
+                resource_version_uuid,
+                ..
+            } => {
+                let u = Update::new(provider_id, &resources, &resource_version_uuid);
+                if let Some(pool) = u.pool("test") {
+                    pools.insert(u.provider_id.clone(), pool.clone());
+                }
+            }
+            _ => {}
         }
     }
+    assert_ne!(ids["test1"], ids["test2"]);
     for (name, size) in [("test1", 4096.0), ("test2", 2048.0)] {
         let pool = &pools[&ids[name]];
         assert_provider_resource(pool, c.spec(name), &ids[name]);
