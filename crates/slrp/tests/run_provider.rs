@@ -17,6 +17,7 @@ mod support;
 use std::collections::BTreeMap;
 
 use serde_json::json;
+use slrp_manager::ManagerMessage;
 use support::{
     Cluster, DaemonOptions, ProviderSpec, Update, assert_provider_resource, mb, metadata, profiles,
     sorted, source,
@@ -306,19 +307,31 @@ async fn two_providers_in_one_process() {
     let mut c = Cluster::new(vec![one, two], DaemonOptions::with_profiles()).await;
     c.set_profiles(&profiles(&["test"]));
     c.start_daemon();
+    // Both providers run concurrently: one's UPDATE_STATE may come before the other's
+    // SUBSCRIBE, so both kinds are taken from one stream of messages.
     let mut ids = BTreeMap::new();
-    while ids.len() < 2 {
-        let info = c.next_subscribed().await;
-        ids.insert(info["name"].as_str().unwrap().to_owned(), id_of(&info));
-    }
-    assert_ne!(ids["test1"], ids["test2"]);
     let mut pools = BTreeMap::new();
-    while pools.len() < 2 {
-        let u = c.next_update().await;
-        if let Some(pool) = u.pool("test") {
-            pools.insert(u.provider_id.clone(), pool.clone());
+    while ids.len() < 2 || pools.len() < 2 {
+        match c.next_message().await {
+            ManagerMessage::Subscribed { info } => {
+                let id = info.id.unwrap().value;
+                assert!(ids.insert(info.name, id).is_none(), "subscribed twice");
+            }
+            ManagerMessage::UpdateState {
+                provider_id,
+                resources,
+                resource_version_uuid,
+                ..
+            } => {
+                let u = Update::new(provider_id, &resources, &resource_version_uuid);
+                if let Some(pool) = u.pool("test") {
+                    pools.insert(u.provider_id.clone(), pool.clone());
+                }
+            }
+            _ => {}
         }
     }
+    assert_ne!(ids["test1"], ids["test2"]);
     for (name, size) in [("test1", 4096.0), ("test2", 2048.0)] {
         let pool = &pools[&ids[name]];
         assert_provider_resource(pool, c.spec(name), &ids[name]);
@@ -408,6 +421,27 @@ async fn manager_restart_resubscribes_with_the_same_id() {
     c.finish().await;
 }
 
+/// The fixture with pre-existing 2 GiB and 3 GiB volumes; their ids → sizes in MB.
+async fn two_preexisting_volumes() -> (Cluster, BTreeMap<String, f64>) {
+    let c = Cluster::fixture().await;
+    let small = c.import_volume("test", "vol2g", 2 << 30);
+    let large = c.import_volume("test", "vol3g", 3 << 30);
+    (c, BTreeMap::from([(small, 2048.0), (large, 3072.0)]))
+}
+
+/// The pre-existing RAW disks of an update (id → MB), each checked to be the provider's.
+fn disks(u: &Update) -> BTreeMap<String, f64> {
+    u.disks()
+        .into_iter()
+        .map(|d| {
+            assert_provider_resource(d, &ProviderSpec::fixture(), &u.provider_id);
+            assert_eq!(source(d)["type"], "RAW", "{d}");
+            assert!(source(d)["profile"].is_null(), "{d}");
+            (source(d)["id"].as_str().unwrap().to_owned(), mb(d))
+        })
+        .collect()
+}
+
 /// ROOT_AgentRegisteredWithNewId (§11.1 test 11), the part without operations: the agent
 /// comes back with a new agent ID (its registry of providers is empty) → the restarted
 /// daemon subscribes as a new provider (new id), and the plugin's volumes reappear as
@@ -416,21 +450,7 @@ async fn manager_restart_resubscribes_with_the_same_id() {
 #[tokio::test]
 #[ignore = "needs slrp run (issue #10)"]
 async fn agent_registered_with_new_id() {
-    let mut c = Cluster::fixture().await;
-    let small = c.import_volume("test", "vol2g", 2 << 30);
-    let large = c.import_volume("test", "vol3g", 3 << 30);
-    let disks = |u: &Update| -> BTreeMap<String, f64> {
-        u.disks()
-            .into_iter()
-            .map(|d| {
-                assert_provider_resource(d, &ProviderSpec::fixture(), &u.provider_id);
-                assert_eq!(source(d)["type"], "RAW", "{d}");
-                assert!(source(d)["profile"].is_null(), "{d}");
-                (source(d)["id"].as_str().unwrap().to_owned(), mb(d))
-            })
-            .collect()
-    };
-    let want = BTreeMap::from([(small, 2048.0), (large, 3072.0)]);
+    let (mut c, want) = two_preexisting_volumes().await;
     c.start_daemon();
     let old = id_of(&c.next_subscribed().await);
     let u = c.next_update().await;
@@ -446,5 +466,28 @@ async fn agent_registered_with_new_id() {
     assert_eq!(u.provider_id, new);
     assert_eq!(u.resources.len(), 2, "{:?}", u.resources);
     assert_eq!(disks(&u), want);
+    c.finish().await;
+}
+
+/// As above, but the daemon keeps running while the agent comes back with a new ID: its
+/// resubscription is not admitted, it learns the new agent ID and subscribes as a new
+/// provider in-process (spec §3.6); the volumes reappear under the new provider id.
+#[tokio::test]
+#[ignore = "needs slrp run (issue #10)"]
+async fn agent_registered_with_new_id_while_the_daemon_runs() {
+    let (mut c, want) = two_preexisting_volumes().await;
+    c.start_daemon();
+    let old = id_of(&c.next_subscribed().await);
+    assert_eq!(disks(&c.next_update().await), want);
+
+    c.restart_manager_with_agent_id("11111111-2222-3333-4444-555555555555-S1")
+        .await;
+    let new = id_of(&c.next_subscribed().await);
+    assert_ne!(new, old, "a new agent ID is a new provider identity");
+    let u = c.next_update().await;
+    assert_eq!(u.provider_id, new);
+    assert_eq!(u.resources.len(), 2, "{:?}", u.resources);
+    assert_eq!(disks(&u), want);
+    assert!(c.daemon_running());
     c.finish().await;
 }
