@@ -48,7 +48,6 @@ async fn started_with_pool(
 /// with zero resources after SUBSCRIBE; after a daemon restart the recovered provider
 /// again sends one with zero resources (an UPDATE_STATE always follows a subscription).
 #[tokio::test]
-#[ignore = "needs slrp run (issue #10)"]
 async fn no_resource() {
     let mut c = Cluster::fixture().await;
     c.start_daemon();
@@ -75,7 +74,6 @@ async fn no_resource() {
 /// the plugin's capacity (4 GiB = 4096 MB), the plugin's vendor, the provider id and the
 /// default reservation.
 #[tokio::test]
-#[ignore = "needs slrp run (issue #10)"]
 async fn profile_appeared() {
     let mut c = Cluster::new(
         vec![ProviderSpec::fixture()],
@@ -108,7 +106,6 @@ async fn profile_appeared() {
 /// same capacity appears, with a new resource version. (That a CREATE_DISK on the old pool
 /// is then DROPPED and a `test1` disk keeps its profile needs operations: issue #11.)
 #[tokio::test]
-#[ignore = "needs slrp run (issue #10)"]
 async fn profile_disappeared() {
     let mut c = Cluster::new(
         vec![ProviderSpec::fixture()],
@@ -148,7 +145,6 @@ fn assert_single_preexisting(c: &Cluster, u: &Update, volume: &str) {
 /// RecoverDuplicatedVolumes (§11.1 test 8, MESOS-9965): the plugin lists its one 2 GiB
 /// volume twice; the provider reports a single 2 GiB disk, before and after a restart.
 #[tokio::test]
-#[ignore = "needs slrp run (issue #10)"]
 async fn recover_duplicated_volumes() {
     let mut c = Cluster::fixture().await;
     let volume = c.import_volume("test", "vol1", 2 << 30);
@@ -174,7 +170,6 @@ async fn recover_duplicated_volumes() {
 /// reported, with the new metadata. (Mesos's disk is a MOUNT disk made by CREATE_DISK;
 /// without operations, issue #11, it is a pre-existing RAW volume here.)
 #[tokio::test]
-#[ignore = "needs slrp run (issue #10)"]
 async fn recover_disk_with_changed_metadata() {
     let mut c = Cluster::fixture().await;
     let volume = c.import_volume("test", "vol1", 2 << 30);
@@ -219,7 +214,6 @@ const STARTUP_BUDGET: [(&str, u64); 8] = [
 /// detection's Probe as one: 9 here, Mesos's 10 less its NodeGetId. `rpcs_failed` 0. A
 /// health probe counted in the provider's metrics would make it more.
 #[tokio::test]
-#[ignore = "needs slrp run (issue #10)"]
 async fn csi_plugin_rpc_metrics() {
     let (c, _, _) = started_with_pool(
         ProviderSpec::fixture(),
@@ -259,7 +253,6 @@ async fn csi_plugin_rpc_metrics() {
 /// and GetCapacity are called at startup and again later, without any event. Counted at
 /// the plugin (a counting fault rule) and in the provider's RPC metrics.
 #[tokio::test]
-#[ignore = "needs slrp run (issue #10)"]
 async fn periodic_reconciliation_calls_the_plugin_again() {
     let mut spec = ProviderSpec::fixture();
     spec.reconciliation_interval_seconds = 1.0;
@@ -299,7 +292,6 @@ async fn periodic_reconciliation_calls_the_plugin_again() {
 /// distinct ids, each reports its own pool (4 GiB and 2 GiB, its plugin's vendor), and
 /// each has its own metrics.
 #[tokio::test]
-#[ignore = "needs slrp run (issue #10)"]
 async fn two_providers_in_one_process() {
     let one = ProviderSpec::named("test1", "local1");
     let mut two = ProviderSpec::named("test2", "local2");
@@ -349,7 +341,6 @@ async fn two_providers_in_one_process() {
 /// The JSON transport (`[agent] content_type = "json"`): the same subscription and
 /// UPDATE_STATE as with protobuf; the manager is strict about both.
 #[tokio::test]
-#[ignore = "needs slrp run (issue #10)"]
 async fn json_transport() {
     let options = DaemonOptions {
         json: true,
@@ -363,7 +354,6 @@ async fn json_transport() {
 /// The provider restarts (SIGTERM, then SIGKILL) while the manager runs: it resubscribes
 /// with the same id, reports the same resources, and runs one plugin, not two.
 #[tokio::test]
-#[ignore = "needs slrp run (issue #10)"]
 async fn provider_restarts_keep_id_resources_and_one_plugin() {
     let volume = "import-loop-vol1";
     let (mut c, id, first) = started_with_pool(
@@ -403,7 +393,6 @@ async fn provider_restarts_keep_id_resources_and_one_plugin() {
 /// The manager (agent) restarts on the same registry while the provider runs: the
 /// provider reconnects, resubscribes with its id and reports its resources again.
 #[tokio::test]
-#[ignore = "needs slrp run (issue #10)"]
 async fn manager_restart_resubscribes_with_the_same_id() {
     let (mut c, id, first) = started_with_pool(
         ProviderSpec::fixture(),
@@ -448,7 +437,6 @@ fn disks(u: &Update) -> BTreeMap<String, f64> {
 /// pre-existing RAW disks of that new provider. (Mesos's volumes are MOUNT disks with
 /// persistent volumes, re-imported by CREATE_DISK with `target_profile`: issue #11.)
 #[tokio::test]
-#[ignore = "needs slrp run (issue #10)"]
 async fn agent_registered_with_new_id() {
     let (mut c, want) = two_preexisting_volumes().await;
     c.start_daemon();
@@ -473,7 +461,6 @@ async fn agent_registered_with_new_id() {
 /// resubscription is not admitted, it learns the new agent ID and subscribes as a new
 /// provider in-process (spec §3.6); the volumes reappear under the new provider id.
 #[tokio::test]
-#[ignore = "needs slrp run (issue #10)"]
 async fn agent_registered_with_new_id_while_the_daemon_runs() {
     let (mut c, want) = two_preexisting_volumes().await;
     c.start_daemon();
