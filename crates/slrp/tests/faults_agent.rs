@@ -104,9 +104,10 @@ async fn proxy_saw(
     }
 }
 
-/// The stream is cut inside a record (after 5 bytes of the next event's chunk: the chunk
-/// size line and part of the RecordIO header) → the daemon reconnects and resubscribes
-/// with the same provider id, then sends one fresh UPDATE_STATE.
+/// The stream is cut inside a record (5 bytes into the next event's chunk: its size line
+/// and the start of the record; the daemon's HTTP layer sees the body end early) → the
+/// daemon reconnects and resubscribes with the same provider id, then sends one fresh
+/// UPDATE_STATE.
 #[tokio::test]
 #[ignore = "needs slrp run (issue #10)"]
 async fn stream_cut_mid_record_resubscribes_with_the_same_id() {
@@ -153,7 +154,9 @@ async fn agent_answering_503_for_a_while_is_retried() {
 /// so once the ceiling reached `max` (after `log2(max/base)` attempts) the waits average
 /// `max/2`. Over a window `W` that is about `ramp + W/(max/2)` attempts; three times that
 /// leaves the sum of uniform waits no realistic chance to exceed it, while a client
-/// without backoff makes thousands of attempts per second.
+/// without backoff makes thousands of attempts per second. Each attempt opens two
+/// connections (the event stream and the calls connection) before the first fails, and
+/// the proxy counts connections.
 #[tokio::test]
 #[ignore = "needs slrp run (issue #10)"]
 async fn refused_connections_cost_no_busy_loop() {
@@ -171,7 +174,9 @@ async fn refused_connections_cost_no_busy_loop() {
         .ceil()
         + 1.0;
     let expected = ramp + window.as_secs_f64() / (BACKOFF_MAX.as_secs_f64() / 2.0);
-    let bound = (3.0 * expected).ceil() as u64;
+    let connections_per_attempt = 2.0;
+    let bound = (3.0 * expected * connections_per_attempt).ceil() as u64;
+    eprintln!("{attempts} connection attempts in {window:?} (bound {bound})");
     assert!(attempts >= 1, "the daemon kept trying: {attempts}");
     assert!(
         attempts <= bound,
@@ -204,6 +209,10 @@ async fn half_open_agent_is_detected_within_the_bound() {
     // One second of slack for two busy cores. A session's calls connection is given up
     // with its stream, so every held connection is within the bound.
     let bound = subscribe_timeout + Duration::from_secs(1);
+    eprintln!(
+        "black-holed connections held for {:?}",
+        stats.black_hole_held
+    );
     for held in &stats.black_hole_held {
         assert!(
             *held <= bound,
@@ -241,6 +250,7 @@ async fn silent_agent_under_a_live_session_is_detected_by_the_call_bound() {
     )
     .await;
     let detected = silent_since.elapsed();
+    eprintln!("the silent agent was noticed after {detected:?}");
     // The profile poll (100 ms), the call bound, the first reconnect wait (at most the
     // 100 ms base) and one second of slack for two busy cores.
     let bound = call_timeout + Duration::from_millis(200) + Duration::from_secs(1);
