@@ -266,3 +266,28 @@ async fn a_refused_connection_is_transient_and_a_pathless_url_is_not() {
     assert!(matches!(error, OperatorError::Path { .. }), "{error:?}");
     assert!(!error.is_transient());
 }
+
+/// The client's token reaches the manager's authentication; without it the answer is a
+/// permanent `401`.
+#[tokio::test]
+async fn the_token_is_checked_by_a_manager_that_requires_one() {
+    let mut config = ManagerConfig::new(Listen::Tcp("127.0.0.1:0".parse().expect("addr")));
+    config.token = Some(slrp_manager::Secret::new("s3cret"));
+    let (manager, guard) = EmbeddedManager::spawn(config, CancellationToken::new())
+        .await
+        .expect("manager");
+    let endpoint = AgentEndpoint::parse(&agent_url(manager.endpoint())).expect("url");
+    let mut client = test_config(endpoint);
+    let error = get_agent_id(&client).await.expect_err("no token");
+    assert!(
+        matches!(&error, OperatorError::Status { status, .. } if *status == StatusCode::UNAUTHORIZED),
+        "{error:?}"
+    );
+    assert!(!error.is_transient());
+    client.token = Some(Token::new("s3cret"));
+    assert_eq!(
+        get_agent_id(&client).await.expect("authorized"),
+        manager.agent_id()
+    );
+    guard.shutdown().await;
+}

@@ -42,6 +42,33 @@ pub struct ManagerConfig {
     pub agent_id: Option<String>,
     /// `agent_info.hostname` on GET_AGENT. The manager serves only this host.
     pub hostname: String,
+    /// When set, every request to either API must carry `Authorization: Bearer <token>`
+    /// (compared as a shared secret, not verified as a JWT); others are answered `401` as
+    /// libprocess's JWT authenticator answers. `None`: no authentication, as a Mesos 1.11
+    /// agent's resource provider endpoint. `Debug` of the config does not show it.
+    pub token: Option<Secret>,
+}
+
+/// A secret string whose `Debug` is redacted.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps `value`.
+    #[must_use]
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    pub(crate) fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
 }
 
 impl ManagerConfig {
@@ -57,6 +84,7 @@ impl ManagerConfig {
             message_buffer: 1024,
             agent_id: None,
             hostname: "localhost".to_owned(),
+            token: None,
         }
     }
 
@@ -84,6 +112,13 @@ impl ManagerConfig {
         }
         if self.hostname.is_empty() {
             return Err(ConfigError::Empty { field: "hostname" });
+        }
+        if self
+            .token
+            .as_ref()
+            .is_some_and(|t| t.0.is_empty() || t.0.contains(char::is_whitespace))
+        {
+            return Err(ConfigError::Empty { field: "token" });
         }
         let positive = [
             ("max_body_bytes", self.max_body_bytes > 0),

@@ -46,7 +46,7 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub use config::{Listen, ManagerConfig};
+pub use config::{Listen, ManagerConfig, Secret};
 pub use error::{ConfigError, ManagerError, PublishError, RegistrarError, SendEventError};
 pub use metrics::ManagerMetrics;
 pub use operator::OPERATOR_PATHS;
@@ -138,6 +138,7 @@ impl EmbeddedManager {
             body_timeout: config.body_timeout,
             event_queue: config.event_queue,
             agent,
+            token: config.token.clone(),
         });
         tasks.spawn(server::serve(listener, ctx, tasks.clone(), cancel.clone()));
         tracing::info!(url = %endpoint.url(), ?endpoint, %agent_id, "resource provider manager serving");

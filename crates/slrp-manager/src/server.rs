@@ -44,6 +44,8 @@ pub(crate) struct Ctx {
     pub(crate) event_queue: usize,
     /// What GET_AGENT answers.
     pub(crate) agent: AgentInfo,
+    /// The bearer token every request must carry, if any.
+    pub(crate) token: Option<crate::config::Secret>,
 }
 
 pub(crate) enum Listener {
@@ -130,12 +132,28 @@ pub(crate) fn empty(status: StatusCode) -> Response<Body> {
     response
 }
 
+/// libprocess's realms of the two APIs (the agent's `READWRITE_HTTP_AUTHENTICATION_REALM`
+/// and `RESOURCE_PROVIDER_HTTP_AUTHENTICATION_REALM`).
+const OPERATOR_REALM: &str = "mesos-agent-readwrite";
+const RESOURCE_PROVIDER_REALM: &str = "mesos-agent-resource-provider";
+
 async fn respond(request: Request<Incoming>, ctx: &Ctx) -> Response<Body> {
-    if crate::operator::OPERATOR_PATHS.contains(&request.uri().path()) {
-        return Box::pin(crate::operator::respond(request, ctx)).await;
-    }
-    if !ENDPOINT_PATHS.contains(&request.uri().path()) {
+    let path = request.uri().path();
+    let realm = if crate::operator::OPERATOR_PATHS.contains(&path) {
+        OPERATOR_REALM
+    } else if ENDPOINT_PATHS.contains(&path) {
+        RESOURCE_PROVIDER_REALM
+    } else {
         return empty(StatusCode::NOT_FOUND);
+    };
+    // Authentication comes first, as libprocess authenticates before any handler runs.
+    if let Some(token) = &ctx.token
+        && let Some(refusal) = unauthenticated(request.headers(), token, realm)
+    {
+        return refusal;
+    }
+    if realm == OPERATOR_REALM {
+        return Box::pin(crate::operator::respond(request, ctx)).await;
     }
     if let Some(response) = refuse_non_post(&request) {
         return response;
@@ -188,6 +206,51 @@ async fn respond(request: Request<Incoming>, ctx: &Ctx) -> Response<Body> {
         Ok(CallReply::Accepted) => empty(StatusCode::ACCEPTED),
         Err(_) => stopped(),
     }
+}
+
+/// `401` with the challenge libprocess's JWT authenticator sends, unless the request
+/// carries `Authorization: Bearer <token>`.
+fn unauthenticated(
+    headers: &HeaderMap,
+    token: &crate::config::Secret,
+    realm: &str,
+) -> Option<Response<Body>> {
+    let challenge = |error: Option<String>| {
+        let mut value = format!("Bearer realm=\"{realm}\"");
+        if let Some(description) = error {
+            value.push_str(&format!(
+                ", error=\"invalid_token\", error_description=\"{description}\""
+            ));
+        }
+        let mut response = text(StatusCode::UNAUTHORIZED, "401 Unauthorized.");
+        if let Ok(value) = HeaderValue::from_str(&value) {
+            response
+                .headers_mut()
+                .insert(http::header::WWW_AUTHENTICATE, value);
+        }
+        Some(response)
+    };
+    // RFC 6750 §3.1: a request without credentials gets no error details.
+    let Some(value) = headers.get(http::header::AUTHORIZATION) else {
+        return challenge(None);
+    };
+    let value = String::from_utf8_lossy(value.as_bytes());
+    let parts: Vec<&str> = value.split(' ').collect();
+    let [scheme, presented] = parts.as_slice() else {
+        return challenge(Some("Malformed 'Authorization' header".to_owned()));
+    };
+    if *scheme != "Bearer" {
+        return challenge(Some(format!("Scheme '{scheme}' unsupported")));
+    }
+    if !constant_time_eq(presented.as_bytes(), token.expose().as_bytes()) {
+        return challenge(Some("Invalid token".to_owned()));
+    }
+    None
+}
+
+/// Compares without an early exit, so the time taken does not tell how much matched.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// `405` with libprocess's text for anything but `POST` (both APIs take only `POST`).

@@ -351,3 +351,91 @@ async fn an_invalid_configured_agent_id_is_refused() {
         slrp_types::DisplayChain(&error)
     );
 }
+
+/// With a token configured, both APIs answer `401` with libprocess's JWT authenticator
+/// challenge unless the request carries `Authorization: Bearer <token>`; authentication
+/// comes before any other check (a GET is `401`, not `405`).
+#[tokio::test]
+async fn a_configured_token_is_required_on_both_apis() {
+    let harness = common::start_with(Transport::Tcp, |config| {
+        config.token = Some(slrp_manager::Secret::new("s3cret"));
+    })
+    .await;
+    let get_agent = encoded(ContentType::Protobuf, &typed(call::Type::GetAgent));
+    let pb = "application/x-protobuf";
+    let invalid = |realm: &str, description: &str| {
+        format!(
+            "Bearer realm=\"{realm}\", error=\"invalid_token\", error_description=\"{description}\""
+        )
+    };
+    for (path, realm) in [
+        (OPERATOR, "mesos-agent-readwrite"),
+        (common::PATH, "mesos-agent-resource-provider"),
+    ] {
+        for (authorization, method, challenge) in [
+            (None, "POST", format!("Bearer realm=\"{realm}\"")),
+            (None, "GET", format!("Bearer realm=\"{realm}\"")),
+            (
+                Some("Bearer"),
+                "POST",
+                invalid(realm, "Malformed 'Authorization' header"),
+            ),
+            (
+                Some("Basic czNjcmV0"),
+                "POST",
+                invalid(realm, "Scheme 'Basic' unsupported"),
+            ),
+            (
+                Some("Bearer wrong"),
+                "POST",
+                invalid(realm, "Invalid token"),
+            ),
+        ] {
+            let mut headers = vec![("Content-Type", pb), ("Accept", pb)];
+            if let Some(authorization) = authorization {
+                headers.push(("Authorization", authorization));
+            }
+            let reply = harness
+                .client
+                .request(request(path, method, &headers, get_agent.clone()))
+                .await;
+            assert_eq!(
+                reply.status,
+                StatusCode::UNAUTHORIZED,
+                "{path} {authorization:?}"
+            );
+            assert_eq!(reply.body, "401 Unauthorized.");
+            assert_eq!(
+                reply
+                    .headers
+                    .get("WWW-Authenticate")
+                    .map(|v| v.to_str().unwrap_or_default()),
+                Some(challenge.as_str()),
+                "{path} {authorization:?}"
+            );
+        }
+    }
+    let authorized = [
+        ("Content-Type", pb),
+        ("Accept", pb),
+        ("Authorization", "Bearer s3cret"),
+    ];
+    let (status, _, _) = exchange(
+        &harness.client,
+        request(OPERATOR, "POST", &authorized, get_agent.clone()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    // Past authentication, the resource provider API's own checks apply.
+    let reply = harness
+        .client
+        .request(request(
+            common::PATH,
+            "POST",
+            &authorized,
+            b"MALFORMED".to_vec(),
+        ))
+        .await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    assert_eq!(reply.body, "Failed to parse body into Call protobuf");
+}

@@ -1,1 +1,513 @@
-//! See the crate docs; filled in by issue #10's work.
+//! The daemon: every configured provider, the shared profile adaptor and the admin endpoint
+//! in one process (`slrp run`).
+//!
+//! # Start
+//!
+//! 1. Every provider's work directory is checked for Mesos checkpoints
+//!    ([`crate::workdir`]) and its store opened (`S/providers/<type>.<name>/store`), all
+//!    before anything runs: a refused work directory or an unreadable store stops the
+//!    daemon with an error naming the provider and the path.
+//! 2. The metrics registry is built (each provider's [`ProviderMetrics`], its agent client's
+//!    counters under a `provider` label, the profile adaptor's), the profile adaptor is
+//!    spawned if configured (one per daemon, shared by the providers), and the admin
+//!    socket bound. `/ready` answers from here on, naming each provider's step.
+//! 3. The agent id is learnt with GET_AGENT (`slrp_agent::operator::get_agent_id`),
+//!    retried with backoff until the agent answers with one: a Mesos agent has none until
+//!    it registers with a master, and it creates its resource provider manager only then
+//!    (spec §2.1), so there is nothing to subscribe to before. It is learnt before the
+//!    plugins start because Mesos gives node plugins `MESOS_AGENT_ID`.
+//! 4. Each provider then starts on its own: its [`PluginStack`] (plugin, services,
+//!    volume manager and its recovery), then the provider worker ([`Provider::spawn`]),
+//!    which recovers the provider state of that agent id and subscribes.
+//!
+//! # Failures
+//!
+//! Providers are independent, as in a Mesos agent: a provider whose stack cannot start,
+//! whose worker fails fatally (a checkpoint write, spec conventions "fatal means fatal") or
+//! whose volume manager ends, is stopped (its plugins too) and reported as `FAILED` by
+//! `/ready` and in the log; the others keep running. [`run`] returns an error when every
+//! provider has failed, so the process exits non-zero and a service manager restarts it;
+//! recovery on the next start picks up from the durable state.
+//!
+//! # Shutdown order (conventions §4.5 rule 3)
+//!
+//! When `shutdown` fires:
+//! 1. each provider worker is cancelled: it stops taking events from the agent and its
+//!    agent stream is closed (its state is already durable: nothing to flush);
+//! 2. each volume manager is stopped (running CSI jobs get their grace; their intents are
+//!    checkpointed and idempotent, so an interrupted one resumes on the next start);
+//! 3. the plugins are stopped (SIGTERM, then SIGKILL) or left running for the next slrp
+//!    to adopt, as [`PluginsOnExit`] says;
+//! 4. the profile adaptor stops and the admin socket is removed.
+//!
+//! The providers shut down in parallel; the whole is bounded by
+//! [`DaemonConfig::shutdown_grace`], after which what is left is abandoned with a warning
+//! (a second signal to `slrp run` forces that at once).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use prometheus_client::registry::Registry;
+use slrp_agent::AgentConfig;
+use slrp_core::provider::lifecycle::Lifecycle;
+use slrp_store::Store;
+use slrp_types::{Backoff, DisplayChain, Jitter, JitterRng};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
+
+use crate::admin::{AdminError, AdminListener, AdminState, ProviderView};
+use crate::config::{AdminListen, DaemonConfig, PluginsOnExit, ProviderConfig};
+use crate::metrics::ProviderMetrics;
+use crate::stack::{PluginStack, StackConfig, StackError, StopPlugins};
+use crate::workdir::{WorkDirError, check_work_dir};
+use crate::worker::{Provider, ProviderDeps, ProviderError, ProviderParams, ProviderStatus};
+
+/// Waits between GET_AGENT attempts: the agent may take minutes to register.
+const AGENT_ID_BACKOFF: Backoff = Backoff::PLUGIN_RESTART;
+
+/// Why the daemon could not start, or stopped on its own.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// The state directory cannot be created.
+    #[error("creating the state directory {path}")]
+    StateDir {
+        /// The directory.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A provider's work directory holds Mesos checkpoints.
+    #[error("resource provider {provider}: refusing the work directory")]
+    WorkDir {
+        /// `<type>.<name>`.
+        provider: String,
+        /// What was found.
+        #[source]
+        source: WorkDirError,
+    },
+    /// A provider's store cannot be opened (unreadable, corrupt, or another daemon holds
+    /// it).
+    #[error("resource provider {provider}: opening its state in {path}")]
+    Store {
+        /// `<type>.<name>`.
+        provider: String,
+        /// The store directory.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: slrp_store::StoreError,
+    },
+    /// The admin endpoint cannot listen.
+    #[error("the admin endpoint")]
+    Admin(#[source] AdminError),
+    /// Every provider failed; each failure was logged when it happened.
+    #[error("every resource provider failed ({failed}); see the log for each cause")]
+    AllProvidersFailed {
+        /// `<type>.<name>` of the providers, comma-separated.
+        failed: String,
+    },
+}
+
+impl DaemonError {
+    /// Whether the error is in the configuration or the state on disk (the operator must
+    /// act), as opposed to a failure while running.
+    pub fn is_config(&self) -> bool {
+        match self {
+            Self::StateDir { .. } | Self::WorkDir { .. } | Self::Store { .. } | Self::Admin(_) => {
+                true
+            }
+            Self::AllProvidersFailed { .. } => false,
+        }
+    }
+}
+
+/// Why one provider stopped on its own.
+#[derive(Debug, thiserror::Error)]
+enum ProviderRunError {
+    #[error("the plugin stack did not start")]
+    Stack(#[source] StackError),
+    #[error("the provider worker did not start")]
+    Spawn(#[source] ProviderError),
+    #[error("the provider worker failed")]
+    Worker(#[source] ProviderError),
+    #[error("the provider worker stopped without being asked to")]
+    WorkerStopped,
+    #[error("the volume manager ended")]
+    Volumes(#[source] slrp_core::volume::VolumeError),
+    #[error("the volume manager ended without an error while the provider ran")]
+    VolumesStopped,
+}
+
+/// Where a provider is, for `/ready`.
+#[derive(Debug, Clone)]
+enum Phase {
+    /// Waiting for the agent id.
+    WaitingForAgent,
+    /// Starting the plugin stack.
+    StartingPlugin,
+    /// The worker runs; its status says where the lifecycle is.
+    Running(watch::Receiver<ProviderStatus>),
+    /// Stopped on its own.
+    Failed,
+    /// Shutting down.
+    Stopping,
+}
+
+/// One provider as the admin endpoint sees it.
+#[derive(Debug)]
+struct Slot {
+    key: String,
+    metrics: ProviderMetrics,
+    phase: Mutex<Phase>,
+}
+
+impl Slot {
+    fn set(&self, phase: Phase) {
+        *self
+            .phase
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = phase;
+    }
+
+    fn phase(&self) -> Phase {
+        self.phase
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+}
+
+impl ProviderView for Slot {
+    fn key(&self) -> String {
+        self.key.clone()
+    }
+
+    fn state(&self) -> String {
+        match self.phase() {
+            Phase::WaitingForAgent => "WAITING_FOR_AGENT".to_owned(),
+            Phase::StartingPlugin => "STARTING_PLUGIN".to_owned(),
+            Phase::Running(status) => status.borrow().lifecycle.as_str().to_owned(),
+            Phase::Failed => "FAILED".to_owned(),
+            Phase::Stopping => "STOPPING".to_owned(),
+        }
+    }
+
+    fn is_ready(&self) -> bool {
+        matches!(self.phase(), Phase::Running(status) if status.borrow().lifecycle == Lifecycle::Ready)
+    }
+
+    fn snapshot(&self) -> BTreeMap<String, f64> {
+        self.metrics.snapshot()
+    }
+}
+
+/// What one provider's task needs.
+struct ProviderRun {
+    config: ProviderConfig,
+    slot: Arc<Slot>,
+    store: Store,
+    work_dir: PathBuf,
+    runtime_dir: PathBuf,
+    agent: AgentConfig,
+    agent_metrics: slrp_agent::Metrics,
+    profiles: Option<slrp_profiles::ProfileAdaptorHandle>,
+    plugins_on_exit: StopPlugins,
+}
+
+/// Runs every provider until `shutdown` fires or every provider has failed; see the module
+/// docs for the start, the failure policy and the shutdown order.
+///
+/// # Errors
+/// [`DaemonError`]: a configuration or state problem found at start ([`DaemonError::is_config`]),
+/// or [`DaemonError::AllProvidersFailed`].
+pub async fn run(config: DaemonConfig, shutdown: CancellationToken) -> Result<(), DaemonError> {
+    create_private_dir(&config.state_dir).map_err(|source| DaemonError::StateDir {
+        path: config.state_dir.clone(),
+        source,
+    })?;
+    for provider in &config.providers {
+        check_work_dir(&config.work_dir, &provider.info).map_err(|source| {
+            DaemonError::WorkDir {
+                provider: provider.key(),
+                source,
+            }
+        })?;
+    }
+    let mut stores = Vec::with_capacity(config.providers.len());
+    for provider in &config.providers {
+        let path = config.provider_dir(provider).join("store");
+        let opened = {
+            let path = path.clone();
+            tokio::task::spawn_blocking(move || Store::open(&path)).await
+        };
+        let store = match opened {
+            Ok(Ok(store)) => store,
+            Ok(Err(source)) => {
+                return Err(DaemonError::Store {
+                    provider: provider.key(),
+                    path,
+                    source,
+                });
+            }
+            Err(join) => std::panic::resume_unwind(join.into_panic()),
+        };
+        stores.push(store);
+    }
+
+    let mut registry = Registry::default();
+    let slots: Vec<Arc<Slot>> = config
+        .providers
+        .iter()
+        .map(|p| {
+            let metrics = ProviderMetrics::new(&p.info.r#type, &p.info.name);
+            metrics.register(&mut registry);
+            Arc::new(Slot {
+                key: p.key(),
+                metrics,
+                phase: Mutex::new(Phase::WaitingForAgent),
+            })
+        })
+        .collect();
+    let agent_metrics: Vec<slrp_agent::Metrics> = slots
+        .iter()
+        .map(|slot| {
+            slrp_agent::Metrics::register(
+                registry.sub_registry_with_label(("provider".into(), slot.key.clone().into())),
+            )
+        })
+        .collect();
+
+    let services = CancellationToken::new();
+    let mut background = JoinSet::new();
+    let profiles = config.profiles.clone().map(|profiles| {
+        let metrics = slrp_profiles::Metrics::register(&mut registry);
+        let (handle, task) = slrp_profiles::spawn(profiles, metrics, services.child_token());
+        background.spawn(async move {
+            if let Err(e) = task.await {
+                tracing::error!(error = %DisplayChain(&e), "the profile adaptor task failed");
+            }
+        });
+        handle
+    });
+
+    let AdminListen::Unix(socket) = &config.admin;
+    let listener = AdminListener::bind(socket).map_err(DaemonError::Admin)?;
+    tracing::info!(socket = %listener.path().display(), "admin endpoint listening");
+    let mut views: Vec<Arc<dyn ProviderView>> = Vec::with_capacity(slots.len());
+    for slot in &slots {
+        views.push(slot.clone());
+    }
+    background.spawn(listener.serve(AdminState::new(views, registry), services.child_token()));
+
+    let stop = CancellationToken::new();
+    let plugins_on_exit = match config.plugins_on_exit {
+        PluginsOnExit::Stop => StopPlugins::Stop,
+        PluginsOnExit::Leave => StopPlugins::Leave,
+    };
+    let agent_id = tokio::select! {
+        () = shutdown.cancelled() => None,
+        id = learn_agent_id(&config.agent) => Some(id),
+    };
+    let mut providers = JoinSet::new();
+    if let Some(agent_id) = agent_id {
+        for (((provider, slot), store), agent_metrics) in config
+            .providers
+            .iter()
+            .zip(&slots)
+            .zip(stores)
+            .zip(agent_metrics)
+        {
+            let run = ProviderRun {
+                config: provider.clone(),
+                slot: slot.clone(),
+                store,
+                work_dir: config.work_dir.clone(),
+                runtime_dir: config.provider_dir(provider).join("plugins"),
+                agent: config.agent.clone(),
+                agent_metrics,
+                profiles: profiles.clone(),
+                plugins_on_exit,
+            };
+            let span = tracing::info_span!(parent: None, "provider", provider = %slot.key);
+            providers.spawn(run_provider(run, agent_id.clone(), stop.clone()).instrument(span));
+        }
+    }
+
+    let mut failed = Vec::new();
+    let mut running = providers.len();
+    let outcome = loop {
+        if running == 0 {
+            break if failed.is_empty() {
+                Ok(())
+            } else {
+                Err(DaemonError::AllProvidersFailed {
+                    failed: failed.join(", "),
+                })
+            };
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => break Ok(()),
+            ended = providers.join_next() => {
+                running -= 1;
+                match ended {
+                    Some(Ok((key, Err(e)))) => {
+                        tracing::error!(provider = %key, error = %DisplayChain(&e), "resource provider failed; the others keep running");
+                        failed.push(key);
+                    }
+                    Some(Ok((_, Ok(())))) | None => {}
+                    Some(Err(join)) => {
+                        tracing::error!(error = %DisplayChain(&join), "a resource provider task panicked");
+                        failed.push("(panicked)".to_owned());
+                    }
+                }
+            }
+        }
+    };
+
+    tracing::info!("shutting down");
+    stop.cancel();
+    let drain = async {
+        while providers.join_next().await.is_some() {}
+        services.cancel();
+        while background.join_next().await.is_some() {}
+    };
+    if tokio::time::timeout(config.shutdown_grace, drain)
+        .await
+        .is_err()
+    {
+        tracing::warn!(grace = ?config.shutdown_grace, "shutdown did not finish in time; abandoning what is left");
+        services.cancel();
+    }
+    outcome
+}
+
+/// Creates `dir` (and its parents) with mode 0700 for what slrp creates: the state holds
+/// plugin pid records and the admin socket.
+fn create_private_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+}
+
+/// GET_AGENT until the agent answers with an id; every failure is logged once per attempt.
+async fn learn_agent_id(agent: &AgentConfig) -> String {
+    let mut jitter = JitterRng::new(Jitter::Full);
+    let mut attempt: u32 = 0;
+    loop {
+        match slrp_agent::operator::get_agent_id(agent).await {
+            Ok(id) => {
+                tracing::info!(agent_id = %id, "learnt the agent id");
+                return id;
+            }
+            Err(e) => {
+                attempt = attempt.saturating_add(1);
+                let wait = AGENT_ID_BACKOFF.delay(attempt, &mut jitter);
+                tracing::warn!(error = %DisplayChain(&e), retry_in = ?wait, "the agent id is not available yet");
+                tokio::time::sleep(wait).await;
+            }
+        }
+    }
+}
+
+/// One provider from start to stop. Returns its key and why it stopped on its own, if it
+/// did; `Ok` when `stop` fired.
+async fn run_provider(
+    run: ProviderRun,
+    agent_id: String,
+    stop: CancellationToken,
+) -> (String, Result<(), ProviderRunError>) {
+    let key = run.slot.key.clone();
+    let result = run_provider_inner(run, agent_id, stop).await;
+    (key, result)
+}
+
+async fn run_provider_inner(
+    run: ProviderRun,
+    agent_id: String,
+    stop: CancellationToken,
+) -> Result<(), ProviderRunError> {
+    let ProviderRun {
+        config,
+        slot,
+        store,
+        work_dir,
+        runtime_dir,
+        agent,
+        agent_metrics,
+        profiles,
+        plugins_on_exit,
+    } = run;
+    slot.set(Phase::StartingPlugin);
+    let mut stack_config =
+        StackConfig::new(config.info.clone(), work_dir, runtime_dir, store.clone());
+    stack_config.supervisor.agent_id = Some(agent_id.clone());
+    // Not a child of `stop`: cancelling it also stops the volume manager, which must
+    // outlive the worker on shutdown. `stop` during the start aborts it through this.
+    let stack_cancel = CancellationToken::new();
+    let start = PluginStack::start(stack_config, &slot.metrics, stack_cancel.clone());
+    tokio::pin!(start);
+    let started = tokio::select! {
+        started = &mut start => started,
+        () = stop.cancelled() => {
+            stack_cancel.cancel();
+            start.await
+        }
+    };
+    let mut stack = match started {
+        Ok(stack) => stack,
+        Err(StackError::Cancelled { .. }) => return Ok(()),
+        Err(e) => {
+            slot.set(Phase::Failed);
+            return Err(ProviderRunError::Stack(e));
+        }
+    };
+    let params = ProviderParams::new(config.info.clone(), agent, agent_id);
+    let deps = ProviderDeps {
+        volumes: stack.volumes().clone(),
+        store,
+        profiles,
+        metrics: slot.metrics.clone(),
+        agent_metrics,
+    };
+    // Its own token, not a child of `stop`: the worker must stop before the volume manager.
+    let worker_cancel = CancellationToken::new();
+    let (handle, mut task) = match Provider::spawn(params, deps, worker_cancel.clone()).await {
+        Ok(spawned) => spawned,
+        Err(e) => {
+            slot.set(Phase::Failed);
+            stack.shutdown(plugins_on_exit).await;
+            return Err(ProviderRunError::Spawn(e));
+        }
+    };
+    slot.set(Phase::Running(handle.status()));
+    tracing::info!("resource provider started");
+    let mut worker_done = false;
+    let ended = tokio::select! {
+        () = stop.cancelled() => None,
+        worker = &mut task => {
+            worker_done = true;
+            Some(worker.map_or_else(ProviderRunError::Worker, |()| ProviderRunError::WorkerStopped))
+        }
+        volumes = stack.volume_manager_ended() => {
+            Some(volumes.map_or_else(ProviderRunError::Volumes, |()| ProviderRunError::VolumesStopped))
+        }
+    };
+    slot.set(if ended.is_some() {
+        Phase::Failed
+    } else {
+        Phase::Stopping
+    });
+    worker_cancel.cancel();
+    if !worker_done && let Err(e) = task.await {
+        tracing::warn!(error = %DisplayChain(&e), "the provider worker ended with an error while stopping");
+    }
+    stack.shutdown(plugins_on_exit).await;
+    tracing::info!(plugins = ?plugins_on_exit, "resource provider stopped");
+    ended.map_or(Ok(()), Err)
+}

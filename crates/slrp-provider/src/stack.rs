@@ -23,6 +23,8 @@
 //! [`StackError`] naming the provider and the step.
 //!
 //! # Shutdown
+//! Dropping a [`PluginStack`] without `shutdown` stops the volume manager and the plugins
+//! without waiting for either.
 //! [`PluginStack::shutdown`] stops the volume manager first (running jobs get their
 //! grace period), then the plugins ([`StopPlugins::Stop`]) or leaves them running with
 //! their pid records for the next slrp to adopt ([`StopPlugins::Leave`]). The `cancel`
@@ -437,8 +439,19 @@ impl PluginStack {
             tracing::warn!(provider = %self.provider, error = %DisplayChain(&e), "volume manager ended with an error");
         }
         self.volume_task = None;
-        self.plugin.stop(plugins).await;
+        std::mem::replace(&mut self.plugin, Plugin::Unmanaged)
+            .stop(plugins)
+            .await;
         tracing::info!(provider = %self.provider, ?plugins, "plugin stack stopped");
+    }
+}
+
+impl Drop for PluginStack {
+    /// A stack dropped without [`PluginStack::shutdown`] (its owner's future was dropped)
+    /// stops its volume manager too, which would otherwise run on, holding the store,
+    /// against plugins the dropped supervisor handle stops.
+    fn drop(&mut self) {
+        self.volume_cancel.cancel();
     }
 }
 

@@ -510,3 +510,21 @@ fn a_provider_error_surfaces_through_the_daemon_config_naming_the_file() {
         "{err}"
     );
 }
+
+#[test]
+fn the_examples_are_valid() {
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+    let file = DaemonConfigFile::load(&examples.join("slrp.toml")).unwrap();
+    let config = DaemonConfig::resolve(file.apply(Overrides {
+        resource_provider_config_dir: Some(examples.join("resource-providers")),
+        ..Overrides::default()
+    }))
+    .unwrap();
+    assert_eq!(config.providers.len(), 1);
+    assert_eq!(
+        config.providers[0].key(),
+        "org.apache.mesos.rp.local.storage.local"
+    );
+    let profiles = std::fs::read(examples.join("profiles.json")).unwrap();
+    slrp_profiles::document::ProfileMapping::parse(&profiles).unwrap();
+}

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use crate::{csi_cmd, inspect_cmd};
+use crate::{csi_cmd, inspect_cmd, run_cmd};
 
 /// `EX_USAGE` from sysexits.h: the command line was wrong.
 pub(crate) const EX_USAGE: u8 = 64;
@@ -23,6 +23,15 @@ enum Command {
     /// Talk to a CSI plugin directly (an operator's CSI client).
     Csi(Box<csi_cmd::CsiArgs>),
     /// Print the provider's durable state, read-only (safe while the daemon runs).
+    Inspect(inspect_cmd::InspectArgs),
+    /// Run the resource providers against a Mesos agent (or another manager), in the
+    /// foreground, until SIGTERM or SIGINT.
+    Run(Box<run_cmd::RunArgs>),
+}
+
+/// The commands that run once on a single-threaded runtime.
+enum OneShot {
+    Csi(Box<csi_cmd::CsiArgs>),
     Inspect(inspect_cmd::InspectArgs),
 }
 
@@ -60,13 +69,25 @@ pub(crate) fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
+    // The daemon tells what it does; the operator commands only what went wrong.
+    let default_level = match cli.command {
+        Command::Run(_) => "info",
+        Command::Csi(_) | Command::Inspect(_) => "warn",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("SLRP_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
         )
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .init();
+    let command = match cli.command {
+        // The daemon builds its own (multi-threaded) runtime, after reading its config.
+        Command::Run(args) => return run_cmd::run(&args),
+        Command::Csi(args) => OneShot::Csi(args),
+        Command::Inspect(args) => OneShot::Inspect(args),
+    };
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -78,9 +99,9 @@ pub(crate) fn main() -> ExitCode {
         }
     };
     let result = runtime.block_on(async {
-        match cli.command {
-            Command::Csi(args) => csi_cmd::run(*args).await,
-            Command::Inspect(args) => inspect_cmd::run(&args),
+        match command {
+            OneShot::Csi(args) => csi_cmd::run(*args).await,
+            OneShot::Inspect(args) => inspect_cmd::run(&args),
         }
     });
     match result {

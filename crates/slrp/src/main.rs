@@ -3,6 +3,7 @@
 mod cli;
 mod csi_cmd;
 mod inspect_cmd;
+mod run_cmd;
 
 use std::process::ExitCode;
 

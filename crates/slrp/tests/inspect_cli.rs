@@ -137,3 +137,38 @@ fn output_that_cannot_be_written_is_an_error() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("writing"), "{err}");
 }
+
+#[test]
+fn a_daemon_state_dir_shows_every_providers_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let providers = dir.path().join("providers");
+    let a = providers.join("org.apache.mesos.rp.local.storage.a/store");
+    let b = providers.join("org.apache.mesos.rp.local.storage.b/store");
+    std::fs::create_dir_all(&a).unwrap();
+    std::fs::create_dir_all(&b).unwrap();
+    seed(&a, &[("vol-a", "PUBLISHED")]);
+    seed(&b, &[("vol-b", "CREATED")]);
+    let state_dir = dir.path().to_str().unwrap();
+
+    let out = slrp(&["inspect", "--state-dir", state_dir, "--json"]);
+    assert!(out.status.success(), "{out:?}");
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let p = &json["providers"];
+    assert_eq!(
+        p["org.apache.mesos.rp.local.storage.a"]["records"]["volume"]["vol-a"]["state"],
+        "PUBLISHED"
+    );
+    assert_eq!(
+        p["org.apache.mesos.rp.local.storage.b"]["records"]["volume"]["vol-b"]["state"],
+        "CREATED"
+    );
+
+    let out = slrp(&["inspect", "--state-dir", state_dir]);
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("== resource provider org.apache.mesos.rp.local.storage.a")
+            && text.contains("vol-b"),
+        "{text}"
+    );
+}

@@ -17,6 +17,7 @@ mod support;
 use std::collections::BTreeMap;
 
 use serde_json::json;
+use slrp_manager::ManagerMessage;
 use support::{
     Cluster, DaemonOptions, ProviderSpec, Update, assert_provider_resource, mb, metadata, profiles,
     sorted, source,
@@ -47,7 +48,6 @@ async fn started_with_pool(
 /// with zero resources after SUBSCRIBE; after a daemon restart the recovered provider
 /// again sends one with zero resources (an UPDATE_STATE always follows a subscription).
 #[tokio::test]
-#[ignore = "needs slrp run (issue #10)"]
 async fn no_resource() {
     let mut c = Cluster::fixture().await;
     c.start_daemon();
@@ -74,7 +74,6 @@ async fn no_resource() {
 /// the plugin's capacity (4 GiB = 4096 MB), the plugin's vendor, the provider id and the
 /// default reservation.
 #[tokio::test]
-#[ignore = "needs slrp run (issue #10)"]
 async fn profile_appeared() {
     let mut c = Cluster::new(
         vec![ProviderSpec::fixture()],
@@ -107,7 +106,6 @@ async fn profile_appeared() {
 /// same capacity appears, with a new resource version. (That a CREATE_DISK on the old pool
 /// is then DROPPED and a `test1` disk keeps its profile needs operations: issue #11.)
 #[tokio::test]
-#[ignore = "needs slrp run (issue #10)"]
 async fn profile_disappeared() {
     let mut c = Cluster::new(
         vec![ProviderSpec::fixture()],
@@ -147,7 +145,6 @@ fn assert_single_preexisting(c: &Cluster, u: &Update, volume: &str) {
 /// RecoverDuplicatedVolumes (§11.1 test 8, MESOS-9965): the plugin lists its one 2 GiB
 /// volume twice; the provider reports a single 2 GiB disk, before and after a restart.
 #[tokio::test]
-#[ignore = "needs slrp run (issue #10)"]
 async fn recover_duplicated_volumes() {
     let mut c = Cluster::fixture().await;
     let volume = c.import_volume("test", "vol1", 2 << 30);
@@ -173,7 +170,6 @@ async fn recover_duplicated_volumes() {
 /// reported, with the new metadata. (Mesos's disk is a MOUNT disk made by CREATE_DISK;
 /// without operations, issue #11, it is a pre-existing RAW volume here.)
 #[tokio::test]
-#[ignore = "needs slrp run (issue #10)"]
 async fn recover_disk_with_changed_metadata() {
     let mut c = Cluster::fixture().await;
     let volume = c.import_volume("test", "vol1", 2 << 30);
@@ -218,7 +214,6 @@ const STARTUP_BUDGET: [(&str, u64); 8] = [
 /// detection's Probe as one: 9 here, Mesos's 10 less its NodeGetId. `rpcs_failed` 0. A
 /// health probe counted in the provider's metrics would make it more.
 #[tokio::test]
-#[ignore = "needs slrp run (issue #10)"]
 async fn csi_plugin_rpc_metrics() {
     let (c, _, _) = started_with_pool(
         ProviderSpec::fixture(),
@@ -258,7 +253,6 @@ async fn csi_plugin_rpc_metrics() {
 /// and GetCapacity are called at startup and again later, without any event. Counted at
 /// the plugin (a counting fault rule) and in the provider's RPC metrics.
 #[tokio::test]
-#[ignore = "needs slrp run (issue #10)"]
 async fn periodic_reconciliation_calls_the_plugin_again() {
     let mut spec = ProviderSpec::fixture();
     spec.reconciliation_interval_seconds = 1.0;
@@ -298,7 +292,6 @@ async fn periodic_reconciliation_calls_the_plugin_again() {
 /// distinct ids, each reports its own pool (4 GiB and 2 GiB, its plugin's vendor), and
 /// each has its own metrics.
 #[tokio::test]
-#[ignore = "needs slrp run (issue #10)"]
 async fn two_providers_in_one_process() {
     let one = ProviderSpec::named("test1", "local1");
     let mut two = ProviderSpec::named("test2", "local2");
@@ -306,19 +299,31 @@ async fn two_providers_in_one_process() {
     let mut c = Cluster::new(vec![one, two], DaemonOptions::with_profiles()).await;
     c.set_profiles(&profiles(&["test"]));
     c.start_daemon();
+    // Both providers run concurrently: one's UPDATE_STATE may come before the other's
+    // SUBSCRIBE, so both kinds are taken from one stream of messages.
     let mut ids = BTreeMap::new();
-    while ids.len() < 2 {
-        let info = c.next_subscribed().await;
-        ids.insert(info["name"].as_str().unwrap().to_owned(), id_of(&info));
-    }
-    assert_ne!(ids["test1"], ids["test2"]);
     let mut pools = BTreeMap::new();
-    while pools.len() < 2 {
-        let u = c.next_update().await;
-        if let Some(pool) = u.pool("test") {
-            pools.insert(u.provider_id.clone(), pool.clone());
+    while ids.len() < 2 || pools.len() < 2 {
+        match c.next_message().await {
+            ManagerMessage::Subscribed { info } => {
+                let id = info.id.unwrap().value;
+                assert!(ids.insert(info.name, id).is_none(), "subscribed twice");
+            }
+            ManagerMessage::UpdateState {
+                provider_id,
+                resources,
+                resource_version_uuid,
+                ..
+            } => {
+                let u = Update::new(provider_id, &resources, &resource_version_uuid);
+                if let Some(pool) = u.pool("test") {
+                    pools.insert(u.provider_id.clone(), pool.clone());
+                }
+            }
+            _ => {}
         }
     }
+    assert_ne!(ids["test1"], ids["test2"]);
     for (name, size) in [("test1", 4096.0), ("test2", 2048.0)] {
         let pool = &pools[&ids[name]];
         assert_provider_resource(pool, c.spec(name), &ids[name]);
@@ -336,7 +341,6 @@ async fn two_providers_in_one_process() {
 /// The JSON transport (`[agent] content_type = "json"`): the same subscription and
 /// UPDATE_STATE as with protobuf; the manager is strict about both.
 #[tokio::test]
-#[ignore = "needs slrp run (issue #10)"]
 async fn json_transport() {
     let options = DaemonOptions {
         json: true,
@@ -350,7 +354,6 @@ async fn json_transport() {
 /// The provider restarts (SIGTERM, then SIGKILL) while the manager runs: it resubscribes
 /// with the same id, reports the same resources, and runs one plugin, not two.
 #[tokio::test]
-#[ignore = "needs slrp run (issue #10)"]
 async fn provider_restarts_keep_id_resources_and_one_plugin() {
     let volume = "import-loop-vol1";
     let (mut c, id, first) = started_with_pool(
@@ -390,7 +393,6 @@ async fn provider_restarts_keep_id_resources_and_one_plugin() {
 /// The manager (agent) restarts on the same registry while the provider runs: the
 /// provider reconnects, resubscribes with its id and reports its resources again.
 #[tokio::test]
-#[ignore = "needs slrp run (issue #10)"]
 async fn manager_restart_resubscribes_with_the_same_id() {
     let (mut c, id, first) = started_with_pool(
         ProviderSpec::fixture(),
@@ -408,29 +410,35 @@ async fn manager_restart_resubscribes_with_the_same_id() {
     c.finish().await;
 }
 
+/// The fixture with pre-existing 2 GiB and 3 GiB volumes; their ids → sizes in MB.
+async fn two_preexisting_volumes() -> (Cluster, BTreeMap<String, f64>) {
+    let c = Cluster::fixture().await;
+    let small = c.import_volume("test", "vol2g", 2 << 30);
+    let large = c.import_volume("test", "vol3g", 3 << 30);
+    (c, BTreeMap::from([(small, 2048.0), (large, 3072.0)]))
+}
+
+/// The pre-existing RAW disks of an update (id → MB), each checked to be the provider's.
+fn disks(u: &Update) -> BTreeMap<String, f64> {
+    u.disks()
+        .into_iter()
+        .map(|d| {
+            assert_provider_resource(d, &ProviderSpec::fixture(), &u.provider_id);
+            assert_eq!(source(d)["type"], "RAW", "{d}");
+            assert!(source(d)["profile"].is_null(), "{d}");
+            (source(d)["id"].as_str().unwrap().to_owned(), mb(d))
+        })
+        .collect()
+}
+
 /// ROOT_AgentRegisteredWithNewId (§11.1 test 11), the part without operations: the agent
 /// comes back with a new agent ID (its registry of providers is empty) → the restarted
 /// daemon subscribes as a new provider (new id), and the plugin's volumes reappear as
 /// pre-existing RAW disks of that new provider. (Mesos's volumes are MOUNT disks with
 /// persistent volumes, re-imported by CREATE_DISK with `target_profile`: issue #11.)
 #[tokio::test]
-#[ignore = "needs slrp run (issue #10)"]
 async fn agent_registered_with_new_id() {
-    let mut c = Cluster::fixture().await;
-    let small = c.import_volume("test", "vol2g", 2 << 30);
-    let large = c.import_volume("test", "vol3g", 3 << 30);
-    let disks = |u: &Update| -> BTreeMap<String, f64> {
-        u.disks()
-            .into_iter()
-            .map(|d| {
-                assert_provider_resource(d, &ProviderSpec::fixture(), &u.provider_id);
-                assert_eq!(source(d)["type"], "RAW", "{d}");
-                assert!(source(d)["profile"].is_null(), "{d}");
-                (source(d)["id"].as_str().unwrap().to_owned(), mb(d))
-            })
-            .collect()
-    };
-    let want = BTreeMap::from([(small, 2048.0), (large, 3072.0)]);
+    let (mut c, want) = two_preexisting_volumes().await;
     c.start_daemon();
     let old = id_of(&c.next_subscribed().await);
     let u = c.next_update().await;
@@ -446,5 +454,27 @@ async fn agent_registered_with_new_id() {
     assert_eq!(u.provider_id, new);
     assert_eq!(u.resources.len(), 2, "{:?}", u.resources);
     assert_eq!(disks(&u), want);
+    c.finish().await;
+}
+
+/// As above, but the daemon keeps running while the agent comes back with a new ID: its
+/// resubscription is not admitted, it learns the new agent ID and subscribes as a new
+/// provider in-process (spec §3.6); the volumes reappear under the new provider id.
+#[tokio::test]
+async fn agent_registered_with_new_id_while_the_daemon_runs() {
+    let (mut c, want) = two_preexisting_volumes().await;
+    c.start_daemon();
+    let old = id_of(&c.next_subscribed().await);
+    assert_eq!(disks(&c.next_update().await), want);
+
+    c.restart_manager_with_agent_id("11111111-2222-3333-4444-555555555555-S1")
+        .await;
+    let new = id_of(&c.next_subscribed().await);
+    assert_ne!(new, old, "a new agent ID is a new provider identity");
+    let u = c.next_update().await;
+    assert_eq!(u.provider_id, new);
+    assert_eq!(u.resources.len(), 2, "{:?}", u.resources);
+    assert_eq!(disks(&u), want);
+    assert!(c.daemon_running());
     c.finish().await;
 }

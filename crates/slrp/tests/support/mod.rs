@@ -92,6 +92,22 @@ pub struct Update {
 }
 
 impl Update {
+    /// From the fields of a [`ManagerMessage::UpdateState`].
+    pub fn new(
+        provider_id: String,
+        resources: &[slrp_proto::mesos::v1::Resource],
+        version: &slrp_proto::mesos::v1::Uuid,
+    ) -> Self {
+        Self {
+            provider_id,
+            resources: resources
+                .iter()
+                .map(|r| slrp_wire::json::to_value(r).unwrap())
+                .collect(),
+            resource_version: version.value.clone(),
+        }
+    }
+
     /// The storage pools: RAW, vendor, profile, no id (Mesos's `isStoragePool`).
     pub fn pools(&self) -> Vec<&Value> {
         self.resources
@@ -539,14 +555,7 @@ impl Cluster {
                 ..
             } = self.next_message().await
             {
-                return Update {
-                    provider_id,
-                    resources: resources
-                        .iter()
-                        .map(|r| slrp_wire::json::to_value(r).unwrap())
-                        .collect(),
-                    resource_version: resource_version_uuid.value.clone(),
-                };
+                return Update::new(provider_id, &resources, &resource_version_uuid);
             }
         }
     }

@@ -1,0 +1,164 @@
+//! `slrp run`: the providers of `--resource-provider-config-dir` against an external
+//! resource provider manager (a Mesos agent), in the foreground.
+//!
+//! Exit status: 0 after a clean stop (SIGTERM or SIGINT), 64 for a command line that is
+//! wrong (bad flag, no `--agent`), 78 (`EX_CONFIG`) for a configuration or state problem
+//! (a bad config file or ResourceProviderInfo, a refused work directory, an unreadable
+//! store, a busy admin socket), 1 when the daemon fails while running (every provider
+//! failed) or a second signal forced the exit.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Args;
+use slrp_provider::config::{ConfigError, DaemonConfig, DaemonConfigFile, Overrides};
+use slrp_types::DisplayChain;
+use tokio_util::sync::CancellationToken;
+
+use crate::cli::EX_USAGE;
+
+/// `EX_CONFIG` from sysexits.h: a configuration error.
+pub(crate) const EX_CONFIG: u8 = 78;
+
+#[derive(Debug, Args)]
+pub(crate) struct RunArgs {
+    /// slrp's TOML config file; every flag below can be set there too, flags win.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// The agent: `http://HOST:PORT` (the resource provider endpoint
+    /// `/slave(1)/api/v1/resource_provider` is appended when the URL has no path),
+    /// `https://…` or `unix:///SOCKET`.
+    #[arg(long, value_name = "URL")]
+    agent: Option<String>,
+    /// A file holding the agent's bearer token (never the token itself).
+    #[arg(long, value_name = "FILE")]
+    agent_token_file: Option<PathBuf>,
+    /// The agent's work directory: volumes are mounted under
+    /// `DIR/csi/<plugin type>/<plugin name>/mounts/` (default: `<state dir>/work`).
+    #[arg(long, value_name = "DIR")]
+    work_dir: Option<PathBuf>,
+    /// One ResourceProviderInfo JSON file per provider, in Mesos's format (as the agent's
+    /// `--resource_provider_config_dir`).
+    #[arg(long, value_name = "DIR")]
+    resource_provider_config_dir: Option<PathBuf>,
+    /// A profile document in the format of Mesos's URI disk profile adaptor: a path,
+    /// `file://`, `http://` or `https://`.
+    #[arg(long, value_name = "URI")]
+    disk_profiles: Option<String>,
+    /// slrp's state directory (default `/var/lib/slrp`).
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
+    /// The admin socket (default `<state dir>/admin.sock`).
+    #[arg(long, value_name = "PATH")]
+    admin_socket: Option<PathBuf>,
+    /// What happens to the plugins when slrp stops: `stop` them (default) or `leave` them
+    /// running for the next slrp to adopt.
+    #[arg(long, value_name = "stop|leave")]
+    plugins_on_exit: Option<String>,
+}
+
+impl RunArgs {
+    fn overrides(&self) -> Overrides {
+        Overrides {
+            agent: self.agent.clone(),
+            agent_token_file: self.agent_token_file.clone(),
+            work_dir: self.work_dir.clone(),
+            state_dir: self.state_dir.clone(),
+            resource_provider_config_dir: self.resource_provider_config_dir.clone(),
+            disk_profiles: self.disk_profiles.clone(),
+            admin_socket: self.admin_socket.clone(),
+            plugins_on_exit: self.plugins_on_exit.clone(),
+        }
+    }
+}
+
+/// Reads the configuration; the exit status on failure.
+fn configure(args: &RunArgs) -> Result<DaemonConfig, ExitCode> {
+    let file = match &args.config {
+        Some(path) => DaemonConfigFile::load(path),
+        None => Ok(DaemonConfigFile::default()),
+    };
+    let resolved = file.and_then(|file| DaemonConfig::resolve(file.apply(args.overrides())));
+    resolved.map_err(|e| {
+        eprintln!("error: {}", DisplayChain(&e));
+        match e {
+            ConfigError::NoAgent | ConfigError::NoProviderDir => ExitCode::from(EX_USAGE),
+            _ => ExitCode::from(EX_CONFIG),
+        }
+    })
+}
+
+/// Cancels `token` on the first SIGTERM or SIGINT; exits the process on the second.
+fn handle_signals(token: CancellationToken) -> std::io::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::spawn(async move {
+        let mut seen = 0;
+        loop {
+            let name = tokio::select! {
+                _ = term.recv() => "SIGTERM",
+                _ = int.recv() => "SIGINT",
+            };
+            seen += 1;
+            if seen == 1 {
+                tracing::info!(signal = name, "stopping; a second signal forces the exit");
+                token.cancel();
+            } else {
+                eprintln!("error: {name} again: exiting without a clean stop");
+                std::process::exit(1);
+            }
+        }
+    });
+    Ok(())
+}
+
+/// Runs the daemon until a signal stops it.
+pub(crate) fn run(args: &RunArgs) -> ExitCode {
+    let config = match configure(args) {
+        Ok(config) => config,
+        Err(code) => return code,
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("slrp")
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: starting the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let code = runtime.block_on(async {
+        let shutdown = CancellationToken::new();
+        if let Err(e) = handle_signals(shutdown.clone()) {
+            eprintln!("error: installing the signal handlers: {e}");
+            return ExitCode::FAILURE;
+        }
+        tracing::info!(
+            agent = %config.agent.endpoint,
+            providers = config.providers.len(),
+            state_dir = %config.state_dir.display(),
+            work_dir = %config.work_dir.display(),
+            "starting"
+        );
+        match slrp_provider::daemon::run(config, shutdown).await {
+            Ok(()) => {
+                tracing::info!("stopped");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {}", DisplayChain(&e));
+                if e.is_config() {
+                    ExitCode::from(EX_CONFIG)
+                } else {
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    });
+    // Whatever was abandoned after the shutdown grace must not hold the exit.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    code
+}
