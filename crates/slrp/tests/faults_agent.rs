@@ -109,7 +109,6 @@ async fn proxy_saw(
 /// daemon reconnects and resubscribes with the same provider id, then sends one fresh
 /// UPDATE_STATE.
 #[tokio::test]
-#[ignore = "needs slrp run (issue #10)"]
 async fn stream_cut_mid_record_resubscribes_with_the_same_id() {
     let (mut c, proxy, id, first) = behind_proxy(&[]).await;
     proxy.cut_stream_after(5);
@@ -133,7 +132,6 @@ async fn stream_cut_mid_record_resubscribes_with_the_same_id() {
 /// exist yet) → each is an ordinary retry; the daemon subscribes afterwards and keeps its
 /// provider id.
 #[tokio::test]
-#[ignore = "needs slrp run (issue #10)"]
 async fn agent_answering_503_for_a_while_is_retried() {
     let (mut c, proxy, id, first) = behind_proxy(&[]).await;
     proxy.answer_503(4);
@@ -158,7 +156,6 @@ async fn agent_answering_503_for_a_while_is_retried() {
 /// connections (the event stream and the calls connection) before the first fails, and
 /// the proxy counts connections.
 #[tokio::test]
-#[ignore = "needs slrp run (issue #10)"]
 async fn refused_connections_cost_no_busy_loop() {
     let (mut c, proxy, id, first) = behind_proxy(&[]).await;
     let window = Duration::from_secs(4);
@@ -190,7 +187,6 @@ async fn refused_connections_cost_no_busy_loop() {
 /// up on each attempt within its configured bound (`subscribe_timeout` 2 s here), backs
 /// off and tries again; once the agent answers it resubscribes with the same id.
 #[tokio::test]
-#[ignore = "needs slrp run (issue #10)"]
 async fn half_open_agent_is_detected_within_the_bound() {
     let subscribe_timeout = Duration::from_secs(2);
     let (mut c, proxy, id, first) = behind_proxy(&[
@@ -230,7 +226,6 @@ async fn half_open_agent_is_detected_within_the_bound() {
 /// reconnects; once the agent answers again it resubscribes with the same id and reports
 /// the new pool.
 #[tokio::test]
-#[ignore = "needs slrp run (issue #10)"]
 async fn silent_agent_under_a_live_session_is_detected_by_the_call_bound() {
     let call_timeout = Duration::from_secs(2);
     let (mut c, proxy, id, _) = behind_proxy_with(
