@@ -52,6 +52,16 @@ async fn behind_proxy_with(
     agent_settings: &[&str],
     options: DaemonOptions,
 ) -> (Cluster, FaultProxy, String, Update) {
+    let (mut c, proxy) = proxied(agent_settings, options).await;
+    c.start_daemon();
+    let id = id_of(&c.next_subscribed().await);
+    let first = c.next_update().await;
+    assert_eq!(first.provider_id, id);
+    (c, proxy, id, first)
+}
+
+/// A fixture cluster whose daemon (not started) will reach the manager through a proxy.
+async fn proxied(agent_settings: &[&str], options: DaemonOptions) -> (Cluster, FaultProxy) {
     // The proxy's address goes into the daemon's flags, the manager's address into the
     // proxy: start the proxy first and point it at the manager once that runs.
     let placeholder = SocketAddr::from(([127, 0, 0, 1], 9));
@@ -61,13 +71,9 @@ async fn behind_proxy_with(
         agent_settings: agent_settings.iter().map(|s| (*s).to_owned()).collect(),
         ..options
     };
-    let mut c = Cluster::new(vec![ProviderSpec::fixture()], options).await;
+    let c = Cluster::new(vec![ProviderSpec::fixture()], options).await;
     proxy.set_target(manager_addr(&c));
-    c.start_daemon();
-    let id = id_of(&c.next_subscribed().await);
-    let first = c.next_update().await;
-    assert_eq!(first.provider_id, id);
-    (c, proxy, id, first)
+    (c, proxy)
 }
 
 /// After a fault: the next SUBSCRIBE carries the same provider id, and an UPDATE_STATE of
@@ -258,5 +264,24 @@ async fn silent_agent_under_a_live_session_is_detected_by_the_call_bound() {
     assert_eq!(id_of(&info), id);
     let update = c.update_where(|u| u.pool("test").is_some()).await;
     assert_eq!(update.provider_id, id);
+    c.finish().await;
+}
+
+/// The agent is down when the daemon starts (slrp started before the Mesos agent), then
+/// answers 503 once (still recovering): the daemon keeps asking for the agent id with a
+/// backoff, and subscribes as soon as the agent answers.
+#[tokio::test]
+async fn agent_down_at_start_is_waited_for() {
+    let (mut c, proxy) = proxied(&[], DaemonOptions::default()).await;
+    proxy.set_mode(Mode::Reset);
+    c.start_daemon();
+    proxy_saw(&c, &proxy, "two attempts of the daemon", |s| s.resets >= 2).await;
+    assert!(c.daemon_running(), "an absent agent is not fatal");
+    proxy.answer_503(1);
+    proxy.set_mode(Mode::PassThrough);
+    let info = c.next_subscribed().await;
+    assert_eq!(proxy.stats().borrow().answered_503, 1);
+    let update = c.next_update().await;
+    assert_eq!(update.provider_id, id_of(&info));
     c.finish().await;
 }
