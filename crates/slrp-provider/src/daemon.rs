@@ -7,8 +7,9 @@
 //!    ([`crate::workdir`]) and its store opened (`S/providers/<type>.<name>/store`), all
 //!    before anything runs: a refused work directory or an unreadable store stops the
 //!    daemon with an error naming the provider and the path.
-//! 2. The metrics registry is built (each provider's [`ProviderMetrics`], its agent client's
-//!    counters under a `provider` label, the profile adaptor's), the profile adaptor is
+//! 2. The metrics registry is built (one [`MetricsFamilies`] holding each provider's
+//!    [`ProviderMetrics`] and agent client counters under a `provider` label, and the
+//!    profile adaptor's), the profile adaptor is
 //!    spawned if configured (one per daemon, shared by the providers), and the admin
 //!    socket bound. `/ready` answers from here on, naming each provider's step.
 //! 3. The agent id is learnt with GET_AGENT (`slrp_agent::operator::get_agent_id`),
@@ -60,7 +61,7 @@ use tracing::Instrument as _;
 
 use crate::admin::{AdminError, AdminListener, AdminState, ProviderView};
 use crate::config::{AdminListen, DaemonConfig, PluginsOnExit, ProviderConfig};
-use crate::metrics::ProviderMetrics;
+use crate::metrics::{MetricsFamilies, ProviderMetrics};
 use crate::stack::{PluginStack, StackConfig, StackError, StopPlugins};
 use crate::workdir::{WorkDirError, check_work_dir};
 use crate::worker::{Provider, ProviderDeps, ProviderError, ProviderParams, ProviderStatus};
@@ -259,12 +260,16 @@ pub async fn run(config: DaemonConfig, shutdown: CancellationToken) -> Result<()
     }
 
     let mut registry = Registry::default();
+    // One set of families for all providers, each series labelled with its provider:
+    // a family registered per provider would repeat its `# TYPE` line, which
+    // Prometheus rejects.
+    let families = MetricsFamilies::default();
+    families.register(&mut registry);
     let slots: Vec<Arc<Slot>> = config
         .providers
         .iter()
         .map(|p| {
-            let metrics = ProviderMetrics::new(&p.info.r#type, &p.info.name);
-            metrics.register(&mut registry);
+            let metrics = families.provider(&p.info.r#type, &p.info.name);
             Arc::new(Slot {
                 key: p.key(),
                 metrics,
@@ -272,14 +277,8 @@ pub async fn run(config: DaemonConfig, shutdown: CancellationToken) -> Result<()
             })
         })
         .collect();
-    let agent_metrics: Vec<slrp_agent::Metrics> = slots
-        .iter()
-        .map(|slot| {
-            slrp_agent::Metrics::register(
-                registry.sub_registry_with_label(("provider".into(), slot.key.clone().into())),
-            )
-        })
-        .collect();
+    let agent_metrics: Vec<slrp_agent::Metrics> =
+        slots.iter().map(|slot| slot.metrics.agent()).collect();
 
     let services = CancellationToken::new();
     let mut background = JoinSet::new();
