@@ -38,7 +38,8 @@
 //! 2. each volume manager is stopped (running CSI jobs get their grace; their intents are
 //!    checkpointed and idempotent, so an interrupted one resumes on the next start);
 //! 3. the plugins are stopped (SIGTERM, then SIGKILL) or left running for the next slrp
-//!    to adopt, as [`PluginsOnExit`] says;
+//!    to adopt, as [`PluginsOnExit`] says — also when the shutdown comes while a plugin
+//!    stack is still starting;
 //! 4. the profile adaptor stops and the admin socket is removed.
 //!
 //! The providers shut down in parallel; the whole is bounded by
@@ -446,6 +447,8 @@ async fn run_provider_inner(
     let mut stack_config =
         StackConfig::new(config.info.clone(), work_dir, runtime_dir, store.clone());
     stack_config.supervisor.agent_id = Some(agent_id.clone());
+    // A shutdown during the start leaves the plugins as a shutdown after it would.
+    stack_config.plugins_on_cancel = plugins_on_exit;
     // Not a child of `stop`: cancelling it also stops the volume manager, which must
     // outlive the worker on shutdown. `stop` during the start aborts it through this.
     let stack_cancel = CancellationToken::new();
