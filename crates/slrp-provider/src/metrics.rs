@@ -15,8 +15,13 @@
 //! [`ProviderMetrics::snapshot`] gives the Mesos names, prefixed with
 //! `resource_providers/<type>.<name>/`, as Mesos's `/metrics/snapshot` does.
 //! [`ProviderMetrics::register`] puts the per-RPC and per-container families into an
-//! OpenMetrics registry under the label `provider="<type>.<name>"`, so several providers
-//! in one process share metric names without colliding.
+//! OpenMetrics registry under the label `provider="<type>.<name>"`.
+//!
+//! # Limitations
+//! Each provider registers its own copy of every family: with several providers in one
+//! registry the text exposition repeats each family's `# HELP`/`# TYPE` lines per
+//! provider, which Prometheus rejects (see `docs/provider-stack.md`). The snapshot is
+//! not affected.
 //!
 //! Issue #11 adds the `operations/<type>/*` metrics here (another part beside these).
 

@@ -147,6 +147,17 @@ impl Env {
     }
 }
 
+/// Appends `args` to the first plugin container's command.
+fn add_plugin_args(info: &mut mesos::ResourceProviderInfo, args: &[&str]) {
+    let command = info.storage.as_mut().unwrap().plugin.containers[0]
+        .command
+        .as_mut()
+        .unwrap();
+    command
+        .arguments
+        .extend(args.iter().map(|a| (*a).to_owned()));
+}
+
 fn find_pid(v: &serde_json::Value) -> Option<i64> {
     match v {
         serde_json::Value::Object(m) => m
@@ -512,13 +523,7 @@ async fn a_cancelled_start_stops_the_plugin_it_launched() {
 async fn a_v0_plugin_is_detected_with_one_counted_probe() {
     let env = Env::new();
     let mut info = env.info("test", &[BOTH]);
-    let command = info.storage.as_mut().unwrap().plugin.containers[0]
-        .command
-        .as_mut()
-        .unwrap();
-    command
-        .arguments
-        .extend(["--csi-version".to_owned(), "v0".to_owned()]);
+    add_plugin_args(&mut info, &["--csi-version", "v0"]);
     let m = ProviderMetrics::new(RP_TYPE, "test");
     let stack = env.start(info, &m).await;
     assert_eq!(stack.prepared().version, slrp_csi::CsiVersion::V0);
@@ -595,4 +600,29 @@ async fn a_dropped_stack_stops_its_volume_manager_and_plugin() {
     })
     .await;
     until(|| !alive(pid)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leftover_stopped_at_start_is_no_termination_of_this_run() {
+    let env = Env::new();
+    let m = ProviderMetrics::new(RP_TYPE, "test");
+    let stack = env.start(env.info("test", &[BOTH]), &m).await;
+    let old = env.plugin_pid(CONTAINER).expect("pid record");
+    stack.shutdown(StopPlugins::Leave).await;
+
+    // Another configuration of the same container: the leftover is stopped, not adopted.
+    let mut info = env.info("test", &[BOTH]);
+    add_plugin_args(&mut info, &["--pool", "other=1GiB"]);
+    let m2 = ProviderMetrics::new(RP_TYPE, "test");
+    let stack = env.start(info, &m2).await;
+    assert!(!alive(old), "the leftover is stopped");
+    assert_eq!(m2.supervisor().adoptions(CONTAINER), 0);
+    assert_eq!(
+        m2.supervisor()
+            .terminations(CONTAINER, slrp_supervisor::TerminationCause::Stopped),
+        1
+    );
+    // Mesos's counter: no plugin of this run has terminated.
+    assert_eq!(snapshot_value(&m2, "container_terminations"), 0.0);
+    stack.shutdown(StopPlugins::Stop).await;
 }

@@ -60,8 +60,9 @@ pub struct SupervisorMetrics {
     restarts: Family<ContainerLabels, Counter>,
     ready: Family<ContainerLabels, Gauge>,
     adoptions: Family<ContainerLabels, Counter>,
-    /// All terminations of all containers: Mesos's single `container_terminations`
-    /// counter (a `Family` cannot be summed without knowing its label values).
+    /// All terminations of the containers this supervisor ran or adopted: Mesos's single
+    /// `container_terminations` counter (a `Family` cannot be summed without knowing its
+    /// label values).
     terminations_total: Counter,
 }
 
@@ -116,8 +117,11 @@ impl SupervisorMetrics {
             .get()
     }
 
-    /// Terminations of every container, whatever the cause (Mesos's
-    /// `csi_plugin/container_terminations`).
+    /// Terminations of the plugins this supervisor ran or adopted, whatever the cause
+    /// (Mesos's `csi_plugin/container_terminations`). A leftover of a previous slrp that
+    /// recovery stops is not one of them: Mesos's service manager kills such containers
+    /// before any container daemon watches them, so its post-stop hook never counts them.
+    /// They count only under their container and cause ([`Self::terminations`]).
     pub fn terminations_total(&self) -> u64 {
         self.terminations_total.get()
     }
@@ -133,13 +137,23 @@ impl SupervisorMetrics {
     }
 
     pub(crate) fn terminated(&self, container: &str, cause: TerminationCause) {
+        self.count_cause(container, cause);
+        self.terminations_total.inc();
+    }
+
+    fn count_cause(&self, container: &str, cause: TerminationCause) {
         self.terminations
             .get_or_create(&TerminationLabels {
                 container: container.to_owned(),
                 cause,
             })
             .inc();
-        self.terminations_total.inc();
+    }
+
+    /// A leftover of a previous run stopped by recovery: counted under its container and
+    /// cause, not in [`Self::terminations_total`].
+    pub(crate) fn stopped_leftover(&self, container: &str) {
+        self.count_cause(container, TerminationCause::Stopped);
     }
 
     pub(crate) fn restarted(&self, container: &str) {

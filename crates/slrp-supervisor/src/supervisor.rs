@@ -557,7 +557,7 @@ async fn recover(
             if live {
                 tracing::info!(container = %name, pid = rec.process.pid, "stopping plugin left by a previous slrp with a different configuration");
                 process::stop_foreign(rec.process, cfg.stop_grace, cfg.adopt_poll).await;
-                metrics.terminated(&name, TerminationCause::Stopped);
+                metrics.stopped_leftover(&name);
             }
             let _ = remove_if_exists(&dir.join(RECORD));
         }

@@ -17,10 +17,28 @@ mod support;
 use std::collections::BTreeMap;
 
 use serde_json::json;
+use slrp_manager::ManagerMessage;
 use support::{
     Cluster, DaemonOptions, ProviderSpec, Update, assert_provider_resource, mb, metadata, profiles,
     sorted, source,
 };
+
+/// Runs a test body taking the plugin's CSI version as `<name>::v1` and `<name>::v0`, as
+/// Mesos instantiates its provider tests (`CSIVersion/StorageLocalResourceProviderTest.<Name>/v0`).
+macro_rules! both_versions {
+    ($name:ident) => {
+        mod $name {
+            #[tokio::test]
+            async fn v1() {
+                super::$name("v1").await;
+            }
+            #[tokio::test]
+            async fn v0() {
+                super::$name("v0").await;
+            }
+        }
+    };
+}
 
 /// The provider id of a SUBSCRIBED provider's info.
 fn id_of(info: &serde_json::Value) -> String {
@@ -46,10 +64,8 @@ async fn started_with_pool(
 /// NoResource (§11.1 test 1): no profiles and no pre-existing volumes → one UPDATE_STATE
 /// with zero resources after SUBSCRIBE; after a daemon restart the recovered provider
 /// again sends one with zero resources (an UPDATE_STATE always follows a subscription).
-#[tokio::test]
-#[ignore = "needs slrp run (issue #10)"]
-async fn no_resource() {
-    let mut c = Cluster::fixture().await;
+async fn no_resource(csi: &'static str) {
+    let mut c = Cluster::fixture_csi(csi).await;
     c.start_daemon();
     let info = c.next_subscribed().await;
     let id = id_of(&info);
@@ -68,16 +84,15 @@ async fn no_resource() {
     assert!(u.resources.is_empty(), "{:?}", u.resources);
     c.finish().await;
 }
+both_versions!(no_resource);
 
 /// ProfileAppeared (§11.1 test 4): the profile document is `{}` first (no pool); once it
 /// names profile `test`, an UPDATE_STATE carries a RAW storage pool of that profile with
 /// the plugin's capacity (4 GiB = 4096 MB), the plugin's vendor, the provider id and the
 /// default reservation.
-#[tokio::test]
-#[ignore = "needs slrp run (issue #10)"]
-async fn profile_appeared() {
+async fn profile_appeared(csi: &'static str) {
     let mut c = Cluster::new(
-        vec![ProviderSpec::fixture()],
+        vec![ProviderSpec::fixture().csi(csi)],
         DaemonOptions::with_profiles(),
     )
     .await;
@@ -101,16 +116,15 @@ async fn profile_appeared() {
     assert_ne!(u.resource_version, first.resource_version);
     c.finish().await;
 }
+both_versions!(profile_appeared);
 
 /// ProfileDisappeared (§11.1 test 9), the part without operations: the `test1` pool is
 /// reported; the mapping switches to `test2` → the `test1` pool goes, a `test2` pool of the
 /// same capacity appears, with a new resource version. (That a CREATE_DISK on the old pool
 /// is then DROPPED and a `test1` disk keeps its profile needs operations: issue #11.)
-#[tokio::test]
-#[ignore = "needs slrp run (issue #10)"]
-async fn profile_disappeared() {
+async fn profile_disappeared(csi: &'static str) {
     let mut c = Cluster::new(
-        vec![ProviderSpec::fixture()],
+        vec![ProviderSpec::fixture().csi(csi)],
         DaemonOptions::with_profiles(),
     )
     .await;
@@ -131,6 +145,7 @@ async fn profile_disappeared() {
     assert_ne!(after.resource_version, before.resource_version);
     c.finish().await;
 }
+both_versions!(profile_disappeared);
 
 /// A pre-existing 2 GiB volume of the fixture's plugin, as the only resource (no
 /// profiles): RAW, vendor, id, no profile (Mesos's "preprovisioned" predicate).
@@ -146,10 +161,8 @@ fn assert_single_preexisting(c: &Cluster, u: &Update, volume: &str) {
 
 /// RecoverDuplicatedVolumes (§11.1 test 8, MESOS-9965): the plugin lists its one 2 GiB
 /// volume twice; the provider reports a single 2 GiB disk, before and after a restart.
-#[tokio::test]
-#[ignore = "needs slrp run (issue #10)"]
-async fn recover_duplicated_volumes() {
-    let mut c = Cluster::fixture().await;
+async fn recover_duplicated_volumes(csi: &'static str) {
+    let mut c = Cluster::fixture_csi(csi).await;
     let volume = c.import_volume("test", "vol1", 2 << 30);
     c.set_faults(
         "test",
@@ -167,15 +180,14 @@ async fn recover_duplicated_volumes() {
     assert_single_preexisting(&c, &u, &volume);
     c.finish().await;
 }
+both_versions!(recover_duplicated_volumes);
 
 /// RecoverDiskWithChangedMetadata (§11.1 test 7, MESOS-9395): the volume is reported
 /// with `label=foo`; after a restart the plugin reports `label=bar`; exactly one disk is
 /// reported, with the new metadata. (Mesos's disk is a MOUNT disk made by CREATE_DISK;
 /// without operations, issue #11, it is a pre-existing RAW volume here.)
-#[tokio::test]
-#[ignore = "needs slrp run (issue #10)"]
-async fn recover_disk_with_changed_metadata() {
-    let mut c = Cluster::fixture().await;
+async fn recover_disk_with_changed_metadata(csi: &'static str) {
+    let mut c = Cluster::fixture_csi(csi).await;
     let volume = c.import_volume("test", "vol1", 2 << 30);
     let label = |v: &str| json!([{"rpc": "ListVolumes", "volume_context": {"label": v}}]);
     c.set_faults("test", &label("foo"));
@@ -183,8 +195,8 @@ async fn recover_disk_with_changed_metadata() {
     let id = id_of(&c.next_subscribed().await);
     let u = c.next_update().await;
     assert_single_preexisting(&c, &u, &volume);
-    let foo = BTreeMap::from([("label".to_owned(), "foo".to_owned())]);
-    assert_eq!(metadata(&u.resources[0]), foo);
+    let label_foo = BTreeMap::from([("label".to_owned(), "foo".to_owned())]);
+    assert_eq!(metadata(&u.resources[0]), label_foo);
 
     assert!(c.stop_daemon().await.success(), "{}", c.daemon_log());
     c.set_faults("test", &label("bar"));
@@ -192,21 +204,24 @@ async fn recover_disk_with_changed_metadata() {
     assert_eq!(id_of(&c.next_subscribed().await), id);
     let u = c.next_update().await;
     assert_single_preexisting(&c, &u, &volume);
-    let bar = BTreeMap::from([("label".to_owned(), "bar".to_owned())]);
-    assert_eq!(metadata(&u.resources[0]), bar);
+    let label_bar = BTreeMap::from([("label".to_owned(), "bar".to_owned())]);
+    assert_eq!(metadata(&u.resources[0]), label_bar);
     c.finish().await;
 }
+both_versions!(recover_disk_with_changed_metadata);
 
 /// The startup calls per RPC (spec §9) for the bundled plugin, which advertises no
 /// PUBLISH_UNPUBLISH_VOLUME: Mesos's test plugin does, so Mesos also calls NodeGetId once
-/// (its budget is 10); without that capability no node id is asked for (spec §4.4).
-const STARTUP_BUDGET: [(&str, u64); 8] = [
+/// (its budget is 10); without that capability no node id is asked for (spec §4.4), in
+/// v1 (NodeGetInfo) or v0 (NodeGetId).
+const STARTUP_BUDGET: [(&str, u64); 9] = [
     ("Probe", 1),
     ("GetPluginInfo", 2),
     ("GetPluginCapabilities", 1),
     ("ControllerGetCapabilities", 1),
     ("NodeGetCapabilities", 1),
     ("NodeGetInfo", 0),
+    ("NodeGetId", 0),
     ("ListVolumes", 2),
     ("GetCapacity", 1),
 ];
@@ -217,11 +232,9 @@ const STARTUP_BUDGET: [(&str, u64); 8] = [
 /// and profile reconciliations), and `rpcs_finished` counts them with the version
 /// detection's Probe as one: 9 here, Mesos's 10 less its NodeGetId. `rpcs_failed` 0. A
 /// health probe counted in the provider's metrics would make it more.
-#[tokio::test]
-#[ignore = "needs slrp run (issue #10)"]
-async fn csi_plugin_rpc_metrics() {
+async fn csi_plugin_rpc_metrics(csi: &'static str) {
     let (c, _, _) = started_with_pool(
-        ProviderSpec::fixture(),
+        ProviderSpec::fixture().csi(csi),
         DaemonOptions::with_profiles(),
         |c| c.count_calls("test", &STARTUP_BUDGET.map(|(rpc, _)| rpc)),
     )
@@ -253,14 +266,13 @@ async fn csi_plugin_rpc_metrics() {
     assert_eq!(snap[&format!("{prefix}/rpcs_cancelled")], 0.0, "{snap:?}");
     c.finish().await;
 }
+both_versions!(csi_plugin_rpc_metrics);
 
 /// Update (§11.1 test 35): with a short `reconciliation_interval_seconds`, ListVolumes
 /// and GetCapacity are called at startup and again later, without any event. Counted at
 /// the plugin (a counting fault rule) and in the provider's RPC metrics.
-#[tokio::test]
-#[ignore = "needs slrp run (issue #10)"]
-async fn periodic_reconciliation_calls_the_plugin_again() {
-    let mut spec = ProviderSpec::fixture();
+async fn periodic_reconciliation_calls_the_plugin_again(csi: &'static str) {
+    let mut spec = ProviderSpec::fixture().csi(csi);
     spec.reconciliation_interval_seconds = 1.0;
     let (c, _, _) = started_with_pool(spec, DaemonOptions::with_profiles(), |c| {
         c.count_calls("test", &["ListVolumes", "GetCapacity"]);
@@ -293,12 +305,12 @@ async fn periodic_reconciliation_calls_the_plugin_again() {
     .await;
     c.finish().await;
 }
+both_versions!(periodic_reconciliation_calls_the_plugin_again);
 
 /// Two providers in one process (two config files, two plugins): both subscribe with
 /// distinct ids, each reports its own pool (4 GiB and 2 GiB, its plugin's vendor), and
 /// each has its own metrics.
 #[tokio::test]
-#[ignore = "needs slrp run (issue #10)"]
 async fn two_providers_in_one_process() {
     let one = ProviderSpec::named("test1", "local1");
     let mut two = ProviderSpec::named("test2", "local2");
@@ -306,19 +318,31 @@ async fn two_providers_in_one_process() {
     let mut c = Cluster::new(vec![one, two], DaemonOptions::with_profiles()).await;
     c.set_profiles(&profiles(&["test"]));
     c.start_daemon();
+    // Both providers run concurrently: one's UPDATE_STATE may come before the other's
+    // SUBSCRIBE, so both kinds are taken from one stream of messages.
     let mut ids = BTreeMap::new();
-    while ids.len() < 2 {
-        let info = c.next_subscribed().await;
-        ids.insert(info["name"].as_str().unwrap().to_owned(), id_of(&info));
-    }
-    assert_ne!(ids["test1"], ids["test2"]);
     let mut pools = BTreeMap::new();
-    while pools.len() < 2 {
-        let u = c.next_update().await;
-        if let Some(pool) = u.pool("test") {
-            pools.insert(u.provider_id.clone(), pool.clone());
+    while ids.len() < 2 || pools.len() < 2 {
+        match c.next_message().await {
+            ManagerMessage::Subscribed { info } => {
+                let id = info.id.unwrap().value;
+                assert!(ids.insert(info.name, id).is_none(), "subscribed twice");
+            }
+            ManagerMessage::UpdateState {
+                provider_id,
+                resources,
+                resource_version_uuid,
+                ..
+            } => {
+                let u = Update::new(provider_id, &resources, &resource_version_uuid);
+                if let Some(pool) = u.pool("test") {
+                    pools.insert(u.provider_id.clone(), pool.clone());
+                }
+            }
+            _ => {}
         }
     }
+    assert_ne!(ids["test1"], ids["test2"]);
     for (name, size) in [("test1", 4096.0), ("test2", 2048.0)] {
         let pool = &pools[&ids[name]];
         assert_provider_resource(pool, c.spec(name), &ids[name]);
@@ -336,7 +360,6 @@ async fn two_providers_in_one_process() {
 /// The JSON transport (`[agent] content_type = "json"`): the same subscription and
 /// UPDATE_STATE as with protobuf; the manager is strict about both.
 #[tokio::test]
-#[ignore = "needs slrp run (issue #10)"]
 async fn json_transport() {
     let options = DaemonOptions {
         json: true,
@@ -350,7 +373,6 @@ async fn json_transport() {
 /// The provider restarts (SIGTERM, then SIGKILL) while the manager runs: it resubscribes
 /// with the same id, reports the same resources, and runs one plugin, not two.
 #[tokio::test]
-#[ignore = "needs slrp run (issue #10)"]
 async fn provider_restarts_keep_id_resources_and_one_plugin() {
     let volume = "import-loop-vol1";
     let (mut c, id, first) = started_with_pool(
@@ -390,7 +412,6 @@ async fn provider_restarts_keep_id_resources_and_one_plugin() {
 /// The manager (agent) restarts on the same registry while the provider runs: the
 /// provider reconnects, resubscribes with its id and reports its resources again.
 #[tokio::test]
-#[ignore = "needs slrp run (issue #10)"]
 async fn manager_restart_resubscribes_with_the_same_id() {
     let (mut c, id, first) = started_with_pool(
         ProviderSpec::fixture(),
@@ -408,29 +429,35 @@ async fn manager_restart_resubscribes_with_the_same_id() {
     c.finish().await;
 }
 
+/// The fixture with pre-existing 2 GiB and 3 GiB volumes; their ids → sizes in MB.
+async fn two_preexisting_volumes() -> (Cluster, BTreeMap<String, f64>) {
+    let c = Cluster::fixture().await;
+    let small = c.import_volume("test", "vol2g", 2 << 30);
+    let large = c.import_volume("test", "vol3g", 3 << 30);
+    (c, BTreeMap::from([(small, 2048.0), (large, 3072.0)]))
+}
+
+/// The pre-existing RAW disks of an update (id → MB), each checked to be the provider's.
+fn disks(u: &Update) -> BTreeMap<String, f64> {
+    u.disks()
+        .into_iter()
+        .map(|d| {
+            assert_provider_resource(d, &ProviderSpec::fixture(), &u.provider_id);
+            assert_eq!(source(d)["type"], "RAW", "{d}");
+            assert!(source(d)["profile"].is_null(), "{d}");
+            (source(d)["id"].as_str().unwrap().to_owned(), mb(d))
+        })
+        .collect()
+}
+
 /// ROOT_AgentRegisteredWithNewId (§11.1 test 11), the part without operations: the agent
 /// comes back with a new agent ID (its registry of providers is empty) → the restarted
 /// daemon subscribes as a new provider (new id), and the plugin's volumes reappear as
 /// pre-existing RAW disks of that new provider. (Mesos's volumes are MOUNT disks with
 /// persistent volumes, re-imported by CREATE_DISK with `target_profile`: issue #11.)
 #[tokio::test]
-#[ignore = "needs slrp run (issue #10)"]
 async fn agent_registered_with_new_id() {
-    let mut c = Cluster::fixture().await;
-    let small = c.import_volume("test", "vol2g", 2 << 30);
-    let large = c.import_volume("test", "vol3g", 3 << 30);
-    let disks = |u: &Update| -> BTreeMap<String, f64> {
-        u.disks()
-            .into_iter()
-            .map(|d| {
-                assert_provider_resource(d, &ProviderSpec::fixture(), &u.provider_id);
-                assert_eq!(source(d)["type"], "RAW", "{d}");
-                assert!(source(d)["profile"].is_null(), "{d}");
-                (source(d)["id"].as_str().unwrap().to_owned(), mb(d))
-            })
-            .collect()
-    };
-    let want = BTreeMap::from([(small, 2048.0), (large, 3072.0)]);
+    let (mut c, want) = two_preexisting_volumes().await;
     c.start_daemon();
     let old = id_of(&c.next_subscribed().await);
     let u = c.next_update().await;
@@ -446,5 +473,27 @@ async fn agent_registered_with_new_id() {
     assert_eq!(u.provider_id, new);
     assert_eq!(u.resources.len(), 2, "{:?}", u.resources);
     assert_eq!(disks(&u), want);
+    c.finish().await;
+}
+
+/// As above, but the daemon keeps running while the agent comes back with a new ID: its
+/// resubscription is not admitted, it learns the new agent ID and subscribes as a new
+/// provider in-process (spec §3.6); the volumes reappear under the new provider id.
+#[tokio::test]
+async fn agent_registered_with_new_id_while_the_daemon_runs() {
+    let (mut c, want) = two_preexisting_volumes().await;
+    c.start_daemon();
+    let old = id_of(&c.next_subscribed().await);
+    assert_eq!(disks(&c.next_update().await), want);
+
+    c.restart_manager_with_agent_id("11111111-2222-3333-4444-555555555555-S1")
+        .await;
+    let new = id_of(&c.next_subscribed().await);
+    assert_ne!(new, old, "a new agent ID is a new provider identity");
+    let u = c.next_update().await;
+    assert_eq!(u.provider_id, new);
+    assert_eq!(u.resources.len(), 2, "{:?}", u.resources);
+    assert_eq!(disks(&u), want);
+    assert!(c.daemon_running());
     c.finish().await;
 }

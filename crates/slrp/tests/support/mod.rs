@@ -61,6 +61,13 @@ impl ProviderSpec {
         Self::named("test", "local")
     }
 
+    /// The same with the plugin speaking CSI `version` (`"v1"` or `"v0"`).
+    #[must_use]
+    pub fn csi(mut self, version: &'static str) -> Self {
+        self.csi_version = version;
+        self
+    }
+
     /// The fixture under other names.
     pub fn named(name: &str, plugin_name: &str) -> Self {
         Self {
@@ -92,6 +99,22 @@ pub struct Update {
 }
 
 impl Update {
+    /// From the fields of a [`ManagerMessage::UpdateState`].
+    pub fn new(
+        provider_id: String,
+        resources: &[slrp_proto::mesos::v1::Resource],
+        version: &slrp_proto::mesos::v1::Uuid,
+    ) -> Self {
+        Self {
+            provider_id,
+            resources: resources
+                .iter()
+                .map(|r| slrp_wire::json::to_value(r).unwrap())
+                .collect(),
+            resource_version: version.value.clone(),
+        }
+    }
+
     /// The storage pools: RAW, vendor, profile, no id (Mesos's `isStoragePool`).
     pub fn pools(&self) -> Vec<&Value> {
         self.resources
@@ -287,7 +310,16 @@ impl Cluster {
 
     /// The fixture's single provider with default options.
     pub async fn fixture() -> Self {
-        Self::new(vec![ProviderSpec::fixture()], DaemonOptions::default()).await
+        Self::fixture_csi("v1").await
+    }
+
+    /// The same with the plugin speaking CSI `version`.
+    pub async fn fixture_csi(version: &'static str) -> Self {
+        Self::new(
+            vec![ProviderSpec::fixture().csi(version)],
+            DaemonOptions::default(),
+        )
+        .await
     }
 
     pub fn path(&self, sub: &str) -> PathBuf {
@@ -539,14 +571,7 @@ impl Cluster {
                 ..
             } = self.next_message().await
             {
-                return Update {
-                    provider_id,
-                    resources: resources
-                        .iter()
-                        .map(|r| slrp_wire::json::to_value(r).unwrap())
-                        .collect(),
-                    resource_version: resource_version_uuid.value.clone(),
-                };
+                return Update::new(provider_id, &resources, &resource_version_uuid);
             }
         }
     }
