@@ -9,7 +9,7 @@
 //! every SUBSCRIBED, the periodic reconciliation and the profile change. A job gathers
 //! GetCapacity per profile and ListVolumes concurrently while the task keeps reading
 //! events, so events that arrive during a reconciliation are queued, dropped or answered
-//! as [`lifecycle::disposition`] says instead of waiting in the channel.
+//! as [`disposition`] says instead of waiting in the channel.
 //!
 //! The lifecycle follows spec §3.2 with the fixes of §12: READY only after the
 //! subscription reconciliation's UPDATE_STATE was accepted *in the same session* (a
@@ -20,7 +20,7 @@
 //! (§12 items 12, 13). Only a failed store write is fatal (conventions §4.4 rule 5).
 //!
 //! Operations (APPLY, ACKNOWLEDGE, RECONCILE, PUBLISH in READY) are issue #11's: they all
-//! reach [`Worker::on_ready_event`], the one place to replace.
+//! reach `Worker::on_ready_event`, the one place to replace.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;

@@ -23,6 +23,23 @@ use support::{
     sorted, source,
 };
 
+/// Runs a test body taking the plugin's CSI version as `<name>::v1` and `<name>::v0`, as
+/// Mesos instantiates its provider tests (`CSIVersion/StorageLocalResourceProviderTest.<Name>/v0`).
+macro_rules! both_versions {
+    ($name:ident) => {
+        mod $name {
+            #[tokio::test]
+            async fn v1() {
+                super::$name("v1").await;
+            }
+            #[tokio::test]
+            async fn v0() {
+                super::$name("v0").await;
+            }
+        }
+    };
+}
+
 /// The provider id of a SUBSCRIBED provider's info.
 fn id_of(info: &serde_json::Value) -> String {
     info["id"]["value"].as_str().unwrap().to_owned()
@@ -47,9 +64,8 @@ async fn started_with_pool(
 /// NoResource (§11.1 test 1): no profiles and no pre-existing volumes → one UPDATE_STATE
 /// with zero resources after SUBSCRIBE; after a daemon restart the recovered provider
 /// again sends one with zero resources (an UPDATE_STATE always follows a subscription).
-#[tokio::test]
-async fn no_resource() {
-    let mut c = Cluster::fixture().await;
+async fn no_resource(csi: &'static str) {
+    let mut c = Cluster::fixture_csi(csi).await;
     c.start_daemon();
     let info = c.next_subscribed().await;
     let id = id_of(&info);
@@ -68,15 +84,15 @@ async fn no_resource() {
     assert!(u.resources.is_empty(), "{:?}", u.resources);
     c.finish().await;
 }
+both_versions!(no_resource);
 
 /// ProfileAppeared (§11.1 test 4): the profile document is `{}` first (no pool); once it
 /// names profile `test`, an UPDATE_STATE carries a RAW storage pool of that profile with
 /// the plugin's capacity (4 GiB = 4096 MB), the plugin's vendor, the provider id and the
 /// default reservation.
-#[tokio::test]
-async fn profile_appeared() {
+async fn profile_appeared(csi: &'static str) {
     let mut c = Cluster::new(
-        vec![ProviderSpec::fixture()],
+        vec![ProviderSpec::fixture().csi(csi)],
         DaemonOptions::with_profiles(),
     )
     .await;
@@ -100,15 +116,15 @@ async fn profile_appeared() {
     assert_ne!(u.resource_version, first.resource_version);
     c.finish().await;
 }
+both_versions!(profile_appeared);
 
 /// ProfileDisappeared (§11.1 test 9), the part without operations: the `test1` pool is
 /// reported; the mapping switches to `test2` → the `test1` pool goes, a `test2` pool of the
 /// same capacity appears, with a new resource version. (That a CREATE_DISK on the old pool
 /// is then DROPPED and a `test1` disk keeps its profile needs operations: issue #11.)
-#[tokio::test]
-async fn profile_disappeared() {
+async fn profile_disappeared(csi: &'static str) {
     let mut c = Cluster::new(
-        vec![ProviderSpec::fixture()],
+        vec![ProviderSpec::fixture().csi(csi)],
         DaemonOptions::with_profiles(),
     )
     .await;
@@ -129,6 +145,7 @@ async fn profile_disappeared() {
     assert_ne!(after.resource_version, before.resource_version);
     c.finish().await;
 }
+both_versions!(profile_disappeared);
 
 /// A pre-existing 2 GiB volume of the fixture's plugin, as the only resource (no
 /// profiles): RAW, vendor, id, no profile (Mesos's "preprovisioned" predicate).
@@ -144,9 +161,8 @@ fn assert_single_preexisting(c: &Cluster, u: &Update, volume: &str) {
 
 /// RecoverDuplicatedVolumes (§11.1 test 8, MESOS-9965): the plugin lists its one 2 GiB
 /// volume twice; the provider reports a single 2 GiB disk, before and after a restart.
-#[tokio::test]
-async fn recover_duplicated_volumes() {
-    let mut c = Cluster::fixture().await;
+async fn recover_duplicated_volumes(csi: &'static str) {
+    let mut c = Cluster::fixture_csi(csi).await;
     let volume = c.import_volume("test", "vol1", 2 << 30);
     c.set_faults(
         "test",
@@ -164,14 +180,14 @@ async fn recover_duplicated_volumes() {
     assert_single_preexisting(&c, &u, &volume);
     c.finish().await;
 }
+both_versions!(recover_duplicated_volumes);
 
 /// RecoverDiskWithChangedMetadata (§11.1 test 7, MESOS-9395): the volume is reported
 /// with `label=foo`; after a restart the plugin reports `label=bar`; exactly one disk is
 /// reported, with the new metadata. (Mesos's disk is a MOUNT disk made by CREATE_DISK;
 /// without operations, issue #11, it is a pre-existing RAW volume here.)
-#[tokio::test]
-async fn recover_disk_with_changed_metadata() {
-    let mut c = Cluster::fixture().await;
+async fn recover_disk_with_changed_metadata(csi: &'static str) {
+    let mut c = Cluster::fixture_csi(csi).await;
     let volume = c.import_volume("test", "vol1", 2 << 30);
     let label = |v: &str| json!([{"rpc": "ListVolumes", "volume_context": {"label": v}}]);
     c.set_faults("test", &label("foo"));
@@ -179,8 +195,8 @@ async fn recover_disk_with_changed_metadata() {
     let id = id_of(&c.next_subscribed().await);
     let u = c.next_update().await;
     assert_single_preexisting(&c, &u, &volume);
-    let foo = BTreeMap::from([("label".to_owned(), "foo".to_owned())]);
-    assert_eq!(metadata(&u.resources[0]), foo);
+    let label_foo = BTreeMap::from([("label".to_owned(), "foo".to_owned())]);
+    assert_eq!(metadata(&u.resources[0]), label_foo);
 
     assert!(c.stop_daemon().await.success(), "{}", c.daemon_log());
     c.set_faults("test", &label("bar"));
@@ -188,21 +204,24 @@ async fn recover_disk_with_changed_metadata() {
     assert_eq!(id_of(&c.next_subscribed().await), id);
     let u = c.next_update().await;
     assert_single_preexisting(&c, &u, &volume);
-    let bar = BTreeMap::from([("label".to_owned(), "bar".to_owned())]);
-    assert_eq!(metadata(&u.resources[0]), bar);
+    let label_bar = BTreeMap::from([("label".to_owned(), "bar".to_owned())]);
+    assert_eq!(metadata(&u.resources[0]), label_bar);
     c.finish().await;
 }
+both_versions!(recover_disk_with_changed_metadata);
 
 /// The startup calls per RPC (spec §9) for the bundled plugin, which advertises no
 /// PUBLISH_UNPUBLISH_VOLUME: Mesos's test plugin does, so Mesos also calls NodeGetId once
-/// (its budget is 10); without that capability no node id is asked for (spec §4.4).
-const STARTUP_BUDGET: [(&str, u64); 8] = [
+/// (its budget is 10); without that capability no node id is asked for (spec §4.4), in
+/// v1 (NodeGetInfo) or v0 (NodeGetId).
+const STARTUP_BUDGET: [(&str, u64); 9] = [
     ("Probe", 1),
     ("GetPluginInfo", 2),
     ("GetPluginCapabilities", 1),
     ("ControllerGetCapabilities", 1),
     ("NodeGetCapabilities", 1),
     ("NodeGetInfo", 0),
+    ("NodeGetId", 0),
     ("ListVolumes", 2),
     ("GetCapacity", 1),
 ];
@@ -213,10 +232,9 @@ const STARTUP_BUDGET: [(&str, u64); 8] = [
 /// and profile reconciliations), and `rpcs_finished` counts them with the version
 /// detection's Probe as one: 9 here, Mesos's 10 less its NodeGetId. `rpcs_failed` 0. A
 /// health probe counted in the provider's metrics would make it more.
-#[tokio::test]
-async fn csi_plugin_rpc_metrics() {
+async fn csi_plugin_rpc_metrics(csi: &'static str) {
     let (c, _, _) = started_with_pool(
-        ProviderSpec::fixture(),
+        ProviderSpec::fixture().csi(csi),
         DaemonOptions::with_profiles(),
         |c| c.count_calls("test", &STARTUP_BUDGET.map(|(rpc, _)| rpc)),
     )
@@ -248,13 +266,13 @@ async fn csi_plugin_rpc_metrics() {
     assert_eq!(snap[&format!("{prefix}/rpcs_cancelled")], 0.0, "{snap:?}");
     c.finish().await;
 }
+both_versions!(csi_plugin_rpc_metrics);
 
 /// Update (§11.1 test 35): with a short `reconciliation_interval_seconds`, ListVolumes
 /// and GetCapacity are called at startup and again later, without any event. Counted at
 /// the plugin (a counting fault rule) and in the provider's RPC metrics.
-#[tokio::test]
-async fn periodic_reconciliation_calls_the_plugin_again() {
-    let mut spec = ProviderSpec::fixture();
+async fn periodic_reconciliation_calls_the_plugin_again(csi: &'static str) {
+    let mut spec = ProviderSpec::fixture().csi(csi);
     spec.reconciliation_interval_seconds = 1.0;
     let (c, _, _) = started_with_pool(spec, DaemonOptions::with_profiles(), |c| {
         c.count_calls("test", &["ListVolumes", "GetCapacity"]);
@@ -287,6 +305,7 @@ async fn periodic_reconciliation_calls_the_plugin_again() {
     .await;
     c.finish().await;
 }
+both_versions!(periodic_reconciliation_calls_the_plugin_again);
 
 /// Two providers in one process (two config files, two plugins): both subscribe with
 /// distinct ids, each reports its own pool (4 GiB and 2 GiB, its plugin's vendor), and

@@ -61,6 +61,13 @@ impl ProviderSpec {
         Self::named("test", "local")
     }
 
+    /// The same with the plugin speaking CSI `version` (`"v1"` or `"v0"`).
+    #[must_use]
+    pub fn csi(mut self, version: &'static str) -> Self {
+        self.csi_version = version;
+        self
+    }
+
     /// The fixture under other names.
     pub fn named(name: &str, plugin_name: &str) -> Self {
         Self {
@@ -303,7 +310,16 @@ impl Cluster {
 
     /// The fixture's single provider with default options.
     pub async fn fixture() -> Self {
-        Self::new(vec![ProviderSpec::fixture()], DaemonOptions::default()).await
+        Self::fixture_csi("v1").await
+    }
+
+    /// The same with the plugin speaking CSI `version`.
+    pub async fn fixture_csi(version: &'static str) -> Self {
+        Self::new(
+            vec![ProviderSpec::fixture().csi(version)],
+            DaemonOptions::default(),
+        )
+        .await
     }
 
     pub fn path(&self, sub: &str) -> PathBuf {
