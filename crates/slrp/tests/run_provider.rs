@@ -497,3 +497,47 @@ async fn agent_registered_with_new_id_while_the_daemon_runs() {
     assert!(c.daemon_running());
     c.finish().await;
 }
+
+/// AgentFailoverPluginKilled (§11.1 test 10): while the agent is down the plugin is
+/// SIGKILLed; when the agent is back the provider has relaunched its plugin, resubscribes
+/// with its id and reports its resources again.
+async fn agent_failover_plugin_killed(csi: &'static str) {
+    let (mut c, id, first) = started_with_pool(
+        ProviderSpec::fixture().csi(csi),
+        DaemonOptions::with_profiles(),
+        |_| {},
+    )
+    .await;
+    c.stop_manager().await;
+    let old = c.kill_plugin("test").await;
+    c.resume_manager().await;
+    assert_eq!(id_of(&c.next_subscribed().await), id);
+    let u = c.next_update().await;
+    assert_eq!(sorted(&u.resources), sorted(&first.resources));
+    c.plugin_relaunched("test", old).await;
+    c.finish().await;
+}
+both_versions!(agent_failover_plugin_killed);
+
+/// ContainerTerminationMetric (§11.1 test 24): `csi_plugin/container_terminations` is 0,
+/// then 1 after the plugin is SIGKILLed (and relaunched).
+async fn container_termination_metric(csi: &'static str) {
+    let (c, _, _) = started_with_pool(
+        ProviderSpec::fixture().csi(csi),
+        DaemonOptions::with_profiles(),
+        |_| {},
+    )
+    .await;
+    let key = format!(
+        "resource_providers/{}/csi_plugin/container_terminations",
+        c.spec("test").key()
+    );
+    assert_eq!(c.snapshot().await.get(&key), Some(&0.0));
+    let old = c.kill_plugin("test").await;
+    c.snapshot_until("the termination counted", |s| s.get(&key) == Some(&1.0))
+        .await;
+    c.plugin_relaunched("test", old).await;
+    assert_eq!(c.snapshot().await.get(&key), Some(&1.0));
+    c.finish().await;
+}
+both_versions!(container_termination_metric);
