@@ -4,9 +4,9 @@
 //! them. Each test checks what a Mesos agent would see afterwards: a resubscription with
 //! the same provider id and a fresh UPDATE_STATE.
 //!
-//! The manager restarting under a running daemon (same or new agent id) is covered by
-//! `run_provider.rs` (`manager_restart_resubscribes_with_the_same_id`,
-//! `agent_registered_with_new_id`), which talks to the manager directly.
+//! The manager restarting under a running daemon with the same agent id, and a daemon
+//! restarted with an agent that got a new id, are `run_provider.rs`'s
+//! `manager_restart_resubscribes_with_the_same_id` and `agent_registered_with_new_id`.
 
 #![allow(
     clippy::tests_outside_test_module,
@@ -283,5 +283,35 @@ async fn agent_down_at_start_is_waited_for() {
     assert_eq!(proxy.stats().borrow().answered_503, 1);
     let update = c.next_update().await;
     assert_eq!(update.provider_id, id_of(&info));
+    c.finish().await;
+}
+
+/// The agent comes back under a new agent ID while the daemon keeps running (spec §3.6,
+/// §8.6): the old provider id is not admitted any more, so the daemon learns the new
+/// agent ID and subscribes as a new provider; the plugin's volume reappears as a
+/// pre-existing RAW disk of that provider. (The variant where the daemon restarts with
+/// the agent is `run_provider.rs`'s `agent_registered_with_new_id`.)
+#[tokio::test]
+async fn new_agent_id_under_a_running_daemon_is_a_new_identity() {
+    let (mut c, proxy) = proxied(&[], DaemonOptions::default()).await;
+    let volume = c.import_volume("test", "vol2g", 2 << 30);
+    c.start_daemon();
+    let old = id_of(&c.next_subscribed().await);
+    let first = c.next_update().await;
+    assert_eq!(first.disks().len(), 1, "{:?}", first.resources);
+
+    c.restart_manager_with_agent_id("11111111-2222-3333-4444-555555555555-S1")
+        .await;
+    proxy.set_target(manager_addr(&c));
+    let new = id_of(&c.next_subscribed().await);
+    assert_ne!(new, old, "a new agent ID is a new provider identity");
+    let update = c.next_update().await;
+    assert_eq!(update.provider_id, new);
+    let disks = update.disks();
+    assert_eq!(disks.len(), 1, "{:?}", update.resources);
+    assert_eq!(support::source(disks[0])["id"], volume.as_str());
+    assert_eq!(support::source(disks[0])["type"], "RAW");
+    assert_eq!(disks[0]["provider_id"]["value"], new.as_str());
+    assert_eq!(support::mb(disks[0]), 2048.0);
     c.finish().await;
 }

@@ -494,6 +494,20 @@ impl Cluster {
         self.manager = Some((handle, guard));
     }
 
+    /// Stops the manager (every stream closes; connections are refused) until
+    /// [`Cluster::resume_manager`], as an agent that is down.
+    pub async fn stop_manager(&mut self) {
+        let (_, guard) = self.manager.take().expect("manager not running");
+        guard.shutdown().await;
+        self.messages = None;
+    }
+
+    /// Starts the stopped manager again on the same address and registry.
+    pub async fn resume_manager(&mut self) {
+        assert!(self.manager.is_none(), "manager already running");
+        self.start_manager().await;
+    }
+
     /// Restarts the manager as an agent that registered with a new agent ID `agent_id`:
     /// same address, but its registry of providers starts empty (spec §3.6, §8.6).
     pub async fn restart_manager_with_agent_id(&mut self, agent_id: &str) {
@@ -504,8 +518,7 @@ impl Cluster {
     /// Stops the manager (every stream closes) and starts it again on the same address
     /// and registrar state, as an agent restart that keeps its ID.
     pub async fn restart_manager(&mut self) {
-        let (_, guard) = self.manager.take().expect("manager not running");
-        guard.shutdown().await;
+        self.stop_manager().await;
         self.start_manager().await;
     }
 
@@ -792,6 +805,42 @@ impl Cluster {
     /// command line, unique to this test).
     pub fn plugin_pids(&self, provider: &str) -> Vec<i32> {
         processes_mentioning(&self.plugin_root(provider))
+    }
+
+    /// The one plugin process of `provider`.
+    pub fn plugin_pid(&self, provider: &str) -> i32 {
+        match self.plugin_pids(provider)[..] {
+            [pid] => pid,
+            ref pids => self.fail(&format!("one plugin process expected, found {pids:?}")),
+        }
+    }
+
+    /// SIGKILLs the plugin of `provider` and waits until it is gone; returns its pid.
+    pub async fn kill_plugin(&self, provider: &str) -> i32 {
+        let pid = self.plugin_pid(provider);
+        kill(Pid::from_raw(pid), Signal::SIGKILL).unwrap();
+        self.within("the killed plugin to be gone", async {
+            while self.plugin_pids(provider).contains(&pid) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+        pid
+    }
+
+    /// Waits until `provider` runs one plugin process other than `old`; returns its pid.
+    pub async fn plugin_relaunched(&self, provider: &str, old: i32) -> i32 {
+        self.within("the plugin to be relaunched", async {
+            loop {
+                if let [pid] = self.plugin_pids(provider)[..]
+                    && pid != old
+                {
+                    return pid;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
     }
 }
 
