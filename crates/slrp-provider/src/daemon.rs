@@ -216,6 +216,7 @@ struct ProviderRun {
     agent_metrics: slrp_agent::Metrics,
     profiles: Option<slrp_profiles::ProfileAdaptorHandle>,
     plugins_on_exit: StopPlugins,
+    plugin_ready_timeout: Option<std::time::Duration>,
 }
 
 /// Runs every provider until `shutdown` fires or every provider has failed; see the module
@@ -331,6 +332,7 @@ pub async fn run(config: DaemonConfig, shutdown: CancellationToken) -> Result<()
                 agent_metrics,
                 profiles: profiles.clone(),
                 plugins_on_exit,
+                plugin_ready_timeout: config.plugin_ready_timeout,
             };
             let span = tracing::info_span!(parent: None, "provider", provider = %slot.key);
             providers.spawn(run_provider(run, agent_id.clone(), stop.clone()).instrument(span));
@@ -442,11 +444,15 @@ async fn run_provider_inner(
         agent_metrics,
         profiles,
         plugins_on_exit,
+        plugin_ready_timeout,
     } = run;
     slot.set(Phase::StartingPlugin);
     let mut stack_config =
         StackConfig::new(config.info.clone(), work_dir, runtime_dir, store.clone());
     stack_config.supervisor.agent_id = Some(agent_id.clone());
+    if let Some(timeout) = plugin_ready_timeout {
+        stack_config.ready_timeout = timeout;
+    }
     // Not a child of `stop`: cancelling it also stops the volume manager, which must
     // outlive the worker on shutdown. `stop` during the start aborts it through this.
     let stack_cancel = CancellationToken::new();
