@@ -86,16 +86,16 @@ async fn no_resource(csi: &'static str) {
 }
 both_versions!(no_resource);
 
-/// ProfileAppeared (§11.1 test 4): the profile document is `{}` first (no pool); once it
-/// names profile `test`, an UPDATE_STATE carries a RAW storage pool of that profile with
+/// ProfileAppeared (§11.1 test 4): the profile server (HTTP on loopback, as in Mesos)
+/// serves `{}` first (no pool); once it serves profile `test`, an UPDATE_STATE carries a RAW storage pool of that profile with
 /// the plugin's capacity (4 GiB = 4096 MB), the plugin's vendor, the provider id and the
 /// default reservation.
 async fn profile_appeared(csi: &'static str) {
-    let mut c = Cluster::new(
-        vec![ProviderSpec::fixture().csi(csi)],
-        DaemonOptions::with_profiles(),
-    )
-    .await;
+    let options = DaemonOptions {
+        profiles_http: true,
+        ..DaemonOptions::with_profiles()
+    };
+    let mut c = Cluster::new(vec![ProviderSpec::fixture().csi(csi)], options).await;
     c.set_profiles(&json!({}));
     c.start_daemon();
     let id = id_of(&c.next_subscribed().await);

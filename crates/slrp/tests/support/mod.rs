@@ -237,6 +237,9 @@ pub struct DaemonOptions {
     pub agent_url: Option<String>,
     /// More `[agent]` settings of the config file, as TOML lines (`call_timeout = "2s"`).
     pub agent_settings: Vec<String>,
+    /// Serve `profiles.json` over HTTP on loopback (`--disk-profiles http://…`), as Mesos's
+    /// ProfileAppeared does, instead of naming the file.
+    pub profiles_http: bool,
 }
 
 impl DaemonOptions {
@@ -267,6 +270,10 @@ pub struct Cluster {
     daemon: Option<Daemon>,
     /// Daemon starts so far (each appends to the same log, separated by a banner).
     starts: usize,
+    /// The profile document's URI (`file://…`, or the HTTP server's).
+    profiles_uri: String,
+    /// The HTTP server of `profiles.json` ([`DaemonOptions::profiles_http`]).
+    profile_server: Option<tokio::task::JoinHandle<()>>,
     /// A failure already printed the daemon's log (the drop need not repeat it).
     log_shown: std::cell::Cell<bool>,
 }
@@ -288,6 +295,8 @@ impl Cluster {
             agent_id: None,
             daemon: None,
             starts: 0,
+            profiles_uri: String::new(),
+            profile_server: None,
             log_shown: std::cell::Cell::new(false),
         };
         for sub in ["manager", "state", "work", "rp"] {
@@ -303,6 +312,12 @@ impl Cluster {
             );
         }
         cluster.set_profiles(&profiles(&[]));
+        cluster.profiles_uri = format!("file://{}", cluster.path("profiles.json").display());
+        if cluster.options.profiles_http {
+            let (addr, task) = serve_file(cluster.path("profiles.json")).await;
+            cluster.profiles_uri = format!("http://{addr}/profiles");
+            cluster.profile_server = Some(task);
+        }
         cluster.write_config();
         cluster.start_manager().await;
         cluster
@@ -412,8 +427,8 @@ impl Cluster {
         }
         if let Some(poll) = self.options.profiles_poll {
             toml.push_str(&format!(
-                "[disk_profiles]\nuri = \"file://{}\"\npoll_interval = \"{}ms\"\n",
-                self.path("profiles.json").display(),
+                "[disk_profiles]\nuri = \"{}\"\npoll_interval = \"{}ms\"\n",
+                self.profiles_uri,
                 poll.as_millis()
             ));
         }
@@ -634,8 +649,7 @@ impl Cluster {
             .arg("--resource-provider-config-dir")
             .arg(self.path("rp"));
         if self.options.profiles_poll.is_some() {
-            cmd.arg("--disk-profiles")
-                .arg(format!("file://{}", self.path("profiles.json").display()));
+            cmd.arg("--disk-profiles").arg(&self.profiles_uri);
         }
         let child = cmd
             .env("SLRP_LOG", "info")
@@ -852,6 +866,9 @@ impl Drop for Cluster {
                 self.daemon_log()
             );
         }
+        if let Some(server) = &self.profile_server {
+            server.abort();
+        }
         if let Some(pid) = self.daemon.as_ref().and_then(Daemon::pid) {
             let _ = kill(pid, Signal::SIGKILL);
         }
@@ -902,6 +919,42 @@ pub fn processes_mentioning(needle: &Path) -> Vec<i32> {
         }
     }
     pids
+}
+
+/// Serves `file` (read at each request, so rewriting it changes the answer) to every
+/// HTTP GET on a loopback port: a minimal HTTP/1.1 server, one request per connection.
+pub async fn serve_file(file: PathBuf) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))
+        .await
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                return;
+            };
+            let file = file.clone();
+            tokio::spawn(async move {
+                let mut req = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => req.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let body = std::fs::read(&file).unwrap_or_default();
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = s.write_all(head.as_bytes()).await;
+                let _ = s.write_all(&body).await;
+                let _ = s.shutdown().await;
+            });
+        }
+    });
+    (addr, task)
 }
 
 /// A minimal HTTP/1.0 GET over a unix socket (the admin endpoint): `None` if nothing
