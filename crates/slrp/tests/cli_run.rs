@@ -332,3 +332,28 @@ async fn the_daemon_exits_1_when_every_provider_failed() {
     assert_eq!(status.code(), Some(1), "{err}");
     assert!(err.contains("every resource provider failed"), "{err}");
 }
+
+#[test]
+fn an_unreadable_provider_store_is_a_config_error_naming_it() {
+    let dir = setup();
+    let store = dir
+        .path()
+        .join("state/providers/org.apache.mesos.rp.local.storage.test/store");
+    std::fs::create_dir_all(&store).unwrap();
+    std::fs::write(store.join("state.db"), b"this is not a database").unwrap();
+    let out = slrp(&[
+        "run",
+        "--agent",
+        "http://127.0.0.1:1",
+        "--resource-provider-config-dir",
+        s(&dir.path().join("rp")),
+        "--state-dir",
+        s(&dir.path().join("state")),
+    ]);
+    assert_eq!(out.status.code(), Some(EX_CONFIG), "{out:?}");
+    let err = stderr(&out);
+    assert!(
+        err.contains(s(&store)) && err.contains("org.apache.mesos.rp.local.storage.test"),
+        "{err}"
+    );
+}
