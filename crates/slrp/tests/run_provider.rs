@@ -75,8 +75,7 @@ async fn no_resource(csi: &'static str) {
     assert_eq!(u.provider_id, id);
     assert!(u.resources.is_empty(), "{:?}", u.resources);
 
-    assert!(c.stop_daemon().await.success(), "{}", c.daemon_log());
-    c.start_daemon();
+    c.restart_daemon().await;
     let again = c.next_subscribed().await;
     assert_eq!(id_of(&again), id, "the recovered provider keeps its id");
     let u = c.next_update().await;
@@ -173,8 +172,7 @@ async fn recover_duplicated_volumes(csi: &'static str) {
     let u = c.next_update().await;
     assert_single_preexisting(&c, &u, &volume);
 
-    assert!(c.stop_daemon().await.success(), "{}", c.daemon_log());
-    c.start_daemon();
+    c.restart_daemon().await;
     assert_eq!(id_of(&c.next_subscribed().await), id);
     let u = c.next_update().await;
     assert_single_preexisting(&c, &u, &volume);
@@ -198,7 +196,7 @@ async fn recover_disk_with_changed_metadata(csi: &'static str) {
     let label_foo = BTreeMap::from([("label".to_owned(), "foo".to_owned())]);
     assert_eq!(metadata(&u.resources[0]), label_foo);
 
-    assert!(c.stop_daemon().await.success(), "{}", c.daemon_log());
+    c.stop_daemon_cleanly().await;
     c.set_faults("test", &label("bar"));
     c.start_daemon();
     assert_eq!(id_of(&c.next_subscribed().await), id);
@@ -387,7 +385,7 @@ async fn provider_restarts_keep_id_resources_and_one_plugin() {
     assert_eq!(source(first.disks()[0])["id"], volume);
     assert_eq!(c.plugin_pids("test").len(), 1);
 
-    assert!(c.stop_daemon().await.success(), "{}", c.daemon_log());
+    c.stop_daemon_cleanly().await;
     c.wait_no_plugins().await;
     c.start_daemon();
     assert_eq!(id_of(&c.next_subscribed().await), id);
@@ -463,7 +461,7 @@ async fn agent_registered_with_new_id() {
     let u = c.next_update().await;
     assert_eq!(disks(&u), want);
 
-    assert!(c.stop_daemon().await.success(), "{}", c.daemon_log());
+    c.stop_daemon_cleanly().await;
     c.restart_manager_with_agent_id("11111111-2222-3333-4444-555555555555-S1")
         .await;
     c.start_daemon();

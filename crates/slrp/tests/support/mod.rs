@@ -662,6 +662,20 @@ impl Cluster {
         self.daemon = Some(Daemon { child });
     }
 
+    /// SIGTERM; the exit must be clean (status 0), else the test fails with the log.
+    pub async fn stop_daemon_cleanly(&mut self) {
+        let status = self.stop_daemon().await;
+        if !status.success() {
+            self.fail(&format!("the daemon exited with {status} after SIGTERM"));
+        }
+    }
+
+    /// A clean stop and a start: a restart of the provider on the same state.
+    pub async fn restart_daemon(&mut self) {
+        self.stop_daemon_cleanly().await;
+        self.start_daemon();
+    }
+
     /// SIGTERM, then waits for the exit; returns its status.
     pub async fn stop_daemon(&mut self) -> ExitStatus {
         self.signal_and_wait(Signal::SIGTERM).await
@@ -690,10 +704,7 @@ impl Cluster {
     /// The orderly end of a test: SIGTERM, exit status 0, and no plugin process left
     /// (with `plugins_on_exit = "stop"`).
     pub async fn finish(mut self) {
-        let status = self.stop_daemon().await;
-        if !status.success() {
-            self.fail(&format!("the daemon exited with {status} after SIGTERM"));
-        }
+        self.stop_daemon_cleanly().await;
         if !self.options.leave_plugins {
             self.wait_no_plugins().await;
         }
