@@ -151,8 +151,8 @@ enum Phase {
     StartingPlugin,
     /// The worker runs; its status says where the lifecycle is.
     Running(watch::Receiver<ProviderStatus>),
-    /// Stopped on its own.
-    Failed,
+    /// Stopped on its own, with the cause chain.
+    Failed(String),
     /// Shutting down.
     Stopping,
 }
@@ -191,7 +191,7 @@ impl ProviderView for Slot {
             Phase::WaitingForAgent => "WAITING_FOR_AGENT".to_owned(),
             Phase::StartingPlugin => "STARTING_PLUGIN".to_owned(),
             Phase::Running(status) => status.borrow().lifecycle.as_str().to_owned(),
-            Phase::Failed => "FAILED".to_owned(),
+            Phase::Failed(_) => "FAILED".to_owned(),
             Phase::Stopping => "STOPPING".to_owned(),
         }
     }
@@ -202,6 +202,14 @@ impl ProviderView for Slot {
 
     fn snapshot(&self) -> BTreeMap<String, f64> {
         self.metrics.snapshot()
+    }
+
+    fn error(&self) -> Option<String> {
+        match self.phase() {
+            Phase::Failed(error) => Some(error),
+            Phase::Running(status) => status.borrow().last_error.clone(),
+            Phase::WaitingForAgent | Phase::StartingPlugin | Phase::Stopping => None,
+        }
     }
 }
 
@@ -424,9 +432,12 @@ async fn run_provider(
     agent_id: String,
     stop: CancellationToken,
 ) -> (String, Result<(), ProviderRunError>) {
-    let key = run.slot.key.clone();
+    let slot = run.slot.clone();
     let result = run_provider_inner(run, agent_id, stop).await;
-    (key, result)
+    if let Err(e) = &result {
+        slot.set(Phase::Failed(DisplayChain(e).to_string()));
+    }
+    (slot.key.clone(), result)
 }
 
 async fn run_provider_inner(
@@ -469,7 +480,6 @@ async fn run_provider_inner(
         Ok(stack) => stack,
         Err(StackError::Cancelled { .. }) => return Ok(()),
         Err(e) => {
-            slot.set(Phase::Failed);
             return Err(ProviderRunError::Stack(e));
         }
     };
@@ -486,7 +496,7 @@ async fn run_provider_inner(
     let (handle, mut task) = match Provider::spawn(params, deps, worker_cancel.clone()).await {
         Ok(spawned) => spawned,
         Err(e) => {
-            slot.set(Phase::Failed);
+            slot.set(Phase::Stopping);
             stack.shutdown(plugins_on_exit).await;
             return Err(ProviderRunError::Spawn(e));
         }
@@ -504,11 +514,7 @@ async fn run_provider_inner(
             Some(volumes.map_or_else(ProviderRunError::Volumes, |()| ProviderRunError::VolumesStopped))
         }
     };
-    slot.set(if ended.is_some() {
-        Phase::Failed
-    } else {
-        Phase::Stopping
-    });
+    slot.set(Phase::Stopping);
     worker_cancel.cancel();
     if !worker_done && let Err(e) = task.await {
         tracing::warn!(error = %DisplayChain(&e), "the provider worker ended with an error while stopping");

@@ -271,15 +271,18 @@ async fn a_failed_provider_does_not_stop_the_others() {
     c.start_daemon();
     let want_failed = |body: &str| {
         let v: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
-        let state = |key: &str| {
+        let field = |key: &str, field: &str| {
             v["providers"]
                 .as_array()
                 .into_iter()
                 .flatten()
                 .find(|p| p["provider"] == key)
-                .map(|p| p["state"].clone())
+                .map(|p| p[field].clone())
         };
+        let state = |key: &str| field(key, "state");
+        let error = field("org.apache.mesos.rp.local.storage.broken", "error");
         state("org.apache.mesos.rp.local.storage.broken") == Some(json!("FAILED"))
+            && error.is_some_and(|e| e.as_str().is_some_and(|e| e.contains("plugin stack")))
             && state("org.apache.mesos.rp.local.storage.test") == Some(json!("READY"))
     };
     c.within("broken FAILED and test READY on /ready", async {
