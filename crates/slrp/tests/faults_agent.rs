@@ -28,6 +28,10 @@ use support::{Cluster, DaemonOptions, ProviderSpec, Update};
 /// 1 s, full jitter.
 const BACKOFF_BASE: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// Scheduling slack in the detection bounds. These tests show that a configured 2 s bound
+/// is what ends a wait on a silent agent (the default is 30 s), not how fast slrp is, so the
+/// slack is wide enough for a loaded CI machine and still far below the default.
+const SLACK: Duration = Duration::from_secs(5);
 
 fn id_of(info: &serde_json::Value) -> String {
     info["id"]["value"].as_str().unwrap().to_owned()
@@ -208,9 +212,10 @@ async fn half_open_agent_is_detected_within_the_bound() {
         s.black_hole_held.len() >= 2
     })
     .await;
-    // One second of slack for two busy cores. A session's calls connection is given up
-    // with its stream, so every held connection is within the bound.
-    let bound = subscribe_timeout + Duration::from_secs(1);
+    // Generous slack for a loaded CI machine (2 cores, tests in parallel): the bound must
+    // only tell the configured 2 s from the 30 s default (or never). A session's calls
+    // connection is given up with its stream, so every held connection is within it.
+    let bound = subscribe_timeout + SLACK;
     eprintln!(
         "black-holed connections held for {:?}",
         stats.black_hole_held
@@ -253,8 +258,8 @@ async fn silent_agent_under_a_live_session_is_detected_by_the_call_bound() {
     let detected = silent_since.elapsed();
     eprintln!("the silent agent was noticed after {detected:?}");
     // The profile poll (100 ms), the call bound, the first reconnect wait (at most the
-    // 100 ms base) and one second of slack for two busy cores.
-    let bound = call_timeout + Duration::from_millis(200) + Duration::from_secs(1);
+    // 100 ms base) and slack for a loaded machine (see SLACK).
+    let bound = call_timeout + Duration::from_millis(200) + SLACK;
     assert!(
         detected <= bound,
         "the silent agent was noticed after {detected:?} (bound {bound:?})"
