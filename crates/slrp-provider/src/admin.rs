@@ -5,7 +5,8 @@
 //! - `GET /health`: 200 while the process runs and serves.
 //! - `GET /ready`: 200 when every provider is `READY`, else 503; the JSON body names each
 //!   provider and its state (`{"ready": false, "providers": [{"provider": "<type>.<name>",
-//!   "state": "SUBSCRIBED", "ready": false}], "not_ready": ["<type>.<name>"]}`).
+//!   "state": "SUBSCRIBED", "ready": false, "error": "…"}], "not_ready": ["<type>.<name>"]}`;
+//!   `error`, when present, is why the provider failed or the last error it reported).
 //! - `GET /metrics`: OpenMetrics text of the daemon's registry.
 //! - `GET /metrics/snapshot`: a JSON object of Mesos-style names to numbers (spec §9), the
 //!   union of every provider's [`ProviderView::snapshot`], as a Mesos agent's
@@ -46,6 +47,10 @@ pub trait ProviderView: Send + Sync + 'static {
     fn is_ready(&self) -> bool;
     /// Mesos-style metric names to values (`resource_providers/<type>.<name>/…`).
     fn snapshot(&self) -> BTreeMap<String, f64>;
+    /// Why the provider failed, or the last error it reported (with its cause chain).
+    fn error(&self) -> Option<String> {
+        None
+    }
 }
 
 /// What the routes read: the providers and the metrics registry.
@@ -86,7 +91,12 @@ impl AdminState {
                 if !ready {
                     not_ready.push(p.key());
                 }
-                serde_json::json!({"provider": p.key(), "state": p.state(), "ready": ready})
+                let mut entry =
+                    serde_json::json!({"provider": p.key(), "state": p.state(), "ready": ready});
+                if let Some(error) = p.error() {
+                    entry["error"] = error.into();
+                }
+                entry
             })
             .collect();
         let ready = not_ready.is_empty();

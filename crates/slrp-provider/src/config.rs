@@ -599,6 +599,9 @@ pub struct DaemonConfig {
     pub plugins_on_exit: PluginsOnExit,
     /// Bound on the whole shutdown; what has not stopped by then is abandoned.
     pub shutdown_grace: Duration,
+    /// How long a provider's plugin may take to become ready (socket and probes) before
+    /// the provider fails; `None`: the plugin stack's default (Mesos's 1 min + 1 min).
+    pub plugin_ready_timeout: Option<Duration>,
 }
 
 /// The `[agent]` table.
@@ -661,6 +664,8 @@ pub struct DaemonConfigFile {
     pub plugins_on_exit: Option<String>,
     /// Bound on the whole shutdown (default 30s).
     pub shutdown_grace: Option<String>,
+    /// How long a plugin may take to become ready (default: Mesos's 2 min in all).
+    pub plugin_ready_timeout: Option<String>,
 }
 
 /// The flags of `slrp run`, each overriding its config file setting.
@@ -871,6 +876,8 @@ impl DaemonConfig {
         };
         let shutdown_grace = duration("shutdown_grace", file.shutdown_grace.as_ref())?
             .unwrap_or(DEFAULT_SHUTDOWN_GRACE);
+        let plugin_ready_timeout =
+            duration("plugin_ready_timeout", file.plugin_ready_timeout.as_ref())?;
         let profiles = file
             .profiles
             .map(slrp_profiles::ProfilesConfig::try_from)
@@ -891,6 +898,7 @@ impl DaemonConfig {
             admin,
             plugins_on_exit,
             shutdown_grace,
+            plugin_ready_timeout,
         })
     }
 

@@ -153,8 +153,8 @@ enum Phase {
     StartingPlugin,
     /// The worker runs; its status says where the lifecycle is.
     Running(watch::Receiver<ProviderStatus>),
-    /// Stopped on its own.
-    Failed,
+    /// Stopped on its own, with the cause chain.
+    Failed(String),
     /// Shutting down.
     Stopping,
 }
@@ -193,7 +193,7 @@ impl ProviderView for Slot {
             Phase::WaitingForAgent => "WAITING_FOR_AGENT".to_owned(),
             Phase::StartingPlugin => "STARTING_PLUGIN".to_owned(),
             Phase::Running(status) => status.borrow().lifecycle.as_str().to_owned(),
-            Phase::Failed => "FAILED".to_owned(),
+            Phase::Failed(_) => "FAILED".to_owned(),
             Phase::Stopping => "STOPPING".to_owned(),
         }
     }
@@ -204,6 +204,14 @@ impl ProviderView for Slot {
 
     fn snapshot(&self) -> BTreeMap<String, f64> {
         self.metrics.snapshot()
+    }
+
+    fn error(&self) -> Option<String> {
+        match self.phase() {
+            Phase::Failed(error) => Some(error),
+            Phase::Running(status) => status.borrow().last_error.clone(),
+            Phase::WaitingForAgent | Phase::StartingPlugin | Phase::Stopping => None,
+        }
     }
 }
 
@@ -218,6 +226,7 @@ struct ProviderRun {
     agent_metrics: slrp_agent::Metrics,
     profiles: Option<slrp_profiles::ProfileAdaptorHandle>,
     plugins_on_exit: StopPlugins,
+    plugin_ready_timeout: Option<std::time::Duration>,
 }
 
 /// Runs every provider until `shutdown` fires or every provider has failed; see the module
@@ -331,6 +340,7 @@ pub async fn run(config: DaemonConfig, shutdown: CancellationToken) -> Result<()
                 agent_metrics,
                 profiles: profiles.clone(),
                 plugins_on_exit,
+                plugin_ready_timeout: config.plugin_ready_timeout,
             };
             let span = tracing::info_span!(parent: None, "provider", provider = %slot.key);
             providers.spawn(run_provider(run, agent_id.clone(), stop.clone()).instrument(span));
@@ -422,9 +432,12 @@ async fn run_provider(
     agent_id: String,
     stop: CancellationToken,
 ) -> (String, Result<(), ProviderRunError>) {
-    let key = run.slot.key.clone();
+    let slot = run.slot.clone();
     let result = run_provider_inner(run, agent_id, stop).await;
-    (key, result)
+    if let Err(e) = &result {
+        slot.set(Phase::Failed(DisplayChain(e).to_string()));
+    }
+    (slot.key.clone(), result)
 }
 
 async fn run_provider_inner(
@@ -442,6 +455,7 @@ async fn run_provider_inner(
         agent_metrics,
         profiles,
         plugins_on_exit,
+        plugin_ready_timeout,
     } = run;
     slot.set(Phase::StartingPlugin);
     let mut stack_config =
@@ -449,6 +463,9 @@ async fn run_provider_inner(
     stack_config.supervisor.agent_id = Some(agent_id.clone());
     // A shutdown during the start leaves the plugins as a shutdown after it would.
     stack_config.plugins_on_cancel = plugins_on_exit;
+    if let Some(timeout) = plugin_ready_timeout {
+        stack_config.ready_timeout = timeout;
+    }
     // Not a child of `stop`: cancelling it also stops the volume manager, which must
     // outlive the worker on shutdown. `stop` during the start aborts it through this.
     let stack_cancel = CancellationToken::new();
@@ -465,7 +482,6 @@ async fn run_provider_inner(
         Ok(stack) => stack,
         Err(StackError::Cancelled { .. }) => return Ok(()),
         Err(e) => {
-            slot.set(Phase::Failed);
             return Err(ProviderRunError::Stack(e));
         }
     };
@@ -482,7 +498,7 @@ async fn run_provider_inner(
     let (handle, mut task) = match Provider::spawn(params, deps, worker_cancel.clone()).await {
         Ok(spawned) => spawned,
         Err(e) => {
-            slot.set(Phase::Failed);
+            slot.set(Phase::Stopping);
             stack.shutdown(plugins_on_exit).await;
             return Err(ProviderRunError::Spawn(e));
         }
@@ -500,11 +516,7 @@ async fn run_provider_inner(
             Some(volumes.map_or_else(ProviderRunError::Volumes, |()| ProviderRunError::VolumesStopped))
         }
     };
-    slot.set(if ended.is_some() {
-        Phase::Failed
-    } else {
-        Phase::Stopping
-    });
+    slot.set(Phase::Stopping);
     worker_cancel.cancel();
     if !worker_done && let Err(e) = task.await {
         tracing::warn!(error = %DisplayChain(&e), "the provider worker ended with an error while stopping");

@@ -1265,6 +1265,35 @@ mod tests {
         }
     }
 
+    #[tokio::test]
+    async fn profile_update_drops_gone_names_and_leaves_untranslatable_ones_out() {
+        let document = serde_json::json!({"profile_matrix": {"fast": {
+            "csi_plugin_type_selector": {"plugin_type": "org.test"},
+            "volume_capabilities": {"mount": {}, "access_mode": {"mode": "SINGLE_NODE_WRITER"}},
+            "create_parameters": {"tier": "1"}}}});
+        let config =
+            slrp_profiles::ProfilesConfig::new(slrp_profiles::ProfileSource::Inline(document));
+        let cancel = CancellationToken::new();
+        let (adaptor, task) =
+            slrp_profiles::spawn(config, slrp_profiles::Metrics::default(), cancel.clone());
+        let key = ProviderKey::new("t", "n", Some("org.test".to_owned()));
+        let mut view = adaptor.subscribe(key.clone()).await.unwrap();
+        view.wait_for(|v| v.contains_key("fast")).await.unwrap();
+
+        let old = ProfileDef {
+            capability: Default::default(),
+            parameters: BTreeMap::new(),
+        };
+        let mut profiles = BTreeMap::from([("gone".to_owned(), old)]);
+        // "unknown" is reported but the adaptor cannot translate it: left out.
+        let reported = BTreeSet::from(["fast".to_owned(), "unknown".to_owned()]);
+        update_profiles(&adaptor, &key, &mut profiles, &reported).await;
+        assert_eq!(profiles.keys().collect::<Vec<_>>(), ["fast"]);
+        assert_eq!(profiles["fast"].parameters["tier"], "1");
+        cancel.cancel();
+        task.await.unwrap();
+    }
+
     #[test]
     fn jobs_run_in_sequence_order_and_only_when_allowed() {
         let mut jobs = Jobs::default();

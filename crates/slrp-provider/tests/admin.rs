@@ -30,6 +30,10 @@ impl ProviderView for Fake {
     fn is_ready(&self) -> bool {
         *self.state.lock().unwrap() == "READY"
     }
+    fn error(&self) -> Option<String> {
+        (*self.state.lock().unwrap() == "FAILED")
+            .then(|| "the plugin stack did not start".to_owned())
+    }
     fn snapshot(&self) -> BTreeMap<String, f64> {
         BTreeMap::from([(
             format!("resource_providers/{}/csi_plugin/rpcs_finished", self.key),
@@ -115,6 +119,17 @@ async fn health_ready_and_metrics_answer_over_a_0600_socket() {
     );
     assert_eq!(json["providers"][0]["state"], "SUBSCRIBED");
     assert_eq!(json["providers"][1]["state"], "READY");
+
+    assert!(json["providers"][0].get("error").is_none(), "{body}");
+
+    *r.a.state.lock().unwrap() = "FAILED";
+    let (status, _, body) = get(&r.socket, "/ready").await;
+    assert_eq!(status, 503, "{body}");
+    let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        json["providers"][0]["error"],
+        "the plugin stack did not start"
+    );
 
     *r.a.state.lock().unwrap() = "READY";
     let (status, _, body) = get(&r.socket, "/ready").await;

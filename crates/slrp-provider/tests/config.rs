@@ -325,6 +325,7 @@ work_dir = "/var/lib/mesos"
 resource_provider_config_dir = "rp"
 plugins_on_exit = "leave"
 shutdown_grace = "5s"
+plugin_ready_timeout = "7s"
 
 [agent]
 url = "http://127.0.0.1:5051"
@@ -350,6 +351,7 @@ socket = "/run/slrp.sock"
     assert_eq!(config.providers.len(), 1);
     assert_eq!(config.plugins_on_exit, PluginsOnExit::Leave);
     assert_eq!(config.shutdown_grace, Duration::from_secs(5));
+    assert_eq!(config.plugin_ready_timeout, Some(Duration::from_secs(7)));
     assert_eq!(config.admin, AdminListen::Unix("/run/slrp.sock".into()));
     assert_eq!(config.agent.content_type, ContentType::Json);
     assert_eq!(config.agent.call_timeout, Duration::from_secs(3));

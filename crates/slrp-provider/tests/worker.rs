@@ -789,3 +789,40 @@ async fn an_agent_id_change_while_running_switches_identity() {
         assert_eq!(&state.provider_id.unwrap().value, id, "{agent_id}");
     }
 }
+
+/// The queue of events waiting for READY is bounded: beyond `pending_events` the oldest
+/// ACKNOWLEDGE_OPERATION_STATUS goes (the status update manager resends its status).
+#[tokio::test]
+async fn events_waiting_for_ready_are_bounded() {
+    let env = Env::new(FakeCsi::full()).await;
+    env.fake().set_down(CsiRpc::ListVolumes, true);
+    let mut params = env.params(None, AGENT_S0);
+    params.pending_events = 2;
+    let provider = env.spawn(params).await;
+    let status = status_until(&provider.handle, "SUBSCRIBED", |s| {
+        s.lifecycle == Lifecycle::Subscribed
+    })
+    .await;
+    let id = status.provider_id.unwrap();
+    for n in 0..3 {
+        let ack = Event {
+            r#type: Some(event::Type::AcknowledgeOperationStatus as i32),
+            acknowledge_operation_status: Some(event::AcknowledgeOperationStatus {
+                status_uuid: uuid(n),
+                operation_uuid: uuid(n),
+            }),
+            ..Event::default()
+        };
+        env.manager().send_event(&id, ack).await.unwrap();
+    }
+    let status = status_until(&provider.handle, "the queue overflowed", |s| {
+        s.events.overflowed == 1
+    })
+    .await;
+    assert_eq!(status.events.queued, 2);
+
+    env.fake().set_down(CsiRpc::ListVolumes, false);
+    let status = ready(&provider.handle).await;
+    assert_eq!(status.events.handled, 2);
+    provider.stop().await;
+}

@@ -241,3 +241,122 @@ async fn with_leave_the_plugins_outlive_the_daemon_and_are_adopted_by_the_next_s
         c.daemon_log()
     );
 }
+
+/// Replaces provider `name`'s plugin command by one that exits at once, and bounds the
+/// plugin's readiness wait so that its provider fails quickly.
+fn break_plugin(c: &Cluster, name: &str) {
+    let file = c.path("rp").join(format!("{name}.json"));
+    let mut info: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    info["storage"]["plugin"]["containers"][0]["command"] =
+        json!({"shell": false, "value": "/bin/false", "arguments": ["false"]});
+    std::fs::write(&file, serde_json::to_vec(&info).unwrap()).unwrap();
+    // Top-level keys must precede the file's tables.
+    let config = c.path("slrp.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, format!("plugin_ready_timeout = \"2s\"\n{text}")).unwrap();
+}
+
+#[tokio::test]
+async fn a_failed_provider_does_not_stop_the_others() {
+    let mut c = Cluster::new(
+        vec![
+            support::ProviderSpec::fixture(),
+            support::ProviderSpec::named("broken", "broken"),
+        ],
+        support::DaemonOptions::default(),
+    )
+    .await;
+    break_plugin(&c, "broken");
+    c.start_daemon();
+    let want_failed = |body: &str| {
+        let v: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
+        let field = |key: &str, field: &str| {
+            v["providers"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|p| p["provider"] == key)
+                .map(|p| p[field].clone())
+        };
+        let state = |key: &str| field(key, "state");
+        let error = field("org.apache.mesos.rp.local.storage.broken", "error");
+        state("org.apache.mesos.rp.local.storage.broken") == Some(json!("FAILED"))
+            && error.is_some_and(|e| e.as_str().is_some_and(|e| e.contains("plugin stack")))
+            && state("org.apache.mesos.rp.local.storage.test") == Some(json!("READY"))
+    };
+    c.within("broken FAILED and test READY on /ready", async {
+        loop {
+            if let Some((503, body)) = c.admin_get("/ready").await
+                && want_failed(&body)
+            {
+                break;
+            }
+            // The endpoint answers only when asked: poll it.
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(c.daemon_running(), "{}", c.daemon_log());
+    let status = c.stop_daemon().await;
+    assert_eq!(status.code(), Some(0), "{}", c.daemon_log());
+}
+
+#[tokio::test]
+async fn the_daemon_exits_1_when_every_provider_failed() {
+    let c = Cluster::fixture().await;
+    break_plugin(&c, "test");
+    let mut daemon = tokio::process::Command::new(env!("CARGO_BIN_EXE_slrp"))
+        .arg("run")
+        .arg("--config")
+        .arg(c.path("slrp.toml"))
+        .arg("--agent")
+        .arg(c.agent_url())
+        .arg("--work-dir")
+        .arg(c.path("work"))
+        .arg("--state-dir")
+        .arg(c.state_dir())
+        .arg("--resource-provider-config-dir")
+        .arg(c.path("rp"))
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut err = String::new();
+    let mut pipe = daemon.stderr.take().unwrap();
+    let status = c
+        .within("the daemon exiting", async {
+            tokio::io::AsyncReadExt::read_to_string(&mut pipe, &mut err)
+                .await
+                .unwrap();
+            daemon.wait().await.unwrap()
+        })
+        .await;
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(err.contains("every resource provider failed"), "{err}");
+}
+
+#[test]
+fn an_unreadable_provider_store_is_a_config_error_naming_it() {
+    let dir = setup();
+    let store = dir
+        .path()
+        .join("state/providers/org.apache.mesos.rp.local.storage.test/store");
+    std::fs::create_dir_all(&store).unwrap();
+    std::fs::write(store.join("state.db"), b"this is not a database").unwrap();
+    let out = slrp(&[
+        "run",
+        "--agent",
+        "http://127.0.0.1:1",
+        "--resource-provider-config-dir",
+        s(&dir.path().join("rp")),
+        "--state-dir",
+        s(&dir.path().join("state")),
+    ]);
+    assert_eq!(out.status.code(), Some(EX_CONFIG), "{out:?}");
+    let err = stderr(&out);
+    assert!(
+        err.contains(s(&store)) && err.contains("org.apache.mesos.rp.local.storage.test"),
+        "{err}"
+    );
+}

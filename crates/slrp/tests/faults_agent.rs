@@ -4,9 +4,9 @@
 //! them. Each test checks what a Mesos agent would see afterwards: a resubscription with
 //! the same provider id and a fresh UPDATE_STATE.
 //!
-//! The manager restarting under a running daemon (same or new agent id) is covered by
-//! `run_provider.rs` (`manager_restart_resubscribes_with_the_same_id`,
-//! `agent_registered_with_new_id`), which talks to the manager directly.
+//! The manager restarting under a running daemon with the same agent id, and a daemon
+//! restarted with an agent that got a new id, are `run_provider.rs`'s
+//! `manager_restart_resubscribes_with_the_same_id` and `agent_registered_with_new_id`.
 
 #![allow(
     clippy::tests_outside_test_module,
@@ -28,6 +28,10 @@ use support::{Cluster, DaemonOptions, ProviderSpec, Update};
 /// 1 s, full jitter.
 const BACKOFF_BASE: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// Scheduling slack in the detection bounds. These tests show that a configured 2 s bound
+/// is what ends a wait on a silent agent (the default is 30 s), not how fast slrp is, so the
+/// slack is wide enough for a loaded CI machine and still far below the default.
+const SLACK: Duration = Duration::from_secs(5);
 
 fn id_of(info: &serde_json::Value) -> String {
     info["id"]["value"].as_str().unwrap().to_owned()
@@ -208,9 +212,10 @@ async fn half_open_agent_is_detected_within_the_bound() {
         s.black_hole_held.len() >= 2
     })
     .await;
-    // One second of slack for two busy cores. A session's calls connection is given up
-    // with its stream, so every held connection is within the bound.
-    let bound = subscribe_timeout + Duration::from_secs(1);
+    // Generous slack for a loaded CI machine (2 cores, tests in parallel): the bound must
+    // only tell the configured 2 s from the 30 s default (or never). A session's calls
+    // connection is given up with its stream, so every held connection is within it.
+    let bound = subscribe_timeout + SLACK;
     eprintln!(
         "black-holed connections held for {:?}",
         stats.black_hole_held
@@ -253,8 +258,8 @@ async fn silent_agent_under_a_live_session_is_detected_by_the_call_bound() {
     let detected = silent_since.elapsed();
     eprintln!("the silent agent was noticed after {detected:?}");
     // The profile poll (100 ms), the call bound, the first reconnect wait (at most the
-    // 100 ms base) and one second of slack for two busy cores.
-    let bound = call_timeout + Duration::from_millis(200) + Duration::from_secs(1);
+    // 100 ms base) and slack for a loaded machine (see SLACK).
+    let bound = call_timeout + Duration::from_millis(200) + SLACK;
     assert!(
         detected <= bound,
         "the silent agent was noticed after {detected:?} (bound {bound:?})"
@@ -283,5 +288,35 @@ async fn agent_down_at_start_is_waited_for() {
     assert_eq!(proxy.stats().borrow().answered_503, 1);
     let update = c.next_update().await;
     assert_eq!(update.provider_id, id_of(&info));
+    c.finish().await;
+}
+
+/// The agent comes back under a new agent ID while the daemon keeps running (spec §3.6,
+/// §8.6): the old provider id is not admitted any more, so the daemon learns the new
+/// agent ID and subscribes as a new provider; the plugin's volume reappears as a
+/// pre-existing RAW disk of that provider. (The variant where the daemon restarts with
+/// the agent is `run_provider.rs`'s `agent_registered_with_new_id`.)
+#[tokio::test]
+async fn new_agent_id_under_a_running_daemon_is_a_new_identity() {
+    let (mut c, proxy) = proxied(&[], DaemonOptions::default()).await;
+    let volume = c.import_volume("test", "vol2g", 2 << 30);
+    c.start_daemon();
+    let old = id_of(&c.next_subscribed().await);
+    let first = c.next_update().await;
+    assert_eq!(first.disks().len(), 1, "{:?}", first.resources);
+
+    c.restart_manager_with_agent_id("11111111-2222-3333-4444-555555555555-S1")
+        .await;
+    proxy.set_target(manager_addr(&c));
+    let new = id_of(&c.next_subscribed().await);
+    assert_ne!(new, old, "a new agent ID is a new provider identity");
+    let update = c.next_update().await;
+    assert_eq!(update.provider_id, new);
+    let disks = update.disks();
+    assert_eq!(disks.len(), 1, "{:?}", update.resources);
+    assert_eq!(support::source(disks[0])["id"], volume.as_str());
+    assert_eq!(support::source(disks[0])["type"], "RAW");
+    assert_eq!(disks[0]["provider_id"]["value"], new.as_str());
+    assert_eq!(support::mb(disks[0]), 2048.0);
     c.finish().await;
 }

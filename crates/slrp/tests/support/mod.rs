@@ -237,6 +237,9 @@ pub struct DaemonOptions {
     pub agent_url: Option<String>,
     /// More `[agent]` settings of the config file, as TOML lines (`call_timeout = "2s"`).
     pub agent_settings: Vec<String>,
+    /// Serve `profiles.json` over HTTP on loopback (`--disk-profiles http://…`), as Mesos's
+    /// ProfileAppeared does, instead of naming the file.
+    pub profiles_http: bool,
 }
 
 impl DaemonOptions {
@@ -267,6 +270,10 @@ pub struct Cluster {
     daemon: Option<Daemon>,
     /// Daemon starts so far (each appends to the same log, separated by a banner).
     starts: usize,
+    /// The profile document's URI (`file://…`, or the HTTP server's).
+    profiles_uri: String,
+    /// The HTTP server of `profiles.json` ([`DaemonOptions::profiles_http`]).
+    profile_server: Option<tokio::task::JoinHandle<()>>,
     /// A failure already printed the daemon's log (the drop need not repeat it).
     log_shown: std::cell::Cell<bool>,
 }
@@ -288,6 +295,8 @@ impl Cluster {
             agent_id: None,
             daemon: None,
             starts: 0,
+            profiles_uri: String::new(),
+            profile_server: None,
             log_shown: std::cell::Cell::new(false),
         };
         for sub in ["manager", "state", "work", "rp"] {
@@ -303,6 +312,12 @@ impl Cluster {
             );
         }
         cluster.set_profiles(&profiles(&[]));
+        cluster.profiles_uri = format!("file://{}", cluster.path("profiles.json").display());
+        if cluster.options.profiles_http {
+            let (addr, task) = serve_file(cluster.path("profiles.json")).await;
+            cluster.profiles_uri = format!("http://{addr}/profiles");
+            cluster.profile_server = Some(task);
+        }
         cluster.write_config();
         cluster.start_manager().await;
         cluster
@@ -412,8 +427,8 @@ impl Cluster {
         }
         if let Some(poll) = self.options.profiles_poll {
             toml.push_str(&format!(
-                "[disk_profiles]\nuri = \"file://{}\"\npoll_interval = \"{}ms\"\n",
-                self.path("profiles.json").display(),
+                "[disk_profiles]\nuri = \"{}\"\npoll_interval = \"{}ms\"\n",
+                self.profiles_uri,
                 poll.as_millis()
             ));
         }
@@ -494,6 +509,20 @@ impl Cluster {
         self.manager = Some((handle, guard));
     }
 
+    /// Stops the manager (every stream closes; connections are refused) until
+    /// [`Cluster::resume_manager`], as an agent that is down.
+    pub async fn stop_manager(&mut self) {
+        let (_, guard) = self.manager.take().expect("manager not running");
+        guard.shutdown().await;
+        self.messages = None;
+    }
+
+    /// Starts the stopped manager again on the same address and registry.
+    pub async fn resume_manager(&mut self) {
+        assert!(self.manager.is_none(), "manager already running");
+        self.start_manager().await;
+    }
+
     /// Restarts the manager as an agent that registered with a new agent ID `agent_id`:
     /// same address, but its registry of providers starts empty (spec §3.6, §8.6).
     pub async fn restart_manager_with_agent_id(&mut self, agent_id: &str) {
@@ -504,8 +533,7 @@ impl Cluster {
     /// Stops the manager (every stream closes) and starts it again on the same address
     /// and registrar state, as an agent restart that keeps its ID.
     pub async fn restart_manager(&mut self) {
-        let (_, guard) = self.manager.take().expect("manager not running");
-        guard.shutdown().await;
+        self.stop_manager().await;
         self.start_manager().await;
     }
 
@@ -621,8 +649,7 @@ impl Cluster {
             .arg("--resource-provider-config-dir")
             .arg(self.path("rp"));
         if self.options.profiles_poll.is_some() {
-            cmd.arg("--disk-profiles")
-                .arg(format!("file://{}", self.path("profiles.json").display()));
+            cmd.arg("--disk-profiles").arg(&self.profiles_uri);
         }
         let child = cmd
             .env("SLRP_LOG", "info")
@@ -633,6 +660,20 @@ impl Cluster {
             .spawn()
             .unwrap();
         self.daemon = Some(Daemon { child });
+    }
+
+    /// SIGTERM; the exit must be clean (status 0), else the test fails with the log.
+    pub async fn stop_daemon_cleanly(&mut self) {
+        let status = self.stop_daemon().await;
+        if !status.success() {
+            self.fail(&format!("the daemon exited with {status} after SIGTERM"));
+        }
+    }
+
+    /// A clean stop and a start: a restart of the provider on the same state.
+    pub async fn restart_daemon(&mut self) {
+        self.stop_daemon_cleanly().await;
+        self.start_daemon();
     }
 
     /// SIGTERM, then waits for the exit; returns its status.
@@ -663,10 +704,7 @@ impl Cluster {
     /// The orderly end of a test: SIGTERM, exit status 0, and no plugin process left
     /// (with `plugins_on_exit = "stop"`).
     pub async fn finish(mut self) {
-        let status = self.stop_daemon().await;
-        if !status.success() {
-            self.fail(&format!("the daemon exited with {status} after SIGTERM"));
-        }
+        self.stop_daemon_cleanly().await;
         if !self.options.leave_plugins {
             self.wait_no_plugins().await;
         }
@@ -793,6 +831,42 @@ impl Cluster {
     pub fn plugin_pids(&self, provider: &str) -> Vec<i32> {
         processes_mentioning(&self.plugin_root(provider))
     }
+
+    /// The one plugin process of `provider`.
+    pub fn plugin_pid(&self, provider: &str) -> i32 {
+        match self.plugin_pids(provider)[..] {
+            [pid] => pid,
+            ref pids => self.fail(&format!("one plugin process expected, found {pids:?}")),
+        }
+    }
+
+    /// SIGKILLs the plugin of `provider` and waits until it is gone; returns its pid.
+    pub async fn kill_plugin(&self, provider: &str) -> i32 {
+        let pid = self.plugin_pid(provider);
+        kill(Pid::from_raw(pid), Signal::SIGKILL).unwrap();
+        self.within("the killed plugin to be gone", async {
+            while self.plugin_pids(provider).contains(&pid) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+        pid
+    }
+
+    /// Waits until `provider` runs one plugin process other than `old`; returns its pid.
+    pub async fn plugin_relaunched(&self, provider: &str, old: i32) -> i32 {
+        self.within("the plugin to be relaunched", async {
+            loop {
+                if let [pid] = self.plugin_pids(provider)[..]
+                    && pid != old
+                {
+                    return pid;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+    }
 }
 
 impl Drop for Cluster {
@@ -802,6 +876,9 @@ impl Drop for Cluster {
                 "---- daemon log at the failure ----\n{}---- end ----",
                 self.daemon_log()
             );
+        }
+        if let Some(server) = &self.profile_server {
+            server.abort();
         }
         if let Some(pid) = self.daemon.as_ref().and_then(Daemon::pid) {
             let _ = kill(pid, Signal::SIGKILL);
@@ -853,6 +930,42 @@ pub fn processes_mentioning(needle: &Path) -> Vec<i32> {
         }
     }
     pids
+}
+
+/// Serves `file` (read at each request, so rewriting it changes the answer) to every
+/// HTTP GET on a loopback port: a minimal HTTP/1.1 server, one request per connection.
+pub async fn serve_file(file: PathBuf) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))
+        .await
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                return;
+            };
+            let file = file.clone();
+            tokio::spawn(async move {
+                let mut req = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => req.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let body = std::fs::read(&file).unwrap_or_default();
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = s.write_all(head.as_bytes()).await;
+                let _ = s.write_all(&body).await;
+                let _ = s.shutdown().await;
+            });
+        }
+    });
+    (addr, task)
 }
 
 /// A minimal HTTP/1.0 GET over a unix socket (the admin endpoint): `None` if nothing
