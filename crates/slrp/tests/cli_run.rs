@@ -306,22 +306,7 @@ async fn a_failed_provider_does_not_stop_the_others() {
 async fn the_daemon_exits_1_when_every_provider_failed() {
     let c = Cluster::fixture().await;
     break_plugin(&c, "test");
-    let mut daemon = tokio::process::Command::new(env!("CARGO_BIN_EXE_slrp"))
-        .arg("run")
-        .arg("--config")
-        .arg(c.path("slrp.toml"))
-        .arg("--agent")
-        .arg(c.agent_url())
-        .arg("--work-dir")
-        .arg(c.path("work"))
-        .arg("--state-dir")
-        .arg(c.state_dir())
-        .arg("--resource-provider-config-dir")
-        .arg(c.path("rp"))
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut daemon = spawn_daemon(&c);
     let mut err = String::new();
     let mut pipe = daemon.stderr.take().unwrap();
     let status = c
@@ -358,5 +343,76 @@ fn an_unreadable_provider_store_is_a_config_error_naming_it() {
     assert!(
         err.contains(s(&store)) && err.contains("org.apache.mesos.rp.local.storage.test"),
         "{err}"
+    );
+}
+
+/// `slrp run` with the cluster's flags, stderr piped.
+fn spawn_daemon(c: &Cluster) -> tokio::process::Child {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_slrp"))
+        .arg("run")
+        .arg("--config")
+        .arg(c.path("slrp.toml"))
+        .arg("--agent")
+        .arg(c.agent_url())
+        .arg("--work-dir")
+        .arg(c.path("work"))
+        .arg("--state-dir")
+        .arg(c.state_dir())
+        .arg("--resource-provider-config-dir")
+        .arg(c.path("rp"))
+        .env("SLRP_LOG", "info")
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_second_signal_forces_the_exit_while_a_plugin_ignores_sigterm() {
+    use tokio::io::AsyncBufReadExt as _;
+    let c = Cluster::fixture().await;
+    // The plugin's process group leader ignores SIGTERM (an ignored signal stays ignored
+    // across exec), so stopping the plugins would wait for the supervisor's SIGKILL.
+    // `tail` names a path in the cluster's directory, so the cluster's drop kills it.
+    let file = c.path("rp/test.json");
+    let mut info: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    let command = &info["storage"]["plugin"]["containers"][0]["command"];
+    let mut line = format!("trap '' TERM; '{}'", command["value"].as_str().unwrap());
+    for arg in command["arguments"].as_array().unwrap().iter().skip(1) {
+        line.push_str(&format!(" '{}'", arg.as_str().unwrap()));
+    }
+    let keep = c.plugin_root("test").join("keep");
+    std::fs::write(&keep, "").unwrap();
+    line.push_str(&format!(" & exec tail -f '{}'", keep.display()));
+    info["storage"]["plugin"]["containers"][0]["command"] = json!({"shell": true, "value": line});
+    std::fs::write(&file, serde_json::to_vec(&info).unwrap()).unwrap();
+
+    let mut daemon = spawn_daemon(&c);
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(daemon.id().unwrap()).unwrap());
+    let mut lines = tokio::io::BufReader::new(daemon.stderr.take().unwrap()).lines();
+    let mut log = String::new();
+    let mut wait_for = async |needle: &str, log: &mut String| {
+        while let Some(l) = lines.next_line().await.unwrap() {
+            log.push_str(&l);
+            log.push('\n');
+            if l.contains(needle) {
+                return;
+            }
+        }
+        panic!("the daemon ended before logging {needle:?}:\n{log}");
+    };
+    c.within("READY", wait_for("to=READY", &mut log)).await;
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    c.within("shutting down", wait_for("shutting down", &mut log))
+        .await;
+    let second = tokio::time::Instant::now();
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let status = c.within("the forced exit", daemon.wait()).await.unwrap();
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(
+        second.elapsed() < std::time::Duration::from_secs(8),
+        "the exit did not wait for the plugin's 10 s stop grace: {:?}",
+        second.elapsed()
     );
 }
