@@ -418,7 +418,14 @@ async fn learn_agent_id(agent: &AgentConfig) -> String {
             Err(e) => {
                 attempt = attempt.saturating_add(1);
                 let wait = AGENT_ID_BACKOFF.delay(attempt, &mut jitter);
-                tracing::warn!(error = %DisplayChain(&e), retry_in = ?wait, "the agent id is not available yet");
+                // A permanent refusal (wrong token, an invalid id) will not mend itself, but
+                // the operator can fix the agent without restarting slrp, so keep asking —
+                // loudly, so the log says what to fix instead of looking like a slow start.
+                if e.is_transient() {
+                    tracing::warn!(error = %DisplayChain(&e), retry_in = ?wait, "the agent id is not available yet");
+                } else {
+                    tracing::error!(error = %DisplayChain(&e), retry_in = ?wait, "the agent refused to tell its id; fix the agent URL or token (retrying)");
+                }
                 tokio::time::sleep(wait).await;
             }
         }
