@@ -93,3 +93,23 @@ async fn the_configured_plugin_runs_and_a_dropped_cluster_kills_it() {
         processes_mentioning(&dir)
     );
 }
+
+/// A wait that times out lists the manager messages earlier waits passed over: the
+/// two-provider test once hung for the full hang guard because waiting for the second
+/// SUBSCRIBED consumed the first provider's pool update, and its log did not say so.
+#[tokio::test]
+#[should_panic(expected = "SUBSCRIBED test (id ")]
+async fn a_timed_out_wait_lists_the_messages_earlier_waits_passed_over() {
+    let mut c = Cluster::new(
+        vec![support::ProviderSpec::fixture()],
+        support::DaemonOptions::with_profiles(),
+    )
+    .await;
+    c.set_profiles(&support::profiles(&["test"]));
+    c.start_daemon();
+    // Passes over SUBSCRIBED and the update without a pool.
+    c.update_where(|u| u.pool("test").is_some()).await;
+    // Nothing more comes: this wait times out, naming the SUBSCRIBED it cannot see.
+    c.wait = std::time::Duration::from_secs(2);
+    c.next_subscribed().await;
+}

@@ -276,6 +276,58 @@ pub struct Cluster {
     profile_server: Option<tokio::task::JoinHandle<()>>,
     /// A failure already printed the daemon's log (the drop need not repeat it).
     log_shown: std::cell::Cell<bool>,
+    /// The latest manager messages that a wait for one kind passed over (oldest first,
+    /// at most [`SKIPPED_SHOWN`]). A wait that times out lists them: a message a test
+    /// waits for may have been consumed by an earlier wait for something else.
+    skipped: std::collections::VecDeque<String>,
+    /// The hang guard of every wait ([`WAIT`] unless a harness test shortens it).
+    pub wait: Duration,
+}
+
+/// How many passed-over manager messages a timed-out wait lists.
+const SKIPPED_SHOWN: usize = 16;
+
+/// One line per manager message for failure reports: the kind, the provider and, for an
+/// UPDATE_STATE, its storage pools' profiles and disk ids (what tests wait for).
+pub fn describe(m: &ManagerMessage) -> String {
+    match m {
+        ManagerMessage::Subscribed { info } => format!(
+            "SUBSCRIBED {} (id {})",
+            info.name,
+            info.id.as_ref().map_or("none", |id| id.value.as_str())
+        ),
+        ManagerMessage::UpdateState {
+            provider_id,
+            resources,
+            resource_version_uuid,
+            ..
+        } => {
+            let u = Update::new(provider_id.clone(), resources, resource_version_uuid);
+            let pools: Vec<&str> = u
+                .pools()
+                .iter()
+                .filter_map(|r| source(r)["profile"].as_str())
+                .collect();
+            let disks: Vec<&str> = u
+                .disks()
+                .iter()
+                .filter_map(|r| source(r)["id"].as_str())
+                .collect();
+            format!(
+                "UPDATE_STATE {provider_id}: {} resources, pools {pools:?}, disks {disks:?}",
+                resources.len()
+            )
+        }
+        ManagerMessage::UpdateOperationStatus { provider_id, .. } => {
+            format!("UPDATE_OPERATION_STATUS {provider_id}")
+        }
+        ManagerMessage::Disconnected { provider_id } => format!("DISCONNECTED {provider_id}"),
+        ManagerMessage::Removed { provider_id } => format!("REMOVED {provider_id}"),
+        ManagerMessage::ProtocolViolation {
+            provider_id,
+            reason,
+        } => format!("PROTOCOL_VIOLATION {provider_id}: {reason}"),
+    }
 }
 
 impl Cluster {
@@ -298,6 +350,8 @@ impl Cluster {
             profiles_uri: String::new(),
             profile_server: None,
             log_shown: std::cell::Cell::new(false),
+            skipped: std::collections::VecDeque::new(),
+            wait: WAIT,
         };
         for sub in ["manager", "state", "work", "rp"] {
             std::fs::create_dir_all(cluster.path(sub)).unwrap();
@@ -546,10 +600,10 @@ impl Cluster {
         self.manager().endpoint().url()
     }
 
-    /// The next manager observation, or a panic with the daemon's log after [`WAIT`] or
+    /// The next manager observation, or a panic with the daemon's log after [`Cluster::wait`] or
     /// as soon as the daemon has exited (nothing more will come).
     pub async fn next_message(&mut self) -> ManagerMessage {
-        let deadline = tokio::time::Instant::now() + WAIT;
+        let deadline = tokio::time::Instant::now() + self.wait;
         let Self {
             messages, daemon, ..
         } = self;
@@ -576,15 +630,34 @@ impl Cluster {
                 break "no manager message within the timeout".into();
             }
         };
-        self.fail(&failure)
+        if self.skipped.is_empty() {
+            self.fail(&failure)
+        }
+        let skipped: Vec<&str> = self.skipped.iter().map(String::as_str).collect();
+        self.fail(&format!(
+            "{failure}\nmessages that earlier waits passed over (was one of them what this \
+             wait expects?):\n  {}",
+            skipped.join("\n  ")
+        ))
+    }
+
+    /// Notes a message a wait passed over, for the report of a later timeout.
+    fn skip(&mut self, m: &ManagerMessage) {
+        if self.skipped.len() == SKIPPED_SHOWN {
+            self.skipped.pop_front();
+        }
+        self.skipped.push_back(describe(m));
     }
 
     /// Waits for the next SUBSCRIBE admitted by the manager; returns the provider's info
     /// as JSON (with its `id`).
     pub async fn next_subscribed(&mut self) -> Value {
         loop {
-            if let ManagerMessage::Subscribed { info } = self.next_message().await {
-                return slrp_wire::json::to_value(&info).unwrap();
+            match self.next_message().await {
+                ManagerMessage::Subscribed { info } => {
+                    return slrp_wire::json::to_value(&info).unwrap();
+                }
+                other => self.skip(&other),
             }
         }
     }
@@ -592,14 +665,14 @@ impl Cluster {
     /// Waits for the next UPDATE_STATE (of any provider).
     pub async fn next_update(&mut self) -> Update {
         loop {
-            if let ManagerMessage::UpdateState {
-                provider_id,
-                resources,
-                resource_version_uuid,
-                ..
-            } = self.next_message().await
-            {
-                return Update::new(provider_id, &resources, &resource_version_uuid);
+            match self.next_message().await {
+                ManagerMessage::UpdateState {
+                    provider_id,
+                    resources,
+                    resource_version_uuid,
+                    ..
+                } => return Update::new(provider_id, &resources, &resource_version_uuid),
+                other => self.skip(&other),
             }
         }
     }
@@ -607,10 +680,20 @@ impl Cluster {
     /// Waits for an UPDATE_STATE for which `want` holds, skipping others.
     pub async fn update_where(&mut self, want: impl Fn(&Update) -> bool) -> Update {
         loop {
-            let u = self.next_update().await;
-            if want(&u) {
-                return u;
+            let m = self.next_message().await;
+            if let ManagerMessage::UpdateState {
+                provider_id,
+                resources,
+                resource_version_uuid,
+                ..
+            } = &m
+            {
+                let u = Update::new(provider_id.clone(), resources, resource_version_uuid);
+                if want(&u) {
+                    return u;
+                }
             }
+            self.skip(&m);
         }
     }
 
@@ -692,7 +775,7 @@ impl Cluster {
         };
         kill(pid, signal).unwrap();
         let mut daemon = self.daemon.take().unwrap();
-        match tokio::time::timeout(WAIT, daemon.child.wait()).await {
+        match tokio::time::timeout(self.wait, daemon.child.wait()).await {
             Ok(status) => status.unwrap(),
             Err(_) => {
                 self.daemon = Some(daemon);
@@ -744,9 +827,10 @@ impl Cluster {
         )
     }
 
-    /// Runs `f` with the hang guard [`WAIT`]; on timeout fails with `what` and the log.
+    /// Runs `f` with the hang guard [`Cluster::wait`]; on timeout fails with `what` and the
+    /// log.
     pub async fn within<T>(&self, what: &str, f: impl Future<Output = T>) -> T {
-        match tokio::time::timeout(WAIT, f).await {
+        match tokio::time::timeout(self.wait, f).await {
             Ok(v) => v,
             Err(_) => self.fail(&format!("timed out: {what}")),
         }
@@ -804,7 +888,7 @@ impl Cluster {
         want: impl Fn(&BTreeMap<String, f64>) -> bool,
     ) -> BTreeMap<String, f64> {
         let last = std::cell::RefCell::new(BTreeMap::new());
-        let got = tokio::time::timeout(WAIT, async {
+        let got = tokio::time::timeout(self.wait, async {
             loop {
                 let snap = self.snapshot().await;
                 if want(&snap) {
