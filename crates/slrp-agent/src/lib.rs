@@ -30,6 +30,6 @@ mod transport;
 pub use client::{AgentClient, AgentHandle, STREAM_ID_HEADER, SessionEvent};
 pub use config::{AgentConfig, AgentEndpoint, RESOURCE_PROVIDER_PATH, TcpKeepalive, Token};
 pub use error::{AgentError, ConfigError};
-pub use metrics::Metrics;
+pub use metrics::{MetricFamilies, Metrics};
 pub use operator::{OperatorError, get_agent_id};
 pub use state::{ConnectionState, ReconnectPolicy};

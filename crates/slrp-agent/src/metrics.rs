@@ -1,6 +1,16 @@
 //! Client metrics, registered under the `agent` prefix of the caller's registry.
+//!
+//! One client registers its [`Metrics`] with [`Metrics::register`]. Several clients of
+//! one process (one per resource provider) count into one [`MetricFamilies`] instead,
+//! each through a handle made by [`MetricFamilies::with_label`]: the families are
+//! registered once, so the text exposition has one `# TYPE` line per name, as
+//! Prometheus's parsers require.
 
-use prometheus_client::{metrics::counter::Counter, registry::Registry};
+use std::sync::Arc;
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::{Metric, Registry};
 
 /// Counters of one agent client. Clones share the same series.
 #[derive(Debug, Clone, Default)]
@@ -19,33 +29,142 @@ pub struct Metrics {
     pub call_failures: Counter,
 }
 
+/// Names and help texts, in the order of [`Metrics`]' fields.
+const DESCRIPTIONS: [(&str, &str); 6] = [
+    (
+        "subscribe_attempts",
+        "Connection and SUBSCRIBE attempts to the agent",
+    ),
+    (
+        "reconnects",
+        "Agent sessions that ended and were retried after a backoff",
+    ),
+    ("events", "Events received from the agent"),
+    (
+        "undecodable_records",
+        "Agent event records skipped because they could not be decoded",
+    ),
+    ("calls", "Calls sent to the agent"),
+    ("call_failures", "Calls to the agent that were not accepted"),
+];
+
+/// Registers `metrics` (in the order of [`DESCRIPTIONS`]) under `agent_`.
+fn register_all<M: Metric + Clone>(registry: &mut Registry, metrics: [&M; 6]) {
+    let sub = registry.sub_registry_with_prefix("agent");
+    for ((name, help), metric) in DESCRIPTIONS.into_iter().zip(metrics) {
+        sub.register(name, help, metric.clone());
+    }
+}
+
 impl Metrics {
     /// Creates the metrics and registers them under `agent_` in `registry`.
     pub fn register(registry: &mut Registry) -> Self {
         let m = Self::default();
-        let r = registry.sub_registry_with_prefix("agent");
-        r.register(
-            "subscribe_attempts",
-            "Connection and SUBSCRIBE attempts to the agent",
-            m.subscribe_attempts.clone(),
-        );
-        r.register(
-            "reconnects",
-            "Agent sessions that ended and were retried after a backoff",
-            m.reconnects.clone(),
-        );
-        r.register("events", "Events received from the agent", m.events.clone());
-        r.register(
-            "undecodable_records",
-            "Agent event records skipped because they could not be decoded",
-            m.undecodable_records.clone(),
-        );
-        r.register("calls", "Calls sent to the agent", m.calls.clone());
-        r.register(
-            "call_failures",
-            "Calls to the agent that were not accepted",
-            m.call_failures.clone(),
+        register_all(
+            registry,
+            [
+                &m.subscribe_attempts,
+                &m.reconnects,
+                &m.events,
+                &m.undecodable_records,
+                &m.calls,
+                &m.call_failures,
+            ],
         );
         m
+    }
+}
+
+/// Constant labels of one client's series in [`MetricFamilies`].
+type ConstLabels = Vec<(&'static str, Arc<str>)>;
+
+type CounterFamily = Family<ConstLabels, Counter>;
+
+/// The agent metric families of a process with several clients; cheap to clone.
+/// Fields as [`Metrics`]'.
+#[derive(Debug, Clone, Default)]
+pub struct MetricFamilies {
+    subscribe_attempts: CounterFamily,
+    reconnects: CounterFamily,
+    events: CounterFamily,
+    undecodable_records: CounterFamily,
+    calls: CounterFamily,
+    call_failures: CounterFamily,
+}
+
+impl MetricFamilies {
+    /// The counters of one client: its series carry the label `name="value"`
+    /// (e.g. `provider="<type>.<name>"`). Asking twice with the same label gives
+    /// counters of the same series.
+    pub fn with_label(&self, name: &'static str, value: &str) -> Metrics {
+        let labels: ConstLabels = vec![(name, Arc::from(value))];
+        let series = |family: &CounterFamily| family.get_or_create_owned(&labels);
+        Metrics {
+            subscribe_attempts: series(&self.subscribe_attempts),
+            reconnects: series(&self.reconnects),
+            events: series(&self.events),
+            undecodable_records: series(&self.undecodable_records),
+            calls: series(&self.calls),
+            call_failures: series(&self.call_failures),
+        }
+    }
+
+    /// Registers the families under `agent_` in `registry`, once per registry.
+    pub fn register(&self, registry: &mut Registry) {
+        register_all(
+            registry,
+            [
+                &self.subscribe_attempts,
+                &self.reconnects,
+                &self.events,
+                &self.undecodable_records,
+                &self.calls,
+                &self.call_failures,
+            ],
+        );
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labelled_clients_share_one_family_and_count_apart() {
+        let families = MetricFamilies::default();
+        let mut reg = Registry::default();
+        families.register(&mut reg);
+        let a = families.with_label("provider", "a");
+        let b = families.with_label("provider", "b");
+        a.calls.inc();
+        a.calls.inc();
+        b.call_failures.inc();
+        assert_eq!(families.with_label("provider", "a").calls.get(), 2);
+
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &reg).unwrap();
+        for (name, _) in DESCRIPTIONS {
+            let kind = format!("# TYPE agent_{name} counter\n");
+            assert_eq!(text.matches(&kind).count(), 1, "{kind} in:\n{text}");
+        }
+        for want in [
+            "agent_calls_total{provider=\"a\"} 2",
+            "agent_calls_total{provider=\"b\"} 0",
+            "agent_call_failures_total{provider=\"b\"} 1",
+        ] {
+            assert!(text.contains(want), "{want} missing in:\n{text}");
+        }
+    }
+
+    #[test]
+    fn one_client_registers_unlabelled_counters() {
+        let mut reg = Registry::default();
+        let m = Metrics::register(&mut reg);
+        m.events.inc();
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &reg).unwrap();
+        assert!(text.contains("agent_events_total 1\n"), "{text}");
+        assert!(text.contains("# HELP agent_reconnects "), "{text}");
     }
 }

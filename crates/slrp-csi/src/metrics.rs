@@ -9,6 +9,12 @@
 //! A request refused before it is sent (a v1-only feature against a v0 plugin) is no RPC
 //! and counts nowhere.
 //!
+//! Several owners (the providers of one process) share one set of families: each counts
+//! through a handle made by [`CsiMetrics::with_label`], which adds a constant label
+//! (e.g. `provider="<type>.<name>"`) to every series it touches. The families are then
+//! registered once, so the text exposition has one `# TYPE` line per name, as
+//! Prometheus's parsers require.
+//!
 //! # Limitations
 //! Metric names follow Prometheus conventions (`csi_rpcs_finished_total{rpc="..."}`); the
 //! Mesos-style names (`csi_plugin/rpcs_finished`) are a mapping for the admin endpoint.
@@ -19,6 +25,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+use std::sync::Arc;
+
 use tokio::time::Instant;
 
 use crate::error::CsiRpc;
@@ -30,16 +38,24 @@ pub struct RpcLabels {
     pub rpc: &'static str,
 }
 
-type HistogramFamily = Family<RpcLabels, Histogram, fn() -> Histogram>;
+/// Constant labels a handle adds before its own (see [`CsiMetrics::with_label`]).
+pub type ConstLabels = Vec<(&'static str, Arc<str>)>;
+
+/// The full label set of a series: the handle's constant labels, then the RPC.
+type SeriesLabels = (ConstLabels, RpcLabels);
+
+type HistogramFamily = Family<SeriesLabels, Histogram, fn() -> Histogram>;
 
 /// CSI client metrics. Cheap to clone (handles to shared atomics).
 #[derive(Debug, Clone)]
 pub struct CsiMetrics {
-    pending: Family<RpcLabels, Gauge>,
-    finished: Family<RpcLabels, Counter>,
-    failed: Family<RpcLabels, Counter>,
-    cancelled: Family<RpcLabels, Counter>,
+    pending: Family<SeriesLabels, Gauge>,
+    finished: Family<SeriesLabels, Counter>,
+    failed: Family<SeriesLabels, Counter>,
+    cancelled: Family<SeriesLabels, Counter>,
     latency: HistogramFamily,
+    /// What this handle counts under; empty for the default handle.
+    scope: ConstLabels,
 }
 
 fn latency_histogram() -> Histogram {
@@ -58,6 +74,7 @@ impl Default for CsiMetrics {
             failed: Family::default(),
             cancelled: Family::default(),
             latency: Family::new_with_constructor(latency_histogram),
+            scope: ConstLabels::new(),
         }
     }
 }
@@ -70,8 +87,19 @@ impl CsiMetrics {
         m
     }
 
-    /// Registers these (already counting) metrics under the `csi` prefix of `registry`,
-    /// e.g. a per-provider sub-registry.
+    /// A handle to the same families whose series all carry the label `name="value"`
+    /// (after this handle's own constant labels), e.g. one provider's share of metrics
+    /// registered once for the whole process. Its getters read only its own series.
+    #[must_use]
+    pub fn with_label(&self, name: &'static str, value: &str) -> Self {
+        let mut scoped = self.clone();
+        scoped.scope.push((name, Arc::from(value)));
+        scoped
+    }
+
+    /// Registers these (already counting) families under the `csi` prefix of
+    /// `registry`: the series of every handle made from them with
+    /// [`CsiMetrics::with_label`]. Register them once per registry.
     pub fn register_in(&self, registry: &mut Registry) {
         let m = self;
         let sub = registry.sub_registry_with_prefix("csi");
@@ -102,28 +130,28 @@ impl CsiMetrics {
         );
     }
 
-    fn labels(rpc: CsiRpc) -> RpcLabels {
-        RpcLabels { rpc: rpc.as_str() }
+    fn labels(&self, rpc: CsiRpc) -> SeriesLabels {
+        (self.scope.clone(), RpcLabels { rpc: rpc.as_str() })
     }
 
     /// Attempts of `rpc` in flight.
     pub fn pending(&self, rpc: CsiRpc) -> i64 {
-        self.pending.get_or_create(&Self::labels(rpc)).get()
+        self.pending.get_or_create(&self.labels(rpc)).get()
     }
 
     /// Attempts of `rpc` that returned OK.
     pub fn finished(&self, rpc: CsiRpc) -> u64 {
-        self.finished.get_or_create(&Self::labels(rpc)).get()
+        self.finished.get_or_create(&self.labels(rpc)).get()
     }
 
     /// Attempts of `rpc` that failed.
     pub fn failed(&self, rpc: CsiRpc) -> u64 {
-        self.failed.get_or_create(&Self::labels(rpc)).get()
+        self.failed.get_or_create(&self.labels(rpc)).get()
     }
 
     /// Attempts of `rpc` that were cancelled.
     pub fn cancelled(&self, rpc: CsiRpc) -> u64 {
-        self.cancelled.get_or_create(&Self::labels(rpc)).get()
+        self.cancelled.get_or_create(&self.labels(rpc)).get()
     }
 
     /// Sum over all RPCs of attempts that returned OK.
@@ -147,7 +175,7 @@ impl CsiMetrics {
     }
 
     pub(crate) fn start(&self, rpc: CsiRpc) -> AttemptGuard {
-        self.pending.get_or_create(&Self::labels(rpc)).inc();
+        self.pending.get_or_create(&self.labels(rpc)).inc();
         AttemptGuard {
             metrics: self.clone(),
             rpc,
@@ -183,7 +211,7 @@ impl AttemptGuard {
 
 impl Drop for AttemptGuard {
     fn drop(&mut self) {
-        let labels = CsiMetrics::labels(self.rpc);
+        let labels = self.metrics.labels(self.rpc);
         self.metrics.pending.get_or_create(&labels).dec();
         match self.outcome {
             Some(Outcome::Finished) => {
@@ -237,5 +265,37 @@ mod tests {
             text.contains("csi_rpc_duration_seconds_count{rpc=\"Probe\"} 2"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn labelled_handles_share_one_family_and_count_apart() {
+        let mut reg = Registry::default();
+        let shared = CsiMetrics::register(&mut reg);
+        let a = shared.with_label("provider", "a");
+        let b = shared.with_label("provider", "b");
+        a.start(CsiRpc::Probe).finish(Outcome::Finished);
+        a.start(CsiRpc::Probe).finish(Outcome::Finished);
+        b.start(CsiRpc::Probe).finish(Outcome::Failed);
+        assert_eq!((a.finished_total(), a.failed_total()), (2, 0));
+        assert_eq!((b.finished_total(), b.failed_total()), (0, 1));
+        assert_eq!(
+            shared.finished_total(),
+            0,
+            "the unlabelled handle has its own series"
+        );
+
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &reg).unwrap();
+        assert_eq!(
+            text.matches("# TYPE csi_rpcs_finished counter").count(),
+            1,
+            "{text}"
+        );
+        for want in [
+            "csi_rpcs_finished_total{provider=\"a\",rpc=\"Probe\"} 2",
+            "csi_rpcs_failed_total{provider=\"b\",rpc=\"Probe\"} 1",
+        ] {
+            assert!(text.contains(want), "{want} missing in:\n{text}");
+        }
     }
 }

@@ -7,8 +7,9 @@
 //!    ([`crate::workdir`]) and its store opened (`S/providers/<type>.<name>/store`), all
 //!    before anything runs: a refused work directory or an unreadable store stops the
 //!    daemon with an error naming the provider and the path.
-//! 2. The metrics registry is built (each provider's [`ProviderMetrics`], its agent client's
-//!    counters under a `provider` label, the profile adaptor's), the profile adaptor is
+//! 2. The metrics registry is built (one [`MetricsFamilies`] holding each provider's
+//!    [`ProviderMetrics`] and agent client counters under a `provider` label, and the
+//!    profile adaptor's), the profile adaptor is
 //!    spawned if configured (one per daemon, shared by the providers), and the admin
 //!    socket bound. `/ready` answers from here on, naming each provider's step.
 //! 3. The agent id is learnt with GET_AGENT (`slrp_agent::operator::get_agent_id`),
@@ -37,7 +38,8 @@
 //! 2. each volume manager is stopped (running CSI jobs get their grace; their intents are
 //!    checkpointed and idempotent, so an interrupted one resumes on the next start);
 //! 3. the plugins are stopped (SIGTERM, then SIGKILL) or left running for the next slrp
-//!    to adopt, as [`PluginsOnExit`] says;
+//!    to adopt, as [`PluginsOnExit`] says — also when the shutdown comes while a plugin
+//!    stack is still starting;
 //! 4. the profile adaptor stops and the admin socket is removed.
 //!
 //! The providers shut down in parallel; the whole is bounded by
@@ -60,7 +62,7 @@ use tracing::Instrument as _;
 
 use crate::admin::{AdminError, AdminListener, AdminState, ProviderView};
 use crate::config::{AdminListen, DaemonConfig, PluginsOnExit, ProviderConfig};
-use crate::metrics::ProviderMetrics;
+use crate::metrics::{MetricsFamilies, ProviderMetrics};
 use crate::stack::{PluginStack, StackConfig, StackError, StopPlugins};
 use crate::workdir::{WorkDirError, check_work_dir};
 use crate::worker::{Provider, ProviderDeps, ProviderError, ProviderParams, ProviderStatus};
@@ -268,12 +270,16 @@ pub async fn run(config: DaemonConfig, shutdown: CancellationToken) -> Result<()
     }
 
     let mut registry = Registry::default();
+    // One set of families for all providers, each series labelled with its provider:
+    // a family registered per provider would repeat its `# TYPE` line, which
+    // Prometheus rejects.
+    let families = MetricsFamilies::default();
+    families.register(&mut registry);
     let slots: Vec<Arc<Slot>> = config
         .providers
         .iter()
         .map(|p| {
-            let metrics = ProviderMetrics::new(&p.info.r#type, &p.info.name);
-            metrics.register(&mut registry);
+            let metrics = families.provider(&p.info.r#type, &p.info.name);
             Arc::new(Slot {
                 key: p.key(),
                 metrics,
@@ -281,14 +287,8 @@ pub async fn run(config: DaemonConfig, shutdown: CancellationToken) -> Result<()
             })
         })
         .collect();
-    let agent_metrics: Vec<slrp_agent::Metrics> = slots
-        .iter()
-        .map(|slot| {
-            slrp_agent::Metrics::register(
-                registry.sub_registry_with_label(("provider".into(), slot.key.clone().into())),
-            )
-        })
-        .collect();
+    let agent_metrics: Vec<slrp_agent::Metrics> =
+        slots.iter().map(|slot| slot.metrics.agent()).collect();
 
     let services = CancellationToken::new();
     let mut background = JoinSet::new();
@@ -418,7 +418,14 @@ async fn learn_agent_id(agent: &AgentConfig) -> String {
             Err(e) => {
                 attempt = attempt.saturating_add(1);
                 let wait = AGENT_ID_BACKOFF.delay(attempt, &mut jitter);
-                tracing::warn!(error = %DisplayChain(&e), retry_in = ?wait, "the agent id is not available yet");
+                // A permanent refusal (wrong token, an invalid id) will not mend itself, but
+                // the operator can fix the agent without restarting slrp, so keep asking —
+                // loudly, so the log says what to fix instead of looking like a slow start.
+                if e.is_transient() {
+                    tracing::warn!(error = %DisplayChain(&e), retry_in = ?wait, "the agent id is not available yet");
+                } else {
+                    tracing::error!(error = %DisplayChain(&e), retry_in = ?wait, "the agent refused to tell its id; fix the agent URL or token (retrying)");
+                }
                 tokio::time::sleep(wait).await;
             }
         }
@@ -461,6 +468,8 @@ async fn run_provider_inner(
     let mut stack_config =
         StackConfig::new(config.info.clone(), work_dir, runtime_dir, store.clone());
     stack_config.supervisor.agent_id = Some(agent_id.clone());
+    // A shutdown during the start leaves the plugins as a shutdown after it would.
+    stack_config.plugins_on_cancel = plugins_on_exit;
     if let Some(timeout) = plugin_ready_timeout {
         stack_config.ready_timeout = timeout;
     }

@@ -2,7 +2,8 @@
 //!
 //! # Design
 //! One [`ProviderMetrics`] per provider, made before anything counts into it. Its parts
-//! are the metrics of the layers below, handed to them by the plugin stack:
+//! are the metrics of the layers below, handed to them by the plugin stack and the
+//! worker:
 //! - [`ProviderMetrics::csi`]: what every CSI client of the provider counts into
 //!   (`csi_plugin/rpcs_*`): version detection, `prepareServices`, the volume manager.
 //! - [`ProviderMetrics::health_probes`]: what the supervisor's readiness and health
@@ -11,21 +12,21 @@
 //!   `csi_plugin/rpcs_*` names.
 //! - [`ProviderMetrics::supervisor`]: the supervisor's termination counts
 //!   (`csi_plugin/container_terminations`, all containers and causes summed).
+//! - [`ProviderMetrics::agent`]: the agent client's counters (`agent_*`).
 //!
 //! [`ProviderMetrics::snapshot`] gives the Mesos names, prefixed with
 //! `resource_providers/<type>.<name>/`, as Mesos's `/metrics/snapshot` does.
-//! [`ProviderMetrics::register`] puts the per-RPC and per-container families into an
-//! OpenMetrics registry under the label `provider="<type>.<name>"`.
 //!
-//! # Limitations
-//! Each provider registers its own copy of every family: with several providers in one
-//! registry the text exposition repeats each family's `# HELP`/`# TYPE` lines per
-//! provider, which Prometheus rejects (see `docs/provider-stack.md`). The snapshot is
-//! not affected.
+//! For OpenMetrics, every provider of a process counts into one [`MetricsFamilies`]:
+//! [`MetricsFamilies::provider`] hands out a provider's handles, whose series carry the
+//! label `provider="<type>.<name>"`, and [`MetricsFamilies::register`] registers each
+//! family once. The text exposition thus has one `# HELP`/`# TYPE` per name holding
+//! every provider's series, as Prometheus's parsers require (a second `# TYPE` line for
+//! a name is rejected). [`ProviderMetrics::new`] makes a provider with families of its
+//! own, for a process (or test) with one provider.
 //!
 //! Issue #11 adds the `operations/<type>/*` metrics here (another part beside these).
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -35,6 +36,48 @@ use slrp_supervisor::SupervisorMetrics;
 
 /// The label that tells providers apart in an OpenMetrics registry.
 pub const PROVIDER_LABEL: &str = "provider";
+
+/// The metric families every provider of a process counts into; cheap to clone (clones
+/// share the families). Register them once per registry.
+#[derive(Clone, Debug, Default)]
+pub struct MetricsFamilies {
+    csi: CsiMetrics,
+    health_probes: CsiMetrics,
+    supervisor: SupervisorMetrics,
+    agent: slrp_agent::MetricFamilies,
+}
+
+impl MetricsFamilies {
+    /// The metrics of the provider with ResourceProviderInfo `type` `rp_type` and
+    /// `name` `rp_name`, counting into these families under
+    /// `provider="<type>.<name>"`. Make one per provider: a second one for the same
+    /// provider would share its exported series but not its snapshot's termination
+    /// total.
+    pub fn provider(&self, rp_type: &str, rp_name: &str) -> ProviderMetrics {
+        let id = format!("{rp_type}.{rp_name}");
+        ProviderMetrics {
+            inner: Arc::new(Inner {
+                csi: self.csi.with_label(PROVIDER_LABEL, &id),
+                health_probes: self.health_probes.with_label(PROVIDER_LABEL, &id),
+                supervisor: self.supervisor.with_label(PROVIDER_LABEL, &id),
+                agent: self.agent.with_label(PROVIDER_LABEL, &id),
+                families: self.clone(),
+                id,
+            }),
+        }
+    }
+
+    /// Registers the per-RPC (`csi_rpcs_*{rpc=…}`), health-probe (`health_csi_*`),
+    /// per-container (`csi_plugin_container_*`) and agent client (`agent_*`) families
+    /// into `registry`, each once, with the series of every provider made from them.
+    pub fn register(&self, registry: &mut Registry) {
+        self.csi.register_in(registry);
+        self.health_probes
+            .register_in(registry.sub_registry_with_prefix("health"));
+        self.supervisor.register_in(registry);
+        self.agent.register(registry);
+    }
+}
 
 /// The metrics of one provider; cheap to clone (clones count into the same values).
 #[derive(Clone, Debug)]
@@ -49,20 +92,18 @@ struct Inner {
     csi: CsiMetrics,
     health_probes: CsiMetrics,
     supervisor: SupervisorMetrics,
+    agent: slrp_agent::Metrics,
+    /// What the handles above count into.
+    families: MetricsFamilies,
 }
 
 impl ProviderMetrics {
     /// Metrics of the provider with ResourceProviderInfo `type` `rp_type` and `name`
-    /// `rp_name`; their Mesos names start with `resource_providers/<type>.<name>/`.
+    /// `rp_name`, with families of its own (a process with one provider); their Mesos
+    /// names start with `resource_providers/<type>.<name>/`. Several providers of one
+    /// registry come from one [`MetricsFamilies`] instead.
     pub fn new(rp_type: &str, rp_name: &str) -> Self {
-        Self {
-            inner: Arc::new(Inner {
-                id: format!("{rp_type}.{rp_name}"),
-                csi: CsiMetrics::default(),
-                health_probes: CsiMetrics::default(),
-                supervisor: SupervisorMetrics::default(),
-            }),
-        }
+        MetricsFamilies::default().provider(rp_type, rp_name)
     }
 
     /// `<type>.<name>`: the provider as Mesos names it in metric names and the value of
@@ -86,6 +127,11 @@ impl ProviderMetrics {
     /// What the supervisor counts into (`csi_plugin/container_terminations`).
     pub fn supervisor(&self) -> SupervisorMetrics {
         self.inner.supervisor.clone()
+    }
+
+    /// What the provider's agent client counts into (`agent_*`).
+    pub fn agent(&self) -> slrp_agent::Metrics {
+        self.inner.agent.clone()
     }
 
     /// The Mesos names and their current values, e.g.
@@ -116,19 +162,17 @@ impl ProviderMetrics {
         format!("resource_providers/{}/", self.inner.id)
     }
 
-    /// Registers the per-RPC (`csi_rpcs_*{rpc=…}`), health-probe (`health_csi_*`) and
-    /// per-container (`csi_plugin_container_*`) families into `registry`, all labelled
-    /// `provider="<type>.<name>"`. Register each provider once per registry.
+    /// The families this provider counts into.
+    pub fn families(&self) -> &MetricsFamilies {
+        &self.inner.families
+    }
+
+    /// Registers the families this provider counts into ([`MetricsFamilies::register`]):
+    /// its series, labelled `provider="<type>.<name>"`, and those of every other provider
+    /// made from the same [`MetricsFamilies`]. Register one set of families once per
+    /// registry: two providers made by [`ProviderMetrics::new`] cannot share a registry.
     pub fn register(&self, registry: &mut Registry) {
-        let sub = registry.sub_registry_with_label((
-            Cow::Borrowed(PROVIDER_LABEL),
-            Cow::Owned(self.inner.id.clone()),
-        ));
-        self.inner.csi.register_in(sub);
-        self.inner
-            .health_probes
-            .register_in(sub.sub_registry_with_prefix("health"));
-        self.inner.supervisor.register_in(sub);
+        self.inner.families.register(registry);
     }
 }
 
@@ -155,13 +199,113 @@ mod tests {
         assert!(snap.values().all(|v| *v == 0.0));
     }
 
+    /// The families of an OpenMetrics text (name → its sample lines), or what makes the
+    /// text unscrapeable: a second `# TYPE` for a name, a sample outside the family
+    /// its descriptor opened, or no `# EOF` at the end.
+    fn families_of(text: &str) -> Result<BTreeMap<&str, Vec<&str>>, String> {
+        let mut families: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        let mut current = None;
+        let mut lines = text.lines().peekable();
+        while let Some(line) = lines.next() {
+            if line == "# EOF" {
+                return match lines.peek() {
+                    None => Ok(families),
+                    Some(after) => Err(format!("{after:?} after # EOF")),
+                };
+            }
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let name = rest.split(' ').next().unwrap_or_default();
+                if families.insert(name, Vec::new()).is_some() {
+                    return Err(format!("a second # TYPE line for {name}"));
+                }
+                current = Some(name);
+            } else if !line.starts_with('#') {
+                let sample = line.split(['{', ' ']).next().unwrap_or_default();
+                match current {
+                    Some(family) if sample.starts_with(family) => {
+                        families.entry(family).or_default().push(line);
+                    }
+                    _ => return Err(format!("sample {line:?} outside its family")),
+                }
+            }
+        }
+        Err("no # EOF".to_owned())
+    }
+
     #[test]
-    fn two_providers_register_into_one_registry_apart() {
-        let a = ProviderMetrics::new("org.apache.mesos.rp.local.storage", "a");
-        let b = ProviderMetrics::new("org.apache.mesos.rp.local.storage", "b");
+    fn two_providers_make_one_scrapeable_page() {
+        const TYPE: &str = "org.apache.mesos.rp.local.storage";
+        let families = MetricsFamilies::default();
+        let mut reg = Registry::default();
+        families.register(&mut reg);
+        let a = families.provider(TYPE, "a");
+        let b = families.provider(TYPE, "b");
+        // Something counted by each part of each provider (the getters create series).
+        for m in [&a, &b] {
+            let _ = m.csi().finished_total();
+            let _ = m.health_probes().finished_total();
+            let _ = m
+                .supervisor()
+                .terminations("plugin", slrp_supervisor::TerminationCause::Exited);
+            m.agent().calls.inc();
+        }
+        a.agent().calls.inc();
+
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &reg).unwrap();
+        let parsed = families_of(&text).unwrap_or_else(|e| panic!("{e} in:\n{text}"));
+        for family in [
+            "csi_rpcs_finished",
+            "health_csi_rpcs_finished",
+            "csi_plugin_container_terminations",
+            "agent_calls",
+        ] {
+            let samples = &parsed[family];
+            for p in ["a", "b"] {
+                let label = format!("{{provider=\"{TYPE}.{p}\"");
+                assert!(
+                    samples.iter().any(|s| s.contains(&label)),
+                    "{family}: no series of {p} in:\n{text}"
+                );
+            }
+            assert!(
+                samples.iter().all(|s| s.contains("{provider=\"")),
+                "{family}: a series without its provider in:\n{text}"
+            );
+        }
+        let calls = &parsed["agent_calls"];
+        assert!(
+            calls
+                .contains(&"agent_calls_total{provider=\"org.apache.mesos.rp.local.storage.a\"} 2"),
+            "{calls:?}"
+        );
+        assert!(
+            calls
+                .contains(&"agent_calls_total{provider=\"org.apache.mesos.rp.local.storage.b\"} 1"),
+            "{calls:?}"
+        );
+    }
+
+    #[test]
+    fn the_check_rejects_a_repeated_type() {
+        let text = "# TYPE x counter\nx_total 1\n# TYPE x counter\nx_total 2\n# EOF\n";
+        assert!(families_of(text).unwrap_err().contains("second # TYPE"));
+        let text = "# TYPE x counter\nx_total 1\n# TYPE y counter\nx_total 2\n# EOF\n";
+        assert!(
+            families_of(text)
+                .unwrap_err()
+                .contains("outside its family")
+        );
+        assert!(families_of("# TYPE x counter\nx_total 1\n").is_err());
+    }
+
+    #[test]
+    fn two_providers_count_apart_in_shared_families() {
+        let families = MetricsFamilies::default();
+        let a = families.provider("org.apache.mesos.rp.local.storage", "a");
+        let b = families.provider("org.apache.mesos.rp.local.storage", "b");
         let mut reg = Registry::default();
         a.register(&mut reg);
-        b.register(&mut reg);
         // Clones count into the same values; the other provider's stay untouched.
         let probe = a.clone().health_probes();
         let _ = probe.finished(slrp_csi::CsiRpc::Probe);
