@@ -107,12 +107,15 @@ impl ProviderState {
     }
 
     /// The state a record holds, checked as Mesos checks a recovered state (§3.3 step 4):
-    /// every storage pool's profile must be in the record. `store` names where the record
-    /// came from in errors.
+    /// every storage pool's profile must be in the record. Every resource must also belong
+    /// to the recorded provider id: the total is reported as is in UPDATE_STATE, and a
+    /// resource of another (or no) provider would be advertised under this one's id.
+    /// `store` names where the record came from in errors.
     ///
     /// # Errors
     /// [`StateError::Decode`] for a message that is not valid Mesos JSON;
-    /// [`StateError::MissingProfile`] for a pool whose profile is not recorded.
+    /// [`StateError::MissingProfile`] for a pool whose profile is not recorded;
+    /// [`StateError::ForeignResource`] for a resource of another provider id.
     pub fn from_record(record: ProviderRecord, store: &Path) -> Result<Self, StateError> {
         let decode = |what: String| {
             let store = store.to_owned();
@@ -126,6 +129,14 @@ impl ProviderState {
         for (index, value) in record.resources.into_iter().enumerate() {
             let resource: Resource =
                 slrp_wire::json::from_value(value).map_err(decode(format!("resource {index}")))?;
+            let owner = resource.provider_id.as_ref().map(|id| &id.value);
+            if owner != record.provider_id.as_ref() {
+                return Err(StateError::ForeignResource {
+                    resource: DisplayResource(&resource).to_string(),
+                    provider_id: record.provider_id,
+                    store: store.to_owned(),
+                });
+            }
             total.add(&resource);
         }
         let mut profiles = BTreeMap::new();
@@ -254,6 +265,21 @@ pub enum StateError {
         #[source]
         source: Box<JsonError>,
     },
+    /// A recovered resource belongs to another provider id than the record's (or the
+    /// record has no provider id).
+    #[error(
+        "resource '{resource}' in the provider state in store {} does not belong to provider {}",
+        store.display(),
+        provider_id.as_deref().unwrap_or("(none)")
+    )]
+    ForeignResource {
+        /// The resource.
+        resource: String,
+        /// The record's provider id.
+        provider_id: Option<String>,
+        /// The store's directory.
+        store: PathBuf,
+    },
     /// A recovered storage pool has no recorded profile (Mesos's text).
     #[error("Cannot recover profile for storage pool '{pool}' from '{}'", store.display())]
     MissingProfile {
@@ -372,6 +398,38 @@ mod tests {
         };
         let error = ProviderState::from_record(record, Path::new("/s")).unwrap_err();
         assert!(matches!(error, StateError::Decode { .. }), "{error}");
+    }
+
+    #[test]
+    fn a_resource_of_another_provider_fails_recovery() {
+        let c = ctx();
+        let state = ProviderState {
+            provider_id: Some(c.provider_id().clone()),
+            total: Resources::from(c.raw_disk(1 << 20, None, Some("vol-1"), None)),
+            profiles: BTreeMap::new(),
+        };
+        let mut other = state.to_record("agent-S0").unwrap();
+        other.provider_id = Some("rp-2".into());
+        let error = ProviderState::from_record(other, Path::new("/s")).unwrap_err();
+        assert!(
+            matches!(&error, StateError::ForeignResource { provider_id, .. } if provider_id.as_deref() == Some("rp-2")),
+            "{error}"
+        );
+        assert!(error.to_string().contains("vol-1"), "{error}");
+        // Resources without any provider id recorded: never assigned, nothing to report.
+        let mut orphan = state.to_record("agent-S0").unwrap();
+        orphan.provider_id = None;
+        let error = ProviderState::from_record(orphan, Path::new("/s")).unwrap_err();
+        assert!(
+            matches!(
+                &error,
+                StateError::ForeignResource {
+                    provider_id: None,
+                    ..
+                }
+            ),
+            "{error}"
+        );
     }
 
     #[tokio::test]
