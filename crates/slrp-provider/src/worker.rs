@@ -979,7 +979,11 @@ impl Worker {
             Ok(changed) => {
                 self.job_failures = 0;
                 self.status.send_modify(|s| s.reconciliations += 1);
-                if changed || kind == JobKind::Subscription {
+                // Before READY only this session's subscription reconciliation sends: the
+                // first UPDATE_STATE of a session is its (Mesos). A job of the previous
+                // session ending now has changed the total that reconciliation starts from.
+                let own_subscription = kind == JobKind::Subscription && session == self.session;
+                if own_subscription || (changed && self.lifecycle == Lifecycle::Ready) {
                     self.update_needed = true;
                 }
                 match kind {

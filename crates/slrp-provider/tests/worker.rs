@@ -826,3 +826,60 @@ async fn events_waiting_for_ready_are_bounded() {
     assert_eq!(status.events.handled, 2);
     provider.stop().await;
 }
+
+/// Mesos sends the first UPDATE_STATE of a subscription from the subscription
+/// reconciliation ("so that the total resources contain existing volumes", and, with
+/// issue #11, after the status streams are recovered). A periodic reconciliation of the
+/// previous session that ends after the resubscription with a changed total must not
+/// send its own UPDATE_STATE ahead of it: the subscription reconciliation that follows
+/// reports the change.
+#[tokio::test]
+async fn a_stale_reconciliation_does_not_send_before_the_subscription_one() {
+    let mut env = Env::new(FakeCsi::full()).await;
+    let provider = env.spawn(env.params(Some(0.05), AGENT_S0)).await;
+    let (id, first) = env.next_update().await;
+    assert!(first.is_empty(), "{first:?}");
+    ready(&provider.handle).await;
+
+    // Hold the next periodic reconciliation in ListVolumes, with a volume to find.
+    env.fake().set_down(CsiRpc::ListVolumes, true);
+    slrp_test_support::harness::until(|| env.fake().st().waiting_for_endpoint == 1).await;
+    env.fake().st().volumes.insert(
+        slrp_core::volume::VolumeId::new("vol-1"),
+        slrp_test_support::fake_csi::FakeVolume {
+            capacity: 1 << 20,
+            ..Default::default()
+        },
+    );
+    let before = provider.handle.status().borrow().reconciliations;
+    env.restart_manager(4 * 1024 * 1024).await;
+    status_until(&provider.handle, "resubscribed", |s| {
+        s.lifecycle == Lifecycle::Subscribed
+    })
+    .await;
+    env.fake().set_down(CsiRpc::ListVolumes, false);
+    let status = ready(&provider.handle).await;
+    assert!(status.reconciliations >= before + 2, "{status:?}");
+
+    // READY follows the accepted subscription UPDATE_STATE: every update of this
+    // session is in the channel now.
+    let mut updates = Vec::new();
+    while let Ok(message) = env.messages.try_recv() {
+        if let ManagerMessage::UpdateState {
+            provider_id,
+            resources,
+            ..
+        } = message
+        {
+            updates.push((provider_id, resources));
+        }
+    }
+    assert_eq!(
+        updates.len(),
+        1,
+        "one UPDATE_STATE per subscription: {updates:?}"
+    );
+    assert_eq!(updates[0].0, id);
+    assert_eq!(updates[0].1.len(), 1, "{:?}", updates[0].1);
+    provider.stop().await;
+}
