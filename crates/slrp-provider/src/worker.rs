@@ -1031,7 +1031,11 @@ impl Worker {
         gathered: Gathered,
     ) -> Result<Result<bool, ReconcileError>, ProviderError> {
         let Some(ctx) = &self.ctx else {
-            // Jobs start only once subscribed, which sets the context.
+            // Jobs start only once subscribed, which sets the context; it is gone only after
+            // an agent-id switch, before the new identity's SUBSCRIBED. Nothing to reconcile
+            // then, but a profile job's translated set must not be lost: the watch has been
+            // read already, so it would not come again until the profiles change.
+            self.live_profiles = gathered.profiles;
             return Ok(Ok(false));
         };
         let total = &self.state.total;
