@@ -352,6 +352,28 @@ async fn two_providers_in_one_process() {
         let v = c.provider_metric(name, "csi_plugin/rpcs_finished").await;
         assert!(v >= 1.0, "{name}: {v}");
     }
+    // One scrapeable OpenMetrics page for both: each family declared once (Prometheus
+    // refuses a second `# TYPE` for a name), both providers' series in it by label.
+    let page = c.admin_ok("/metrics").await;
+    let mut typed = std::collections::BTreeSet::new();
+    for line in page.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let name = rest.split(' ').next().unwrap_or_default();
+            assert!(
+                typed.insert(name.to_owned()),
+                "two `# TYPE {name}` lines:\n{page}"
+            );
+        }
+    }
+    assert!(page.trim_end().ends_with("# EOF"), "no `# EOF`:\n{page}");
+    for name in ["test1", "test2"] {
+        let label = format!("provider=\"{}\"", c.spec(name).key());
+        assert!(
+            page.lines()
+                .any(|l| l.starts_with("csi_rpcs_finished") && l.contains(&label)),
+            "no csi_rpcs_finished series with {label}:\n{page}"
+        );
+    }
     c.finish().await;
 }
 
