@@ -1205,27 +1205,68 @@ async fn update_profiles(
 }
 
 /// GetCapacity for every profile, concurrently (§6.2).
+///
+/// Mesos fails the whole reconciliation on any failure, so one profile the plugin will
+/// never accept (parameters it refuses, a capability slrp cannot express) keeps every
+/// other pool from being reported and, after a subscription, the provider from READY —
+/// for good. Here such a profile gets no pool (as a zero capacity, logged) and the others
+/// are reported; a failure that may pass (plugin down, deadline) still fails the
+/// reconciliation, which is retried, so a transient error never removes a pool.
 async fn capacities(
     volumes: &VolumeManagerHandle,
     profiles: &BTreeMap<String, ProfileDef>,
 ) -> Result<Vec<(String, u64)>, ReconcileError> {
     let asks = profiles.iter().map(|(name, def)| async move {
-        let capability = VolumeCapability::from_mesos(&def.capability).map_err(|source| {
-            ReconcileError::Capability {
-                profile: name.clone(),
-                source,
+        let capability = match VolumeCapability::from_mesos(&def.capability) {
+            Ok(capability) => capability,
+            Err(source) => {
+                let error = ReconcileError::Capability {
+                    profile: name.clone(),
+                    source,
+                };
+                tracing::warn!(error = %DisplayChain(&error), "no storage pool for this profile");
+                return Ok(None);
             }
-        })?;
-        let bytes = volumes
+        };
+        match volumes
             .capacity(capability, def.parameters.clone())
             .await
-            .map_err(|source| ReconcileError::Capacity {
-                profile: name.clone(),
-                source,
-            })?;
-        Ok((name.clone(), u64::try_from(bytes).unwrap_or(0)))
+        {
+            Ok(bytes) => Ok(Some((name.clone(), u64::try_from(bytes).unwrap_or(0)))),
+            Err(source) => {
+                let permanent = capacity_refusal_is_permanent(&source);
+                let error = ReconcileError::Capacity {
+                    profile: name.clone(),
+                    source,
+                };
+                if permanent {
+                    tracing::error!(error = %DisplayChain(&error), "the plugin refuses this profile; no storage pool for it");
+                    Ok(None)
+                } else {
+                    Err(error)
+                }
+            }
+        }
     });
-    join_all(asks).await.into_iter().collect()
+    let answers: Result<Vec<_>, _> = join_all(asks).await.into_iter().collect();
+    Ok(answers?.into_iter().flatten().collect())
+}
+
+/// Whether a GetCapacity failure is the plugin's answer to this profile (the same question
+/// gets the same answer) rather than a state that may pass.
+fn capacity_refusal_is_permanent(error: &VolumeError) -> bool {
+    use slrp_core::volume::VolumeErrorKind as Kind;
+    match error.kind() {
+        Kind::Invalid | Kind::Rejected => true,
+        Kind::Conflict
+        | Kind::PluginMisbehaved
+        | Kind::Unavailable
+        | Kind::Local
+        | Kind::Internal
+        | Kind::NotReady
+        | Kind::Fatal
+        | Kind::Stopped => false,
+    }
 }
 
 /// A UUID in its text form (Mesos's `id::UUID::toString`), or hex for other lengths.

@@ -373,6 +373,26 @@ async fn profile_appeared_and_disappeared() {
     provider.stop().await;
 }
 
+/// A profile the plugin refuses (INVALID_ARGUMENT to its GetCapacity, every time) gets no
+/// pool, and the other profiles' pools are reported. Mesos fails the whole reconciliation
+/// on it, so no pool would ever be reported.
+#[tokio::test]
+async fn a_profile_the_plugin_refuses_does_not_hold_back_the_others() {
+    let mut env = Env::new(FakeCsi::full()).await;
+    let mut doc = profile_doc(&["good", "bad"]);
+    doc["profile_matrix"]["bad"]["create_parameters"] = serde_json::json!({"pool": "refused"});
+    env.with_profiles(&doc);
+    let provider = env.spawn(env.params(None, AGENT_S0)).await;
+    let (_, first) = env.next_update().await;
+    assert!(first.is_empty(), "{first:?}");
+    ready(&provider.handle).await;
+    // The profile watch starts at READY; its reconciliation reports the good pool.
+    let (_, resources) = env.next_update().await;
+    assert_eq!(pool_profiles(&resources), ["good"]);
+    assert!(env.fake().calls(CsiRpc::GetCapacity) >= 2);
+    provider.stop().await;
+}
+
 /// Spec §3.6 / §12 item 8: a resubscription after a manager restart keeps the provider id,
 /// reconciles once and starts no second periodic loop.
 ///

@@ -504,8 +504,17 @@ impl CsiVolumes for FakeCsi {
         parameters: &StringMap,
     ) -> impl Future<Output = Result<Capacity, CsiError>> + Send {
         let pool_known = !parameters.contains_key("pool") || parameters["pool"] == "default";
+        // A pool the plugin refuses outright, whatever its state: a permanent answer.
+        let refused = parameters.get("pool").is_some_and(|p| p == "refused");
         async move {
             self.enter(CsiRpc::GetCapacity, None, move |st| {
+                if refused {
+                    return Err(CsiError::status(
+                        CsiRpc::GetCapacity,
+                        Code::InvalidArgument,
+                        "pool \"refused\" is not served",
+                    ));
+                }
                 let used: i64 = st.volumes.values().map(|v| v.capacity).sum();
                 Ok(Capacity {
                     available_bytes: if pool_known {
