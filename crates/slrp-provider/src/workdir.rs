@@ -26,7 +26,8 @@ pub enum WorkDirError {
     #[error(
         "{found} is a Mesos storage local resource provider checkpoint for {what}: slrp would treat \
          the volumes of that provider as untracked mounts and unmount them under running tasks; \
-         stop the Mesos provider and take its volumes over with `slrp import-mesos` instead"
+         stop the Mesos provider and take its volumes over with `slrp import-mesos` instead \
+         (not in this release yet: until then, keep the Mesos provider for this plugin)"
     )]
     MesosCheckpoint {
         /// The checkpoint found.
