@@ -551,31 +551,20 @@ pub enum AdminListen {
     Unix(PathBuf),
 }
 
-/// What happens to the plugins when the daemon stops.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum PluginsOnExit {
-    /// Stop them (SIGTERM, then SIGKILL after the supervisor's grace).
-    #[default]
-    Stop,
-    /// Leave them running; the next slrp adopts them (no plugin restart across an upgrade).
-    Leave,
-}
+/// What happens to the plugins when the daemon stops (`plugins_on_exit`, `--plugins-on-exit`):
+/// the plugin stack's own setting, `stop` (the default) or `leave` (the next slrp adopts
+/// them: no plugin restart across an upgrade).
+pub type PluginsOnExit = crate::stack::StopPlugins;
 
-impl PluginsOnExit {
-    /// Parses `stop` or `leave`.
-    ///
-    /// # Errors
-    /// [`SettingError::OneOf`].
-    pub fn parse(value: &str) -> Result<Self, SettingError> {
-        match value {
-            "stop" => Ok(Self::Stop),
-            "leave" => Ok(Self::Leave),
-            _ => Err(SettingError::OneOf {
-                value: value.to_owned(),
-                allowed: "stop, leave",
-            }),
-        }
+/// Parses `stop` or `leave`.
+fn parse_plugins_on_exit(value: &str) -> Result<PluginsOnExit, SettingError> {
+    match value {
+        "stop" => Ok(PluginsOnExit::Stop),
+        "leave" => Ok(PluginsOnExit::Leave),
+        _ => Err(SettingError::OneOf {
+            value: value.to_owned(),
+            allowed: "stop, leave",
+        }),
     }
 }
 
@@ -872,7 +861,7 @@ impl DaemonConfig {
         );
         let plugins_on_exit = match &file.plugins_on_exit {
             None => PluginsOnExit::default(),
-            Some(v) => PluginsOnExit::parse(v).map_err(|e| setting("plugins_on_exit", e))?,
+            Some(v) => parse_plugins_on_exit(v).map_err(|e| setting("plugins_on_exit", e))?,
         };
         let shutdown_grace = duration("shutdown_grace", file.shutdown_grace.as_ref())?
             .unwrap_or(DEFAULT_SHUTDOWN_GRACE);

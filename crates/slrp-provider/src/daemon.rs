@@ -38,8 +38,8 @@
 //! 2. each volume manager is stopped (running CSI jobs get their grace; their intents are
 //!    checkpointed and idempotent, so an interrupted one resumes on the next start);
 //! 3. the plugins are stopped (SIGTERM, then SIGKILL) or left running for the next slrp
-//!    to adopt, as [`PluginsOnExit`] says — also when the shutdown comes while a plugin
-//!    stack is still starting;
+//!    to adopt, as [`crate::config::PluginsOnExit`] says — also when the shutdown comes
+//!    while a plugin stack is still starting;
 //! 4. the profile adaptor stops and the admin socket is removed.
 //!
 //! The providers shut down in parallel; the whole is bounded by
@@ -61,7 +61,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use crate::admin::{AdminError, AdminListener, AdminState, ProviderView};
-use crate::config::{AdminListen, DaemonConfig, PluginsOnExit, ProviderConfig};
+use crate::config::{AdminListen, DaemonConfig, ProviderConfig};
 use crate::metrics::{MetricsFamilies, ProviderMetrics};
 use crate::stack::{PluginStack, StackConfig, StackError, StopPlugins};
 use crate::workdir::{WorkDirError, check_work_dir};
@@ -287,8 +287,6 @@ pub async fn run(config: DaemonConfig, shutdown: CancellationToken) -> Result<()
             })
         })
         .collect();
-    let agent_metrics: Vec<slrp_agent::Metrics> =
-        slots.iter().map(|slot| slot.metrics.agent()).collect();
 
     let services = CancellationToken::new();
     let mut background = JoinSet::new();
@@ -306,30 +304,21 @@ pub async fn run(config: DaemonConfig, shutdown: CancellationToken) -> Result<()
     let AdminListen::Unix(socket) = &config.admin;
     let listener = AdminListener::bind(socket).map_err(DaemonError::Admin)?;
     tracing::info!(socket = %listener.path().display(), "admin endpoint listening");
-    let mut views: Vec<Arc<dyn ProviderView>> = Vec::with_capacity(slots.len());
-    for slot in &slots {
-        views.push(slot.clone());
-    }
+    let views: Vec<Arc<dyn ProviderView>> = slots
+        .iter()
+        .map(|slot| Arc::clone(slot) as Arc<dyn ProviderView>)
+        .collect();
     background.spawn(listener.serve(AdminState::new(views, registry), services.child_token()));
 
     let stop = CancellationToken::new();
-    let plugins_on_exit = match config.plugins_on_exit {
-        PluginsOnExit::Stop => StopPlugins::Stop,
-        PluginsOnExit::Leave => StopPlugins::Leave,
-    };
+    let plugins_on_exit = config.plugins_on_exit;
     let agent_id = tokio::select! {
         () = shutdown.cancelled() => None,
         id = learn_agent_id(&config.agent) => Some(id),
     };
     let mut providers = JoinSet::new();
     if let Some(agent_id) = agent_id {
-        for (((provider, slot), store), agent_metrics) in config
-            .providers
-            .iter()
-            .zip(&slots)
-            .zip(stores)
-            .zip(agent_metrics)
-        {
+        for ((provider, slot), store) in config.providers.iter().zip(&slots).zip(stores) {
             let run = ProviderRun {
                 config: provider.clone(),
                 slot: slot.clone(),
@@ -337,7 +326,7 @@ pub async fn run(config: DaemonConfig, shutdown: CancellationToken) -> Result<()
                 work_dir: config.work_dir.clone(),
                 runtime_dir: config.provider_dir(provider).join("plugins"),
                 agent: config.agent.clone(),
-                agent_metrics,
+                agent_metrics: slot.metrics.agent(),
                 profiles: profiles.clone(),
                 plugins_on_exit,
                 plugin_ready_timeout: config.plugin_ready_timeout,

@@ -113,9 +113,10 @@ impl StackConfig {
 }
 
 /// What [`PluginStack::shutdown`] does with the plugin processes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum StopPlugins {
     /// Stop them (SIGTERM, SIGKILL after the grace period).
+    #[default]
     Stop,
     /// Leave them running for the next slrp to adopt.
     Leave,
