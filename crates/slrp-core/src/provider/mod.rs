@@ -32,5 +32,6 @@
 //! See `docs/resources.md`.
 
 pub mod lifecycle;
+pub mod operations;
 pub mod resources;
 pub mod state;
