@@ -31,6 +31,8 @@
 //!
 //! See `docs/resources.md`.
 
+pub mod apply;
 pub mod lifecycle;
+pub mod operations;
 pub mod resources;
 pub mod state;
