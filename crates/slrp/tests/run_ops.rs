@@ -23,7 +23,9 @@ use support::ops::{
     self, FRAMEWORK_ROLE, allocated, create, create_disk, destroy, destroy_disk, persistent,
     popped, reserve, unallocated, unpersisted, unreserve,
 };
-use support::{Cluster, DaemonOptions, ProviderSpec, Update, mb, profiles, sorted, source};
+use support::{
+    Cluster, DaemonOptions, ProviderSpec, Update, mb, profiles, sorted, sorted_one, source,
+};
 
 /// Where the agent finds MOUNT disks of the fixture's plugin, relative to its work dir
 /// (spec §5.4 step 4: the exact string).
@@ -118,7 +120,7 @@ async fn create_reserved_disk(c: &Cluster, pool: &Value) -> Value {
         c.plugin_volumes("test")
     );
     let disk = unallocated(disk);
-    assert_eq!(c.agent_total().await, sorted(&[disk.clone()]));
+    assert_eq!(c.agent_total().await, sorted_one(&disk));
     disk
 }
 
@@ -128,8 +130,8 @@ async fn destroy_reserved_disk(c: &mut Cluster, disk: &Value, pool: &Value) {
     let volume = allocated(&persistent(disk, "id1"), FRAMEWORK_ROLE);
     let offered = allocated(disk, FRAMEWORK_ROLE);
     let uuids = [
-        c.apply(create(&[volume.clone()])).await,
-        c.apply(destroy(&[volume.clone()])).await,
+        c.apply(create(std::slice::from_ref(&volume))).await,
+        c.apply(destroy(std::slice::from_ref(&volume))).await,
         c.apply(unreserve(&offered)).await,
         c.apply(destroy_disk(&allocated(&popped(disk), FRAMEWORK_ROLE)))
             .await,
@@ -143,10 +145,10 @@ async fn destroy_reserved_disk(c: &mut Cluster, disk: &Value, pool: &Value) {
     let converted = ops::converted(&last.unwrap());
     assert_eq!(
         sorted(&converted.iter().map(unallocated).collect::<Vec<_>>()),
-        sorted(&[pool.clone()]),
+        sorted_one(pool),
         "DESTROY_DISK gives the pool back"
     );
-    assert_eq!(c.agent_total().await, sorted(&[pool.clone()]));
+    assert_eq!(c.agent_total().await, sorted_one(pool));
     assert!(c.plugin_volumes("test").is_empty(), "{:?}", c.plugin_volumes("test"));
 }
 
@@ -158,7 +160,7 @@ async fn create_destroy_disk_with_recovery(csi: &'static str) {
     let disk = create_reserved_disk(&c, &pool).await;
     c.restart_daemon().await;
     let u = c.update_where(|u| !u.disks().is_empty()).await;
-    assert_eq!(sorted(&u.resources), sorted(&[disk.clone()]), "the disk unchanged");
+    assert_eq!(sorted(&u.resources), sorted_one(&disk), "the disk unchanged");
     destroy_reserved_disk(&mut c, &disk, &pool).await;
     c.finish().await;
 }
@@ -178,9 +180,9 @@ async fn persistent_volume(c: &Cluster, pool: &Value) -> (Value, Value) {
         .await;
     assert_eq!(
         sorted(&created.iter().map(unallocated).collect::<Vec<_>>()),
-        sorted(&[volume.clone()])
+        sorted_one(&volume)
     );
-    assert_eq!(c.agent_total().await, sorted(&[volume.clone()]));
+    assert_eq!(c.agent_total().await, sorted_one(&volume));
     (disk, volume)
 }
 
@@ -225,7 +227,7 @@ async fn destroy_persistent_volume(c: &Cluster, disk: &Value, volume: &Value, po
     );
     c.finished(destroy_disk(&allocated(disk, FRAMEWORK_ROLE))).await;
     assert!(c.plugin_volumes("test").is_empty(), "{:?}", c.plugin_volumes("test"));
-    assert_eq!(c.agent_total().await, sorted(&[pool.clone()]));
+    assert_eq!(c.agent_total().await, sorted_one(pool));
 }
 
 /// ROOT_CreateDestroyPersistentMountVolume (§11.1 test 12): CREATE_DISK, CREATE, a task
@@ -258,7 +260,7 @@ async fn create_destroy_persistent_mount_volume_with_recovery(csi: &'static str)
     assert_eq!(task_reads(&c, &volume).await, "data");
     c.restart_daemon().await;
     let u = c.update_where(|u| !u.disks().is_empty()).await;
-    assert_eq!(sorted(&u.resources), sorted(&[volume.clone()]));
+    assert_eq!(sorted(&u.resources), sorted_one(&volume));
     destroy_persistent_volume(&c, &disk, &volume, &pool).await;
     c.finish().await;
 }
@@ -282,7 +284,7 @@ async fn create_destroy_persistent_mount_volume_with_reboot(csi: &'static str) {
     c.simulate_reboot().await;
     c.start_daemon();
     let u = c.update_where(|u| !u.disks().is_empty()).await;
-    assert_eq!(sorted(&u.resources), sorted(&[volume.clone()]));
+    assert_eq!(sorted(&u.resources), sorted_one(&volume));
     destroy_persistent_volume(&c, &disk, &volume, &pool).await;
     c.finish().await;
 }
@@ -322,8 +324,8 @@ async fn create_persistent_block_volume(csi: &'static str) {
     let resynced = c
         .update_where(|u| u.resource_version != before && !u.disks().is_empty())
         .await;
-    assert_eq!(sorted(&resynced.resources), sorted(&[disk.clone()]));
-    assert_eq!(c.agent_total().await, sorted(&[disk.clone()]));
+    assert_eq!(sorted(&resynced.resources), sorted_one(&disk));
+    assert_eq!(c.agent_total().await, sorted_one(&disk));
     c.finished(destroy_disk(&allocated(&disk, FRAMEWORK_ROLE))).await;
     assert!(c.plugin_volumes("test").is_empty());
     c.finish().await;
@@ -345,7 +347,7 @@ async fn destroy_unpublished_persistent_volume(csi: &'static str) {
     c.finished(destroy(&[allocated(&volume, FRAMEWORK_ROLE)])).await;
     c.finished(destroy_disk(&allocated(&disk, FRAMEWORK_ROLE))).await;
     assert!(c.plugin_volumes("test").is_empty(), "{:?}", c.plugin_volumes("test"));
-    assert_eq!(c.agent_total().await, sorted(&[pool.clone()]));
+    assert_eq!(c.agent_total().await, sorted_one(&pool));
     c.finish().await;
 }
 csi_versions!(destroy_unpublished_persistent_volume);
@@ -396,7 +398,7 @@ async fn create_destroy_preprovisioned_volume(csi: &'static str) {
     c.finished(destroy_disk(&allocated(&raw[1], FRAMEWORK_ROLE)))
         .await;
     assert!(c.plugin_volumes("test").is_empty(), "{:?}", c.plugin_volumes("test"));
-    assert_eq!(c.agent_total().await, sorted(&[pool.clone()]));
+    assert_eq!(c.agent_total().await, sorted_one(&pool));
     c.finish().await;
 }
 csi_versions!(create_destroy_preprovisioned_volume);

@@ -160,6 +160,11 @@ pub fn sorted(resources: &[Value]) -> Vec<String> {
     v
 }
 
+/// [`sorted`] of one resource.
+pub fn sorted_one(resource: &Value) -> Vec<String> {
+    sorted(std::slice::from_ref(resource))
+}
+
 /// `disk.source` of a resource (`Value::Null` if absent).
 pub fn source(r: &Value) -> &Value {
     &r["disk"]["source"]
@@ -1008,75 +1013,87 @@ impl Cluster {
     /// Applies `req` to the first provider through the manager (as agent: recorded,
     /// speculative conversions applied to its view, APPLY_OPERATION sent); returns the
     /// operation uuid.
-    pub async fn apply_request(&self, req: ApplyRequest) -> uuid::Uuid {
-        let id = self.the_provider_id().await;
-        match self.manager().apply_operation(&id, req).await {
-            Ok(uuid) => uuid,
-            Err(e) => self.fail(&format!(
-                "the manager refused the operation: {}",
-                slrp_types::DisplayChain(&e)
-            )),
-        }
+    pub fn apply_request(&self, req: ApplyRequest) -> Boxed<'_, uuid::Uuid> {
+        Box::pin(async move {
+            let id = self.the_provider_id().await;
+            match self.manager().apply_operation(&id, req).await {
+                Ok(uuid) => uuid,
+                Err(e) => self.fail(&format!(
+                    "the manager refused the operation: {}",
+                    slrp_types::DisplayChain(&e)
+                )),
+            }
+        })
     }
 
     /// Applies `op` as the test framework's operation (framework id [`FRAMEWORK_ID`]).
-    pub async fn apply(&self, op: offer::Operation) -> uuid::Uuid {
+    pub fn apply(&self, op: offer::Operation) -> Boxed<'_, uuid::Uuid> {
         let mut req = ApplyRequest::new(op);
         req.framework_id = Some(framework_id());
-        self.apply_request(req).await
+        self.apply_request(req)
     }
 
     /// Waits until the agent's record of `operation` is terminal.
-    pub async fn terminal(&self, operation: uuid::Uuid) -> OperationView {
-        match self.manager().wait_terminal(operation, self.wait).await {
-            Ok(view) => view,
-            Err(e) => self.fail(&format!(
-                "operation {operation} did not become terminal: {}",
-                slrp_types::DisplayChain(&e)
-            )),
-        }
+    pub fn terminal(&self, operation: uuid::Uuid) -> Boxed<'_, OperationView> {
+        Box::pin(async move {
+            match self.manager().wait_terminal(operation, self.wait).await {
+                Ok(view) => view,
+                Err(e) => self.fail(&format!(
+                    "operation {operation} did not become terminal: {}",
+                    slrp_types::DisplayChain(&e)
+                )),
+            }
+        })
     }
 
     /// Applies `op` and waits for its terminal status.
-    pub async fn run_op(&self, op: offer::Operation) -> OperationStatus {
-        let uuid = self.apply(op).await;
-        self.terminal(uuid).await.latest_status
+    pub fn run_op(&self, op: offer::Operation) -> Boxed<'_, OperationStatus> {
+        Box::pin(async move {
+            let uuid = self.apply(op).await;
+            self.terminal(uuid).await.latest_status
+        })
     }
 
     /// Applies `op`, asserts it FINISHED; returns its converted resources as JSON with
     /// their allocation info (as the status carries them).
-    pub async fn finished(&self, op: offer::Operation) -> Vec<serde_json::Value> {
-        let what = describe_operation(&op);
-        let status = self.run_op(op).await;
-        if ops::state_name(&status) != "OPERATION_FINISHED" {
-            self.fail(&format!(
-                "{what} did not finish: {}",
-                ops::status_json(&status)
-            ));
-        }
-        ops::converted(&status)
+    pub fn finished(&self, op: offer::Operation) -> Boxed<'_, Vec<serde_json::Value>> {
+        Box::pin(async move {
+            let what = describe_operation(&op);
+            let status = self.run_op(op).await;
+            if ops::state_name(&status) != "OPERATION_FINISHED" {
+                self.fail(&format!(
+                    "{what} did not finish: {}",
+                    ops::status_json(&status)
+                ));
+            }
+            ops::converted(&status)
+        })
     }
 
     /// [`Cluster::finished`] for an operation that converts into exactly one resource.
-    pub async fn finished_one(&self, op: offer::Operation) -> serde_json::Value {
-        match &self.finished(op).await[..] {
-            [one] => one.clone(),
-            other => self.fail(&format!("one converted resource expected: {other:?}")),
-        }
+    pub fn finished_one(&self, op: offer::Operation) -> Boxed<'_, serde_json::Value> {
+        Box::pin(async move {
+            match &self.finished(op).await[..] {
+                [one] => one.clone(),
+                other => self.fail(&format!("one converted resource expected: {other:?}")),
+            }
+        })
     }
 
     /// Applies `op`, asserts it ended in `state` (`"OPERATION_FAILED"`, …); returns its
     /// message.
-    pub async fn ended(&self, op: offer::Operation, state: &str) -> String {
-        let what = describe_operation(&op);
-        let status = self.run_op(op).await;
-        if ops::state_name(&status) != state {
-            self.fail(&format!(
-                "{what}: {state} expected: {}",
-                ops::status_json(&status)
-            ));
-        }
-        status.message.unwrap_or_default()
+    pub fn ended<'a>(&'a self, op: offer::Operation, state: &'a str) -> Boxed<'a, String> {
+        Box::pin(async move {
+            let what = describe_operation(&op);
+            let status = self.run_op(op).await;
+            if ops::state_name(&status) != state {
+                self.fail(&format!(
+                    "{what}: {state} expected: {}",
+                    ops::status_json(&status)
+                ));
+            }
+            status.message.unwrap_or_default()
+        })
     }
 
     /// The agent's view of the first provider's total, as sorted JSON texts.
@@ -1285,6 +1302,10 @@ macro_rules! csi_versions {
         }
     };
 }
+
+/// A boxed future: the operation helpers hold whole `Offer.Operation`s (kilobytes), too
+/// large to nest unboxed in every test's future.
+pub type Boxed<'a, T> = std::pin::Pin<Box<dyn Future<Output = T> + 'a>>;
 
 /// The framework of the tests' operations.
 pub const FRAMEWORK_ID: &str = "framework-1";
