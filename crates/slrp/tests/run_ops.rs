@@ -106,9 +106,19 @@ async fn create_reserved_disk(c: &Cluster, pool: &Value) -> Value {
         ))
         .await;
     let r = c.terminal(r).await.latest_status;
-    assert_eq!(ops::state_name(&r), "OPERATION_FINISHED", "{}", ops::status_json(&r));
+    assert_eq!(
+        ops::state_name(&r),
+        "OPERATION_FINISHED",
+        "{}",
+        ops::status_json(&r)
+    );
     let d = c.terminal(d).await.latest_status;
-    assert_eq!(ops::state_name(&d), "OPERATION_FINISHED", "{}", ops::status_json(&d));
+    assert_eq!(
+        ops::state_name(&d),
+        "OPERATION_FINISHED",
+        "{}",
+        ops::status_json(&d)
+    );
     let [disk] = &ops::converted(&d)[..] else {
         panic!("one converted disk: {}", ops::status_json(&d))
     };
@@ -139,7 +149,12 @@ async fn destroy_reserved_disk(c: &mut Cluster, disk: &Value, pool: &Value) {
     let mut last = None;
     for uuid in uuids {
         let s = c.terminal(uuid).await.latest_status;
-        assert_eq!(ops::state_name(&s), "OPERATION_FINISHED", "{}", ops::status_json(&s));
+        assert_eq!(
+            ops::state_name(&s),
+            "OPERATION_FINISHED",
+            "{}",
+            ops::status_json(&s)
+        );
         last = Some(s);
     }
     let converted = ops::converted(&last.unwrap());
@@ -149,7 +164,11 @@ async fn destroy_reserved_disk(c: &mut Cluster, disk: &Value, pool: &Value) {
         "DESTROY_DISK gives the pool back"
     );
     assert_eq!(c.agent_total().await, sorted_one(pool));
-    assert!(c.plugin_volumes("test").is_empty(), "{:?}", c.plugin_volumes("test"));
+    assert!(
+        c.plugin_volumes("test").is_empty(),
+        "{:?}",
+        c.plugin_volumes("test")
+    );
 }
 
 /// CreateDestroyDiskWithRecovery (§11.1 test 6): as CreateDestroyDisk with a daemon
@@ -160,7 +179,11 @@ async fn create_destroy_disk_with_recovery(csi: &'static str) {
     let disk = create_reserved_disk(&c, &pool).await;
     c.restart_daemon().await;
     let u = c.update_where(|u| !u.disks().is_empty()).await;
-    assert_eq!(sorted(&u.resources), sorted_one(&disk), "the disk unchanged");
+    assert_eq!(
+        sorted(&u.resources),
+        sorted_one(&disk),
+        "the disk unchanged"
+    );
     destroy_reserved_disk(&mut c, &disk, &pool).await;
     c.finish().await;
 }
@@ -213,7 +236,9 @@ async fn task_reads(c: &Cluster, volume: &Value) -> String {
 /// DESTROY (the file goes, the directory stays) then DESTROY_DISK (the plugin volume
 /// goes, the pool is back).
 async fn destroy_persistent_volume(c: &Cluster, disk: &Value, volume: &Value, pool: &Value) {
-    let converted = c.finished(destroy(&[allocated(volume, FRAMEWORK_ROLE)])).await;
+    let converted = c
+        .finished(destroy(&[allocated(volume, FRAMEWORK_ROLE)]))
+        .await;
     assert_eq!(
         sorted(&converted.iter().map(unallocated).collect::<Vec<_>>()),
         sorted(&[unpersisted(volume)])
@@ -225,8 +250,13 @@ async fn destroy_persistent_volume(c: &Cluster, disk: &Value, volume: &Value, po
         "DESTROY removed the data in {}",
         target.display()
     );
-    c.finished(destroy_disk(&allocated(disk, FRAMEWORK_ROLE))).await;
-    assert!(c.plugin_volumes("test").is_empty(), "{:?}", c.plugin_volumes("test"));
+    c.finished(destroy_disk(&allocated(disk, FRAMEWORK_ROLE)))
+        .await;
+    assert!(
+        c.plugin_volumes("test").is_empty(),
+        "{:?}",
+        c.plugin_volumes("test")
+    );
     assert_eq!(c.agent_total().await, sorted_one(pool));
 }
 
@@ -305,7 +335,11 @@ async fn create_persistent_block_volume(csi: &'static str) {
     .await;
     let pool = u.pool("block").unwrap().clone();
     let disk = c
-        .finished_one(create_disk(&allocated(&pool, FRAMEWORK_ROLE), "BLOCK", None))
+        .finished_one(create_disk(
+            &allocated(&pool, FRAMEWORK_ROLE),
+            "BLOCK",
+            None,
+        ))
         .await;
     assert_eq!(source(&disk)["type"], "BLOCK", "{disk}");
     assert!(source(&disk)["mount"].is_null(), "{disk}");
@@ -326,7 +360,8 @@ async fn create_persistent_block_volume(csi: &'static str) {
         .await;
     assert_eq!(sorted(&resynced.resources), sorted_one(&disk));
     assert_eq!(c.agent_total().await, sorted_one(&disk));
-    c.finished(destroy_disk(&allocated(&disk, FRAMEWORK_ROLE))).await;
+    c.finished(destroy_disk(&allocated(&disk, FRAMEWORK_ROLE)))
+        .await;
     assert!(c.plugin_volumes("test").is_empty());
     c.finish().await;
 }
@@ -344,9 +379,15 @@ async fn destroy_unpublished_persistent_volume(csi: &'static str) {
     let (disk, volume) = persistent_volume(&c, &pool).await;
     let publish = c.publish(&[allocated(&volume, FRAMEWORK_ROLE)]).await;
     assert!(publish.is_err(), "the publish fails: {publish:?}");
-    c.finished(destroy(&[allocated(&volume, FRAMEWORK_ROLE)])).await;
-    c.finished(destroy_disk(&allocated(&disk, FRAMEWORK_ROLE))).await;
-    assert!(c.plugin_volumes("test").is_empty(), "{:?}", c.plugin_volumes("test"));
+    c.finished(destroy(&[allocated(&volume, FRAMEWORK_ROLE)]))
+        .await;
+    c.finished(destroy_disk(&allocated(&disk, FRAMEWORK_ROLE)))
+        .await;
+    assert!(
+        c.plugin_volumes("test").is_empty(),
+        "{:?}",
+        c.plugin_volumes("test")
+    );
     assert_eq!(c.agent_total().await, sorted_one(&pool));
     c.finish().await;
 }
@@ -389,7 +430,11 @@ async fn create_destroy_preprovisioned_volume(csi: &'static str) {
     assert_eq!(id(&imported), id(&raw[0]), "the same volume, imported");
     let message = c
         .ended(
-            create_disk(&allocated(&raw[1], FRAMEWORK_ROLE), "MOUNT", Some("unknown")),
+            create_disk(
+                &allocated(&raw[1], FRAMEWORK_ROLE),
+                "MOUNT",
+                Some("unknown"),
+            ),
             "OPERATION_FAILED",
         )
         .await;
@@ -397,7 +442,11 @@ async fn create_destroy_preprovisioned_volume(csi: &'static str) {
     c.finished(destroy_disk(&imported)).await;
     c.finished(destroy_disk(&allocated(&raw[1], FRAMEWORK_ROLE)))
         .await;
-    assert!(c.plugin_volumes("test").is_empty(), "{:?}", c.plugin_volumes("test"));
+    assert!(
+        c.plugin_volumes("test").is_empty(),
+        "{:?}",
+        c.plugin_volumes("test")
+    );
     assert_eq!(c.agent_total().await, sorted_one(&pool));
     c.finish().await;
 }
@@ -458,7 +507,12 @@ async fn profile_disappeared(csi: &'static str) {
     stale.resource_version = Some(slrp_proto::mesos::v1::Uuid { value: old.clone() });
     let uuid = c.apply_request(stale).await;
     let s = c.terminal(uuid).await.latest_status;
-    assert_eq!(ops::state_name(&s), "OPERATION_DROPPED", "{}", ops::status_json(&s));
+    assert_eq!(
+        ops::state_name(&s),
+        "OPERATION_DROPPED",
+        "{}",
+        ops::status_json(&s)
+    );
     assert!(
         s.message
             .as_deref()
@@ -506,7 +560,8 @@ async fn agent_registered_with_new_id(csi: &'static str) {
             ))
             .await;
         let volume = persistent(&unallocated(&disk), pid);
-        c.finished(create(&[allocated(&volume, FRAMEWORK_ROLE)])).await;
+        c.finished(create(&[allocated(&volume, FRAMEWORK_ROLE)]))
+            .await;
         task_writes(&c, &volume, pid).await;
         volumes.push(volume);
     }

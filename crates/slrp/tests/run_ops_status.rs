@@ -98,7 +98,9 @@ async fn retry_operation_status_update(csi: &'static str) {
     c.set_ack_policy(AckPolicy::DropFirst(1));
     let op = c.apply(create_1g(&pool, "op")).await;
     let first = next_update_of(&mut c, op).await;
-    let status = uuids(&first).1.expect("a reliable update has a status uuid");
+    let status = uuids(&first)
+        .1
+        .expect("a reliable update has a status uuid");
     assert_eq!(ops::state_name(&first.status), "OPERATION_FINISHED");
     let resent = next_update_of(&mut c, op).await;
     assert_eq!(uuids(&resent).1, Some(status), "the same update, resent");
@@ -125,7 +127,11 @@ async fn retry_operation_status_update_to_scheduler(csi: &'static str) {
     let resent = next_update_of(&mut c, op).await;
     assert_eq!(uuids(&resent).1, Some(status));
     let resent_again = next_update_of(&mut c, op).await;
-    assert_eq!(uuids(&resent_again).1, Some(status), "resent until acknowledged");
+    assert_eq!(
+        uuids(&resent_again).1,
+        Some(status),
+        "resent until acknowledged"
+    );
     let id = c.the_provider_id().await;
     c.manager().acknowledge(&id, op, status).await.unwrap();
     no_more_updates_of(&mut c, op).await;
@@ -141,7 +147,10 @@ csi_versions!(retry_operation_status_update_to_scheduler);
 
 /// The fixture provider's metric `name`.
 fn metric(name: &str) -> String {
-    format!("resource_providers/{}/{name}", ProviderSpec::fixture().key())
+    format!(
+        "resource_providers/{}/{name}",
+        ProviderSpec::fixture().key()
+    )
 }
 
 /// OperationUpdate (§11.1 test 25): a framework's CREATE_DISK with an operation id: the
@@ -233,7 +242,10 @@ async fn reconcile_dropped_operation(csi: &'static str) {
     let id = c.the_provider_id().await;
     // The master reconciles what it believes pending: the delivered operation is
     // terminal (and acknowledged) already.
-    c.manager().reconcile_operations(&id, vec![lost]).await.unwrap();
+    c.manager()
+        .reconcile_operations(&id, vec![lost])
+        .await
+        .unwrap();
     let dropped = next_update_of(&mut c, lost).await;
     assert_eq!(ops::state_name(&dropped.status), "OPERATION_DROPPED");
     assert_eq!(dropped.status.message.as_deref(), Some("Unknown operation"));
@@ -264,7 +276,10 @@ async fn reconcile_unacknowledged_terminal_operation(csi: &'static str) {
     let first = next_update_of(&mut c, op).await;
     let status = uuids(&first).1.unwrap();
     let id = c.the_provider_id().await;
-    c.manager().reconcile_operations(&id, vec![op]).await.unwrap();
+    c.manager()
+        .reconcile_operations(&id, vec![op])
+        .await
+        .unwrap();
     c.restart_manager().await;
     // The resend may come before or after the UPDATE_STATE of the new session.
     let (mut state, mut resent) = (None, None);
@@ -297,7 +312,11 @@ async fn reconcile_unacknowledged_terminal_operation(csi: &'static str) {
         .filter(|r| source(r)["type"] == "MOUNT")
         .collect();
     assert_eq!(mount.len(), 1, "the disk is in the total: {resources:?}");
-    assert_eq!(uuids(&resent).1, Some(status), "resent after the reconnection");
+    assert_eq!(
+        uuids(&resent).1,
+        Some(status),
+        "resent after the reconnection"
+    );
     assert_eq!(ops::state_name(&resent.status), "OPERATION_FINISHED");
     let id = c.the_provider_id().await;
     c.manager().acknowledge(&id, op, status).await.unwrap();
@@ -323,7 +342,11 @@ async fn retry_rpc_with_exponential_backoff(csi: &'static str) {
         ]),
     );
     let disk = c.finished_one(create_1g(&pool, "create")).await;
-    assert_eq!(c.faults_left("test"), json!([]), "every failure was retried");
+    assert_eq!(
+        c.faults_left("test"),
+        json!([]),
+        "every failure was retried"
+    );
     c.set_faults(
         "test",
         &json!([
@@ -372,7 +395,10 @@ async fn csi_plugin_rpc_metrics(csi: &'static str) {
     // The disk stays (a failed DESTROY_DISK changes nothing).
     let total = c.agent_total().await;
     assert_eq!(total.len(), 2, "{total:?}");
-    assert!(total.contains(&sorted(&[ops::unallocated(&disk)])[0]), "{total:?}");
+    assert!(
+        total.contains(&sorted(&[ops::unallocated(&disk)])[0]),
+        "{total:?}"
+    );
     c.finish().await;
 }
 csi_versions!(csi_plugin_rpc_metrics);

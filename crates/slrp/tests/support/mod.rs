@@ -1107,8 +1107,11 @@ impl Cluster {
     /// PUBLISH_RESOURCES of `resources` (JSON, as offered) through the manager.
     pub async fn publish(&self, resources: &[serde_json::Value]) -> Result<(), PublishError> {
         let rs = resources.iter().map(ops::resource).collect();
-        self.within("PUBLISH_RESOURCES to be answered", self.manager().publish(rs))
-            .await
+        self.within(
+            "PUBLISH_RESOURCES to be answered",
+            self.manager().publish(rs),
+        )
+        .await
     }
 
     /// Publishes `resources` and fails the test if the provider answers FAILED.
@@ -1140,7 +1143,11 @@ impl Cluster {
     pub fn plugin_volumes(&self, provider: &str) -> std::collections::BTreeSet<String> {
         let root = self.plugin_root(provider);
         let mut ids = std::collections::BTreeSet::new();
-        for e in std::fs::read_dir(root.join("meta")).into_iter().flatten().flatten() {
+        for e in std::fs::read_dir(root.join("meta"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
             if let Some(id) = e.file_name().to_str().and_then(|n| n.strip_suffix(".json")) {
                 ids.insert(id.to_owned());
             }
@@ -1148,8 +1155,7 @@ impl Cluster {
         for (kind, suffix) in [("dir", ""), ("loop", ".img")] {
             let dir = root.join("import").join(kind);
             for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-                if let Some(name) = e.file_name().to_str().and_then(|n| n.strip_suffix(suffix))
-                {
+                if let Some(name) = e.file_name().to_str().and_then(|n| n.strip_suffix(suffix)) {
                     ids.insert(format!("import-{kind}-{name}"));
                 }
             }
@@ -1347,7 +1353,9 @@ fn unescape_mountinfo(s: &str) -> String {
     let mut rest = s;
     while let Some(i) = rest.find('\\') {
         out.push_str(&rest[..i]);
-        let code = rest.get(i + 1..i + 4).and_then(|o| u8::from_str_radix(o, 8).ok());
+        let code = rest
+            .get(i + 1..i + 4)
+            .and_then(|o| u8::from_str_radix(o, 8).ok());
         match code {
             Some(b) => {
                 out.push(char::from(b));
@@ -1369,7 +1377,11 @@ pub fn unmount_under(dir: &Path) {
     for point in mounts_under(dir) {
         let _ = nix::mount::umount2(&point, nix::mount::MntFlags::MNT_DETACH);
     }
-    for e in std::fs::read_dir("/sys/block").into_iter().flatten().flatten() {
+    for e in std::fs::read_dir("/sys/block")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
         let name = e.file_name().to_string_lossy().into_owned();
         if !name.starts_with("loop") {
             continue;
