@@ -165,17 +165,30 @@ struct UnpublishRequest {
     volume_id: String,
 }
 
-fn error_response(status: StatusCode, error: impl Into<String>) -> Response {
-    (
+/// A refused or failed admin request: the status and `{"error": "…"}`.
+#[derive(Debug)]
+struct Refusal {
+    status: StatusCode,
+    error: String,
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        let body = axum::Json(serde_json::json!({"error": self.error}));
+        (self.status, body).into_response()
+    }
+}
+
+fn error_response(status: StatusCode, error: impl Into<String>) -> Refusal {
+    Refusal {
         status,
-        axum::Json(serde_json::json!({"error": error.into()})),
-    )
-        .into_response()
+        error: error.into(),
+    }
 }
 
 impl AdminState {
     /// The provider a request names, or the only one.
-    fn provider(&self, key: Option<&str>) -> Result<&Arc<dyn ProviderView>, Response> {
+    fn provider(&self, key: Option<&str>) -> Result<&Arc<dyn ProviderView>, Refusal> {
         match key {
             Some(key) => self
                 .providers
@@ -199,40 +212,41 @@ impl AdminState {
     }
 }
 
-async fn unpublish(State(state): State<AdminState>, body: axum::body::Bytes) -> Response {
+async fn unpublish(
+    State(state): State<AdminState>,
+    body: axum::body::Bytes,
+) -> Result<Response, Refusal> {
     let request: UnpublishRequest = match serde_json::from_slice(&body) {
         Ok(request) => request,
         Err(e) => {
-            return error_response(
+            return Err(error_response(
                 StatusCode::BAD_REQUEST,
                 format!(
                     "the body must be {{\"provider\": \"<type>.<name>\", \"volume_id\": \"<id>\"}}: {e}"
                 ),
-            );
+            ));
         }
     };
     if request.volume_id.is_empty() {
-        return error_response(StatusCode::BAD_REQUEST, "'volume_id' is empty");
+        return Err(error_response(
+            StatusCode::BAD_REQUEST,
+            "'volume_id' is empty",
+        ));
     }
-    let provider = match state.provider(request.provider.as_deref()) {
-        Ok(provider) => provider,
-        Err(response) => return response,
-    };
+    let provider = state.provider(request.provider.as_deref())?;
     let key = provider.key();
     let Some(volumes) = provider.volumes() else {
-        return error_response(
+        return Err(error_response(
             StatusCode::SERVICE_UNAVAILABLE,
             format!(
                 "provider '{key}' has no running volume manager (state {})",
                 provider.state()
             ),
-        );
+        ));
     };
     let id = VolumeId::new(request.volume_id);
-    match volume_state(&volumes, &id).await {
-        Ok(Some(_)) => {}
-        Ok(None) => return unknown_volume(&key, &id),
-        Err(response) => return response,
+    if volume_state(&volumes, &id).await?.is_none() {
+        return Err(unknown_volume(&key, &id));
     }
     if let Err(e) = volumes.unpublish(&id).await {
         let status = match e.kind() {
@@ -249,21 +263,22 @@ async fn unpublish(State(state): State<AdminState>, body: axum::body::Bytes) -> 
         };
         let error = DisplayChain(&e).to_string();
         tracing::warn!(provider = %key, volume_id = %id, %error, "the operator's unpublish failed");
-        return error_response(status, error);
+        return Err(error_response(status, error));
     }
-    match volume_state(&volumes, &id).await {
-        Ok(Some(after)) => {
+    match volume_state(&volumes, &id).await? {
+        Some(after) => {
             tracing::info!(provider = %key, volume_id = %id, state = after, "volume unpublished by the operator");
-            axum::Json(serde_json::json!({"volume_id": id.as_str(), "state": after}))
-                .into_response()
+            Ok(
+                axum::Json(serde_json::json!({"volume_id": id.as_str(), "state": after}))
+                    .into_response(),
+            )
         }
         // Destroyed meanwhile (DESTROY_DISK unpublishes too).
-        Ok(None) => unknown_volume(&key, &id),
-        Err(response) => response,
+        None => Err(unknown_volume(&key, &id)),
     }
 }
 
-fn unknown_volume(key: &str, id: &VolumeId) -> Response {
+fn unknown_volume(key: &str, id: &VolumeId) -> Refusal {
     error_response(
         StatusCode::NOT_FOUND,
         format!("provider '{key}' tracks no volume '{id}'"),
@@ -274,7 +289,7 @@ fn unknown_volume(key: &str, id: &VolumeId) -> Response {
 async fn volume_state(
     volumes: &VolumeManagerHandle,
     id: &VolumeId,
-) -> Result<Option<&'static str>, Response> {
+) -> Result<Option<&'static str>, Refusal> {
     match volumes.volumes().await {
         Ok(records) => Ok(records
             .iter()
