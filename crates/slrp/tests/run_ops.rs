@@ -421,11 +421,37 @@ async fn create_persistent_block_volume(csi: &'static str) {
 }
 csi_versions!(create_persistent_block_volume);
 
-/// DestroyUnpublishedPersistentVolume (§11.1 test 17): the plugin answers UNIMPLEMENTED
-/// to NodePublishVolume, so the publish for the task fails (the agent's TASK_FAILED);
-/// DESTROY and DESTROY_DISK nevertheless both finish and the volume is deleted.
-async fn destroy_unpublished_persistent_volume(csi: &'static str) {
-    let (c, pool) = with_pool(csi).await;
+/// What happens to the provider between two steps of a test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Interruption {
+    None,
+    /// A clean restart of the daemon (Mesos: an agent restart).
+    Restart,
+    /// A simulated reboot ([`Cluster::simulate_reboot`]).
+    Reboot,
+}
+
+impl Interruption {
+    /// Interrupts the provider and waits until it has recovered.
+    async fn apply(self, c: &mut Cluster, pool: &Value) {
+        match self {
+            Self::None => return,
+            Self::Restart => c.restart_daemon().await,
+            Self::Reboot => {
+                c.simulate_reboot().await;
+                c.start_daemon();
+            }
+        }
+        recovered(c, pool).await;
+    }
+}
+
+/// DestroyUnpublishedPersistentVolume (§11.1 tests 17–19): the plugin answers
+/// UNIMPLEMENTED to NodePublishVolume, so the publish for the task fails (the agent's
+/// TASK_FAILED); after `interruption`, DESTROY and DESTROY_DISK nevertheless both finish
+/// and the volume is deleted.
+async fn destroy_unpublished(csi: &'static str, interruption: Interruption) {
+    let (mut c, pool) = with_spare_pool(csi).await;
     c.set_faults(
         "test",
         &json!([{"rpc": "NodePublishVolume", "fail": "UNIMPLEMENTED"}]),
@@ -433,6 +459,7 @@ async fn destroy_unpublished_persistent_volume(csi: &'static str) {
     let (disk, volume) = persistent_volume(&c, &pool).await;
     let publish = c.publish(&[allocated(&volume, FRAMEWORK_ROLE)]).await;
     assert!(publish.is_err(), "the publish fails: {publish:?}");
+    interruption.apply(&mut c, &pool).await;
     c.finished(destroy(&[allocated(&volume, FRAMEWORK_ROLE)]))
         .await;
     c.finished(destroy_disk(&allocated(&disk, FRAMEWORK_ROLE)))
@@ -445,7 +472,28 @@ async fn destroy_unpublished_persistent_volume(csi: &'static str) {
     assert_eq!(c.agent_total().await, sorted_one(&pool));
     c.finish().await;
 }
+
+/// §11.1 test 17.
+async fn destroy_unpublished_persistent_volume(csi: &'static str) {
+    destroy_unpublished(csi, Interruption::None).await;
+}
 csi_versions!(destroy_unpublished_persistent_volume);
+
+/// §11.1 test 18: with a daemon restart before the destroy.
+async fn destroy_unpublished_persistent_volume_with_recovery(csi: &'static str) {
+    destroy_unpublished(csi, Interruption::Restart).await;
+}
+csi_versions!(destroy_unpublished_persistent_volume_with_recovery);
+
+/// §11.1 test 19: with a simulated reboot before the destroy (root: the reboot unmounts
+/// the volume's staging).
+async fn destroy_unpublished_persistent_volume_with_reboot(csi: &'static str) {
+    if !slrp_test_support::require_root("destroy_unpublished_persistent_volume_with_reboot") {
+        return;
+    }
+    destroy_unpublished(csi, Interruption::Reboot).await;
+}
+csi_versions!(destroy_unpublished_persistent_volume_with_reboot);
 
 /// CreateDestroyPreprovisionedVolume (§11.1 test 21): a 1 GiB pool and two 2 GiB
 /// pre-existing volumes: CREATE_DISK with `target_profile` `test` finishes (the volume is
