@@ -114,6 +114,32 @@ async fn retry_operation_status_update(csi: &'static str) {
 }
 csi_versions!(retry_operation_status_update);
 
+/// RetryOperationStatusUpdateAfterRecovery (§11.1 test 23): the status update of a
+/// CREATE_DISK goes unacknowledged and the daemon restarts; the recovered provider resends
+/// the same update (its status stream is durable); once acknowledged, no more resends.
+async fn retry_operation_status_update_after_recovery(csi: &'static str) {
+    let (mut c, pool) = with_pool(csi).await;
+    c.set_ack_policy(AckPolicy::Manual);
+    let op = c.apply(create_1g(&pool, "op")).await;
+    let first = next_update_of(&mut c, op).await;
+    let status = uuids(&first).1.unwrap();
+    c.stop_daemon_cleanly().await;
+    // Only what the restarted daemon sends counts; the master acknowledges it.
+    c.drain_messages();
+    c.set_ack_policy(AckPolicy::Auto);
+    c.start_daemon();
+    let resent = next_update_of(&mut c, op).await;
+    assert_eq!(
+        uuids(&resent).1,
+        Some(status),
+        "the same update, after recovery"
+    );
+    assert_eq!(resent.status, first.status);
+    no_more_updates_of(&mut c, op).await;
+    c.finish().await;
+}
+csi_versions!(retry_operation_status_update_after_recovery);
+
 /// RetryOperationStatusUpdateToScheduler (§11.1 test 29): the framework does not
 /// acknowledge at first; the update is resent after the retry interval; once the
 /// framework acknowledges it the provider stops resending; one finished operation is
@@ -184,9 +210,12 @@ async fn operation_update(csi: &'static str) {
 csi_versions!(operation_update);
 
 /// OperationStateMetrics (§11.1 test 26): `create_disk/finished` = 1 after a create; the
-/// volume vanished behind the provider's back (the plugin answers NOT_FOUND to
-/// DeleteVolume), so DESTROY_DISK fails (`destroy_disk/failed` = 1); a DESTROY_DISK with
-/// a tampered resource version is DROPPED (`destroy_disk/dropped` = 1); nothing pending.
+/// volume's directory removed behind the plugin's back makes its DeleteVolume fail (Mesos's
+/// test plugin answers an error from its `rmdir`; here a fault rule gives that answer:
+/// the bundled plugin's own DeleteVolume tolerates a missing directory, and a NOT_FOUND
+/// counts as deleted, as CSI's idempotency asks), so DESTROY_DISK fails
+/// (`destroy_disk/failed` = 1); a DESTROY_DISK with a tampered resource version is
+/// DROPPED (`destroy_disk/dropped` = 1); nothing pending.
 async fn operation_state_metrics(csi: &'static str) {
     let (c, pool) = with_pool(csi).await;
     let disk = c.finished_one(create_1g(&pool, "create")).await;
@@ -196,7 +225,7 @@ async fn operation_state_metrics(csi: &'static str) {
     .await;
     c.set_faults(
         "test",
-        &json!([{"rpc": "DeleteVolume", "fail": "NOT_FOUND", "message": "gone", "times": 1}]),
+        &json!([{"rpc": "DeleteVolume", "fail": "INTERNAL", "message": "rmdir: No such file or directory", "times": 1}]),
     );
     c.ended(with_id(destroy_disk(&disk), "destroy"), "OPERATION_FAILED")
         .await;
