@@ -174,8 +174,8 @@ pub enum Admission {
     Accept,
     /// Track it (PENDING, durable) now and apply it when the running reconciliation ends.
     Defer,
-    /// Drop it with this message (e.g. "Mismatched resource version <received>
-    /// (expected: <current>)").
+    /// Drop it with this message (e.g. `Mismatched resource version <received>
+    /// (expected: <current>)`).
     Drop(String),
     /// Already tracked: resend its latest status, change nothing.
     Duplicate,
@@ -204,8 +204,8 @@ pub struct AdmissionInput<'a> {
 ///    same uuid, whatever the version is now;
 /// 2. a kind no provider applies (GROW_VOLUME, SHRINK_VOLUME, LAUNCH, …) is dropped with
 ///    the master's text (Mesos aborts; spec §5.1 "should drop/fail them");
-/// 3. a resource version other than the current one is dropped: "Mismatched resource
-///    version <received> (expected: <current>)", both in canonical text;
+/// 3. a resource version other than the current one is dropped: `Mismatched resource
+///    version <received> (expected: <current>)`, both in canonical text;
 /// 4. during a storage reconciliation, CREATE_DISK and DESTROY_DISK are
 ///    [`Admission::Defer`]red instead of Mesos's drop (§12.6): the version was checked
 ///    on arrival, and a reconciliation applied first does not invalidate them because
@@ -368,7 +368,7 @@ pub fn destroy_targets(info: &offer::Operation) -> Result<Vec<PersistentVolume>,
 /// - RESERVE: `source` (or `resources` with the last reservation popped) → `resources`;
 /// - UNRESERVE: each resource → itself with the last reservation popped;
 /// - CREATE: each volume without persistence → the volume; every volume must be a
-///   persistent MOUNT disk: "Cannot create persistent volume '<id>' on a BLOCK disk";
+///   persistent MOUNT disk: `Cannot create persistent volume '<id>' on a BLOCK disk`;
 /// - DESTROY: each volume → itself without persistence (same checks). The data removal
 ///   is separate ([`destroy_targets`]).
 ///
@@ -462,8 +462,8 @@ fn unallocated(resources: &Resources) -> Resources {
 /// volume remains.
 ///
 /// # Errors
-/// The FAILED message: "<total> does not contain <consumed>", or "Persistent volume
-/// '<r>' cannot be removed due to additional shared copies".
+/// The FAILED message: `<total> does not contain <consumed>`, or `Persistent volume
+/// '<r>' cannot be removed due to additional shared copies`.
 pub fn apply_conversions(
     total: &Resources,
     info: &offer::Operation,
@@ -531,7 +531,7 @@ pub struct CreateDiskPlan {
 
 impl CreateDiskPlan {
     /// The FAILED message for a volume manager error: for an import, a failed validation
-    /// becomes "Cannot apply profile '<p>' to resource '<r>': <error>" (Mesos); anything
+    /// becomes `Cannot apply profile '<p>' to resource '<r>': <error>` (Mesos); anything
     /// else is the error with its causes.
     pub fn failure_message(&self, error: &VolumeError) -> String {
         let chain = slrp_types::DisplayChain(error).to_string();
@@ -588,11 +588,11 @@ fn megabytes_to_bytes(megabytes: f64) -> i64 {
 /// current profile map.
 ///
 /// # Errors
-/// The FAILED message: "Profile '<p>' not found", "Profile '<p>' cannot be used to create
-/// a MOUNT disk" (or BLOCK), the master's texts for a malformed operation (`'source' is
+/// The FAILED message: `Profile '<p>' not found`, `Profile '<p>' cannot be used to create
+/// a MOUNT disk` (or BLOCK), the master's texts for a malformed operation (`'source' is
 /// not a RAW disk resource`, `'target_type' is neither MOUNT or BLOCK`, `'target_profile'
-/// must (not) be set …`), "Cannot apply profile '<p>' to resource '<r>': Repeated key
-/// '<k>' in labels" (or "Missing value for key …") for an import whose metadata is not a
+/// must (not) be set …`), `Cannot apply profile '<p>' to resource '<r>': Repeated key
+/// '<k>' in labels` (or "Missing value for key …") for an import whose metadata is not a
 /// map (Mesos aborts).
 pub fn plan_create_disk(
     info: &offer::Operation,
@@ -710,8 +710,8 @@ pub fn create_disk_conversion(
 ///
 /// # Errors
 /// The master's texts for what it should have refused: "'source' is neither a MOUNT, BLOCK
-/// or RAW disk resource", "'source' is not backed by a CSI volume", "A disk resource
-/// containing a persistent volume <r> cannot be destroyed directly. …".
+/// or RAW disk resource", "'source' is not backed by a CSI volume", `A disk resource
+/// containing a persistent volume <r> cannot be destroyed directly. …`.
 pub fn destroy_disk_target(info: &offer::Operation) -> Result<(VolumeId, Resource), String> {
     let source = &info
         .destroy_disk
