@@ -722,3 +722,49 @@ async fn agent_registered_with_new_id(csi: &'static str) {
     c.finish().await;
 }
 csi_versions!(agent_registered_with_new_id);
+
+/// No Mesos counterpart (Mesos never unpublishes, spec §12 item 25): the operator
+/// unpublishes a volume no task uses through the admin API (`POST /volumes/unpublish`);
+/// its target is no longer mounted, but the data is kept: a later task's publish mounts
+/// it again with the file. An unpublished volume is not republished by the recovery
+/// after a reboot (only when a task needs it), and it can still be destroyed.
+async fn unpublish_through_the_admin_api_keeps_the_data(csi: &'static str) {
+    if !slrp_test_support::require_root("unpublish_through_the_admin_api_keeps_the_data") {
+        return;
+    }
+    let (mut c, pool) = with_spare_pool(csi).await;
+    let (disk, volume) = persistent_volume(&c, &pool).await;
+    task_writes(&c, &volume, "data").await;
+    let target = c.volume_path(&volume);
+    let request = json!({"volume_id": id(&volume)});
+    let (status, body) = c.admin_post("/volumes/unpublish", &request).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        !support::mounts_under(c.dir.path()).contains(&target),
+        "{} is no longer mounted",
+        target.display()
+    );
+    assert!(
+        !target.join("file").exists(),
+        "the data is not visible unpublished"
+    );
+    assert_eq!(
+        task_reads(&c, &volume).await,
+        "data",
+        "republished with its data"
+    );
+
+    let (status, body) = c.admin_post("/volumes/unpublish", &request).await;
+    assert_eq!(status, 200, "{body}");
+    c.simulate_reboot().await;
+    c.start_daemon();
+    recovered(&mut c, &pool).await;
+    assert!(
+        !support::mounts_under(c.dir.path()).contains(&target),
+        "the recovery does not republish an unpublished volume"
+    );
+    assert_eq!(task_reads(&c, &volume).await, "data");
+    destroy_persistent_volume(&c, &disk, &volume, &pool).await;
+    c.finish().await;
+}
+csi_versions!(unpublish_through_the_admin_api_keeps_the_data);
