@@ -768,3 +768,40 @@ async fn unpublish_through_the_admin_api_keeps_the_data(csi: &'static str) {
     c.finish().await;
 }
 csi_versions!(unpublish_through_the_admin_api_keeps_the_data);
+
+/// RecoverDiskWithChangedMetadata (§11.1 test 7) with a created disk (the part the RAW
+/// replay in `run_provider.rs` cannot tell apart, MESOS-9395): a MOUNT disk made by
+/// CREATE_DISK carries the plugin's volume context as metadata; after a restart the
+/// plugin lists the volume with `label=bar`: exactly one disk, still MOUNT of profile
+/// `test` with its mount root, its metadata now `label=bar`.
+async fn recover_created_disk_with_changed_metadata(csi: &'static str) {
+    let (mut c, pool) = with_spare_pool(csi).await;
+    let from = allocated(&ops::portion(&pool, DISK_MB), FRAMEWORK_ROLE);
+    let disk = unallocated(&c.finished_one(create_disk(&from, "MOUNT", None)).await);
+    assert_eq!(
+        support::metadata(&disk).get("backend").map(String::as_str),
+        Some("dir"),
+        "{disk}"
+    );
+    c.stop_daemon_cleanly().await;
+    c.set_faults(
+        "test",
+        &json!([{"rpc": "ListVolumes", "volume_context": {"label": "bar"}, "volume_id": id(&disk)}]),
+    );
+    c.start_daemon();
+    let u = recovered(&mut c, &pool).await;
+    let [d] = &u.disks()[..] else {
+        panic!("exactly one disk: {:?}", u.resources)
+    };
+    assert_eq!(id(d), id(&disk));
+    assert_eq!(source(d)["type"], "MOUNT", "{d}");
+    assert_eq!(source(d)["profile"], "test", "{d}");
+    assert_eq!(source(d)["mount"]["root"], MOUNT_ROOT, "{d}");
+    assert_eq!(
+        support::metadata(d),
+        [("label".to_owned(), "bar".to_owned())].into(),
+        "{d}"
+    );
+    c.finish().await;
+}
+csi_versions!(recover_created_disk_with_changed_metadata);
