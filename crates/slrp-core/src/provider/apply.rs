@@ -705,6 +705,24 @@ pub fn create_disk_conversion(
     )
 }
 
+/// A finished CREATE_DISK's outcome as [`apply_conversions`] takes it: the conversion of
+/// the volume the volume manager created or validated, or the FAILED message
+/// ([`CreateDiskPlan::failure_message`]: Mesos's "Cannot apply profile …" for a failed
+/// import).
+///
+/// # Errors
+/// The FAILED message of a volume manager error.
+pub fn create_disk_outcome(
+    ctx: &ProviderResources,
+    plan: &CreateDiskPlan,
+    result: Result<VolumeInfo, VolumeError>,
+) -> Result<Vec<Conversion>, String> {
+    match result {
+        Ok(volume) => Ok(vec![create_disk_conversion(ctx, plan, &volume)]),
+        Err(error) => Err(plan.failure_message(&error)),
+    }
+}
+
 /// DESTROY_DISK: the volume id to delete and `destroy_disk.source` as the operation
 /// carried it.
 ///
@@ -1518,6 +1536,34 @@ mod tests {
                 )
             );
         }
+    }
+
+    #[test]
+    fn a_create_disk_outcome_is_the_conversion_or_the_failed_message() {
+        let ctx = ctx();
+        let source = preexisting(3, "v", None);
+        let plan = planned(source.clone(), SourceType::Mount, Some("fast"));
+        let volume = VolumeInfo {
+            id: VolumeId::new("v"),
+            capacity_bytes: (3 * MB) as i64,
+            volume_context: BTreeMap::new(),
+        };
+        assert_eq!(
+            create_disk_outcome(&ctx, &plan, Ok(volume.clone())),
+            Ok(vec![create_disk_conversion(&ctx, &plan, &volume)])
+        );
+        let mismatch = VolumeError::Mismatch {
+            id: VolumeId::new("v"),
+            what: Mismatched::Capability,
+            version: CsiVersion::V0,
+        };
+        assert_eq!(
+            create_disk_outcome(&ctx, &plan, Err(mismatch)),
+            Err(format!(
+                "Cannot apply profile 'fast' to resource '{}': Mismatched capability for volume 'v'",
+                DisplayResource(&source)
+            ))
+        );
     }
 
     #[test]
