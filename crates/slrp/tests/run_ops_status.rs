@@ -114,6 +114,32 @@ async fn retry_operation_status_update(csi: &'static str) {
 }
 csi_versions!(retry_operation_status_update);
 
+/// RetryOperationStatusUpdateAfterRecovery (§11.1 test 23): the status update of a
+/// CREATE_DISK goes unacknowledged and the daemon restarts; the recovered provider resends
+/// the same update (its status stream is durable); once acknowledged, no more resends.
+async fn retry_operation_status_update_after_recovery(csi: &'static str) {
+    let (mut c, pool) = with_pool(csi).await;
+    c.set_ack_policy(AckPolicy::Manual);
+    let op = c.apply(create_1g(&pool, "op")).await;
+    let first = next_update_of(&mut c, op).await;
+    let status = uuids(&first).1.unwrap();
+    c.stop_daemon_cleanly().await;
+    // Only what the restarted daemon sends counts; the master acknowledges it.
+    c.drain_messages();
+    c.set_ack_policy(AckPolicy::Auto);
+    c.start_daemon();
+    let resent = next_update_of(&mut c, op).await;
+    assert_eq!(
+        uuids(&resent).1,
+        Some(status),
+        "the same update, after recovery"
+    );
+    assert_eq!(resent.status, first.status);
+    no_more_updates_of(&mut c, op).await;
+    c.finish().await;
+}
+csi_versions!(retry_operation_status_update_after_recovery);
+
 /// RetryOperationStatusUpdateToScheduler (§11.1 test 29): the framework does not
 /// acknowledge at first; the update is resent after the retry interval; once the
 /// framework acknowledges it the provider stops resending; one finished operation is
@@ -184,9 +210,12 @@ async fn operation_update(csi: &'static str) {
 csi_versions!(operation_update);
 
 /// OperationStateMetrics (§11.1 test 26): `create_disk/finished` = 1 after a create; the
-/// volume vanished behind the provider's back (the plugin answers NOT_FOUND to
-/// DeleteVolume), so DESTROY_DISK fails (`destroy_disk/failed` = 1); a DESTROY_DISK with
-/// a tampered resource version is DROPPED (`destroy_disk/dropped` = 1); nothing pending.
+/// volume's directory removed behind the plugin's back makes its DeleteVolume fail (Mesos's
+/// test plugin answers an error from its `rmdir`; here a fault rule gives that answer:
+/// the bundled plugin's own DeleteVolume tolerates a missing directory, and a NOT_FOUND
+/// counts as deleted, as CSI's idempotency asks), so DESTROY_DISK fails
+/// (`destroy_disk/failed` = 1); a DESTROY_DISK with a tampered resource version is
+/// DROPPED (`destroy_disk/dropped` = 1); nothing pending.
 async fn operation_state_metrics(csi: &'static str) {
     let (c, pool) = with_pool(csi).await;
     let disk = c.finished_one(create_1g(&pool, "create")).await;
@@ -196,7 +225,7 @@ async fn operation_state_metrics(csi: &'static str) {
     .await;
     c.set_faults(
         "test",
-        &json!([{"rpc": "DeleteVolume", "fail": "NOT_FOUND", "message": "gone", "times": 1}]),
+        &json!([{"rpc": "DeleteVolume", "fail": "INTERNAL", "message": "rmdir: No such file or directory", "times": 1}]),
     );
     c.ended(with_id(destroy_disk(&disk), "destroy"), "OPERATION_FAILED")
         .await;
@@ -402,3 +431,52 @@ async fn csi_plugin_rpc_metrics(csi: &'static str) {
     c.finish().await;
 }
 csi_versions!(csi_plugin_rpc_metrics);
+
+/// A duplicate operation uuid (spec §5.2 step 4; Mesos aborts): an APPLY_OPERATION sent
+/// again while the first is still running, and again after it finished unacknowledged, is
+/// answered with the operation's latest status and applied only once: one CreateVolume
+/// answered, one volume, one disk in the agent's total, `create_disk/finished` 1, the
+/// daemon still running.
+async fn duplicate_operation_uuid_is_answered_not_applied_again(csi: &'static str) {
+    let (mut c, pool) = with_pool(csi).await;
+    c.set_ack_policy(AckPolicy::Manual);
+    // A slow CreateVolume keeps the first application running while the duplicate comes.
+    c.set_faults(
+        "test",
+        &json!([{"rpc": "CreateVolume", "delay_ms": 500, "times": 1_000_000}]),
+    );
+    let op = uuid::Uuid::new_v4();
+    let request = || {
+        let mut req = ApplyRequest::new(create_1g(&pool, "op"));
+        req.framework_id = Some(support::framework_id());
+        req.operation_uuid = Some(op);
+        req
+    };
+    c.apply_request(request()).await;
+    c.apply_request(request()).await;
+    let first = next_update_of(&mut c, op).await;
+    assert_eq!(ops::state_name(&first.status), "OPERATION_FINISHED");
+    let status = uuids(&first).1.unwrap();
+    // After the terminal status (unacknowledged, so the agent still tracks the uuid):
+    // answered again with that status.
+    c.apply_request(request()).await;
+    let answer = next_update_of(&mut c, op).await;
+    assert_eq!(uuids(&answer).1, Some(status));
+    assert_eq!(answer.status, first.status);
+    let id = c.the_provider_id().await;
+    c.manager().acknowledge(&id, op, status).await.unwrap();
+    assert_eq!(c.calls("test", "CreateVolume"), 1, "applied once");
+    assert_eq!(c.plugin_volumes("test").len(), 1);
+    let total = c.agent_total().await;
+    let disks = total.iter().filter(|r| r.contains("\"MOUNT\"")).count();
+    assert_eq!(disks, 1, "{total:?}");
+    let snap = c
+        .snapshot_until("one finished CREATE_DISK", |s| {
+            s.get(&metric("operations/create_disk/finished")) == Some(&1.0)
+        })
+        .await;
+    assert_eq!(snap[&metric("operations/create_disk/pending")], 0.0);
+    assert!(c.daemon_running());
+    c.finish().await;
+}
+csi_versions!(duplicate_operation_uuid_is_answered_not_applied_again);

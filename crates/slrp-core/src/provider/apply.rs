@@ -12,8 +12,11 @@ use slrp_proto::mesos::v1::offer;
 use slrp_proto::mesos::v1::offer::operation::Type as OperationType;
 use slrp_proto::mesos::v1::resource::disk_info::source::Type as SourceType;
 use slrp_proto::mesos::v1::volume::source::csi_volume::volume_capability::AccessType as MesosAccessType;
-use slrp_proto::mesos::v1::{Labels, Resource};
+use slrp_proto::mesos::v1::{
+    AgentId, Labels, OperationState, OperationStatus, Resource, ResourceProviderId,
+};
 
+use super::operations::{TrackedOperation, proto_uuid};
 use super::resources::{
     Conversion, CreatedKind, CreatedVolume, DisplayResource, ProviderResources, ResourceError,
     Resources,
@@ -171,8 +174,8 @@ pub enum Admission {
     Accept,
     /// Track it (PENDING, durable) now and apply it when the running reconciliation ends.
     Defer,
-    /// Drop it with this message (e.g. "Mismatched resource version <received>
-    /// (expected: <current>)").
+    /// Drop it with this message (e.g. `Mismatched resource version <received>
+    /// (expected: <current>)`).
     Drop(String),
     /// Already tracked: resend its latest status, change nothing.
     Duplicate,
@@ -201,8 +204,8 @@ pub struct AdmissionInput<'a> {
 ///    same uuid, whatever the version is now;
 /// 2. a kind no provider applies (GROW_VOLUME, SHRINK_VOLUME, LAUNCH, …) is dropped with
 ///    the master's text (Mesos aborts; spec §5.1 "should drop/fail them");
-/// 3. a resource version other than the current one is dropped: "Mismatched resource
-///    version <received> (expected: <current>)", both in canonical text;
+/// 3. a resource version other than the current one is dropped: `Mismatched resource
+///    version <received> (expected: <current>)`, both in canonical text;
 /// 4. during a storage reconciliation, CREATE_DISK and DESTROY_DISK are
 ///    [`Admission::Defer`]red instead of Mesos's drop (§12.6): the version was checked
 ///    on arrival, and a reconciliation applied first does not invalidate them because
@@ -365,7 +368,7 @@ pub fn destroy_targets(info: &offer::Operation) -> Result<Vec<PersistentVolume>,
 /// - RESERVE: `source` (or `resources` with the last reservation popped) → `resources`;
 /// - UNRESERVE: each resource → itself with the last reservation popped;
 /// - CREATE: each volume without persistence → the volume; every volume must be a
-///   persistent MOUNT disk: "Cannot create persistent volume '<id>' on a BLOCK disk";
+///   persistent MOUNT disk: `Cannot create persistent volume '<id>' on a BLOCK disk`;
 /// - DESTROY: each volume → itself without persistence (same checks). The data removal
 ///   is separate ([`destroy_targets`]).
 ///
@@ -459,8 +462,8 @@ fn unallocated(resources: &Resources) -> Resources {
 /// volume remains.
 ///
 /// # Errors
-/// The FAILED message: "<total> does not contain <consumed>", or "Persistent volume
-/// '<r>' cannot be removed due to additional shared copies".
+/// The FAILED message: `<total> does not contain <consumed>`, or `Persistent volume
+/// '<r>' cannot be removed due to additional shared copies`.
 pub fn apply_conversions(
     total: &Resources,
     info: &offer::Operation,
@@ -528,7 +531,7 @@ pub struct CreateDiskPlan {
 
 impl CreateDiskPlan {
     /// The FAILED message for a volume manager error: for an import, a failed validation
-    /// becomes "Cannot apply profile '<p>' to resource '<r>': <error>" (Mesos); anything
+    /// becomes `Cannot apply profile '<p>' to resource '<r>': <error>` (Mesos); anything
     /// else is the error with its causes.
     pub fn failure_message(&self, error: &VolumeError) -> String {
         let chain = slrp_types::DisplayChain(error).to_string();
@@ -585,11 +588,11 @@ fn megabytes_to_bytes(megabytes: f64) -> i64 {
 /// current profile map.
 ///
 /// # Errors
-/// The FAILED message: "Profile '<p>' not found", "Profile '<p>' cannot be used to create
-/// a MOUNT disk" (or BLOCK), the master's texts for a malformed operation (`'source' is
+/// The FAILED message: `Profile '<p>' not found`, `Profile '<p>' cannot be used to create
+/// a MOUNT disk` (or BLOCK), the master's texts for a malformed operation (`'source' is
 /// not a RAW disk resource`, `'target_type' is neither MOUNT or BLOCK`, `'target_profile'
-/// must (not) be set …`), "Cannot apply profile '<p>' to resource '<r>': Repeated key
-/// '<k>' in labels" (or "Missing value for key …") for an import whose metadata is not a
+/// must (not) be set …`), `Cannot apply profile '<p>' to resource '<r>': Repeated key
+/// '<k>' in labels` (or "Missing value for key …") for an import whose metadata is not a
 /// map (Mesos aborts).
 pub fn plan_create_disk(
     info: &offer::Operation,
@@ -702,13 +705,31 @@ pub fn create_disk_conversion(
     )
 }
 
+/// A finished CREATE_DISK's outcome as [`apply_conversions`] takes it: the conversion of
+/// the volume the volume manager created or validated, or the FAILED message
+/// ([`CreateDiskPlan::failure_message`]: Mesos's "Cannot apply profile …" for a failed
+/// import).
+///
+/// # Errors
+/// The FAILED message of a volume manager error.
+pub fn create_disk_outcome(
+    ctx: &ProviderResources,
+    plan: &CreateDiskPlan,
+    result: Result<VolumeInfo, VolumeError>,
+) -> Result<Vec<Conversion>, String> {
+    match result {
+        Ok(volume) => Ok(vec![create_disk_conversion(ctx, plan, &volume)]),
+        Err(error) => Err(plan.failure_message(&error)),
+    }
+}
+
 /// DESTROY_DISK: the volume id to delete and `destroy_disk.source` as the operation
 /// carried it.
 ///
 /// # Errors
 /// The master's texts for what it should have refused: "'source' is neither a MOUNT, BLOCK
-/// or RAW disk resource", "'source' is not backed by a CSI volume", "A disk resource
-/// containing a persistent volume <r> cannot be destroyed directly. …".
+/// or RAW disk resource", "'source' is not backed by a CSI volume", `A disk resource
+/// containing a persistent volume <r> cannot be destroyed directly. …`.
 pub fn destroy_disk_target(info: &offer::Operation) -> Result<(VolumeId, Resource), String> {
     let source = &info
         .destroy_disk
@@ -753,18 +774,96 @@ pub fn destroy_disk_conversion(
     ctx.destroyed_disk(source, deprovisioned, |p| profiles.contains_key(p))
 }
 
+// ---------------------------------------------------------------------------------------
+// Statuses (§5.6, §5.8).
+
+/// A terminal status of `op` with a fresh status uuid, `operation_id` from `info.id`, the
+/// agent id given and the provider id the operation was tracked with.
+fn terminal_status(
+    op: &TrackedOperation,
+    state: OperationState,
+    message: Option<&str>,
+    converted: &Resources,
+    agent_id: &AgentId,
+) -> OperationStatus {
+    OperationStatus {
+        operation_id: op.info.id.clone(),
+        state: state as i32,
+        message: message.map(str::to_owned),
+        converted_resources: converted.as_slice().to_vec(),
+        uuid: Some(proto_uuid(&uuid::Uuid::new_v4())),
+        agent_id: Some(agent_id.clone()),
+        resource_provider_id: op.latest_status.resource_provider_id.clone(),
+    }
+}
+
+/// §5.6 step 2: FINISHED with `converted` (what [`converted_resources`] gives: allocation
+/// info as the operation carried it; may be empty).
+pub fn finished_status(
+    op: &TrackedOperation,
+    converted: &Resources,
+    agent_id: &AgentId,
+) -> OperationStatus {
+    terminal_status(
+        op,
+        OperationState::OperationFinished,
+        None,
+        converted,
+        agent_id,
+    )
+}
+
+/// §5.6 step 2: FAILED with `message`, no converted resources.
+pub fn failed_status(op: &TrackedOperation, message: &str, agent_id: &AgentId) -> OperationStatus {
+    terminal_status(
+        op,
+        OperationState::OperationFailed,
+        Some(message),
+        &Resources::new(),
+        agent_id,
+    )
+}
+
+/// §5.8(1): DROPPED at acceptance with `message` (reliable: it has a status uuid).
+pub fn dropped_status(op: &TrackedOperation, message: &str, agent_id: &AgentId) -> OperationStatus {
+    terminal_status(
+        op,
+        OperationState::OperationDropped,
+        Some(message),
+        &Resources::new(),
+        agent_id,
+    )
+}
+
+/// §5.8(2): the unreliable "Unknown operation" DROPPED for RECONCILE_OPERATIONS: no
+/// status uuid, no operation id.
+pub fn unknown_operation_status(
+    agent_id: &AgentId,
+    provider_id: &ResourceProviderId,
+) -> OperationStatus {
+    OperationStatus {
+        operation_id: None,
+        state: OperationState::OperationDropped as i32,
+        message: Some(UNKNOWN_OPERATION_MESSAGE.to_owned()),
+        converted_resources: Vec::new(),
+        uuid: None,
+        agent_id: Some(agent_id.clone()),
+        resource_provider_id: Some(provider_id.clone()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     use slrp_csi::CsiVersion;
+    use slrp_proto::mesos::v1::Label;
     use slrp_proto::mesos::v1::offer::operation::{
         Create, CreateDisk, Destroy, DestroyDisk, Reserve, Unreserve,
     };
     use slrp_proto::mesos::v1::resource::disk_info::Persistence;
     use slrp_proto::mesos::v1::resource::reservation_info::Type as ReservationType;
     use slrp_proto::mesos::v1::resource::{AllocationInfo, ReservationInfo, SharedInfo};
-    use slrp_proto::mesos::v1::{Label, ResourceProviderId};
 
     use crate::volume::{Mismatched, VolumeError};
 
@@ -1440,6 +1539,34 @@ mod tests {
     }
 
     #[test]
+    fn a_create_disk_outcome_is_the_conversion_or_the_failed_message() {
+        let ctx = ctx();
+        let source = preexisting(3, "v", None);
+        let plan = planned(source.clone(), SourceType::Mount, Some("fast"));
+        let volume = VolumeInfo {
+            id: VolumeId::new("v"),
+            capacity_bytes: (3 * MB) as i64,
+            volume_context: BTreeMap::new(),
+        };
+        assert_eq!(
+            create_disk_outcome(&ctx, &plan, Ok(volume.clone())),
+            Ok(vec![create_disk_conversion(&ctx, &plan, &volume)])
+        );
+        let mismatch = VolumeError::Mismatch {
+            id: VolumeId::new("v"),
+            what: Mismatched::Capability,
+            version: CsiVersion::V0,
+        };
+        assert_eq!(
+            create_disk_outcome(&ctx, &plan, Err(mismatch)),
+            Err(format!(
+                "Cannot apply profile 'fast' to resource '{}': Mismatched capability for volume 'v'",
+                DisplayResource(&source)
+            ))
+        );
+    }
+
+    #[test]
     fn a_failed_validation_names_the_profile_and_resource() {
         let source = preexisting(3, "v", None);
         let plan = planned(source.clone(), SourceType::Mount, Some("fast"));
@@ -1675,5 +1802,135 @@ mod tests {
             .collect();
         assert_eq!(names.len(), OperationKind::COUNTED.len());
         assert!(!OperationKind::COUNTED.contains(&OperationKind::Unsupported));
+    }
+
+    // --- statuses ---------------------------------------------------------------------
+
+    fn tracked(info: offer::Operation) -> TrackedOperation {
+        TrackedOperation::pending(
+            uuid::Uuid::from_u128(9),
+            None,
+            info,
+            &AgentId {
+                value: "old-agent".to_owned(),
+            },
+            &ResourceProviderId {
+                value: "rp".to_owned(),
+            },
+        )
+    }
+
+    #[test]
+    fn terminal_statuses_carry_ids_and_a_fresh_uuid() {
+        let agent = AgentId {
+            value: "agent".to_owned(),
+        };
+        let mut info = create_op(vec![persistent(disk(SourceType::Mount, "v"), "pv")]);
+        info.id = Some(slrp_proto::mesos::v1::OperationId {
+            value: "op-1".to_owned(),
+        });
+        let create = tracked(info);
+        let converted = Resources::from(allocated(disk(SourceType::Mount, "v")));
+        let finished = finished_status(&create, &converted, &agent);
+        assert_eq!(finished.state, OperationState::OperationFinished as i32);
+        assert_eq!(finished.operation_id.as_ref().unwrap().value, "op-1");
+        assert_eq!(finished.message, None);
+        assert_eq!(finished.converted_resources, converted.as_slice());
+        assert_eq!(finished.agent_id.as_ref(), Some(&agent));
+        assert_eq!(finished.resource_provider_id.as_ref().unwrap().value, "rp");
+        let again = finished_status(&create, &converted, &agent);
+        assert!(finished.uuid.is_some());
+        assert_ne!(finished.uuid, again.uuid);
+
+        let failed = failed_status(&create, "Profile 'x' not found", &agent);
+        assert_eq!(failed.state, OperationState::OperationFailed as i32);
+        assert_eq!(failed.message.as_deref(), Some("Profile 'x' not found"));
+        assert!(failed.converted_resources.is_empty());
+        assert!(failed.uuid.is_some());
+
+        let dropped = dropped_status(&tracked(op(OperationType::GrowVolume)), "no", &agent);
+        assert_eq!(dropped.state, OperationState::OperationDropped as i32);
+        assert_eq!(dropped.operation_id, None);
+        assert_eq!(dropped.message.as_deref(), Some("no"));
+        assert!(dropped.uuid.is_some());
+    }
+
+    #[test]
+    fn the_reconciliation_answer_is_unreliable_and_anonymous() {
+        let status = unknown_operation_status(
+            &AgentId {
+                value: "a".to_owned(),
+            },
+            &ResourceProviderId {
+                value: "rp".to_owned(),
+            },
+        );
+        assert_eq!(status.state, OperationState::OperationDropped as i32);
+        assert_eq!(status.message.as_deref(), Some("Unknown operation"));
+        assert_eq!(status.uuid, None);
+        assert_eq!(status.operation_id, None);
+        assert_eq!(status.agent_id.unwrap().value, "a");
+        assert_eq!(status.resource_provider_id.unwrap().value, "rp");
+    }
+
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        fn with_roles(mut r: Resource, roles: &[String]) -> Resource {
+            let mut path = String::new();
+            for role in roles {
+                path = if path.is_empty() {
+                    role.clone()
+                } else {
+                    format!("{path}/{role}")
+                };
+                r = reserved(r, &path);
+            }
+            r
+        }
+
+        /// `total` after the speculative operation `info`.
+        fn run(total: &Resources, info: &offer::Operation) -> Resources {
+            apply_conversions(total, info, &speculative_conversions(info).unwrap()).unwrap()
+        }
+
+        proptest! {
+            /// RESERVE pushing one reservation and UNRESERVE of the result cancel out, and
+            /// so do CREATE and DESTROY of a persistent volume, whatever else the total
+            /// holds.
+            #[test]
+            fn speculative_operations_undo_each_other(
+                mb in 1u64..10_000,
+                other_mb in 0u64..10_000,
+                roles in proptest::collection::vec("[a-z]{1,4}", 0..3),
+                role in "[a-z]{1,4}",
+                pid in "[a-z0-9]{1,8}",
+            ) {
+                let base = with_roles(pool(mb, "fast"), &roles);
+                let total: Resources =
+                    [base.clone(), pool(other_mb, "slow"), disk(SourceType::Mount, "m")]
+                        .into_iter()
+                        .collect();
+                let mut path = roles.join("/");
+                path = if path.is_empty() { role } else { format!("{path}/{role}") };
+                let pushed = reserved(base, &path);
+                let reserve = reserve_op(vec![], vec![allocated(pushed.clone())]);
+                let after = run(&total, &reserve);
+                prop_assert!(after != total);
+                let unreserve = unreserve_op(vec![pushed]);
+                let back = run(&after, &unreserve);
+                prop_assert_eq!(&back, &total);
+
+                let volume = persistent(disk(SourceType::Mount, "m"), &pid);
+                let create = create_op(vec![volume.clone()]);
+                let created = run(&total, &create);
+                prop_assert!(created.contains(&Resources::from(volume.clone())));
+                let destroy = destroy_op(vec![volume]);
+                let destroyed = run(&created, &destroy);
+                prop_assert_eq!(&destroyed, &total);
+            }
+        }
     }
 }
