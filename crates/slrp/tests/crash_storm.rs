@@ -1,6 +1,7 @@
 //! The crash storm: a stream of mixed operations (CREATE_DISK, DESTROY_DISK, RESERVE,
-//! UNRESERVE, CREATE and DESTROY of persistent volumes, PUBLISH_RESOURCES) on one state
-//! directory, with the daemon SIGKILLed at random moments and restarted. Afterwards:
+//! UNRESERVE, CREATE and DESTROY of persistent volumes, PUBLISH_RESOURCES; up to three
+//! independent ones at once) on one state directory, with the daemon SIGKILLed at random
+//! moments and restarted. Afterwards:
 //!
 //! - every operation the provider accepted has exactly one terminal status (one status
 //!   uuid, however often it was resent) and it is FINISHED; an operation it never
@@ -41,7 +42,7 @@ use support::ops::{
 };
 use support::{Cluster, DaemonOptions, ProviderSpec, profiles, source};
 
-/// Operations per run unless `SLRP_CRASH_STORM_OPS` says otherwise.
+/// Steps per run unless `SLRP_CRASH_STORM_OPS` says otherwise.
 const OPS: usize = 300;
 /// Size of each created disk (MB); the 4 GiB pool holds 16 of them.
 const DISK_MB: f64 = 256.0;
