@@ -481,7 +481,8 @@ async fn run_provider_inner(
             return Err(ProviderRunError::Stack(e));
         }
     };
-    let params = ProviderParams::new(config.info.clone(), agent, agent_id);
+    let mut params = ProviderParams::new(config.info.clone(), agent, agent_id);
+    params.mount_paths = Some(stack.paths().clone());
     let deps = ProviderDeps {
         volumes: stack.volumes().clone(),
         store,
