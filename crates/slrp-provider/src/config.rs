@@ -591,6 +591,27 @@ pub struct DaemonConfig {
     /// How long a provider's plugin may take to become ready (socket and probes) before
     /// the provider fails; `None`: the plugin stack's default (Mesos's 1 min + 1 min).
     pub plugin_ready_timeout: Option<Duration>,
+    /// Bounds of the resend interval of unacknowledged operation status updates (Mesos:
+    /// 10 s doubling to 10 min, spec §8.5).
+    pub status_update_retry: Backoff,
+    /// Bounds of the retries of CreateVolume and DeleteVolume after `DEADLINE_EXCEEDED` or
+    /// `UNAVAILABLE` (Mesos: 10 s doubling to 10 min, spec §4.3).
+    pub csi_retry: Backoff,
+}
+
+/// The `[retries]` table: Mesos's retry intervals, shortened by tests (no test may wait
+/// Mesos's 10 s).
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct RetriesFile {
+    /// First wait before an unacknowledged operation status update is resent (10s).
+    pub status_update_min: Option<String>,
+    /// Longest wait between resends of one status update (10min).
+    pub status_update_max: Option<String>,
+    /// First wait before a transiently failed CreateVolume/DeleteVolume is retried (10s).
+    pub csi_min: Option<String>,
+    /// Longest wait between those retries (10min).
+    pub csi_max: Option<String>,
 }
 
 /// The `[agent]` table.
@@ -655,6 +676,9 @@ pub struct DaemonConfigFile {
     pub shutdown_grace: Option<String>,
     /// How long a plugin may take to become ready (default: Mesos's 2 min in all).
     pub plugin_ready_timeout: Option<String>,
+    /// Retry intervals of status updates and CSI calls.
+    #[serde(default)]
+    pub retries: RetriesFile,
 }
 
 /// The flags of `slrp run`, each overriding its config file setting.
@@ -781,6 +805,21 @@ fn duration(field: &'static str, value: Option<&String>) -> Result<Option<Durati
     Ok(Some(d))
 }
 
+/// Backoff bounds from a `(field, value)` pair of settings, each defaulting to `default`'s.
+fn backoff(
+    base: (&'static str, Option<&String>),
+    max: (&'static str, Option<&String>),
+    default: Backoff,
+) -> Result<Backoff, ConfigError> {
+    let b = duration(base.0, base.1)?;
+    let m = duration(max.0, max.1)?;
+    if b.is_none() && m.is_none() {
+        return Ok(default);
+    }
+    Backoff::new(b.unwrap_or(default.base()), m.unwrap_or(default.max()))
+        .map_err(|e| setting(max.0, SettingError::Backoff(e)))
+}
+
 fn non_empty(field: &'static str, path: Option<PathBuf>) -> Result<Option<PathBuf>, ConfigError> {
     match path {
         Some(p) if p.as_os_str().is_empty() => Err(setting(field, SettingError::EmptyPath)),
@@ -818,13 +857,11 @@ fn agent_config(file: AgentFile) -> Result<AgentConfig, ConfigError> {
     if let Some(d) = duration("agent.call_timeout", file.call_timeout.as_ref())? {
         agent.call_timeout = d;
     }
-    let base = duration("agent.backoff_base", file.backoff_base.as_ref())?;
-    let max = duration("agent.backoff_max", file.backoff_max.as_ref())?;
-    if base.is_some() || max.is_some() {
-        let default = agent.backoff;
-        agent.backoff = Backoff::new(base.unwrap_or(default.base()), max.unwrap_or(default.max()))
-            .map_err(|e| setting("agent.backoff_max", SettingError::Backoff(e)))?;
-    }
+    agent.backoff = backoff(
+        ("agent.backoff_base", file.backoff_base.as_ref()),
+        ("agent.backoff_max", file.backoff_max.as_ref()),
+        agent.backoff,
+    )?;
     if let Some(path) = non_empty("agent.token_file", file.token_file)? {
         let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::TokenFile {
             path: path.clone(),
@@ -867,6 +904,23 @@ impl DaemonConfig {
             .unwrap_or(DEFAULT_SHUTDOWN_GRACE);
         let plugin_ready_timeout =
             duration("plugin_ready_timeout", file.plugin_ready_timeout.as_ref())?;
+        let retries = &file.retries;
+        let status_update_retry = backoff(
+            (
+                "retries.status_update_min",
+                retries.status_update_min.as_ref(),
+            ),
+            (
+                "retries.status_update_max",
+                retries.status_update_max.as_ref(),
+            ),
+            Backoff::MESOS,
+        )?;
+        let csi_retry = backoff(
+            ("retries.csi_min", retries.csi_min.as_ref()),
+            ("retries.csi_max", retries.csi_max.as_ref()),
+            Backoff::MESOS,
+        )?;
         let profiles = file
             .profiles
             .map(slrp_profiles::ProfilesConfig::try_from)
@@ -888,6 +942,8 @@ impl DaemonConfig {
             plugins_on_exit,
             shutdown_grace,
             plugin_ready_timeout,
+            status_update_retry,
+            csi_retry,
         })
     }
 

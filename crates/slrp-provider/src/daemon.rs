@@ -227,6 +227,7 @@ struct ProviderRun {
     profiles: Option<slrp_profiles::ProfileAdaptorHandle>,
     plugins_on_exit: StopPlugins,
     plugin_ready_timeout: Option<std::time::Duration>,
+    csi_retry: Backoff,
 }
 
 /// Runs every provider until `shutdown` fires or every provider has failed; see the module
@@ -330,6 +331,7 @@ pub async fn run(config: DaemonConfig, shutdown: CancellationToken) -> Result<()
                 profiles: profiles.clone(),
                 plugins_on_exit,
                 plugin_ready_timeout: config.plugin_ready_timeout,
+                csi_retry: config.csi_retry,
             };
             let span = tracing::info_span!(parent: None, "provider", provider = %slot.key);
             providers.spawn(run_provider(run, agent_id.clone(), stop.clone()).instrument(span));
@@ -436,6 +438,15 @@ async fn run_provider(
     (slot.key.clone(), result)
 }
 
+/// Mesos's retry rule for the volume manager's calls (spec §4.3) with the configured
+/// bounds.
+fn csi_retry_config(bounds: Backoff) -> slrp_csi::RetryConfig {
+    let policy = slrp_csi::RetryPolicy::mesos().with_backoff(bounds);
+    slrp_csi::RetryConfig::none()
+        .with(slrp_csi::CsiRpc::CreateVolume, policy.clone())
+        .with(slrp_csi::CsiRpc::DeleteVolume, policy)
+}
+
 async fn run_provider_inner(
     run: ProviderRun,
     agent_id: String,
@@ -452,6 +463,7 @@ async fn run_provider_inner(
         profiles,
         plugins_on_exit,
         plugin_ready_timeout,
+        csi_retry,
     } = run;
     slot.set(Phase::StartingPlugin);
     let mut stack_config =
@@ -462,6 +474,7 @@ async fn run_provider_inner(
     if let Some(timeout) = plugin_ready_timeout {
         stack_config.ready_timeout = timeout;
     }
+    stack_config.volume_retry = csi_retry_config(csi_retry);
     // Not a child of `stop`: cancelling it also stops the volume manager, which must
     // outlive the worker on shutdown. `stop` during the start aborts it through this.
     let stack_cancel = CancellationToken::new();

@@ -85,6 +85,9 @@ pub struct StackConfig {
     /// What a start aborted by its `cancel` token does with the plugins it launched or
     /// adopted (a failed start always stops them). Default [`StopPlugins::Stop`].
     pub plugins_on_cancel: StopPlugins,
+    /// Which CSI calls of the volume manager are retried and how (Mesos's: CreateVolume
+    /// and DeleteVolume on `DEADLINE_EXCEEDED`/`UNAVAILABLE`, 10 s doubling to 10 min).
+    pub volume_retry: RetryConfig,
 }
 
 impl StackConfig {
@@ -108,6 +111,7 @@ impl StackConfig {
             boot_id: None,
             volume_shutdown_grace: Duration::from_secs(30),
             plugins_on_cancel: StopPlugins::Stop,
+            volume_retry: RetryConfig::default(),
         }
     }
 }
@@ -536,7 +540,8 @@ async fn volume_manager(
         target,
     )
     .plugin(plugin_type, plugin_name, prepared.version)
-    .shutdown_grace(cfg.volume_shutdown_grace);
+    .shutdown_grace(cfg.volume_shutdown_grace)
+    .retry(cfg.volume_retry.clone());
 
     let volume_cancel = cancel.child_token();
     let (volumes, guard) = VolumeManager::spawn(

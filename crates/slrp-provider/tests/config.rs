@@ -11,6 +11,7 @@ use slrp_provider::config::{
     AdminListen, ConfigError, DaemonConfig, DaemonConfigFile, Overrides, PluginsOnExit,
     load_provider_dir, load_provider_file,
 };
+use slrp_types::Backoff;
 use slrp_wire::ContentType;
 
 fn valid() -> Value {
@@ -341,10 +342,24 @@ poll_interval = "10secs"
 
 [admin]
 socket = "/run/slrp.sock"
+
+[retries]
+status_update_min = "100ms"
+status_update_max = "1s"
+csi_min = "50ms"
 "#,
             Overrides::default(),
         )
         .unwrap();
+    assert_eq!(
+        config.status_update_retry,
+        Backoff::new(Duration::from_millis(100), Duration::from_secs(1)).unwrap()
+    );
+    assert_eq!(
+        config.csi_retry,
+        Backoff::new(Duration::from_millis(50), Backoff::MESOS.max()).unwrap(),
+        "an unset bound keeps Mesos's"
+    );
     let base = s.dir.path();
     assert_eq!(config.state_dir, base.join("state"));
     assert_eq!(config.work_dir, Path::new("/var/lib/mesos"));
@@ -394,6 +409,8 @@ fn flags_override_the_file_and_defaults_hang_off_the_state_dir() {
     assert_eq!(config.work_dir, state.join("work"));
     assert_eq!(config.admin, AdminListen::Unix(state.join("admin.sock")));
     assert_eq!(config.plugins_on_exit, PluginsOnExit::Stop);
+    assert_eq!(config.status_update_retry, Backoff::MESOS);
+    assert_eq!(config.csi_retry, Backoff::MESOS);
     assert_eq!(
         config.agent.endpoint.to_string(),
         "unix:///run/agent.sock/slave(1)/api/v1/resource_provider"
@@ -446,6 +463,18 @@ fn bad_settings_are_refused_naming_the_key() {
                 "{rp}[agent]\nurl = \"http://a:1\"\nbackoff_base = \"10s\"\nbackoff_max = \"1s\"\n"
             ),
             "agent.backoff_max",
+        ),
+        (
+            "status update retry",
+            format!(
+                "{rp}[agent]\nurl = \"http://a:1\"\n[retries]\nstatus_update_min = \"20min\"\n"
+            ),
+            "retries.status_update_max",
+        ),
+        (
+            "csi retry",
+            format!("{rp}[agent]\nurl = \"http://a:1\"\n[retries]\ncsi_max = \"soon\"\n"),
+            "retries.csi_max",
         ),
         (
             "missing token file",

@@ -38,12 +38,27 @@ impl fmt::Display for BootId {
     }
 }
 
-/// Reads the current boot id from [`BOOT_ID_PATH`].
+/// An environment variable naming a file to read the boot id from instead of
+/// [`BOOT_ID_PATH`]. Process-level tests simulate a reboot with it (unmount every volume,
+/// then start the daemon under another boot id) without rebooting the machine; nothing
+/// else should set it.
+pub const BOOT_ID_FILE_ENV: &str = "SLRP_BOOT_ID_FILE";
+
+/// Reads the current boot id from [`BOOT_ID_PATH`], or from the file named by
+/// [`BOOT_ID_FILE_ENV`] if that is set.
 ///
 /// # Errors
 /// When the file cannot be read or holds only whitespace.
 pub fn read_boot_id() -> std::io::Result<BootId> {
-    read_boot_id_from(Path::new(BOOT_ID_PATH))
+    read_boot_id_from(&boot_id_path(std::env::var_os(BOOT_ID_FILE_ENV)))
+}
+
+/// The file the boot id is read from, given the value of [`BOOT_ID_FILE_ENV`].
+fn boot_id_path(env: Option<std::ffi::OsString>) -> std::path::PathBuf {
+    match env {
+        Some(p) if !p.is_empty() => p.into(),
+        _ => BOOT_ID_PATH.into(),
+    }
 }
 
 /// Reads a boot id from `path` (the kernel's file in production, a fixture in tests).
@@ -65,6 +80,13 @@ pub fn read_boot_id_from(path: &Path) -> std::io::Result<BootId> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_override_names_another_file_and_an_empty_one_is_ignored() {
+        assert_eq!(boot_id_path(None), Path::new(BOOT_ID_PATH));
+        assert_eq!(boot_id_path(Some("".into())), Path::new(BOOT_ID_PATH));
+        assert_eq!(boot_id_path(Some("/tmp/b".into())), Path::new("/tmp/b"));
+    }
 
     #[test]
     fn the_running_kernel_has_a_boot_id() {

@@ -41,7 +41,7 @@ pub mod size;
 pub use backoff::{
     Backoff, BackoffError, Jitter, JitterRng, MESOS_BACKOFF_BASE, MESOS_BACKOFF_MAX,
 };
-pub use boot::{BOOT_ID_PATH, BootId, read_boot_id};
+pub use boot::{BOOT_ID_FILE_ENV, BOOT_ID_PATH, BootId, read_boot_id};
 pub use capability::{AccessMode, AccessType, CapabilityError, CapabilityForm, VolumeCapability};
 pub use chain::DisplayChain;
 pub use grpc::parse_code;

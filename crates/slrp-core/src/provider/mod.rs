@@ -31,6 +31,7 @@
 //!
 //! See `docs/resources.md`.
 
+pub mod apply;
 pub mod lifecycle;
 pub mod resources;
 pub mod state;
