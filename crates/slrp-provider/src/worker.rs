@@ -36,15 +36,15 @@ use futures_util::future::{BoxFuture, OptionFuture, join_all};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use slrp_agent::operator::OperatorError;
 use slrp_agent::{AgentClient, AgentConfig, AgentError, AgentHandle, SessionEvent};
+use slrp_core::provider::apply::OperationKind;
 use slrp_core::provider::lifecycle::{
     DEFAULT_PENDING_EVENTS, Disposition, EventKind, Lifecycle, PendingEvents, disposition,
 };
-use slrp_core::provider::resources::{
-    DisplayResource, ProfileChange, ProviderResources, ResourceError, Resources,
-};
-use slrp_core::provider::apply::OperationKind;
 use slrp_core::provider::operations::{
     Operations, StatusRetry, load_operations, stage_operation_removal,
+};
+use slrp_core::provider::resources::{
+    DisplayResource, ProfileChange, ProviderResources, ResourceError, Resources,
 };
 use slrp_core::provider::state::{ProfileDef, ProviderState, StateError};
 use slrp_core::volume::{MountPaths, VolumeError, VolumeManagerHandle};
@@ -630,12 +630,12 @@ async fn changed(watch: &mut Option<watch::Receiver<ProfileView>>) -> bool {
 impl Worker {
     async fn run(mut self, cancel: CancellationToken) -> Result<(), ProviderError> {
         loop {
-            self.start_work().await?;
+            Box::pin(self.start_work()).await?;
             tokio::select! {
                 biased;
                 () = cancel.cancelled() => return Ok(()),
                 session = self.sessions.recv() => match session {
-                    Some(session) => self.on_session(session).await?,
+                    Some(session) => Box::pin(self.on_session(session)).await?,
                     None if cancel.is_cancelled() => return Ok(()),
                     None => return Err(ProviderError::AgentStopped { provider: self.label.clone() }),
                 },
@@ -649,7 +649,7 @@ impl Worker {
                 }
                 Some(sent) = OptionFuture::from(self.sending.as_mut()) => {
                     self.sending = None;
-                    self.on_sent(sent).await?;
+                    Box::pin(self.on_sent(sent)).await?;
                 }
                 () = fire(&mut self.send_retry) => self.send_retry = None,
                 () = fire(&mut self.periodic) => {
@@ -668,9 +668,11 @@ impl Worker {
                 }
                 alive = changed(&mut self.watch) => self.on_profiles_changed(alive),
                 Some(done) = self.ops.running.next(), if !self.ops.running.is_empty() => {
-                    self.on_disk_done(done).await?;
+                    Box::pin(self.on_disk_done(done)).await?;
                 }
-                () = self.ops.due() => self.on_status_timer(),
+                () = ops::status_due(&mut self.ops.timer, self.ops.armed.is_some()) => {
+                    self.on_status_timer();
+                }
                 Some(()) = self.replies.next(), if !self.replies.is_empty() => {}
                 Some(()) = self.ops.publishes.next(), if !self.ops.publishes.is_empty() => {}
             }
@@ -720,7 +722,7 @@ impl Worker {
                 }
             }
             SessionEvent::Subscribed { provider_id, .. } => self.on_subscribed(provider_id).await?,
-            SessionEvent::Event(event) => self.on_event(*event).await?,
+            SessionEvent::Event(event) => Box::pin(self.on_event(*event)).await?,
         }
         Ok(())
     }
@@ -844,7 +846,7 @@ impl Worker {
         self.enter(Lifecycle::Subscribed);
         // Recovered PENDING operations first: the reconciliation waits for them (§3.4
         // step 7), so their results are in the total it starts from.
-        self.start_replay().await?;
+        Box::pin(self.start_replay()).await?;
         self.jobs.mark(JobKind::Subscription);
         Ok(())
     }
@@ -875,7 +877,7 @@ impl Worker {
     async fn on_event(&mut self, event: Event) -> Result<(), ProviderError> {
         let kind = EventKind::of(&event);
         match disposition(self.lifecycle, kind) {
-            Disposition::Handle => self.on_ready_event(event).await?,
+            Disposition::Handle => Box::pin(self.on_ready_event(event)).await?,
             Disposition::Queue => {
                 tracing::info!(event = %kind, state = %self.lifecycle, "queueing the event until READY");
                 let evicted = self.pending_events.push(event);
@@ -896,7 +898,7 @@ impl Worker {
             Disposition::Drop { message } => {
                 self.status.send_modify(|s| s.events.dropped += 1);
                 match event.apply_operation {
-                    Some(apply) => self.on_apply(apply, Some(message)).await?,
+                    Some(apply) => Box::pin(self.on_apply(apply, Some(message))).await?,
                     None => tracing::warn!("APPLY_OPERATION without its payload; ignored"),
                 }
             }
@@ -926,11 +928,19 @@ impl Worker {
             reconcile_operations,
             ..
         } = event;
-        match (kind, apply_operation, publish_resources, acknowledge_operation_status, reconcile_operations) {
-            (EventKind::ApplyOperation, Some(apply), ..) => self.on_apply(apply, None).await?,
+        match (
+            kind,
+            apply_operation,
+            publish_resources,
+            acknowledge_operation_status,
+            reconcile_operations,
+        ) {
+            (EventKind::ApplyOperation, Some(apply), ..) => {
+                Box::pin(self.on_apply(apply, None)).await?
+            }
             (EventKind::PublishResources, _, Some(publish), ..) => self.on_publish(publish),
             (EventKind::AcknowledgeOperationStatus, _, _, Some(ack), _) => {
-                self.on_acknowledge(ack).await?;
+                Box::pin(self.on_acknowledge(ack)).await?;
             }
             (EventKind::ReconcileOperations, .., Some(reconcile)) => self.on_reconcile(&reconcile),
             (kind, ..) => tracing::warn!(event = %kind, "an event without its payload; ignored"),
@@ -950,7 +960,7 @@ impl Worker {
         self.enter(Lifecycle::Ready);
         self.resume_statuses();
         for event in self.pending_events.drain() {
-            self.on_ready_event(event).await?;
+            Box::pin(self.on_ready_event(event)).await?;
         }
         self.status.send_modify(|s| s.events.queued = 0);
         if self.loops_started {
@@ -1119,7 +1129,7 @@ impl Worker {
             }
         }
         // The reconciliation ended: what arrived meanwhile goes now, before the next job.
-        self.start_deferred().await
+        Box::pin(self.start_deferred()).await
     }
 
     /// Applies a reconciliation's findings (§6.5). `Ok(Err(_))` leaves everything as it
@@ -1240,7 +1250,7 @@ impl Worker {
                     && session == sent.session
                 {
                     self.ready_from_send = None;
-                    self.become_ready().await?;
+                    Box::pin(self.become_ready()).await?;
                 }
             }
             Err(error) => {

@@ -16,11 +16,10 @@ use slrp_csi::CsiRpc;
 use slrp_manager::ManagerMessage;
 use slrp_proto::mesos::v1::resource::disk_info::source::Type as SourceType;
 use slrp_proto::mesos::v1::resource_provider::{Event, event};
-use slrp_proto::mesos::v1::{ResourceProviderId, Uuid};
+use slrp_proto::mesos::v1::{Resource, ResourceProviderId, Uuid};
 use slrp_provider::worker::{Provider, ProviderError};
 use slrp_test_support::fake_csi::FakeCsi;
 use worker_env::*;
-
 
 /// Mesos NoResource: without profiles and volumes, the first UPDATE_STATE after
 /// SUBSCRIBED reports nothing, and the provider gets READY.

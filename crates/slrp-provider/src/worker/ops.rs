@@ -36,7 +36,7 @@ use slrp_core::provider::operations::{
 use slrp_core::provider::persistent::remove_persistent_data;
 use slrp_core::provider::resources::{Conversion, Resources, is_storage_pool, pool_profiles};
 use slrp_core::provider::state::StateError;
-use slrp_core::volume::{VolumeError, VolumeInfo};
+use slrp_core::volume::{MountPaths, VolumeError, VolumeInfo};
 use slrp_csi::VolumeId;
 use slrp_proto::mesos::v1::resource::disk_info::source::Type as SourceType;
 use slrp_proto::mesos::v1::resource_provider::{Call, call, event};
@@ -52,9 +52,9 @@ pub(super) struct OpFlow {
     /// The tracked operations and their status streams.
     pub(super) tracked: Operations,
     /// Fires at `tracked.next_retry()`.
-    timer: Pin<Box<Sleep>>,
+    pub(super) timer: Pin<Box<Sleep>>,
     /// The deadline `timer` is set to (`None`: disarmed).
-    armed: Option<Instant>,
+    pub(super) armed: Option<Instant>,
     /// CreateVolume / ValidateVolume / DeleteVolume of accepted disk operations.
     pub(super) running: FuturesUnordered<BoxFuture<'static, DiskDone>>,
     /// Operations accepted while a reconciliation ran or waited, in arrival order.
@@ -97,14 +97,6 @@ impl OpFlow {
         self.identity = identity;
     }
 
-    /// Unacknowledged streams (for the status).
-    pub(super) fn unacknowledged(&self) -> usize {
-        self.tracked
-            .iter()
-            .filter(|op| op.stream.len() > op.acked)
-            .count()
-    }
-
     /// Re-arms the timer if the next retry moved.
     pub(super) fn arm(&mut self) {
         let next = self.tracked.next_retry();
@@ -115,14 +107,14 @@ impl OpFlow {
             self.armed = next;
         }
     }
+}
 
-    /// Waits for the next retry; pending forever when none is due.
-    pub(super) async fn due(&mut self) {
-        if self.armed.is_some() {
-            self.timer.as_mut().await;
-        } else {
-            std::future::pending::<()>().await;
-        }
+/// Waits for the status timer; pending forever when disarmed.
+pub(super) async fn status_due(timer: &mut Pin<Box<Sleep>>, armed: bool) {
+    if armed {
+        timer.as_mut().await;
+    } else {
+        std::future::pending::<()>().await;
     }
 }
 
@@ -186,16 +178,8 @@ fn stripped(resources: &Resources) -> Resources {
 /// The resources an operation takes out of the total (allocation info stripped).
 fn consumed_by(info: &slrp_proto::mesos::v1::offer::Operation) -> Resources {
     match OperationKind::of(info) {
-        OperationKind::CreateDisk => info
-            .create_disk
-            .iter()
-            .map(|c| strip(&c.source))
-            .collect(),
-        OperationKind::DestroyDisk => info
-            .destroy_disk
-            .iter()
-            .map(|d| strip(&d.source))
-            .collect(),
+        OperationKind::CreateDisk => info.create_disk.iter().map(|c| strip(&c.source)).collect(),
+        OperationKind::DestroyDisk => info.destroy_disk.iter().map(|d| strip(&d.source)).collect(),
         kind if kind.is_speculative() => apply::speculative_conversions(info)
             .map(|conversions| {
                 conversions
@@ -212,23 +196,25 @@ fn consumed_by(info: &slrp_proto::mesos::v1::offer::Operation) -> Resources {
 /// persistent MOUNT volume removes its data): it is then committed PENDING first, so a
 /// crash during the removal replays it instead of losing it.
 fn has_io(info: &slrp_proto::mesos::v1::offer::Operation) -> bool {
-    OperationKind::of(info) == OperationKind::Destroy
-        && persistent_mounts(info).next().is_some()
+    OperationKind::of(info) == OperationKind::Destroy && persistent_mounts(info).next().is_some()
 }
 
 /// DESTROY's persistent MOUNT volumes: (volume id, persistence id).
 fn persistent_mounts(
     info: &slrp_proto::mesos::v1::offer::Operation,
 ) -> impl Iterator<Item = (VolumeId, String)> + '_ {
-    info.destroy.iter().flat_map(|d| &d.volumes).filter_map(|v| {
-        let disk = v.disk.as_ref()?;
-        let persistence = disk.persistence.as_ref()?;
-        let source = disk.source.as_ref()?;
-        (source.r#type == SourceType::Mount as i32)
-            .then_some(())
-            .and(source.id.as_ref())
-            .map(|id| (VolumeId::new(id.clone()), persistence.id.clone()))
-    })
+    info.destroy
+        .iter()
+        .flat_map(|d| &d.volumes)
+        .filter_map(|v| {
+            let disk = v.disk.as_ref()?;
+            let persistence = disk.persistence.as_ref()?;
+            let source = disk.source.as_ref()?;
+            (source.r#type == SourceType::Mount as i32)
+                .then_some(())
+                .and(source.id.as_ref())
+                .map(|id| (VolumeId::new(id.clone()), persistence.id.clone()))
+        })
 }
 
 fn parse_uuid(uuid: &Uuid) -> Option<uuid::Uuid> {
@@ -245,9 +231,7 @@ impl Worker {
     /// Whether a reconciliation job runs or waits to run (Mesos's `reconciled` future is
     /// pending): operations that must not overlap one are deferred.
     pub(super) fn reconciling(&self) -> bool {
-        self.job.is_some()
-            || self.jobs.waiting(self.lifecycle)
-            || !self.ops.deferred.is_empty()
+        self.job.is_some() || self.jobs.waiting(self.lifecycle) || !self.ops.deferred.is_empty()
     }
 
     /// The storage pool resources PENDING operations consume: a reconciliation keeps them
@@ -333,7 +317,8 @@ impl Worker {
     /// Arms the status timer and publishes the counts.
     pub(super) fn after_ops_change(&mut self) {
         self.ops.arm();
-        let (operations, unacknowledged) = (self.ops.tracked.len(), self.ops.unacknowledged());
+        let (operations, unacknowledged) =
+            (self.ops.tracked.len(), self.ops.tracked.unacknowledged());
         self.status.send_modify(|s| {
             s.operations = operations;
             s.unacknowledged = unacknowledged;
@@ -393,8 +378,13 @@ impl Worker {
         };
         let kind = OperationKind::of(&apply.info);
         let agent_id = self.agent_id_proto();
-        let mut op =
-            TrackedOperation::pending(uuid, apply.framework_id, apply.info, &agent_id, &provider_id);
+        let mut op = TrackedOperation::pending(
+            uuid,
+            apply.framework_id,
+            apply.info,
+            &agent_id,
+            &provider_id,
+        );
         match admission {
             Admission::Duplicate => {
                 self.resend_latest(&uuid);
@@ -475,7 +465,9 @@ impl Worker {
         match OperationKind::of(&info) {
             kind if kind.is_speculative() => {
                 let result = match apply::speculative_conversions(&info) {
-                    Ok(conversions) => self.remove_persistent(&info).await.map(|()| conversions),
+                    Ok(conversions) => remove_persistent(self.params.mount_paths.clone(), &info)
+                        .await
+                        .map(|()| conversions),
                     Err(message) => Err(message),
                 };
                 self.complete(uuid, result).await
@@ -533,23 +525,25 @@ impl Worker {
             }
         }
     }
+}
 
-    /// DESTROY of persistent MOUNT volumes removes their data first (§5.3).
-    async fn remove_persistent(
-        &self,
-        info: &slrp_proto::mesos::v1::offer::Operation,
-    ) -> Result<(), String> {
-        for (id, persistence) in persistent_mounts(info) {
-            let Some(paths) = &self.params.mount_paths else {
-                return Err(format!(
-                    "Failed to remove persistent volume '{persistence}': no mount root is configured"
-                ));
-            };
-            remove_persistent_data(paths, &id, &persistence).await?;
-        }
-        Ok(())
+/// DESTROY of persistent MOUNT volumes removes their data first (§5.3).
+async fn remove_persistent(
+    paths: Option<MountPaths>,
+    info: &slrp_proto::mesos::v1::offer::Operation,
+) -> Result<(), String> {
+    for (id, persistence) in persistent_mounts(info) {
+        let Some(paths) = &paths else {
+            return Err(format!(
+                "Failed to remove persistent volume '{persistence}': no mount root is configured"
+            ));
+        };
+        remove_persistent_data(paths, &id, &persistence).await?;
     }
+    Ok(())
+}
 
+impl Worker {
     /// A disk operation's volume manager call ended.
     pub(super) async fn on_disk_done(&mut self, done: DiskDone) -> Result<(), ProviderError> {
         let DiskDone {
@@ -585,8 +579,8 @@ impl Worker {
                     }
                 }
                 Err(error) => {
-                    self.complete(uuid, Err(DisplayChain(&error).to_string()))
-                        .await?;
+                    let message = DisplayChain(&error).to_string();
+                    self.complete(uuid, Err(message)).await?;
                 }
             },
         }
@@ -652,7 +646,8 @@ impl Worker {
         match &applied {
             Some((total, touched)) => {
                 self.state.total = total.clone();
-                self.commit_ops(&[uuid], &[], Touched::Some(touched)).await?;
+                self.commit_ops(&[uuid], &[], Touched::Some(touched))
+                    .await?;
             }
             None => self.commit_ops(&[uuid], &[], Touched::Nothing).await?,
         }
@@ -699,8 +694,10 @@ impl Worker {
         &mut self,
         ack: event::AcknowledgeOperationStatus,
     ) -> Result<(), ProviderError> {
-        let (Some(op), Some(status)) = (parse_uuid(&ack.operation_uuid), parse_uuid(&ack.status_uuid))
-        else {
+        let (Some(op), Some(status)) = (
+            parse_uuid(&ack.operation_uuid),
+            parse_uuid(&ack.status_uuid),
+        ) else {
             tracing::error!(
                 operation_uuid = %uuid_text(&ack.operation_uuid),
                 status_uuid = %uuid_text(&ack.status_uuid),

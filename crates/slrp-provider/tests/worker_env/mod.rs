@@ -30,14 +30,14 @@ use slrp_types::{Backoff, Jitter};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
-pub const RP_TYPE: &str = "org.apache.mesos.rp.local.storage";
-pub const RP_NAME: &str = "test";
-pub const AGENT_S0: &str = "2f7a3c1e-8d4b-4a6f-9e2d-5b8c7a1f0e3d-S0";
-pub const AGENT_S1: &str = "2f7a3c1e-8d4b-4a6f-9e2d-5b8c7a1f0e3d-S1";
+pub(crate) const RP_TYPE: &str = "org.apache.mesos.rp.local.storage";
+pub(crate) const RP_NAME: &str = "test";
+pub(crate) const AGENT_S0: &str = "2f7a3c1e-8d4b-4a6f-9e2d-5b8c7a1f0e3d-S0";
+pub(crate) const AGENT_S1: &str = "2f7a3c1e-8d4b-4a6f-9e2d-5b8c7a1f0e3d-S1";
 /// Bound for waits: a hang guard, not a deadline.
-pub const HANG: Duration = Duration::from_secs(60);
+pub(crate) const HANG: Duration = Duration::from_secs(60);
 
-pub fn info(interval: Option<f64>) -> ResourceProviderInfo {
+pub(crate) fn info(interval: Option<f64>) -> ResourceProviderInfo {
     ResourceProviderInfo {
         r#type: RP_TYPE.into(),
         name: RP_NAME.into(),
@@ -54,22 +54,22 @@ pub fn info(interval: Option<f64>) -> ResourceProviderInfo {
 }
 
 /// A volume manager over a fake plugin, a manager on a unix socket, and the store.
-pub struct Env {
-    pub dir: tempfile::TempDir,
-    pub harness: Harness,
-    pub store: Store,
-    pub volumes: VolumeManagerHandle,
-    pub _volumes_guard: VolumeManagerGuard,
-    pub manager: Option<(ManagerHandle, ManagerGuard)>,
-    pub messages: broadcast::Receiver<ManagerMessage>,
-    pub profiles: Option<ProfileAdaptorHandle>,
-    pub cancel: CancellationToken,
+pub(crate) struct Env {
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) harness: Harness,
+    pub(crate) store: Store,
+    pub(crate) volumes: VolumeManagerHandle,
+    pub(crate) _volumes_guard: VolumeManagerGuard,
+    pub(crate) manager: Option<(ManagerHandle, ManagerGuard)>,
+    pub(crate) messages: broadcast::Receiver<ManagerMessage>,
+    pub(crate) profiles: Option<ProfileAdaptorHandle>,
+    pub(crate) cancel: CancellationToken,
     /// `resource_version_uuid` of every UPDATE_STATE seen by `next_update`.
-    pub versions: Vec<Vec<u8>>,
+    pub(crate) versions: Vec<Vec<u8>>,
 }
 
 impl Env {
-    pub async fn new(fake: Arc<FakeCsi>) -> Self {
+    pub(crate) async fn new(fake: Arc<FakeCsi>) -> Self {
         let harness = Harness::new(fake);
         let store = Store::open(harness.state_dir()).unwrap();
         let cancel = CancellationToken::new();
@@ -98,15 +98,15 @@ impl Env {
         }
     }
 
-    pub fn fake(&self) -> &FakeCsi {
+    pub(crate) fn fake(&self) -> &FakeCsi {
         &self.harness.fake
     }
 
-    pub fn manager(&self) -> &ManagerHandle {
+    pub(crate) fn manager(&self) -> &ManagerHandle {
         &self.manager.as_ref().unwrap().0
     }
 
-    pub fn agent(&self) -> AgentConfig {
+    pub(crate) fn agent(&self) -> AgentConfig {
         let socket = self.dir.path().join("agent.sock");
         let mut agent = AgentConfig::new(
             AgentEndpoint::parse(&format!("unix://{}", socket.display())).unwrap(),
@@ -117,7 +117,7 @@ impl Env {
         agent
     }
 
-    pub fn params(&self, interval: Option<f64>, agent_id: &str) -> ProviderParams {
+    pub(crate) fn params(&self, interval: Option<f64>, agent_id: &str) -> ProviderParams {
         let mut params = ProviderParams::new(info(interval), self.agent(), agent_id.into());
         params.jitter = Jitter::None;
         params.update_backoff =
@@ -126,7 +126,7 @@ impl Env {
         params
     }
 
-    pub fn deps(&self) -> ProviderDeps {
+    pub(crate) fn deps(&self) -> ProviderDeps {
         ProviderDeps {
             volumes: self.volumes.clone(),
             store: self.store.clone(),
@@ -136,7 +136,7 @@ impl Env {
         }
     }
 
-    pub async fn spawn(&self, params: ProviderParams) -> Running {
+    pub(crate) async fn spawn(&self, params: ProviderParams) -> Running {
         let cancel = self.cancel.child_token();
         let (handle, task) = Provider::spawn(params, self.deps(), cancel.clone())
             .await
@@ -148,12 +148,12 @@ impl Env {
         }
     }
 
-    pub async fn restart_manager(&mut self, max_body_bytes: usize) {
+    pub(crate) async fn restart_manager(&mut self, max_body_bytes: usize) {
         self.restart_manager_as(max_body_bytes, AGENT_S0).await;
     }
 
     /// Restarts the manager serving `agent_id` on GET_AGENT (a new id: an empty registry).
-    pub async fn restart_manager_as(&mut self, max_body_bytes: usize, agent_id: &str) {
+    pub(crate) async fn restart_manager_as(&mut self, max_body_bytes: usize, agent_id: &str) {
         if let Some((_, guard)) = self.manager.take() {
             guard.shutdown().await;
         }
@@ -163,14 +163,14 @@ impl Env {
         self.messages = messages;
     }
 
-    pub async fn stop_manager(&mut self) {
+    pub(crate) async fn stop_manager(&mut self) {
         if let Some((_, guard)) = self.manager.take() {
             guard.shutdown().await;
         }
     }
 
     /// The next UPDATE_STATE the manager accepted: (provider id, resources).
-    pub async fn next_update(&mut self) -> (String, Vec<Resource>) {
+    pub(crate) async fn next_update(&mut self) -> (String, Vec<Resource>) {
         let messages = &mut self.messages;
         let versions = &mut self.versions;
         tokio::time::timeout(HANG, async {
@@ -197,7 +197,7 @@ impl Env {
     }
 
     /// Profiles from a file the test rewrites (`poll_now` applies it at once).
-    pub fn with_profiles(&mut self, document: &serde_json::Value) -> PathBuf {
+    pub(crate) fn with_profiles(&mut self, document: &serde_json::Value) -> PathBuf {
         let path = self.dir.path().join("profiles.json");
         std::fs::write(&path, document.to_string()).unwrap();
         let config = ProfilesConfig::new(ProfileSource::File(path.clone()))
@@ -211,15 +211,15 @@ impl Env {
 }
 
 /// A running provider with its own cancellation.
-pub struct Running {
-    pub handle: ProviderHandle,
-    pub task: ProviderTask,
-    pub cancel: CancellationToken,
+pub(crate) struct Running {
+    pub(crate) handle: ProviderHandle,
+    pub(crate) task: ProviderTask,
+    pub(crate) cancel: CancellationToken,
 }
 
 impl Running {
     /// Cancels the provider and checks it ended cleanly.
-    pub async fn stop(self) {
+    pub(crate) async fn stop(self) {
         self.cancel.cancel();
         tokio::time::timeout(HANG, self.task)
             .await
@@ -228,7 +228,7 @@ impl Running {
     }
 }
 
-pub async fn start_manager(
+pub(crate) async fn start_manager(
     dir: &std::path::Path,
     max_body_bytes: usize,
     agent_id: &str,
@@ -248,7 +248,7 @@ pub async fn start_manager(
     ((handle, guard), messages)
 }
 
-pub async fn status_until(
+pub(crate) async fn status_until(
     handle: &ProviderHandle,
     what: &str,
     want: impl Fn(&ProviderStatus) -> bool,
@@ -267,11 +267,11 @@ pub async fn status_until(
     }
 }
 
-pub async fn ready(handle: &ProviderHandle) -> ProviderStatus {
+pub(crate) async fn ready(handle: &ProviderHandle) -> ProviderStatus {
     status_until(handle, "READY", |s| s.lifecycle == Lifecycle::Ready).await
 }
 
-pub fn profile_doc(names: &[&str]) -> serde_json::Value {
+pub(crate) fn profile_doc(names: &[&str]) -> serde_json::Value {
     let matrix: serde_json::Map<String, serde_json::Value> = names
         .iter()
         .map(|name| {
@@ -290,11 +290,11 @@ pub fn profile_doc(names: &[&str]) -> serde_json::Value {
     serde_json::json!({ "profile_matrix": matrix })
 }
 
-pub fn source_of(r: &Resource) -> &slrp_proto::mesos::v1::resource::disk_info::Source {
+pub(crate) fn source_of(r: &Resource) -> &slrp_proto::mesos::v1::resource::disk_info::Source {
     r.disk.as_ref().unwrap().source.as_ref().unwrap()
 }
 
-pub fn pool_profiles(resources: &[Resource]) -> Vec<String> {
+pub(crate) fn pool_profiles(resources: &[Resource]) -> Vec<String> {
     resources
         .iter()
         .filter(|r| source_of(r).id.is_none())
