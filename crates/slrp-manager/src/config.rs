@@ -47,6 +47,22 @@ pub struct ManagerConfig {
     /// libprocess's JWT authenticator answers. `None`: no authentication, as a Mesos 1.11
     /// agent's resource provider endpoint. `Debug` of the config does not show it.
     pub token: Option<Secret>,
+    /// How the manager, as master, acknowledges operation status updates (changeable at
+    /// run time with [`crate::ManagerHandle::set_ack_policy`]).
+    pub ack_policy: AckPolicy,
+}
+
+/// How the manager (as master) acknowledges operation status updates (spec §2.9 step 6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AckPolicy {
+    /// Acknowledge every status that has a uuid as soon as it arrives (operator operations).
+    #[default]
+    Auto,
+    /// Never by itself; tests call [`crate::ManagerHandle::acknowledge`].
+    Manual,
+    /// Ignore the first `n` updates that carry a status uuid (as if lost on the way to the
+    /// master), then `Auto`.
+    DropFirst(usize),
 }
 
 /// A secret string whose `Debug` is redacted.
@@ -85,6 +101,7 @@ impl ManagerConfig {
             agent_id: None,
             hostname: "localhost".to_owned(),
             token: None,
+            ack_policy: AckPolicy::Auto,
         }
     }
 

@@ -100,6 +100,12 @@ pub enum ManagerError {
     /// The registrar failed.
     #[error("resource provider registrar")]
     Registrar(#[from] RegistrarError),
+    /// The provider is not subscribed.
+    #[error("resource provider {id} is not subscribed")]
+    NotSubscribed {
+        /// The provider ID.
+        id: String,
+    },
     /// The manager has stopped.
     #[error("the resource provider manager has stopped")]
     Stopped,
@@ -165,6 +171,59 @@ pub enum SendEventError {
         id: String,
         /// Why the event could not be queued.
         reason: &'static str,
+    },
+    /// The manager has stopped.
+    #[error("the resource provider manager has stopped")]
+    Stopped,
+}
+
+/// Why an operation call of [`crate::ManagerHandle`] failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OperationError {
+    /// The provider is not subscribed.
+    #[error("resource provider {id} is not subscribed")]
+    NotSubscribed {
+        /// The provider ID.
+        id: String,
+    },
+    /// The provider has not sent `UPDATE_STATE` yet, so there is no resource version to
+    /// send (and no total to validate against).
+    #[error("resource provider {id} has not reported its state yet")]
+    NoResourceVersion {
+        /// The provider ID.
+        id: String,
+    },
+    /// The master's validation refused the operation (the agent's view does not contain
+    /// what it consumes, or it is malformed).
+    #[error("operation refused by the master's validation: {reason}")]
+    Invalid {
+        /// What was wrong.
+        reason: String,
+    },
+    /// The `APPLY_OPERATION` event could not be sent.
+    #[error("sending APPLY_OPERATION")]
+    Send(#[source] SendEventError),
+    /// The agent does not know the operation (never applied, or acknowledged terminal
+    /// long ago).
+    #[error("operation {uuid} is not known to the agent")]
+    Unknown {
+        /// The operation UUID.
+        uuid: uuid::Uuid,
+    },
+    /// The provider's `UPDATE_STATE` no longer lists the operation, so the agent dropped it
+    /// without a terminal status (spec §2.8: the agent generates none).
+    #[error("operation {uuid} was dropped from the agent's table without a terminal status")]
+    Forgotten {
+        /// The operation UUID.
+        uuid: uuid::Uuid,
+    },
+    /// No terminal status within the timeout.
+    #[error("operation {uuid} did not become terminal within {timeout:?}")]
+    Timeout {
+        /// The operation UUID.
+        uuid: uuid::Uuid,
+        /// How long was waited.
+        timeout: std::time::Duration,
     },
     /// The manager has stopped.
     #[error("the resource provider manager has stopped")]

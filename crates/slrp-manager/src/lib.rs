@@ -31,23 +31,27 @@ pub mod error;
 pub mod metrics;
 mod operator;
 pub mod registrar;
+mod resources;
 mod server;
 pub mod validation;
 mod worker;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use slrp_proto::mesos::v1::Resource;
-use slrp_proto::mesos::v1::resource_provider::Event;
+use slrp_proto::mesos::v1::resource_provider::{Event, event};
+use slrp_proto::mesos::v1::{FrameworkId, Resource, Uuid as ProtoUuid, offer};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub use config::{Listen, ManagerConfig, Secret};
-pub use error::{ConfigError, ManagerError, PublishError, RegistrarError, SendEventError};
+pub use config::{AckPolicy, Listen, ManagerConfig, Secret};
+pub use error::{
+    ConfigError, ManagerError, OperationError, PublishError, RegistrarError, SendEventError,
+};
 pub use metrics::ManagerMetrics;
 pub use operator::OPERATOR_PATHS;
 pub use server::{ENDPOINT_PATHS, STREAM_ID_HEADER};
@@ -55,7 +59,7 @@ pub use worker::{ManagerMessage, OperationView, ProviderView};
 
 use crate::registrar::Registrar;
 use crate::server::{Ctx, Listener};
-use crate::worker::{Command, Worker};
+use crate::worker::{AckState, Command, SharedAcks, Worker};
 
 /// Commands queued towards the worker before senders wait.
 const COMMAND_QUEUE: usize = 256;
@@ -123,6 +127,7 @@ impl EmbeddedManager {
         let metrics = ManagerMetrics::default();
         let (messages, _) = broadcast::channel(config.message_buffer);
         let (commands, commands_rx) = mpsc::channel(COMMAND_QUEUE);
+        let acks: SharedAcks = Arc::new(Mutex::new(AckState::new(config.ack_policy)));
         let worker = Worker::new(
             commands_rx,
             commands.clone(),
@@ -130,6 +135,7 @@ impl EmbeddedManager {
             messages.clone(),
             metrics.clone(),
             tasks.clone(),
+            acks.clone(),
         );
         tasks.spawn(worker.run(cancel.clone()));
         let ctx = Arc::new(Ctx {
@@ -149,6 +155,7 @@ impl EmbeddedManager {
                 metrics,
                 endpoint,
                 agent_id,
+                acks,
             },
             ManagerGuard { cancel, tasks },
         ))
@@ -223,6 +230,40 @@ pub struct ManagerHandle {
     metrics: ManagerMetrics,
     endpoint: Endpoint,
     agent_id: String,
+    acks: SharedAcks,
+}
+
+/// An operation for [`ManagerHandle::apply_operation`], as a master's
+/// `ApplyOperationMessage`.
+#[derive(Debug, Clone)]
+pub struct ApplyRequest {
+    /// The operation.
+    pub info: offer::Operation,
+    /// The framework, `None` for an operator operation.
+    pub framework_id: Option<FrameworkId>,
+    /// `None`: a fresh random uuid.
+    pub operation_uuid: Option<uuid::Uuid>,
+    /// `None`: the provider's current resource version (from its last UPDATE_STATE);
+    /// `Some`: sent as is (to test mismatches).
+    pub resource_version: Option<ProtoUuid>,
+    /// `false`: record the operation as the master would but do not deliver the event
+    /// (an `ApplyOperationMessage` lost in transit, test ReconcileDroppedOperation).
+    pub deliver: bool,
+}
+
+impl ApplyRequest {
+    /// An operator operation (no framework) with a fresh uuid and the current version,
+    /// delivered.
+    #[must_use]
+    pub fn new(info: offer::Operation) -> Self {
+        Self {
+            info,
+            framework_id: None,
+            operation_uuid: None,
+            resource_version: None,
+            deliver: true,
+        }
+    }
 }
 
 impl ManagerHandle {
@@ -294,6 +335,133 @@ impl ManagerHandle {
             waiter.await.unwrap_or(Err(PublishError::Stopped))?;
         }
         Ok(())
+    }
+
+    /// As the agent (spec §2.9 steps 1–3): records the operation PENDING and, if it is
+    /// speculative (RESERVE, UNRESERVE, CREATE, DESTROY), applies its conversion to the
+    /// agent's view of the total at once; then sends APPLY_OPERATION. Returns the
+    /// operation uuid. A uuid the agent already tracks is sent again without being
+    /// recorded or applied again.
+    ///
+    /// # Errors
+    /// [`OperationError`]: the provider is not subscribed or has not reported its state,
+    /// the master's validation refuses it (the agent's view does not contain what it
+    /// consumes), or the event could not be sent.
+    pub async fn apply_operation(
+        &self,
+        provider_id: &str,
+        req: ApplyRequest,
+    ) -> Result<uuid::Uuid, OperationError> {
+        let id = provider_id.to_owned();
+        let request = Box::new(req);
+        Box::pin(self.ask(|reply| Command::Apply { id, request, reply }))
+            .await
+            .unwrap_or(Err(OperationError::Stopped))
+    }
+
+    /// Changes how the manager acknowledges operation status updates from now on
+    /// (`DropFirst(n)` counts from this call).
+    pub fn set_ack_policy(&self, policy: AckPolicy) {
+        self.acks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .set(policy);
+    }
+
+    /// Acknowledges one status of an operation as the master does (spec §2.9 step 7):
+    /// ACKNOWLEDGE_OPERATION_STATUS to the provider; if the operation's last status is
+    /// terminal, the agent forgets the operation.
+    ///
+    /// # Errors
+    /// [`SendEventError`]: not subscribed, or the event could not be queued.
+    pub async fn acknowledge(
+        &self,
+        provider_id: &str,
+        operation_uuid: uuid::Uuid,
+        status_uuid: uuid::Uuid,
+    ) -> Result<(), SendEventError> {
+        let id = provider_id.to_owned();
+        self.ask(|reply| Command::Acknowledge {
+            id,
+            operation: operation_uuid,
+            status: status_uuid,
+            reply,
+        })
+        .await
+        .unwrap_or(Err(SendEventError::Stopped))
+    }
+
+    /// Sends RECONCILE_OPERATIONS for `operations` (the master's reconciliation of
+    /// operations it believes pending).
+    ///
+    /// # Errors
+    /// [`SendEventError`]: not subscribed, or the event could not be queued.
+    pub async fn reconcile_operations(
+        &self,
+        provider_id: &str,
+        operations: Vec<uuid::Uuid>,
+    ) -> Result<(), SendEventError> {
+        let event = Event {
+            r#type: Some(event::Type::ReconcileOperations as i32),
+            reconcile_operations: Some(event::ReconcileOperations {
+                operation_uuids: operations
+                    .iter()
+                    .map(|uuid| ProtoUuid {
+                        value: uuid.as_bytes().to_vec(),
+                    })
+                    .collect(),
+            }),
+            ..Event::default()
+        };
+        self.send_event(provider_id, event).await
+    }
+
+    /// Waits until the agent's record of the operation is terminal and returns it (also
+    /// when the terminal status was already acknowledged and the operation removed, for
+    /// the last few thousand operations).
+    ///
+    /// # Errors
+    /// [`OperationError::Unknown`] if the agent does not know the operation,
+    /// [`OperationError::Forgotten`] if the provider's state dropped it,
+    /// [`OperationError::Timeout`].
+    pub async fn wait_terminal(
+        &self,
+        operation_uuid: uuid::Uuid,
+        timeout: Duration,
+    ) -> Result<worker::OperationView, OperationError> {
+        let answer = async {
+            let waiter = self
+                .ask(|reply| Command::WaitTerminal {
+                    operation: operation_uuid,
+                    reply,
+                })
+                .await;
+            waiter.unwrap_or(Err(OperationError::Stopped))
+        };
+        tokio::time::timeout(timeout, answer)
+            .await
+            .unwrap_or(Err(OperationError::Timeout {
+                uuid: operation_uuid,
+                timeout,
+            }))
+    }
+
+    /// The agent's view of a provider's total: the last UPDATE_STATE's resources with the
+    /// agent's own applications since (speculative at apply, `total − consumed +
+    /// converted` at a FINISHED non-speculative terminal status). A consumed resource
+    /// missing from it is a [`ManagerMessage::ProtocolViolation`] (a Mesos agent aborts),
+    /// counted in [`metrics::PROTOCOL_VIOLATIONS`].
+    ///
+    /// # Errors
+    /// [`ManagerError::NotSubscribed`], [`ManagerError::Stopped`].
+    pub async fn agent_total(&self, provider_id: &str) -> Result<Vec<Resource>, ManagerError> {
+        let id = provider_id.to_owned();
+        self.ask(|reply| Command::AgentTotal { id, reply })
+            .await
+            .ok_or(ManagerError::Stopped)?
+            .ok_or_else(|| ManagerError::NotSubscribed {
+                id: provider_id.to_owned(),
+            })
     }
 
     /// Removes a provider for good (MARK_RESOURCE_PROVIDER_GONE): sends TEARDOWN if it is

@@ -17,12 +17,17 @@ pub const EVENTS_SUBSCRIBE: &str = "resource_provider_manager/events/subscribe";
 /// Mesos name of the disconnection counter.
 pub const EVENTS_DISCONNECT: &str = "resource_provider_manager/events/disconnect";
 
+/// Name of the counter of provider messages a Mesos agent would abort on (slrp's own;
+/// Mesos has none, its agent crashes instead).
+pub const PROTOCOL_VIOLATIONS: &str = "resource_provider_manager/protocol_violations";
+
 /// Metrics handles; cheap to clone (shared atomics).
 #[derive(Debug, Clone, Default)]
 pub struct ManagerMetrics {
     pub(crate) subscribed: Gauge,
     pub(crate) subscribes: Counter,
     pub(crate) disconnects: Counter,
+    pub(crate) violations: Counter,
 }
 
 impl ManagerMetrics {
@@ -44,6 +49,11 @@ impl ManagerMetrics {
             "Number of resource provider disconnections",
             self.disconnects.clone(),
         );
+        sub.register(
+            "protocol_violations",
+            "Number of provider messages a Mesos agent would abort on",
+            self.violations.clone(),
+        );
     }
 
     /// Current values under the Mesos names.
@@ -55,6 +65,7 @@ impl ManagerMetrics {
             (SUBSCRIBED, self.subscribed.get() as f64),
             (EVENTS_SUBSCRIBE, self.subscribes.get() as f64),
             (EVENTS_DISCONNECT, self.disconnects.get() as f64),
+            (PROTOCOL_VIOLATIONS, self.violations.get() as f64),
         ])
     }
 }

@@ -2,13 +2,14 @@
 //! bookkeeping, and processes the calls the HTTP layer has decoded (spec §2.2 step 7,
 //! §2.7–§2.12).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use slrp_proto::mesos::v1::resource_provider::{Call, Event, call, event};
 use slrp_proto::mesos::v1::{
-    FrameworkId, Operation, OperationStatus, Resource, ResourceProviderId, ResourceProviderInfo,
-    Uuid as ProtoUuid, offer,
+    AgentId, FrameworkId, Operation, OperationState, OperationStatus, Resource, ResourceProviderId,
+    ResourceProviderInfo, Uuid as ProtoUuid, offer,
 };
 use slrp_types::DisplayChain;
 use slrp_wire::ContentType;
@@ -17,9 +18,12 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
-use crate::error::{PublishError, RegistrarError, SendEventError};
+use crate::ApplyRequest;
+use crate::config::AckPolicy;
+use crate::error::{OperationError, PublishError, RegistrarError, SendEventError};
 use crate::metrics::ManagerMetrics;
 use crate::registrar::{ProviderRecord, Registrar};
+use crate::resources;
 use crate::validation::{call_type, validate};
 
 /// What the manager observed, in the order it happened: the messages a Mesos manager
@@ -84,6 +88,97 @@ pub struct ProviderView {
     pub operations: Vec<OperationView>,
 }
 
+/// Terminal operations removed from the agent's table that
+/// [`crate::ManagerHandle::wait_terminal`] still answers for (a waiter that asks after
+/// the acknowledgement removed the operation). Bounded: the oldest are forgotten.
+const COMPLETED_KEPT: usize = 4096;
+
+/// Mesos `protobuf::isTerminalState`.
+pub(crate) fn is_terminal(state: i32) -> bool {
+    matches!(
+        OperationState::try_from(state),
+        Ok(OperationState::OperationFinished
+            | OperationState::OperationFailed
+            | OperationState::OperationError
+            | OperationState::OperationDropped
+            | OperationState::OperationGoneByOperator)
+    )
+}
+
+/// The master's acknowledgement policy, shared with the handle so that
+/// [`crate::ManagerHandle::set_ack_policy`] needs no round trip.
+#[derive(Debug)]
+pub(crate) struct AckState {
+    policy: AckPolicy,
+    /// For `DropFirst`: how many more updates to ignore.
+    to_drop: usize,
+}
+
+impl AckState {
+    pub(crate) fn new(policy: AckPolicy) -> Self {
+        let mut state = Self {
+            policy: AckPolicy::Auto,
+            to_drop: 0,
+        };
+        state.set(policy);
+        state
+    }
+
+    pub(crate) fn set(&mut self, policy: AckPolicy) {
+        self.policy = policy;
+        self.to_drop = match policy {
+            AckPolicy::DropFirst(n) => n,
+            AckPolicy::Auto | AckPolicy::Manual => 0,
+        };
+    }
+
+    /// Whether the master acknowledges the next update carrying a status UUID.
+    fn take(&mut self) -> bool {
+        match self.policy {
+            AckPolicy::Auto => true,
+            AckPolicy::Manual => false,
+            AckPolicy::DropFirst(_) if self.to_drop > 0 => {
+                self.to_drop -= 1;
+                false
+            }
+            AckPolicy::DropFirst(_) => true,
+        }
+    }
+}
+
+pub(crate) type SharedAcks = Arc<Mutex<AckState>>;
+
+type Waiter = oneshot::Sender<Result<OperationView, OperationError>>;
+
+/// What the agent keeps of a provider across its subscriptions: its total with the
+/// agent's own applications, and its operations.
+#[derive(Default)]
+struct AgentProvider {
+    total: Vec<Resource>,
+    operations: HashMap<Vec<u8>, OperationView>,
+}
+
+/// Bounded memory of operations removed from the agent's table after their terminal
+/// acknowledgement.
+#[derive(Default)]
+struct Completed {
+    order: VecDeque<Vec<u8>>,
+    views: HashMap<Vec<u8>, OperationView>,
+}
+
+impl Completed {
+    fn insert(&mut self, key: Vec<u8>, view: OperationView) {
+        if self.views.insert(key.clone(), view).is_none() {
+            self.order.push_back(key);
+        }
+        while self.order.len() > COMPLETED_KEPT {
+            if let Some(old) = self.order.pop_front() {
+                self.views.remove(&old);
+            }
+        }
+    }
+}
+
 /// The agent's record of one operation of a provider.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OperationView {
@@ -145,6 +240,25 @@ pub(crate) enum Command {
         id: String,
         reply: oneshot::Sender<Result<(), RegistrarError>>,
     },
+    Apply {
+        id: String,
+        request: Box<ApplyRequest>,
+        reply: oneshot::Sender<Result<Uuid, OperationError>>,
+    },
+    Acknowledge {
+        id: String,
+        operation: Uuid,
+        status: Uuid,
+        reply: oneshot::Sender<Result<(), SendEventError>>,
+    },
+    WaitTerminal {
+        operation: Uuid,
+        reply: Waiter,
+    },
+    AgentTotal {
+        id: String,
+        reply: oneshot::Sender<Option<Vec<Resource>>>,
+    },
 }
 
 struct Subscription {
@@ -154,7 +268,6 @@ struct Subscription {
     frames: mpsc::Sender<Bytes>,
     resources: Vec<Resource>,
     resource_version_uuid: Option<ProtoUuid>,
-    operations: HashMap<Vec<u8>, OperationView>,
 }
 
 struct PendingPublish {
@@ -169,7 +282,12 @@ pub(crate) struct Worker {
     pub(crate) messages: broadcast::Sender<ManagerMessage>,
     pub(crate) metrics: ManagerMetrics,
     pub(crate) tasks: TaskTracker,
+    pub(crate) acks: SharedAcks,
+    agent_id: AgentId,
     subscribed: HashMap<String, Subscription>,
+    agents: HashMap<String, AgentProvider>,
+    waiters: HashMap<Vec<u8>, Vec<Waiter>>,
+    completed: Completed,
     publishes: HashMap<Uuid, PendingPublish>,
 }
 
@@ -193,7 +311,11 @@ impl Worker {
         messages: broadcast::Sender<ManagerMessage>,
         metrics: ManagerMetrics,
         tasks: TaskTracker,
+        acks: SharedAcks,
     ) -> Self {
+        let agent_id = AgentId {
+            value: registrar.agent_id().to_owned(),
+        };
         Self {
             commands,
             self_tx,
@@ -201,7 +323,12 @@ impl Worker {
             messages,
             metrics,
             tasks,
+            acks,
+            agent_id,
             subscribed: HashMap::new(),
+            agents: HashMap::new(),
+            waiters: HashMap::new(),
+            completed: Completed::default(),
             publishes: HashMap::new(),
         }
     }
@@ -253,6 +380,28 @@ impl Worker {
             }
             Command::Remove { id, reply } => {
                 let _ = reply.send(self.remove(&id).await);
+            }
+            Command::Apply { id, request, reply } => {
+                let _ = reply.send(self.apply_operation(&id, *request));
+            }
+            Command::Acknowledge {
+                id,
+                operation,
+                status,
+                reply,
+            } => {
+                let _ =
+                    reply.send(self.acknowledge(&id, &proto_uuid(operation), proto_uuid(status)));
+            }
+            Command::WaitTerminal { operation, reply } => self.wait_terminal(operation, reply),
+            Command::AgentTotal { id, reply } => {
+                let total = self.subscribed.contains_key(&id).then(|| {
+                    self.agents
+                        .get(&id)
+                        .map(|a| a.total.clone())
+                        .unwrap_or_default()
+                });
+                let _ = reply.send(total);
             }
         }
     }
@@ -325,9 +474,12 @@ impl Worker {
                 frames,
                 resources: Vec::new(),
                 resource_version_uuid: None,
-                operations: HashMap::new(),
             },
         );
+        // A new subscription starts with no resources until its UPDATE_STATE, as a new
+        // provider object on the agent; the operations stay (the next UPDATE_STATE
+        // reconciles them), so waiters survive a provider restart.
+        self.agents.entry(id.clone()).or_default().total.clear();
         let watcher_tx = self.self_tx.clone();
         let watcher_cancel = cancel.clone();
         let watched_id = id.clone();
@@ -408,35 +560,62 @@ impl Worker {
         CallReply::Accepted
     }
 
-    /// The agent's `UPDATE_STATE` handling (spec §2.8): replace the total, reconcile the
-    /// operation table, store the version.
+    /// The agent's `UPDATE_STATE` handling (spec §2.8, Mesos
+    /// `handleResourceProviderMessage`): replace the total, reconcile the operation table,
+    /// store the version.
     fn update_state(&mut self, id: &str, update: call::UpdateState) {
         let Some(sub) = self.subscribed.get_mut(id) else {
             return;
         };
-        let mut previous = std::mem::take(&mut sub.operations);
+        sub.resources.clone_from(&update.resources);
+        sub.resource_version_uuid = Some(update.resource_version_uuid.clone());
+        let agent = self.agents.entry(id.to_owned()).or_default();
+        agent.total.clone_from(&update.resources);
+        let mut previous = std::mem::take(&mut agent.operations);
+        let mut became_terminal = Vec::new();
         for operation in &update.operations {
             let key = operation.uuid.value.clone();
-            let mut statuses = previous
-                .remove(&key)
-                .map(|old| old.statuses)
-                .unwrap_or_default();
-            for status in &operation.statuses {
-                push_dedup(&mut statuses, status);
-            }
-            sub.operations.insert(
-                key,
-                OperationView {
+            let record = match previous.remove(&key) {
+                // Known to both: a terminal state in the update is already reflected in
+                // its total, so it only overwrites the agent's non-terminal latest status
+                // (and the later status update then converts nothing).
+                Some(mut known) => {
+                    if is_terminal(operation.latest_status.state)
+                        && !is_terminal(known.latest_status.state)
+                    {
+                        known.latest_status = operation.latest_status.clone();
+                        became_terminal.push(known.clone());
+                    }
+                    for status in &operation.statuses {
+                        push_dedup(&mut known.statuses, status);
+                    }
+                    known
+                }
+                // Unknown to the agent (it restarted, or the apply was not seen): adopted.
+                None => OperationView {
                     operation_uuid: operation.uuid.clone(),
                     framework_id: operation.framework_id.clone(),
                     info: Some(operation.info.clone()),
                     latest_status: operation.latest_status.clone(),
-                    statuses,
+                    statuses: operation.statuses.clone(),
                 },
-            );
+            };
+            agent.operations.insert(key, record);
         }
-        sub.resources.clone_from(&update.resources);
-        sub.resource_version_uuid = Some(update.resource_version_uuid.clone());
+        for view in became_terminal {
+            self.notify(&view.operation_uuid.value.clone(), &Ok(view));
+        }
+        // Known to the agent, absent from the update: dropped without a status (the
+        // agent's TODO); whoever waits for it learns that.
+        for (key, view) in previous {
+            tracing::warn!(
+                provider = %id,
+                operation = %display_uuid(&view.operation_uuid),
+                "operation not in the provider's UPDATE_STATE; dropping it from the agent's table",
+            );
+            let uuid = Uuid::from_slice(&key).unwrap_or_default();
+            self.notify(&key, &Err(OperationError::Forgotten { uuid }));
+        }
         let _ = self.messages.send(ManagerMessage::UpdateState {
             provider_id: id.to_owned(),
             resources: update.resources,
@@ -445,46 +624,236 @@ impl Worker {
         });
     }
 
-    /// The agent's bookkeeping of an operation status update (spec §2.9 step 5).
-    fn update_operation_status(&mut self, id: &str, update: call::UpdateOperationStatus) {
-        let Some(sub) = self.subscribed.get_mut(id) else {
+    /// The agent's handling of an operation status update (spec §2.9 step 5, Mesos
+    /// `updateOperation`), then the master's acknowledgement (step 6).
+    fn update_operation_status(&mut self, id: &str, mut update: call::UpdateOperationStatus) {
+        let Some(sub) = self.subscribed.get(id) else {
             return;
         };
         if let Some(latest) = &update.latest_status
             && latest.resource_provider_id.as_ref() != sub.info.id.as_ref()
         {
             // Mesos CHECK-fails here after having answered 202.
-            let reason = "'update_operation_status.latest_status.resource_provider_id' does not \
-                          match the provider (a Mesos agent aborts on this)"
-                .to_owned();
-            tracing::error!(provider = %id, %reason, "protocol violation");
-            let _ = self.messages.send(ManagerMessage::ProtocolViolation {
-                provider_id: id.to_owned(),
-                reason,
-            });
+            self.violation(
+                id,
+                "'update_operation_status.latest_status.resource_provider_id' does not match \
+                 the provider (a Mesos agent aborts on this)"
+                    .to_owned(),
+            );
         }
-        let latest = update
-            .latest_status
-            .clone()
-            .unwrap_or_else(|| update.status.clone());
-        let record = sub
-            .operations
-            .entry(update.operation_uuid.value.clone())
-            .or_insert_with(|| OperationView {
-                operation_uuid: update.operation_uuid.clone(),
-                framework_id: update.framework_id.clone(),
-                info: None,
-                latest_status: latest.clone(),
-                statuses: Vec::new(),
-            });
-        record.latest_status = latest;
-        if update.framework_id.is_some() {
-            record.framework_id.clone_from(&update.framework_id);
+        let key = update.operation_uuid.value.clone();
+        let agent = self.agents.entry(id.to_owned()).or_default();
+        let mut violation = None;
+        let mut became_terminal = None;
+        // An operation the agent does not know (acknowledged terminal before, or never
+        // applied through it) is forwarded but changes nothing, as on the agent.
+        if let Some(record) = agent.operations.get_mut(&key) {
+            // The provider may forget or miscopy the operation ID; the agent's is used.
+            if let Some(operation_id) = record.info.as_ref().and_then(|info| info.id.clone()) {
+                if let Some(latest) = update.latest_status.as_mut() {
+                    latest.operation_id = Some(operation_id.clone());
+                }
+                update.status.operation_id = Some(operation_id);
+            }
+            let latest = update
+                .latest_status
+                .clone()
+                .unwrap_or_else(|| update.status.clone());
+            let terminated = !is_terminal(record.latest_status.state) && is_terminal(latest.state);
+            if !is_terminal(record.latest_status.state) {
+                record.latest_status = latest;
+            }
+            if update.framework_id.is_some() {
+                record.framework_id.clone_from(&update.framework_id);
+            }
+            push_dedup(&mut record.statuses, &update.status);
+            let info = record.info.clone().unwrap_or_default();
+            if terminated
+                && !resources::is_speculative(&info)
+                && record.latest_status.state == OperationState::OperationFinished as i32
+            {
+                violation = apply_finished(&mut agent.total, &info, &record.latest_status)
+                    .err()
+                    .map(|reason| {
+                        format!(
+                            "FINISHED operation {}: {reason} (a Mesos agent aborts on this)",
+                            display_uuid(&record.operation_uuid)
+                        )
+                    });
+            }
+            if terminated {
+                became_terminal = Some(record.clone());
+            }
         }
-        push_dedup(&mut record.statuses, &update.status);
+        if let Some(reason) = violation {
+            self.violation(id, reason);
+        }
+        let operation_uuid = update.operation_uuid.clone();
+        let status_uuid = update.status.uuid.clone();
         let _ = self.messages.send(ManagerMessage::UpdateOperationStatus {
             provider_id: id.to_owned(),
             update,
+        });
+        if let Some(view) = became_terminal {
+            self.notify(&key, &Ok(view));
+        }
+        let acknowledge = status_uuid.is_some()
+            && self
+                .acks
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take();
+        if let (true, Some(status_uuid)) = (acknowledge, status_uuid)
+            && let Err(error) = self.acknowledge(id, &operation_uuid, status_uuid)
+        {
+            tracing::warn!(provider = %id, error = %DisplayChain(&error), "acknowledging an operation status failed");
+        }
+    }
+
+    /// The master's acknowledgement as the agent forwards it (spec §2.9 step 7): the
+    /// event goes to the provider, and an operation whose last status is terminal leaves
+    /// the agent's table (even if the provider could not be reached: its next
+    /// `UPDATE_STATE` brings the operation back, as on the agent). Unlike a Mesos agent,
+    /// an acknowledgement for an operation the agent no longer tracks is still forwarded,
+    /// so a provider whose earlier acknowledgement was lost stops retrying.
+    fn acknowledge(
+        &mut self,
+        id: &str,
+        operation_uuid: &ProtoUuid,
+        status_uuid: ProtoUuid,
+    ) -> Result<(), SendEventError> {
+        let event = Event {
+            r#type: Some(event::Type::AcknowledgeOperationStatus as i32),
+            acknowledge_operation_status: Some(event::AcknowledgeOperationStatus {
+                status_uuid,
+                operation_uuid: operation_uuid.clone(),
+            }),
+            ..Event::default()
+        };
+        let sent = self.send_event(id, event);
+        if let Some(agent) = self.agents.get_mut(id) {
+            let key = &operation_uuid.value;
+            let terminal = agent
+                .operations
+                .get(key)
+                .and_then(|record| record.statuses.last())
+                .is_some_and(|status| is_terminal(status.state));
+            if terminal && let Some(view) = agent.operations.remove(key) {
+                self.completed.insert(key.clone(), view);
+            }
+        }
+        sent
+    }
+
+    /// As the agent (spec §2.9 steps 1–3): validate as the master, record PENDING, apply
+    /// a speculative conversion at once, then send APPLY_OPERATION.
+    fn apply_operation(&mut self, id: &str, request: ApplyRequest) -> Result<Uuid, OperationError> {
+        let Some(sub) = self.subscribed.get(id) else {
+            return Err(OperationError::NotSubscribed { id: id.to_owned() });
+        };
+        let version = match request.resource_version {
+            Some(version) => version,
+            None => sub
+                .resource_version_uuid
+                .clone()
+                .ok_or_else(|| OperationError::NoResourceVersion { id: id.to_owned() })?,
+        };
+        let uuid = request.operation_uuid.unwrap_or_else(Uuid::new_v4);
+        let key = uuid.as_bytes().to_vec();
+        let info = request.info;
+        let agent = self.agents.entry(id.to_owned()).or_default();
+        // A uuid the agent already tracks is sent again unchanged (tests of the
+        // provider's duplicate handling); it is not recorded or applied twice.
+        if !agent.operations.contains_key(&key) {
+            let invalid = |reason| OperationError::Invalid { reason };
+            if resources::is_speculative(&info) {
+                let conversions = resources::speculative_conversions(&info).map_err(invalid)?;
+                resources::apply(&mut agent.total, &conversions).map_err(invalid)?;
+            } else if let Some(consumed) = resources::disk_consumed(&info)
+                && !resources::contains(&agent.total, &consumed)
+            {
+                return Err(invalid(format!(
+                    "{} does not contain {}",
+                    resources::describe(&agent.total),
+                    resources::describe(&consumed)
+                )));
+            }
+            let pending = OperationStatus {
+                state: OperationState::OperationPending as i32,
+                operation_id: info.id.clone(),
+                agent_id: Some(self.agent_id.clone()),
+                resource_provider_id: Some(provider_id(id)),
+                ..OperationStatus::default()
+            };
+            agent.operations.insert(
+                key,
+                OperationView {
+                    operation_uuid: proto_uuid(uuid),
+                    framework_id: request.framework_id.clone(),
+                    info: Some(info.clone()),
+                    latest_status: pending,
+                    statuses: Vec::new(),
+                },
+            );
+        }
+        if request.deliver {
+            let event = Event {
+                r#type: Some(event::Type::ApplyOperation as i32),
+                apply_operation: Some(event::ApplyOperation {
+                    framework_id: request.framework_id,
+                    info,
+                    operation_uuid: proto_uuid(uuid),
+                    resource_version_uuid: version,
+                }),
+                ..Event::default()
+            };
+            self.send_event(id, event).map_err(OperationError::Send)?;
+        }
+        Ok(uuid)
+    }
+
+    fn wait_terminal(&mut self, operation: Uuid, reply: Waiter) {
+        let key = operation.as_bytes().to_vec();
+        let tracked = self
+            .agents
+            .values()
+            .find_map(|agent| agent.operations.get(&key));
+        match tracked {
+            Some(view) if is_terminal(view.latest_status.state) => {
+                let _ = reply.send(Ok(view.clone()));
+            }
+            Some(_) => {
+                let waiters = self.waiters.entry(key).or_default();
+                // Waiters that timed out are gone; do not keep their senders.
+                waiters.retain(|waiter| !waiter.is_closed());
+                waiters.push(reply);
+            }
+            None => {
+                let _ = reply.send(
+                    self.completed
+                        .views
+                        .get(&key)
+                        .cloned()
+                        .ok_or(OperationError::Unknown { uuid: operation }),
+                );
+            }
+        }
+    }
+
+    fn notify(&mut self, key: &[u8], result: &Result<OperationView, OperationError>) {
+        for waiter in self.waiters.remove(key).unwrap_or_default() {
+            let _ = waiter.send(result.clone());
+        }
+    }
+
+    /// Something a Mesos agent accepts with `202` and then aborts on: logged, counted
+    /// and reported; the manager goes on.
+    fn violation(&self, id: &str, reason: String) {
+        tracing::error!(provider = %id, %reason, "protocol violation");
+        self.metrics.violations.inc();
+        let _ = self.messages.send(ManagerMessage::ProtocolViolation {
+            provider_id: id.to_owned(),
+            reason,
         });
     }
 
@@ -518,9 +887,13 @@ impl Worker {
     fn providers(&self) -> Vec<ProviderView> {
         let mut views: Vec<ProviderView> = self
             .subscribed
-            .values()
-            .map(|sub| {
-                let mut operations: Vec<OperationView> = sub.operations.values().cloned().collect();
+            .iter()
+            .map(|(id, sub)| {
+                let mut operations: Vec<OperationView> = self
+                    .agents
+                    .get(id)
+                    .map(|agent| agent.operations.values().cloned().collect())
+                    .unwrap_or_default();
                 operations.sort_by(|a, b| a.operation_uuid.value.cmp(&b.operation_uuid.value));
                 ProviderView {
                     info: sub.info.clone(),
@@ -639,6 +1012,19 @@ impl Worker {
             let _ = self.send(id, &teardown);
             self.forget(id);
         }
+        // The agent turns every non-terminal operation of a removed provider into
+        // OPERATION_GONE_BY_OPERATOR and forgets them all.
+        for (key, mut view) in self
+            .agents
+            .remove(id)
+            .map(|a| a.operations)
+            .unwrap_or_default()
+        {
+            if !is_terminal(view.latest_status.state) {
+                view.latest_status.state = OperationState::OperationGoneByOperator as i32;
+                self.notify(&key, &Ok(view));
+            }
+        }
         tracing::info!(provider = %id, "resource provider removed");
         let _ = self.messages.send(ManagerMessage::Removed {
             provider_id: id.to_owned(),
@@ -702,6 +1088,25 @@ impl Worker {
         }
         true
     }
+}
+
+fn display_uuid(uuid: &ProtoUuid) -> String {
+    Uuid::from_slice(&uuid.value).map_or_else(|_| format!("{:?}", uuid.value), |u| u.to_string())
+}
+
+/// `total − consumed + converted` of a FINISHED non-speculative operation, allocation
+/// info stripped from both (Mesos `Slave::apply`). Err: why it cannot be applied.
+fn apply_finished(
+    total: &mut Vec<Resource>,
+    info: &offer::Operation,
+    latest: &OperationStatus,
+) -> Result<(), String> {
+    let consumed = resources::disk_consumed(info).ok_or_else(|| {
+        let kind = resources::kind(info).map_or("UNKNOWN", |kind| kind.as_str_name());
+        format!("the agent has no conversion for a finished {kind} operation")
+    })?;
+    let converted = resources::unallocated(&latest.converted_resources);
+    resources::apply(total, &[(consumed, converted)])
 }
 
 /// Appends `status` unless one with the same status UUID is already recorded (retried

@@ -133,12 +133,11 @@ async fn update_operation_status() {
                 other => panic!("expected UpdateOperationStatus, got {other:?}"),
             }
         }
+        // The agent did not apply this operation, so it forwards the update without
+        // recording it (Mesos `updateOperation` runs only for known operations);
+        // tests/operations.rs covers the bookkeeping of known ones.
         let providers = harness.handle.providers().await.expect("providers");
-        let operations = &providers[0].operations;
-        assert_eq!(operations.len(), 1);
-        assert_eq!(operations[0].operation_uuid, operation_uuid);
-        assert_eq!(operations[0].latest_status, status);
-        assert_eq!(operations[0].statuses, vec![status]);
+        assert!(providers[0].operations.is_empty());
     }
 }
 

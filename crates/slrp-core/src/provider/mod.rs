@@ -33,5 +33,6 @@
 
 pub mod apply;
 pub mod lifecycle;
+pub mod operations;
 pub mod resources;
 pub mod state;

@@ -72,12 +72,7 @@ impl ProviderState {
     /// [`StateError::Encode`] if a message cannot be written as Mesos JSON (a descriptor
     /// missing from `slrp-proto`: a build problem).
     pub fn to_record(&self, agent_id: &str) -> Result<ProviderRecord, StateError> {
-        let encode = |what: &'static str| {
-            move |source| StateError::Encode {
-                what,
-                source: Box::new(source),
-            }
-        };
+        let encode = StateError::encode;
         let resources = self
             .total
             .iter()
@@ -117,14 +112,7 @@ impl ProviderState {
     /// [`StateError::MissingProfile`] for a pool whose profile is not recorded;
     /// [`StateError::ForeignResource`] for a resource of another provider id.
     pub fn from_record(record: ProviderRecord, store: &Path) -> Result<Self, StateError> {
-        let decode = |what: String| {
-            let store = store.to_owned();
-            move |source| StateError::Decode {
-                store,
-                what,
-                source: Box::new(source),
-            }
-        };
+        let decode = |what| StateError::decode(store, what);
         let mut total = Resources::new();
         for (index, value) in record.resources.into_iter().enumerate() {
             let resource: Resource =
@@ -280,6 +268,25 @@ pub enum StateError {
         /// The store's directory.
         store: PathBuf,
     },
+    /// A stored operation record contradicts itself.
+    #[error("invalid operation record '{key}' in store {}: {reason}", store.display())]
+    InvalidOperation {
+        /// The record's key.
+        key: String,
+        /// The store's directory.
+        store: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A record could not be added to a transaction (a key the store refuses).
+    #[error("cannot stage record '{key}' of the provider state")]
+    Stage {
+        /// The record's key.
+        key: String,
+        /// The store's error.
+        #[source]
+        source: StoreError,
+    },
     /// A recovered storage pool has no recorded profile (Mesos's text).
     #[error("Cannot recover profile for storage pool '{pool}' from '{}'", store.display())]
     MissingProfile {
@@ -288,6 +295,27 @@ pub enum StateError {
         /// The store's directory.
         store: PathBuf,
     },
+}
+
+impl StateError {
+    /// A mapper of `slrp_wire` encoding errors of `what` to [`StateError::Encode`].
+    pub(crate) fn encode(what: &'static str) -> impl FnOnce(JsonError) -> Self {
+        move |source| Self::Encode {
+            what,
+            source: Box::new(source),
+        }
+    }
+
+    /// A mapper of `slrp_wire` decoding errors of `what` (read from `store`) to
+    /// [`StateError::Decode`].
+    pub(crate) fn decode(store: &Path, what: String) -> impl FnOnce(JsonError) -> Self {
+        let store = store.to_owned();
+        move |source| Self::Decode {
+            store,
+            what,
+            source: Box::new(source),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,681 @@
+//! The manager as agent and master for operations (spec §2.8–§2.10, §5.3, §6.9): a
+//! scripted provider speaks the API over real HTTP and checks what the manager sends and
+//! how its view of the provider's total changes.
+
+mod common;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
+use std::time::Duration;
+
+use common::{Harness, Stream, Transport, WAIT};
+use slrp_manager::{AckPolicy, ApplyRequest, ManagerMessage, OperationError, metrics};
+use slrp_proto::mesos::v1::resource::{AllocationInfo, DiskInfo, ReservationInfo, disk_info};
+use slrp_proto::mesos::v1::resource_provider::{Call, Event, call, event};
+use slrp_proto::mesos::v1::{
+    FrameworkId, Operation, OperationId, OperationState, OperationStatus, Resource, Uuid, offer,
+    resource,
+};
+use slrp_wire::ContentType;
+use tokio::sync::broadcast;
+
+/// A provider driven by the test: one subscription and the calls it makes.
+struct Provider {
+    harness: Harness,
+    stream: Stream,
+    id: String,
+    ct: ContentType,
+}
+
+impl Provider {
+    async fn start(transport: Transport, ct: ContentType, policy: AckPolicy) -> Self {
+        let harness = common::start_with(transport, |config| config.ack_policy = policy).await;
+        let mut stream = harness.client.subscribe(ct, common::info(None)).await;
+        let id = stream.subscribed().await;
+        Self {
+            harness,
+            stream,
+            id,
+            ct,
+        }
+    }
+
+    async fn call(&self, call: Call) {
+        let reply = self
+            .harness
+            .client
+            .call(self.ct, &call, Some(&self.stream.stream_id))
+            .await;
+        assert_eq!(reply.status, http::StatusCode::ACCEPTED, "{}", reply.body);
+    }
+
+    /// UPDATE_STATE with a fresh version; returns the version.
+    async fn update_state(&self, resources: Vec<Resource>, operations: Vec<Operation>) -> Uuid {
+        let version = common::uuid();
+        self.call(Call {
+            resource_provider_id: Some(common::provider_id(&self.id)),
+            r#type: Some(call::Type::UpdateState as i32),
+            update_state: Some(call::UpdateState {
+                operations,
+                resources,
+                resource_version_uuid: version.clone(),
+            }),
+            ..Call::default()
+        })
+        .await;
+        version
+    }
+
+    /// UPDATE_OPERATION_STATUS with `status` as status and latest status.
+    async fn status(&self, operation: uuid::Uuid, status: &OperationStatus) {
+        self.call(Call {
+            resource_provider_id: Some(common::provider_id(&self.id)),
+            r#type: Some(call::Type::UpdateOperationStatus as i32),
+            update_operation_status: Some(call::UpdateOperationStatus {
+                framework_id: None,
+                status: status.clone(),
+                latest_status: Some(status.clone()),
+                operation_uuid: proto(operation),
+            }),
+            ..Call::default()
+        })
+        .await;
+    }
+
+    fn reliable(&self, state: OperationState, converted: Vec<Resource>) -> OperationStatus {
+        OperationStatus {
+            state: state as i32,
+            converted_resources: converted,
+            uuid: Some(common::uuid()),
+            resource_provider_id: Some(common::provider_id(&self.id)),
+            ..OperationStatus::default()
+        }
+    }
+
+    async fn next(&mut self) -> Event {
+        self.stream.next().await.expect("an event")
+    }
+
+    /// The next event, which must be of type `kind`.
+    async fn expect(&mut self, kind: event::Type) -> Event {
+        let event = self.next().await;
+        assert_eq!(
+            event.r#type.and_then(|raw| event::Type::try_from(raw).ok()),
+            Some(kind),
+            "{event:?}"
+        );
+        event
+    }
+
+    /// Proves that nothing else was queued before: a RECONCILE_OPERATIONS sent now is
+    /// the next event (the stream is ordered).
+    async fn expect_nothing_queued(&mut self) {
+        let marker = uuid::Uuid::new_v4();
+        self.harness
+            .handle
+            .reconcile_operations(&self.id, vec![marker])
+            .await
+            .expect("reconcile");
+        let event = self.expect(event::Type::ReconcileOperations).await;
+        assert_eq!(
+            event.reconcile_operations.expect("payload").operation_uuids,
+            vec![proto(marker)]
+        );
+    }
+
+    async fn total(&self) -> Vec<Resource> {
+        self.harness
+            .handle
+            .agent_total(&self.id)
+            .await
+            .expect("agent total")
+    }
+
+    async fn terminal(&self, uuid: uuid::Uuid) -> slrp_manager::OperationView {
+        self.harness
+            .handle
+            .wait_terminal(uuid, WAIT)
+            .await
+            .expect("terminal")
+    }
+
+    async fn operations(&self) -> Vec<slrp_manager::OperationView> {
+        let providers = self.harness.handle.providers().await.expect("providers");
+        providers[0].operations.clone()
+    }
+}
+
+fn proto(uuid: uuid::Uuid) -> Uuid {
+    Uuid {
+        value: uuid.as_bytes().to_vec(),
+    }
+}
+
+fn source(kind: disk_info::source::Type, id: Option<&str>) -> DiskInfo {
+    DiskInfo {
+        source: Some(disk_info::Source {
+            r#type: kind as i32,
+            id: id.map(str::to_owned),
+            profile: Some("fast".to_owned()),
+            ..disk_info::Source::default()
+        }),
+        ..DiskInfo::default()
+    }
+}
+
+/// A storage pool (RAW, profile, no id) of `mb` megabytes.
+fn pool(provider: &str, mb: f64) -> Resource {
+    Resource {
+        disk: Some(source(disk_info::source::Type::Raw, None)),
+        ..common::disk(provider, mb)
+    }
+}
+
+fn volume(provider: &str, id: &str, mb: f64) -> Resource {
+    Resource {
+        disk: Some(source(disk_info::source::Type::Mount, Some(id))),
+        ..common::disk(provider, mb)
+    }
+}
+
+fn allocated(mut resource: Resource) -> Resource {
+    resource.allocation_info = Some(AllocationInfo {
+        role: Some("storage".to_owned()),
+    });
+    resource
+}
+
+fn reserved(mut resource: Resource) -> Resource {
+    resource.reservations.push(ReservationInfo {
+        r#type: Some(resource::reservation_info::Type::Dynamic as i32),
+        role: Some("storage".to_owned()),
+        ..ReservationInfo::default()
+    });
+    resource
+}
+
+fn create_disk(source: Resource) -> offer::Operation {
+    offer::Operation {
+        r#type: Some(offer::operation::Type::CreateDisk as i32),
+        id: Some(OperationId {
+            value: "create".to_owned(),
+        }),
+        create_disk: Some(offer::operation::CreateDisk {
+            source,
+            target_type: disk_info::source::Type::Mount as i32,
+            target_profile: None,
+        }),
+        ..offer::Operation::default()
+    }
+}
+
+fn reserve(resources: Vec<Resource>) -> offer::Operation {
+    offer::Operation {
+        r#type: Some(offer::operation::Type::Reserve as i32),
+        reserve: Some(offer::operation::Reserve {
+            source: Vec::new(),
+            resources,
+        }),
+        ..offer::Operation::default()
+    }
+}
+
+fn scalar(resource: &Resource) -> f64 {
+    resource.scalar.as_ref().map_or(0.0, |s| s.value)
+}
+
+async fn next_violation(messages: &mut broadcast::Receiver<ManagerMessage>) -> String {
+    loop {
+        match tokio::time::timeout(WAIT, messages.recv())
+            .await
+            .expect("a message in time")
+            .expect("message")
+        {
+            ManagerMessage::ProtocolViolation { reason, .. } => return reason,
+            _ => continue,
+        }
+    }
+}
+
+/// Polls `future` once, so that its command is queued before whatever the test does next
+/// (the worker handles commands in order).
+async fn start_polling<F: Future>(future: &mut Pin<Box<F>>) {
+    std::future::poll_fn(|cx| {
+        assert!(future.as_mut().poll(cx).is_pending(), "already complete");
+        Poll::Ready(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn speculative_operations_apply_to_the_agent_view_at_once() {
+    for (transport, ct) in [
+        (Transport::Tcp, ContentType::Protobuf),
+        (Transport::Unix, ContentType::Json),
+    ] {
+        let mut p = Provider::start(transport, ct, AckPolicy::Manual).await;
+        let id = p.id.clone();
+        let version = p
+            .update_state(vec![common::disk(&id, 100.0)], Vec::new())
+            .await;
+
+        // RESERVE 60 of 100 (as a framework's offer carries it, allocated).
+        let framework = FrameworkId {
+            value: "framework".to_owned(),
+        };
+        let info = reserve(vec![allocated(reserved(common::disk(&id, 60.0)))]);
+        let mut request = ApplyRequest::new(info.clone());
+        request.framework_id = Some(framework.clone());
+        let uuid = p
+            .harness
+            .handle
+            .apply_operation(&id, request)
+            .await
+            .expect("applied");
+
+        // Before any status: the agent's view already has the reservation.
+        let total = p.total().await;
+        assert_eq!(total.len(), 2, "{total:?}");
+        assert_eq!(scalar(&total[0]), 40.0);
+        assert!(total[0].reservations.is_empty());
+        assert_eq!(total[1], reserved(common::disk(&id, 60.0)));
+
+        // The event carries what the master sent, with the provider's current version.
+        let event = p.expect(event::Type::ApplyOperation).await;
+        let apply = event.apply_operation.expect("payload");
+        assert_eq!(apply.operation_uuid, proto(uuid));
+        assert_eq!(apply.resource_version_uuid, version);
+        assert_eq!(apply.framework_id, Some(framework.clone()));
+        assert_eq!(apply.info, info);
+
+        // Recorded PENDING, with the agent's and provider's IDs and no status yet.
+        let operations = p.operations().await;
+        assert_eq!(operations.len(), 1);
+        let pending = &operations[0];
+        assert_eq!(pending.operation_uuid, proto(uuid));
+        assert_eq!(pending.framework_id, Some(framework));
+        assert_eq!(
+            pending.latest_status.state,
+            OperationState::OperationPending as i32
+        );
+        assert_eq!(
+            pending
+                .latest_status
+                .agent_id
+                .as_ref()
+                .map(|a| a.value.as_str()),
+            Some(p.harness.handle.agent_id())
+        );
+        assert_eq!(
+            pending.latest_status.resource_provider_id,
+            Some(common::provider_id(&id))
+        );
+        assert!(pending.statuses.is_empty());
+
+        // Its FINISHED status changes nothing more: a speculative operation was applied.
+        let finished = p.reliable(OperationState::OperationFinished, Vec::new());
+        p.status(uuid, &finished).await;
+        let view = p.terminal(uuid).await;
+        assert_eq!(view.latest_status, finished);
+        assert_eq!(p.total().await, total);
+
+        // The master refuses what the agent's view does not contain.
+        let error = p
+            .harness
+            .handle
+            .apply_operation(
+                &id,
+                ApplyRequest::new(reserve(vec![reserved(common::disk(&id, 41.0))])),
+            )
+            .await
+            .expect_err("only 40 unreserved left");
+        assert!(matches!(error, OperationError::Invalid { .. }), "{error}");
+        assert!(error.to_string().contains("does not contain"), "{error}");
+        assert_eq!(p.total().await, total);
+        p.expect_nothing_queued().await;
+    }
+}
+
+#[tokio::test]
+async fn finished_create_disk_is_applied_once_even_when_retried() {
+    let mut p = Provider::start(Transport::Tcp, ContentType::Protobuf, AckPolicy::Manual).await;
+    let id = p.id.clone();
+    p.update_state(vec![pool(&id, 100.0)], Vec::new()).await;
+    let uuid = p
+        .harness
+        .handle
+        .apply_operation(
+            &id,
+            ApplyRequest::new(create_disk(allocated(pool(&id, 40.0)))),
+        )
+        .await
+        .expect("applied");
+    p.expect(event::Type::ApplyOperation).await;
+    // Non-speculative: nothing changes until it finishes.
+    assert_eq!(p.total().await, vec![pool(&id, 100.0)]);
+
+    // The provider reports the converted resources as the operation carried them
+    // (allocated); the agent strips the allocation. The retry (same status uuid) is
+    // harmless.
+    let finished = p.reliable(
+        OperationState::OperationFinished,
+        vec![allocated(volume(&id, "vol-1", 40.0))],
+    );
+    p.status(uuid, &finished).await;
+    p.status(uuid, &finished).await;
+    let total = p.total().await;
+    assert_eq!(total, vec![pool(&id, 60.0), volume(&id, "vol-1", 40.0)]);
+
+    let operations = p.operations().await;
+    assert_eq!(operations.len(), 1);
+    assert_eq!(
+        operations[0].statuses.len(),
+        1,
+        "deduplicated by status uuid"
+    );
+    // The agent fills in the operation ID from its own record.
+    assert_eq!(
+        operations[0].latest_status.operation_id,
+        Some(OperationId {
+            value: "create".to_owned()
+        })
+    );
+    let view = p.terminal(uuid).await;
+    assert_eq!(
+        view.latest_status.state,
+        OperationState::OperationFinished as i32
+    );
+
+    // The master acknowledges: the provider gets the event, and the terminal
+    // operation leaves the agent's table (waiters still get it).
+    let status_uuid =
+        uuid::Uuid::from_slice(&finished.uuid.clone().expect("uuid").value).expect("uuid");
+    p.harness
+        .handle
+        .acknowledge(&id, uuid, status_uuid)
+        .await
+        .expect("acknowledged");
+    let ack = p.expect(event::Type::AcknowledgeOperationStatus).await;
+    let ack = ack.acknowledge_operation_status.expect("payload");
+    assert_eq!(ack.operation_uuid, proto(uuid));
+    assert_eq!(ack.status_uuid, proto(status_uuid));
+    assert!(p.operations().await.is_empty());
+    let view = p
+        .harness
+        .handle
+        .wait_terminal(uuid, WAIT)
+        .await
+        .expect("still answered after removal");
+    assert_eq!(
+        view.latest_status.state,
+        OperationState::OperationFinished as i32
+    );
+
+    // A retry after the removal (the provider did not get the ACK) is not applied again.
+    p.status(uuid, &finished).await;
+    assert_eq!(p.total().await, total);
+}
+
+#[tokio::test]
+async fn a_finished_conversion_the_total_does_not_contain_is_a_violation() {
+    let mut p = Provider::start(Transport::Unix, ContentType::Json, AckPolicy::Auto).await;
+    let id = p.id.clone();
+    let mut messages = p.harness.handle.messages();
+    p.update_state(vec![pool(&id, 10.0)], Vec::new()).await;
+    // Two CREATE_DISKs of the whole pool both pass validation (nothing is taken before
+    // one finishes); the provider finishing both is what an agent aborts on.
+    let mut uuids = Vec::new();
+    for _ in 0..2 {
+        uuids.push(
+            p.harness
+                .handle
+                .apply_operation(&id, ApplyRequest::new(create_disk(pool(&id, 10.0))))
+                .await
+                .expect("applied"),
+        );
+        p.expect(event::Type::ApplyOperation).await;
+    }
+    let first = p.reliable(
+        OperationState::OperationFinished,
+        vec![volume(&id, "a", 10.0)],
+    );
+    p.status(uuids[0], &first).await;
+    p.expect(event::Type::AcknowledgeOperationStatus).await;
+    assert_eq!(p.total().await, vec![volume(&id, "a", 10.0)]);
+    assert_eq!(
+        p.harness.handle.metrics().snapshot()[metrics::PROTOCOL_VIOLATIONS],
+        0.0
+    );
+
+    let second = p.reliable(
+        OperationState::OperationFinished,
+        vec![volume(&id, "b", 10.0)],
+    );
+    p.status(uuids[1], &second).await;
+    let reason = next_violation(&mut messages).await;
+    assert!(reason.contains("does not contain"), "{reason}");
+    assert!(reason.contains(&uuids[1].to_string()), "{reason}");
+    assert_eq!(
+        p.harness.handle.metrics().snapshot()[metrics::PROTOCOL_VIOLATIONS],
+        1.0
+    );
+    // The view is left as it was and the manager goes on (it still acknowledges).
+    assert_eq!(p.total().await, vec![volume(&id, "a", 10.0)]);
+    p.expect(event::Type::AcknowledgeOperationStatus).await;
+}
+
+#[tokio::test]
+async fn ack_policies() {
+    let mut p = Provider::start(Transport::Tcp, ContentType::Protobuf, AckPolicy::Auto).await;
+    let id = p.id.clone();
+    p.update_state(vec![common::disk(&id, 10.0)], Vec::new())
+        .await;
+    // Statuses of operations the agent never applied: only the master's side acts.
+
+    // Auto: a status with a uuid is acknowledged at once, one without is not.
+    let op = uuid::Uuid::new_v4();
+    let failed = p.reliable(OperationState::OperationFailed, Vec::new());
+    p.status(op, &failed).await;
+    let ack = p.expect(event::Type::AcknowledgeOperationStatus).await;
+    let ack = ack.acknowledge_operation_status.expect("payload");
+    assert_eq!(ack.operation_uuid, proto(op));
+    assert_eq!(ack.status_uuid, failed.uuid.clone().expect("uuid"));
+    let unreliable = OperationStatus {
+        uuid: None,
+        ..failed.clone()
+    };
+    p.status(op, &unreliable).await;
+    p.expect_nothing_queued().await;
+
+    // DropFirst(2): two updates are lost on the way to the master, the third is acked.
+    p.harness.handle.set_ack_policy(AckPolicy::DropFirst(2));
+    p.status(op, &failed).await;
+    p.status(op, &failed).await;
+    p.expect_nothing_queued().await;
+    p.status(op, &failed).await;
+    p.expect(event::Type::AcknowledgeOperationStatus).await;
+
+    // Manual: never by itself.
+    p.harness.handle.set_ack_policy(AckPolicy::Manual);
+    p.status(op, &failed).await;
+    p.expect_nothing_queued().await;
+}
+
+#[tokio::test]
+async fn wait_terminal_reports_unknown_timeout_forgotten_and_gone() {
+    let p = Provider::start(Transport::Unix, ContentType::Protobuf, AckPolicy::Manual).await;
+    let id = p.id.clone();
+    let handle = p.harness.handle.clone();
+    p.update_state(vec![pool(&id, 100.0)], Vec::new()).await;
+
+    let unknown = uuid::Uuid::new_v4();
+    assert_eq!(
+        handle.wait_terminal(unknown, WAIT).await,
+        Err(OperationError::Unknown { uuid: unknown })
+    );
+
+    // Recorded but not delivered (a lost ApplyOperationMessage): pending until the
+    // provider's next UPDATE_STATE, which does not list it.
+    let mut request = ApplyRequest::new(create_disk(pool(&id, 10.0)));
+    request.deliver = false;
+    let lost = handle
+        .apply_operation(&id, request)
+        .await
+        .expect("recorded");
+    let short = Duration::from_millis(20);
+    assert_eq!(
+        handle.wait_terminal(lost, short).await,
+        Err(OperationError::Timeout {
+            uuid: lost,
+            timeout: short
+        })
+    );
+    let mut waiting = Box::pin(handle.wait_terminal(lost, WAIT));
+    start_polling(&mut waiting).await;
+    p.update_state(vec![pool(&id, 100.0)], Vec::new()).await;
+    assert_eq!(waiting.await, Err(OperationError::Forgotten { uuid: lost }));
+    assert!(p.operations().await.is_empty());
+
+    // A provider removed by the operator: its pending operations are gone.
+    let pending = handle
+        .apply_operation(&id, ApplyRequest::new(create_disk(pool(&id, 10.0))))
+        .await
+        .expect("applied");
+    let mut waiting = Box::pin(handle.wait_terminal(pending, WAIT));
+    start_polling(&mut waiting).await;
+    handle.remove_provider(&id).await.expect("removed");
+    let view = waiting.await.expect("terminal");
+    assert_eq!(
+        view.latest_status.state,
+        OperationState::OperationGoneByOperator as i32
+    );
+    assert_eq!(
+        handle
+            .apply_operation(&id, ApplyRequest::new(create_disk(pool(&id, 1.0))))
+            .await,
+        Err(OperationError::NotSubscribed { id: id.clone() })
+    );
+}
+
+#[tokio::test]
+async fn update_state_reconciles_the_operation_table() {
+    let mut p = Provider::start(Transport::Tcp, ContentType::Json, AckPolicy::Manual).await;
+    let id = p.id.clone();
+    let handle = p.harness.handle.clone();
+    // Before any UPDATE_STATE there is no version to send.
+    assert_eq!(
+        handle
+            .apply_operation(&id, ApplyRequest::new(create_disk(pool(&id, 1.0))))
+            .await,
+        Err(OperationError::NoResourceVersion { id: id.clone() })
+    );
+    p.update_state(vec![pool(&id, 100.0)], Vec::new()).await;
+    let info = create_disk(pool(&id, 40.0));
+    let uuid = handle
+        .apply_operation(&id, ApplyRequest::new(info.clone()))
+        .await
+        .expect("applied");
+    p.expect(event::Type::ApplyOperation).await;
+    let mut waiting = Box::pin(handle.wait_terminal(uuid, WAIT));
+    start_polling(&mut waiting).await;
+
+    // The provider finished it and reports its new total and the terminal operation
+    // before the status update arrives (e.g. after a restart).
+    let finished = p.reliable(
+        OperationState::OperationFinished,
+        vec![volume(&id, "vol", 40.0)],
+    );
+    let reported_total = vec![pool(&id, 60.0), volume(&id, "vol", 40.0)];
+    let adopted_uuid = uuid::Uuid::new_v4();
+    let adopted = Operation {
+        framework_id: None,
+        agent_id: None,
+        info: reserve(vec![reserved(common::disk(&id, 1.0))]),
+        latest_status: OperationStatus {
+            state: OperationState::OperationPending as i32,
+            ..OperationStatus::default()
+        },
+        statuses: Vec::new(),
+        uuid: proto(adopted_uuid),
+    };
+    p.update_state(
+        reported_total.clone(),
+        vec![
+            Operation {
+                framework_id: None,
+                agent_id: None,
+                info,
+                latest_status: finished.clone(),
+                statuses: vec![finished.clone()],
+                uuid: proto(uuid),
+            },
+            adopted,
+        ],
+    )
+    .await;
+    assert_eq!(waiting.await.expect("terminal").latest_status, finished);
+    assert_eq!(p.total().await, reported_total);
+    // Its status update now converts nothing: the total already reflects it.
+    p.status(uuid, &finished).await;
+    assert_eq!(p.total().await, reported_total);
+    let operations = p.operations().await;
+    let uuids: Vec<_> = operations
+        .iter()
+        .map(|op| op.operation_uuid.clone())
+        .collect();
+    assert!(
+        uuids.contains(&proto(adopted_uuid)),
+        "unknown operations are adopted"
+    );
+    assert!(uuids.contains(&proto(uuid)));
+    p.expect_nothing_queued().await;
+}
+
+#[tokio::test]
+async fn reconcile_and_a_resent_uuid() {
+    let mut p = Provider::start(Transport::Unix, ContentType::Json, AckPolicy::Manual).await;
+    let id = p.id.clone();
+    let handle = p.harness.handle.clone();
+    p.update_state(vec![common::disk(&id, 10.0)], Vec::new())
+        .await;
+    let known = uuid::Uuid::new_v4();
+    let other = uuid::Uuid::new_v4();
+    handle
+        .reconcile_operations(&id, vec![known, other])
+        .await
+        .expect("sent");
+    let event = p.expect(event::Type::ReconcileOperations).await;
+    assert_eq!(
+        event.reconcile_operations.expect("payload").operation_uuids,
+        vec![proto(known), proto(other)]
+    );
+
+    // The same operation uuid twice: sent twice, applied to the agent's view once.
+    let info = reserve(vec![reserved(common::disk(&id, 4.0))]);
+    let mut request = ApplyRequest::new(info);
+    request.operation_uuid = Some(known);
+    for _ in 0..2 {
+        assert_eq!(
+            handle.apply_operation(&id, request.clone()).await,
+            Ok(known)
+        );
+        p.expect(event::Type::ApplyOperation).await;
+    }
+    let total = p.total().await;
+    assert_eq!(total.iter().map(scalar).collect::<Vec<_>>(), vec![6.0, 4.0]);
+    // A version given explicitly is sent as is (to test the provider's mismatch drop).
+    let stale = common::uuid();
+    request.operation_uuid = None;
+    request.resource_version = Some(stale.clone());
+    request.info = reserve(vec![reserved(common::disk(&id, 1.0))]);
+    handle.apply_operation(&id, request).await.expect("applied");
+    let event = p.expect(event::Type::ApplyOperation).await;
+    assert_eq!(
+        event
+            .apply_operation
+            .expect("payload")
+            .resource_version_uuid,
+        stale
+    );
+}
