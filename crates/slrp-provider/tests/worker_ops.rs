@@ -185,20 +185,28 @@ async fn create_disk_then_destroy_disk() {
 
     let op = uuid::Uuid::new_v4();
     let source = sized(&pool, 1024.0);
-    env.send(&id, apply_event(create_disk(source.clone()), op, &env.version()))
-        .await;
+    env.send(
+        &id,
+        apply_event(create_disk(source.clone()), op, &env.version()),
+    )
+    .await;
     let update = env.next_status(op).await;
     assert_eq!(state_of(&update.status), OperationState::OperationFinished);
     let converted = &update.status.converted_resources;
     assert_eq!(converted.len(), 1, "{converted:?}");
     let disk = &converted[0];
     assert_eq!(source_of(disk).r#type, SourceType::Mount as i32);
-    let volume = source_of(disk).id.clone().expect("the disk has the volume id");
+    let volume = source_of(disk)
+        .id
+        .clone()
+        .expect("the disk has the volume id");
     assert_eq!(env.fake().ids().len(), 1);
     assert_eq!(env.fake().id_of(&op.to_string()).unwrap().as_str(), volume);
     // The total holds the disk and the rest of the pool.
     let status = status_until(&provider.handle, "disk in total", |s| {
-        s.total.iter().any(|r| source_of(r).id.as_deref() == Some(&volume))
+        s.total
+            .iter()
+            .any(|r| source_of(r).id.as_deref() == Some(&volume))
     })
     .await;
     assert_eq!(status.operations, 1);
@@ -211,8 +219,11 @@ async fn create_disk_then_destroy_disk() {
     assert!(env.stored_operations().await.is_empty());
 
     let destroy = uuid::Uuid::new_v4();
-    env.send(&id, apply_event(destroy_disk(disk.clone()), destroy, &env.version()))
-        .await;
+    env.send(
+        &id,
+        apply_event(destroy_disk(disk.clone()), destroy, &env.version()),
+    )
+    .await;
     let update = env.next_status(destroy).await;
     assert_eq!(
         state_of(&update.status),
@@ -241,8 +252,11 @@ async fn an_accepted_operation_survives_a_crash_and_is_applied_once() {
 
     let op = uuid::Uuid::new_v4();
     env.fake().hold_create(&op.to_string());
-    env.send(&id, apply_event(create_disk(sized(&pool, 512.0)), op, &env.version()))
-        .await;
+    env.send(
+        &id,
+        apply_event(create_disk(sized(&pool, 512.0)), op, &env.version()),
+    )
+    .await;
     until(|| env.fake().calls(CsiRpc::CreateVolume) == 1).await;
     let stored = env.stored_operations().await;
     assert_eq!(stored.len(), 1);
@@ -291,7 +305,10 @@ async fn a_duplicate_operation_uuid_gets_its_latest_status() {
 
     env.send(&id, event).await;
     let second = env.next_status(op).await;
-    assert_eq!(second.status.uuid, first.status.uuid, "the same status again");
+    assert_eq!(
+        second.status.uuid, first.status.uuid,
+        "the same status again"
+    );
     assert_eq!(env.fake().calls(CsiRpc::CreateVolume), 1);
     assert_eq!(env.fake().ids().len(), 1);
     let status = provider.handle.status().borrow().clone();
@@ -311,8 +328,11 @@ async fn a_disk_operation_during_a_reconciliation_is_deferred_not_dropped() {
     env.fake().set_down(CsiRpc::GetCapacity, true);
     until(|| env.fake().st().waiting_for_endpoint >= 1).await;
     let op = uuid::Uuid::new_v4();
-    env.send(&id, apply_event(create_disk(sized(&pool, 128.0)), op, &env.version()))
-        .await;
+    env.send(
+        &id,
+        apply_event(create_disk(sized(&pool, 128.0)), op, &env.version()),
+    )
+    .await;
     status_until(&provider.handle, "tracked", |s| s.operations == 1).await;
     let stored = env.stored_operations().await;
     assert_eq!(stored.len(), 1, "tracked PENDING and durable at once");
@@ -342,8 +362,11 @@ async fn an_unacknowledged_status_is_resent_until_acknowledged() {
     let mut env = Env::new(FakeCsi::full()).await;
     let Pool { provider, id, pool } = env.with_pool(env.ops_params(None)).await;
     let op = uuid::Uuid::new_v4();
-    env.send(&id, apply_event(create_disk(sized(&pool, 64.0)), op, &env.version()))
-        .await;
+    env.send(
+        &id,
+        apply_event(create_disk(sized(&pool, 64.0)), op, &env.version()),
+    )
+    .await;
     let first = env.next_status(op).await;
     for _ in 0..2 {
         let again = env.next_status(op).await;
@@ -353,8 +376,11 @@ async fn an_unacknowledged_status_is_resent_until_acknowledged() {
             Some(first.status.state)
         );
     }
-    env.send(&id, ack_event(op.as_bytes(), first.status.uuid.as_ref().unwrap()))
-        .await;
+    env.send(
+        &id,
+        ack_event(op.as_bytes(), first.status.uuid.as_ref().unwrap()),
+    )
+    .await;
     status_until(&provider.handle, "forgotten", |s| s.operations == 0).await;
     assert!(env.stored_operations().await.is_empty());
     provider.stop().await;
@@ -369,8 +395,11 @@ async fn a_mismatched_resource_version_drops_the_operation() {
     let Pool { provider, id, pool } = env.with_pool(env.ops_params(None)).await;
     let op = uuid::Uuid::new_v4();
     let stale = uuid::Uuid::new_v4();
-    env.send(&id, apply_event(create_disk(sized(&pool, 64.0)), op, stale.as_bytes()))
-        .await;
+    env.send(
+        &id,
+        apply_event(create_disk(sized(&pool, 64.0)), op, stale.as_bytes()),
+    )
+    .await;
     let update = env.next_status(op).await;
     assert_eq!(state_of(&update.status), OperationState::OperationDropped);
     let message = update.status.message.clone().unwrap_or_default();
@@ -415,8 +444,11 @@ async fn publish_resources_publishes_the_volume() {
     let mut env = Env::new(FakeCsi::full()).await;
     let Pool { provider, id, pool } = env.with_pool(env.ops_params(None)).await;
     let op = uuid::Uuid::new_v4();
-    env.send(&id, apply_event(create_disk(sized(&pool, 64.0)), op, &env.version()))
-        .await;
+    env.send(
+        &id,
+        apply_event(create_disk(sized(&pool, 64.0)), op, &env.version()),
+    )
+    .await;
     let update = env.next_status(op).await;
     let disk = update.status.converted_resources[0].clone();
     let volume = slrp_core::volume::VolumeId::new(source_of(&disk).id.clone().unwrap());
@@ -472,14 +504,18 @@ async fn update_state_carries_the_tracked_operations() {
     let mut env = Env::new(FakeCsi::full()).await;
     let Pool { provider, id, pool } = env.with_pool(env.ops_params(None)).await;
     let op = uuid::Uuid::new_v4();
-    env.send(&id, apply_event(create_disk(sized(&pool, 64.0)), op, &env.version()))
-        .await;
+    env.send(
+        &id,
+        apply_event(create_disk(sized(&pool, 64.0)), op, &env.version()),
+    )
+    .await;
     env.next_status(op).await;
 
     env.restart_manager(4 * 1024 * 1024).await;
     let operations = tokio::time::timeout(HANG, async {
         loop {
-            if let ManagerMessage::UpdateState { operations, .. } = env.messages.recv().await.unwrap()
+            if let ManagerMessage::UpdateState { operations, .. } =
+                env.messages.recv().await.unwrap()
             {
                 return operations;
             }

@@ -37,8 +37,6 @@ use slrp_core::provider::persistent::remove_persistent_data;
 use slrp_core::provider::resources::{Conversion, Resources, is_storage_pool, pool_profiles};
 use slrp_core::provider::state::StateError;
 use slrp_core::volume::{MountPaths, VolumeError, VolumeInfo};
-use slrp_csi::VolumeId;
-use slrp_proto::mesos::v1::resource::disk_info::source::Type as SourceType;
 use slrp_proto::mesos::v1::resource_provider::{Call, call, event};
 use slrp_proto::mesos::v1::{AgentId, OperationState, Resource, Uuid};
 use slrp_types::DisplayChain;
@@ -171,10 +169,6 @@ fn strip(resource: &Resource) -> Resource {
     resource
 }
 
-fn stripped(resources: &Resources) -> Resources {
-    resources.iter().map(strip).collect()
-}
-
 /// The resources an operation takes out of the total (allocation info stripped).
 fn consumed_by(info: &slrp_proto::mesos::v1::offer::Operation) -> Resources {
     match OperationKind::of(info) {
@@ -192,29 +186,11 @@ fn consumed_by(info: &slrp_proto::mesos::v1::offer::Operation) -> Resources {
     }
 }
 
-/// Whether a speculative operation has I/O to do before its conversion (DESTROY of a
-/// persistent MOUNT volume removes its data): it is then committed PENDING first, so a
-/// crash during the removal replays it instead of losing it.
+/// Whether a speculative operation has I/O to do before its conversion (DESTROY removes
+/// the persistent volumes' data): it is then committed PENDING first, so a crash during
+/// the removal replays it instead of losing it.
 fn has_io(info: &slrp_proto::mesos::v1::offer::Operation) -> bool {
-    OperationKind::of(info) == OperationKind::Destroy && persistent_mounts(info).next().is_some()
-}
-
-/// DESTROY's persistent MOUNT volumes: (volume id, persistence id).
-fn persistent_mounts(
-    info: &slrp_proto::mesos::v1::offer::Operation,
-) -> impl Iterator<Item = (VolumeId, String)> + '_ {
-    info.destroy
-        .iter()
-        .flat_map(|d| &d.volumes)
-        .filter_map(|v| {
-            let disk = v.disk.as_ref()?;
-            let persistence = disk.persistence.as_ref()?;
-            let source = disk.source.as_ref()?;
-            (source.r#type == SourceType::Mount as i32)
-                .then_some(())
-                .and(source.id.as_ref())
-                .map(|id| (VolumeId::new(id.clone()), persistence.id.clone()))
-        })
+    OperationKind::of(info) == OperationKind::Destroy
 }
 
 fn parse_uuid(uuid: &Uuid) -> Option<uuid::Uuid> {
@@ -377,6 +353,7 @@ impl Worker {
             }),
         };
         let kind = OperationKind::of(&apply.info);
+        let resync = apply::agent_applies_speculatively(&apply.info);
         let agent_id = self.agent_id_proto();
         let mut op = TrackedOperation::pending(
             uuid,
@@ -403,6 +380,10 @@ impl Worker {
                 self.commit_ops(&[uuid], &[], Touched::Nothing).await?;
                 self.deps.metrics.operations().dropped(kind);
                 self.send_updates(send);
+                if resync {
+                    // The agent applied it to its view already (§5.3 last paragraph).
+                    self.state_changed();
+                }
             }
             admission @ (Admission::Accept | Admission::Defer) => {
                 tracing::info!(operation_uuid = %uuid, operation = ?kind, deferred = matches!(admission, Admission::Defer), "accepted operation");
@@ -532,13 +513,17 @@ async fn remove_persistent(
     paths: Option<MountPaths>,
     info: &slrp_proto::mesos::v1::offer::Operation,
 ) -> Result<(), String> {
-    for (id, persistence) in persistent_mounts(info) {
+    if OperationKind::of(info) != OperationKind::Destroy {
+        return Ok(());
+    }
+    for target in apply::destroy_targets(info)? {
         let Some(paths) = &paths else {
             return Err(format!(
-                "Failed to remove persistent volume '{persistence}': no mount root is configured"
+                "Failed to remove persistent volume '{}': no mount root is configured",
+                target.persistence_id
             ));
         };
-        remove_persistent_data(paths, &id, &persistence).await?;
+        remove_persistent_data(paths, &target.volume_id, &target.persistence_id).await?;
     }
     Ok(())
 }
@@ -567,9 +552,12 @@ impl Worker {
             }
             DiskOutcome::Destroyed { source, result } => match result {
                 Ok(deprovisioned) => {
-                    let destroyed = ctx.destroyed_disk(&source, deprovisioned, |profile| {
-                        self.live_profiles.contains_key(profile)
-                    });
+                    let destroyed = apply::destroy_disk_conversion(
+                        &ctx,
+                        &source,
+                        deprovisioned,
+                        &self.live_profiles,
+                    );
                     let reconcile = destroyed.reconcile_pools;
                     self.complete(uuid, Ok(vec![destroyed.conversion])).await?;
                     if reconcile && !self.reconciling() {
@@ -602,30 +590,22 @@ impl Worker {
         };
         let kind = OperationKind::of(&op.info);
         let agent_id = self.agent_id_proto();
+        let resync = apply::agent_applies_speculatively(&op.info);
         let mut applied = None;
         let status = match outcome {
             Ok(conversions) => {
-                let plain: Vec<Conversion> = conversions
-                    .iter()
-                    .map(|c| Conversion {
-                        consumed: stripped(&c.consumed),
-                        converted: stripped(&c.converted),
-                    })
-                    .collect();
-                match self.state.total.apply_all(&plain) {
+                match apply::apply_conversions(&self.state.total, &op.info, &conversions) {
                     Ok(total) => {
-                        let converted: Resources = conversions
+                        let touched: Resources = conversions
                             .iter()
-                            .flat_map(|c| c.converted.iter().cloned())
-                            .collect();
-                        let touched: Resources = plain
-                            .iter()
-                            .flat_map(|c| c.consumed.iter().chain(c.converted.iter()).cloned())
+                            .flat_map(|c| c.consumed.iter().chain(c.converted.iter()))
+                            .map(strip)
                             .collect();
                         applied = Some((total, touched));
+                        let converted = apply::converted_resources(&conversions);
                         apply::finished_status(op, &converted, &agent_id)
                     }
-                    Err(error) => apply::failed_status(op, &error.to_string(), &agent_id),
+                    Err(message) => apply::failed_status(op, &message, &agent_id),
                 }
             }
             Err(message) => apply::failed_status(op, &message, &agent_id),
@@ -658,7 +638,7 @@ impl Worker {
         } else {
             metrics.finished(kind);
         }
-        if failed && kind.is_speculative() {
+        if failed && resync {
             // The agent applied it already: resynchronize it (§5.3 last paragraph).
             self.state_changed();
         }
