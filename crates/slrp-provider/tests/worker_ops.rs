@@ -10,8 +10,9 @@ mod worker_env;
 use std::time::Duration;
 
 use slrp_core::provider::operations::{StatusRetry, load_operations};
+use slrp_core::provider::resources::Resources;
 use slrp_csi::CsiRpc;
-use slrp_manager::ManagerMessage;
+use slrp_manager::{ApplyRequest, ManagerMessage};
 use slrp_proto::mesos::v1::resource::disk_info::source::Type as SourceType;
 use slrp_proto::mesos::v1::resource_provider::{Event, call, event};
 use slrp_proto::mesos::v1::{OperationState, Resource, Uuid, offer};
@@ -169,6 +170,20 @@ impl Env {
         self.manager().send_event(id, event).await.unwrap();
     }
 
+    /// The agent's view of the total (its own applications of the statuses) equals the
+    /// provider's, and no protocol violation was counted.
+    async fn assert_agent_agrees(&self, id: &str, total: &[Resource]) {
+        let agent = self.manager().agent_total(id).await.unwrap();
+        assert_eq!(
+            Resources::from_iter(agent),
+            Resources::from_iter(total.iter().cloned()),
+            "the agent's view equals the provider's total"
+        );
+        let violations =
+            self.manager().metrics().snapshot()[slrp_manager::metrics::PROTOCOL_VIOLATIONS];
+        assert_eq!(violations, 0.0);
+    }
+
     async fn stored_operations(&self) -> Vec<slrp_core::provider::operations::TrackedOperation> {
         load_operations(&self.store, AGENT_S0).await.unwrap()
     }
@@ -183,13 +198,14 @@ async fn create_disk_then_destroy_disk() {
     let mut env = Env::new(FakeCsi::full()).await;
     let Pool { provider, id, pool } = env.with_pool(env.ops_params(None)).await;
 
-    let op = uuid::Uuid::new_v4();
     let source = sized(&pool, 1024.0);
-    env.send(
-        &id,
-        apply_event(create_disk(source.clone()), op, &env.version()),
-    )
-    .await;
+    // As a master and agent would: the agent applies `total − consumed + converted` on
+    // FINISHED and flags a consumed resource it does not have.
+    let op = env
+        .manager()
+        .apply_operation(&id, ApplyRequest::new(create_disk(source.clone())))
+        .await
+        .unwrap();
     let update = env.next_status(op).await;
     assert_eq!(state_of(&update.status), OperationState::OperationFinished);
     let converted = &update.status.converted_resources;
@@ -212,18 +228,18 @@ async fn create_disk_then_destroy_disk() {
     assert_eq!(status.operations, 1);
     assert_eq!(status.unacknowledged, 1);
     assert_eq!(env.stored_operations().await.len(), 1);
+    env.assert_agent_agrees(&id, &status.total).await;
 
     let status_uuid = update.status.uuid.clone().expect("a reliable status");
     env.send(&id, ack_event(op.as_bytes(), &status_uuid)).await;
     status_until(&provider.handle, "forgotten", |s| s.operations == 0).await;
     assert!(env.stored_operations().await.is_empty());
 
-    let destroy = uuid::Uuid::new_v4();
-    env.send(
-        &id,
-        apply_event(destroy_disk(disk.clone()), destroy, &env.version()),
-    )
-    .await;
+    let destroy = env
+        .manager()
+        .apply_operation(&id, ApplyRequest::new(destroy_disk(disk.clone())))
+        .await
+        .unwrap();
     let update = env.next_status(destroy).await;
     assert_eq!(
         state_of(&update.status),
@@ -238,6 +254,7 @@ async fn create_disk_then_destroy_disk() {
     .await;
     assert_eq!(status.total.len(), 1, "{:?}", status.total);
     assert_eq!(status.total[0].scalar, pool.scalar);
+    env.assert_agent_agrees(&id, &status.total).await;
     provider.stop().await;
 }
 
@@ -530,4 +547,66 @@ async fn update_state_carries_the_tracked_operations() {
         OperationState::OperationFinished
     );
     provider.stop().await;
+}
+
+fn reserve(resource: &Resource, role: &str) -> offer::Operation {
+    use slrp_proto::mesos::v1::resource::ReservationInfo;
+    use slrp_proto::mesos::v1::resource::reservation_info::Type as ReservationType;
+    let mut reserved = resource.clone();
+    reserved.reservations.push(ReservationInfo {
+        r#type: Some(ReservationType::Dynamic as i32),
+        role: Some(role.to_owned()),
+        ..ReservationInfo::default()
+    });
+    offer::Operation {
+        r#type: Some(offer::operation::Type::Reserve as i32),
+        reserve: Some(offer::operation::Reserve {
+            source: vec![resource.clone()],
+            resources: vec![reserved],
+        }),
+        ..offer::Operation::default()
+    }
+}
+
+/// Spec §5.3: a speculative RESERVE is applied before the next event, its one commit holds
+/// the FINISHED operation and the changed resources (a restarted provider recovers the
+/// reservation), and the agent's view, which applied it at once, equals the provider's.
+#[tokio::test]
+async fn a_speculative_reserve_is_applied_and_durable_at_once() {
+    let mut env = Env::new(FakeCsi::full()).await;
+    let Pool { provider, id, pool } = env.with_pool(env.ops_params(None)).await;
+    let part = sized(&pool, 2048.0);
+    let op = env
+        .manager()
+        .apply_operation(&id, ApplyRequest::new(reserve(&part, "storage")))
+        .await
+        .unwrap();
+    let update = env.next_status(op).await;
+    assert_eq!(
+        state_of(&update.status),
+        OperationState::OperationFinished,
+        "{:?}",
+        update.status.message
+    );
+    let status = provider.handle.status().borrow().clone();
+    let reserved = status
+        .total
+        .iter()
+        .filter(|r| !r.reservations.is_empty())
+        .count();
+    assert_eq!(reserved, 1, "{:?}", status.total);
+    env.assert_agent_agrees(&id, &status.total).await;
+    let stored = env.stored_operations().await;
+    assert_eq!(stored.len(), 1);
+    assert!(stored[0].is_terminal(), "committed finished, never PENDING");
+    provider.stop().await;
+
+    let again = env.spawn(env.ops_params(None)).await;
+    let recovered = again.handle.status().borrow().total.clone();
+    assert_eq!(
+        Resources::from_iter(recovered),
+        Resources::from_iter(status.total),
+        "the reservation was committed with the operation"
+    );
+    again.stop().await;
 }

@@ -241,6 +241,8 @@ pub(crate) async fn start_manager(
     config.state_dir = Some(dir.join("manager"));
     config.max_body_bytes = max_body_bytes;
     config.agent_id = Some(agent_id.to_owned());
+    // Tests acknowledge themselves (or switch to `Auto`).
+    config.ack_policy = slrp_manager::AckPolicy::Manual;
     let (handle, guard) = EmbeddedManager::spawn(config, cancel.child_token())
         .await
         .unwrap();
