@@ -259,6 +259,14 @@ impl Resources {
         self.0.is_empty()
     }
 
+    /// Entries that are normalized already: no two of them merge under [`Self::add`] and
+    /// none is empty (e.g. the durable total's records, one per identity). Taken as they
+    /// are, without `add`'s search for an entry to merge with, which makes collecting `n`
+    /// resources quadratic.
+    pub(crate) fn from_normalized(entries: Vec<Resource>) -> Self {
+        Self(entries)
+    }
+
     /// Mesos `Resources::add`: merged into the first addable entry, else appended; empty
     /// resources are ignored. Merging adds in fixed point, so merged scalars are rounded
     /// to 0.001 (Mesos does the same).
