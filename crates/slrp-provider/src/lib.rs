@@ -27,6 +27,7 @@ pub mod admin;
 pub mod config;
 pub mod daemon;
 pub mod metrics;
+pub mod publish;
 pub mod services;
 pub mod stack;
 pub mod workdir;

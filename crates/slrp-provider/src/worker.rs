@@ -1191,7 +1191,10 @@ impl Worker {
             self.state.total = reconciled.total;
         }
         if reconciled.changed || profiles_changed {
-            self.checkpoint().await?;
+            // Only the records of what changed: the cost follows the change, not the
+            // number of volumes.
+            let touched = reconciled.removed + &reconciled.added;
+            Box::pin(self.commit_ops(&[], &[], ops::Touched::Some(&touched))).await?;
             self.publish_status();
         }
         Ok(Ok(reconciled.changed))

@@ -135,7 +135,7 @@ enum DiskOutcome {
 }
 
 /// Which `provider_resource` records a commit rewrites.
-enum Touched<'a> {
+pub(super) enum Touched<'a> {
     /// None (and not the provider record either).
     Nothing,
     /// Those of these resources' identities.
@@ -224,7 +224,7 @@ impl Worker {
 
     /// Commits the records of `ops` (put), `removed` (delete) and the resource records of
     /// `touched`, in one transaction.
-    async fn commit_ops(
+    pub(super) async fn commit_ops(
         &mut self,
         ops: &[uuid::Uuid],
         removed: &[uuid::Uuid],
