@@ -267,6 +267,16 @@ impl Worker {
         })
     }
 
+    /// The agent applied an operation the provider did not (dropped or failed): a new
+    /// resource version and an UPDATE_STATE resynchronize it (§5.3). Before READY the
+    /// subscription reconciliation's UPDATE_STATE, which comes anyway with a fresh
+    /// version, does it (it must be the session's first).
+    fn resync_agent(&mut self) {
+        if self.lifecycle == super::Lifecycle::Ready {
+            self.state_changed();
+        }
+    }
+
     /// Sends status updates (reliable ones come from the status update manager, which
     /// keeps them until acknowledged; a failed send is only logged: the retry resends).
     fn send_updates(&mut self, updates: impl IntoIterator<Item = call::UpdateOperationStatus>) {
@@ -382,7 +392,7 @@ impl Worker {
                 self.send_updates(send);
                 if resync {
                     // The agent applied it to its view already (§5.3 last paragraph).
-                    self.state_changed();
+                    self.resync_agent();
                 }
             }
             admission @ (Admission::Accept | Admission::Defer) => {
@@ -640,7 +650,7 @@ impl Worker {
         }
         if failed && resync {
             // The agent applied it already: resynchronize it (§5.3 last paragraph).
-            self.state_changed();
+            self.resync_agent();
         }
         if applied.is_some() {
             self.publish_status();
