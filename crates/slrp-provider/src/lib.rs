@@ -27,7 +27,6 @@ pub mod admin;
 pub mod config;
 pub mod daemon;
 pub mod metrics;
-pub mod publish;
 pub mod services;
 pub mod stack;
 pub mod workdir;

@@ -331,24 +331,3 @@ mod tests {
         );
     }
 }
-
-// SCRATCH-STUB (not committed)
-#[allow(missing_docs, unused)]
-mod scratch_ops {
-    use slrp_core::provider::apply::OperationKind;
-    #[derive(Debug, Default)]
-    pub struct OperationMetrics;
-    impl OperationMetrics {
-        pub fn pending(&self, kind: OperationKind, delta: i64) {}
-        pub fn finished(&self, kind: OperationKind) {}
-        pub fn failed(&self, kind: OperationKind) {}
-        pub fn dropped(&self, kind: OperationKind) {}
-        pub fn unknown_dropped(&self) {}
-    }
-    static M: OperationMetrics = OperationMetrics;
-    impl super::ProviderMetrics {
-        pub fn operations(&self) -> &OperationMetrics {
-            &M
-        }
-    }
-}
