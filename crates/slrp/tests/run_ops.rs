@@ -1,0 +1,603 @@
+//! Mesos's operation tests (spec §11.1) as real-process tests of `slrp run`: disks and
+//! persistent volumes. The embedded manager plays agent and master (it applies speculative
+//! conversions at once and `total − consumed + converted` at a FINISHED disk operation, and
+//! counts a protocol violation where an agent would abort); the daemon and its
+//! `slrp-csi-local` plugin are children; `ROOT_` tests publish for real (mounts) and play
+//! the task by writing into the published path.
+
+// An integration-test crate: all of it is test code (the lints target library code).
+#![allow(
+    clippy::tests_outside_test_module,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::float_cmp
+)]
+
+#[macro_use]
+mod support;
+
+use serde_json::{Value, json};
+use slrp_manager::ApplyRequest;
+use support::ops::{
+    self, FRAMEWORK_ROLE, allocated, create, create_disk, destroy, destroy_disk, persistent,
+    popped, reserve, unallocated, unpersisted, unreserve,
+};
+use support::{
+    Cluster, DaemonOptions, ProviderSpec, Update, mb, profiles, sorted, sorted_one, source,
+};
+
+/// Where the agent finds MOUNT disks of the fixture's plugin, relative to its work dir
+/// (spec §5.4 step 4: the exact string).
+const MOUNT_ROOT: &str = "./csi/org.apache.mesos.csi.test/local/mounts";
+
+/// Starts `spec` with the profile document `doc`, after `prepare` (faults, imports), and
+/// waits for an UPDATE_STATE for which `ready` holds.
+async fn started(
+    spec: ProviderSpec,
+    doc: &Value,
+    prepare: impl FnOnce(&Cluster),
+    ready: impl Fn(&Update) -> bool,
+) -> (Cluster, Update) {
+    let mut c = Cluster::new(vec![spec], DaemonOptions::with_profiles()).await;
+    c.set_profiles(doc);
+    prepare(&c);
+    c.start_daemon();
+    let u = c.update_where(ready).await;
+    (c, u)
+}
+
+/// The fixture (CSI `csi`) with profile `test`, started; its `test` pool.
+async fn with_pool(csi: &'static str) -> (Cluster, Value) {
+    let (c, u) = started(
+        ProviderSpec::fixture().csi(csi),
+        &profiles(&["test"]),
+        |_| {},
+        |u| u.pool("test").is_some(),
+    )
+    .await;
+    let pool = u.pool("test").unwrap().clone();
+    (c, pool)
+}
+
+/// Asserts `disk` is a MOUNT disk of profile `profile` made from `source` (spec §5.4 step
+/// 4): the source's scalar, reservations and allocation, a plugin volume id, the relative
+/// mount root.
+fn assert_mount_disk(disk: &Value, from: &Value, profile: &str) {
+    assert_eq!(source(disk)["type"], "MOUNT", "{disk}");
+    assert_eq!(source(disk)["profile"], profile, "{disk}");
+    assert_eq!(source(disk)["mount"]["root"], MOUNT_ROOT, "{disk}");
+    assert!(source(disk)["id"].is_string(), "{disk}");
+    assert_eq!(mb(disk), mb(from), "{disk}");
+    assert_eq!(disk["reservations"], from["reservations"], "{disk}");
+    assert_eq!(disk["allocation_info"], from["allocation_info"], "{disk}");
+    assert_eq!(source(disk)["vendor"], source(from)["vendor"], "{disk}");
+}
+
+/// The id of a disk.
+fn id(disk: &Value) -> String {
+    source(disk)["id"].as_str().unwrap().to_owned()
+}
+
+/// CreateDestroyDisk (§11.1 test 5): pipelined RESERVE (refined to the framework's role) +
+/// CREATE_DISK(MOUNT) of the 4 GiB pool → a MOUNT disk with the relative mount root, and
+/// the plugin holds the volume; pipelined CREATE, DESTROY, UNRESERVE, DESTROY_DISK → the
+/// original RAW pool again and the plugin volume is gone. The agent's total agrees at
+/// every step (the manager counts a violation where an agent would abort).
+async fn create_destroy_disk(csi: &'static str) {
+    let (mut c, pool) = with_pool(csi).await;
+    let disk = create_reserved_disk(&c, &pool).await;
+    destroy_reserved_disk(&mut c, &disk, &pool).await;
+    c.finish().await;
+}
+csi_versions!(create_destroy_disk);
+
+/// RESERVE + CREATE_DISK(MOUNT), pipelined; returns the disk (unallocated, as the totals
+/// hold it).
+async fn create_reserved_disk(c: &Cluster, pool: &Value) -> Value {
+    let offered = allocated(pool, FRAMEWORK_ROLE);
+    let (reserve_op, reserved) = reserve(&offered, FRAMEWORK_ROLE);
+    let r = c.apply(reserve_op).await;
+    let d = c
+        .apply(create_disk(
+            &allocated(&reserved, FRAMEWORK_ROLE),
+            "MOUNT",
+            None,
+        ))
+        .await;
+    let r = c.terminal(r).await.latest_status;
+    assert_eq!(
+        ops::state_name(&r),
+        "OPERATION_FINISHED",
+        "{}",
+        ops::status_json(&r)
+    );
+    let d = c.terminal(d).await.latest_status;
+    assert_eq!(
+        ops::state_name(&d),
+        "OPERATION_FINISHED",
+        "{}",
+        ops::status_json(&d)
+    );
+    let [disk] = &ops::converted(&d)[..] else {
+        panic!("one converted disk: {}", ops::status_json(&d))
+    };
+    assert_mount_disk(disk, &allocated(&reserved, FRAMEWORK_ROLE), "test");
+    assert!(
+        c.plugin_volumes("test").contains(&id(disk)),
+        "the plugin holds {}: {:?}",
+        id(disk),
+        c.plugin_volumes("test")
+    );
+    let disk = unallocated(disk);
+    assert_eq!(c.agent_total().await, sorted_one(&disk));
+    disk
+}
+
+/// CREATE + DESTROY of a persistent volume, UNRESERVE, DESTROY_DISK, pipelined; the
+/// pool is back and the plugin holds no volume.
+async fn destroy_reserved_disk(c: &mut Cluster, disk: &Value, pool: &Value) {
+    let volume = allocated(&persistent(disk, "id1"), FRAMEWORK_ROLE);
+    let offered = allocated(disk, FRAMEWORK_ROLE);
+    let uuids = [
+        c.apply(create(std::slice::from_ref(&volume))).await,
+        c.apply(destroy(std::slice::from_ref(&volume))).await,
+        c.apply(unreserve(&offered)).await,
+        c.apply(destroy_disk(&allocated(&popped(disk), FRAMEWORK_ROLE)))
+            .await,
+    ];
+    let mut last = None;
+    for uuid in uuids {
+        let s = c.terminal(uuid).await.latest_status;
+        assert_eq!(
+            ops::state_name(&s),
+            "OPERATION_FINISHED",
+            "{}",
+            ops::status_json(&s)
+        );
+        last = Some(s);
+    }
+    let converted = ops::converted(&last.unwrap());
+    assert_eq!(
+        sorted(&converted.iter().map(unallocated).collect::<Vec<_>>()),
+        sorted_one(pool),
+        "DESTROY_DISK gives the pool back"
+    );
+    assert_eq!(c.agent_total().await, sorted_one(pool));
+    assert!(
+        c.plugin_volumes("test").is_empty(),
+        "{:?}",
+        c.plugin_volumes("test")
+    );
+}
+
+/// CreateDestroyDiskWithRecovery (§11.1 test 6): as CreateDestroyDisk with a daemon
+/// restart between create and destroy: the recovered provider reports the MOUNT disk
+/// unchanged, and the destroy pipeline works on it.
+async fn create_destroy_disk_with_recovery(csi: &'static str) {
+    let (mut c, pool) = with_pool(csi).await;
+    let disk = create_reserved_disk(&c, &pool).await;
+    c.restart_daemon().await;
+    let u = c.update_where(|u| !u.disks().is_empty()).await;
+    assert_eq!(
+        sorted(&u.resources),
+        sorted_one(&disk),
+        "the disk unchanged"
+    );
+    destroy_reserved_disk(&mut c, &disk, &pool).await;
+    c.finish().await;
+}
+csi_versions!(create_destroy_disk_with_recovery);
+
+/// CREATE_DISK(MOUNT) of the whole pool and CREATE of a persistent volume on it; returns
+/// the disk and the volume (unallocated).
+async fn persistent_volume(c: &Cluster, pool: &Value) -> (Value, Value) {
+    let disk = c
+        .finished_one(create_disk(&allocated(pool, FRAMEWORK_ROLE), "MOUNT", None))
+        .await;
+    assert_mount_disk(&disk, &allocated(pool, FRAMEWORK_ROLE), "test");
+    let disk = unallocated(&disk);
+    let volume = persistent(&disk, "id1");
+    let created = c
+        .finished(create(&[allocated(&volume, FRAMEWORK_ROLE)]))
+        .await;
+    assert_eq!(
+        sorted(&created.iter().map(unallocated).collect::<Vec<_>>()),
+        sorted_one(&volume)
+    );
+    assert_eq!(c.agent_total().await, sorted_one(&volume));
+    (disk, volume)
+}
+
+/// The "task" of the persistent volume tests: publishes `volume` (as an agent does before
+/// a launch) and writes `file` into it.
+async fn task_writes(c: &Cluster, volume: &Value, text: &str) {
+    c.published(&[allocated(volume, FRAMEWORK_ROLE)]).await;
+    let target = c.volume_path(volume);
+    assert!(
+        support::mounts_under(&c.path("work")).contains(&target),
+        "{} is a mount point after the publish",
+        target.display()
+    );
+    std::fs::write(target.join("file"), text).unwrap();
+}
+
+/// A later task: publishes `volume` again and reads `file`.
+async fn task_reads(c: &Cluster, volume: &Value) -> String {
+    c.published(&[allocated(volume, FRAMEWORK_ROLE)]).await;
+    std::fs::read_to_string(c.volume_path(volume).join("file")).unwrap_or_else(|e| {
+        c.fail(&format!(
+            "reading {}: {e}",
+            c.volume_path(volume).join("file").display()
+        ))
+    })
+}
+
+/// DESTROY (the file goes, the directory stays) then DESTROY_DISK (the plugin volume
+/// goes, the pool is back).
+async fn destroy_persistent_volume(c: &Cluster, disk: &Value, volume: &Value, pool: &Value) {
+    let converted = c
+        .finished(destroy(&[allocated(volume, FRAMEWORK_ROLE)]))
+        .await;
+    assert_eq!(
+        sorted(&converted.iter().map(unallocated).collect::<Vec<_>>()),
+        sorted(&[unpersisted(volume)])
+    );
+    let target = c.volume_path(volume);
+    assert!(target.is_dir(), "{} stays", target.display());
+    assert!(
+        !target.join("file").exists(),
+        "DESTROY removed the data in {}",
+        target.display()
+    );
+    c.finished(destroy_disk(&allocated(disk, FRAMEWORK_ROLE)))
+        .await;
+    assert!(
+        c.plugin_volumes("test").is_empty(),
+        "{:?}",
+        c.plugin_volumes("test")
+    );
+    assert_eq!(c.agent_total().await, sorted_one(pool));
+}
+
+/// ROOT_CreateDestroyPersistentMountVolume (§11.1 test 12): CREATE_DISK, CREATE, a task
+/// writes a file; DESTROY finishes and the volume directory exists but the file is gone;
+/// DESTROY_DISK finishes and the volume is deleted.
+async fn create_destroy_persistent_mount_volume(csi: &'static str) {
+    if !slrp_test_support::require_root("create_destroy_persistent_mount_volume") {
+        return;
+    }
+    let (c, pool) = with_pool(csi).await;
+    let (disk, volume) = persistent_volume(&c, &pool).await;
+    task_writes(&c, &volume, "data").await;
+    destroy_persistent_volume(&c, &disk, &volume, &pool).await;
+    c.finish().await;
+}
+csi_versions!(create_destroy_persistent_mount_volume);
+
+/// ROOT_CreateDestroyPersistentMountVolumeWithRecovery (§11.1 test 13): the same with
+/// daemon restarts between the tasks and before the destroy: the second task reads the
+/// file (republished after recovery) and the cleanup still works.
+async fn create_destroy_persistent_mount_volume_with_recovery(csi: &'static str) {
+    if !slrp_test_support::require_root("create_destroy_persistent_mount_volume_with_recovery") {
+        return;
+    }
+    let (mut c, pool) = with_pool(csi).await;
+    let (disk, volume) = persistent_volume(&c, &pool).await;
+    task_writes(&c, &volume, "data").await;
+    c.restart_daemon().await;
+    c.update_where(|u| !u.disks().is_empty()).await;
+    assert_eq!(task_reads(&c, &volume).await, "data");
+    c.restart_daemon().await;
+    let u = c.update_where(|u| !u.disks().is_empty()).await;
+    assert_eq!(sorted(&u.resources), sorted_one(&volume));
+    destroy_persistent_volume(&c, &disk, &volume, &pool).await;
+    c.finish().await;
+}
+csi_versions!(create_destroy_persistent_mount_volume_with_recovery);
+
+/// ROOT_CreateDestroyPersistentMountVolumeWithReboot (§11.1 test 14): the same with
+/// simulated reboots (every mount of the test gone, a new boot id) instead of restarts:
+/// the provider restages and republishes, the file survives, the cleanup works.
+async fn create_destroy_persistent_mount_volume_with_reboot(csi: &'static str) {
+    if !slrp_test_support::require_root("create_destroy_persistent_mount_volume_with_reboot") {
+        return;
+    }
+    let (mut c, pool) = with_pool(csi).await;
+    let (disk, volume) = persistent_volume(&c, &pool).await;
+    task_writes(&c, &volume, "data").await;
+    c.simulate_reboot().await;
+    assert!(support::mounts_under(c.dir.path()).is_empty());
+    c.start_daemon();
+    c.update_where(|u| !u.disks().is_empty()).await;
+    assert_eq!(task_reads(&c, &volume).await, "data");
+    c.simulate_reboot().await;
+    c.start_daemon();
+    let u = c.update_where(|u| !u.disks().is_empty()).await;
+    assert_eq!(sorted(&u.resources), sorted_one(&volume));
+    destroy_persistent_volume(&c, &disk, &volume, &pool).await;
+    c.finish().await;
+}
+csi_versions!(create_destroy_persistent_mount_volume_with_reboot);
+
+/// CreatePersistentBlockVolume (§11.1 test 16): CREATE_DISK to BLOCK (a block profile)
+/// finishes; CREATE of a persistent volume on the BLOCK disk fails with Mesos's message,
+/// and the provider resynchronises the agent (new resource version, UPDATE_STATE with the
+/// disk); the disk can then be destroyed.
+async fn create_persistent_block_volume(csi: &'static str) {
+    let doc = ops::profile_doc(&[("block", "block", json!({}))]);
+    let (mut c, u) = started(
+        ProviderSpec::fixture().csi(csi),
+        &doc,
+        |_| {},
+        |u| u.pool("block").is_some(),
+    )
+    .await;
+    let pool = u.pool("block").unwrap().clone();
+    let disk = c
+        .finished_one(create_disk(
+            &allocated(&pool, FRAMEWORK_ROLE),
+            "BLOCK",
+            None,
+        ))
+        .await;
+    assert_eq!(source(&disk)["type"], "BLOCK", "{disk}");
+    assert!(source(&disk)["mount"].is_null(), "{disk}");
+    let disk = unallocated(&disk);
+    let before = c.current_version().await;
+    let message = c
+        .ended(
+            create(&[allocated(&persistent(&disk, "id1"), FRAMEWORK_ROLE)]),
+            "OPERATION_FAILED",
+        )
+        .await;
+    assert_eq!(
+        message,
+        "Cannot create persistent volume 'id1' on a BLOCK disk"
+    );
+    let resynced = c
+        .update_where(|u| u.resource_version != before && !u.disks().is_empty())
+        .await;
+    assert_eq!(sorted(&resynced.resources), sorted_one(&disk));
+    assert_eq!(c.agent_total().await, sorted_one(&disk));
+    c.finished(destroy_disk(&allocated(&disk, FRAMEWORK_ROLE)))
+        .await;
+    assert!(c.plugin_volumes("test").is_empty());
+    c.finish().await;
+}
+csi_versions!(create_persistent_block_volume);
+
+/// DestroyUnpublishedPersistentVolume (§11.1 test 17): the plugin answers UNIMPLEMENTED
+/// to NodePublishVolume, so the publish for the task fails (the agent's TASK_FAILED);
+/// DESTROY and DESTROY_DISK nevertheless both finish and the volume is deleted.
+async fn destroy_unpublished_persistent_volume(csi: &'static str) {
+    let (c, pool) = with_pool(csi).await;
+    c.set_faults(
+        "test",
+        &json!([{"rpc": "NodePublishVolume", "fail": "UNIMPLEMENTED"}]),
+    );
+    let (disk, volume) = persistent_volume(&c, &pool).await;
+    let publish = c.publish(&[allocated(&volume, FRAMEWORK_ROLE)]).await;
+    assert!(publish.is_err(), "the publish fails: {publish:?}");
+    c.finished(destroy(&[allocated(&volume, FRAMEWORK_ROLE)]))
+        .await;
+    c.finished(destroy_disk(&allocated(&disk, FRAMEWORK_ROLE)))
+        .await;
+    assert!(
+        c.plugin_volumes("test").is_empty(),
+        "{:?}",
+        c.plugin_volumes("test")
+    );
+    assert_eq!(c.agent_total().await, sorted_one(&pool));
+    c.finish().await;
+}
+csi_versions!(destroy_unpublished_persistent_volume);
+
+/// CreateDestroyPreprovisionedVolume (§11.1 test 21): a 1 GiB pool and two 2 GiB
+/// pre-existing volumes: CREATE_DISK with `target_profile` `test` finishes (the volume is
+/// validated and imported as a MOUNT disk of that profile), with `unknown` fails ("Profile
+/// 'unknown' not found"); DESTROY_DISK of the imported MOUNT disk and of the untouched RAW
+/// volume both finish and the plugin deletes both volumes.
+async fn create_destroy_preprovisioned_volume(csi: &'static str) {
+    let mut spec = ProviderSpec::fixture().csi(csi);
+    spec.pools = vec!["default=1GiB".into()];
+    let (c, u) = started(
+        spec,
+        &profiles(&["test"]),
+        |c| {
+            c.import_volume("test", "a", 2 << 30);
+            c.import_volume("test", "b", 2 << 30);
+        },
+        |u| u.pool("test").is_some() && u.disks().len() == 2,
+    )
+    .await;
+    let pool = u.pool("test").unwrap().clone();
+    assert_eq!(mb(&pool), 1024.0);
+    let raw: Vec<Value> = u.disks().into_iter().cloned().collect();
+    for d in &raw {
+        assert_eq!(source(d)["type"], "RAW", "{d}");
+        assert!(source(d)["profile"].is_null(), "{d}");
+        assert_eq!(mb(d), 2048.0, "{d}");
+    }
+    let imported = c
+        .finished_one(create_disk(
+            &allocated(&raw[0], FRAMEWORK_ROLE),
+            "MOUNT",
+            Some("test"),
+        ))
+        .await;
+    assert_mount_disk(&imported, &allocated(&raw[0], FRAMEWORK_ROLE), "test");
+    assert_eq!(id(&imported), id(&raw[0]), "the same volume, imported");
+    let message = c
+        .ended(
+            create_disk(
+                &allocated(&raw[1], FRAMEWORK_ROLE),
+                "MOUNT",
+                Some("unknown"),
+            ),
+            "OPERATION_FAILED",
+        )
+        .await;
+    assert_eq!(message, "Profile 'unknown' not found");
+    c.finished(destroy_disk(&imported)).await;
+    c.finished(destroy_disk(&allocated(&raw[1], FRAMEWORK_ROLE)))
+        .await;
+    assert!(
+        c.plugin_volumes("test").is_empty(),
+        "{:?}",
+        c.plugin_volumes("test")
+    );
+    assert_eq!(c.agent_total().await, sorted_one(&pool));
+    c.finish().await;
+}
+csi_versions!(create_destroy_preprovisioned_volume);
+
+/// ROOT_PublishUnpublishResourcesPluginKilled (§11.1 test 15): the plugin is SIGKILLed
+/// before CREATE_DISK, before the task's publish and before DESTROY + DESTROY_DISK; each
+/// time the supervisor relaunches it and the step succeeds.
+async fn publish_unpublish_resources_plugin_killed(csi: &'static str) {
+    if !slrp_test_support::require_root("publish_unpublish_resources_plugin_killed") {
+        return;
+    }
+    let (c, pool) = with_pool(csi).await;
+    let killed = c.kill_plugin("test").await;
+    let pid = c.plugin_relaunched("test", killed).await;
+    let (disk, volume) = persistent_volume(&c, &pool).await;
+    let killed = c.kill_plugin("test").await;
+    assert_eq!(killed, pid);
+    let pid = c.plugin_relaunched("test", killed).await;
+    task_writes(&c, &volume, "data").await;
+    let killed = c.kill_plugin("test").await;
+    assert_eq!(killed, pid);
+    c.plugin_relaunched("test", killed).await;
+    destroy_persistent_volume(&c, &disk, &volume, &pool).await;
+    c.finish().await;
+}
+csi_versions!(publish_unpublish_resources_plugin_killed);
+
+/// ProfileDisappeared (§11.1 test 9), with operations: a 2 GiB MOUNT disk from the 4 GiB
+/// `test1` pool; the mapping switches to `test2` (a new resource version); a DESTROY_DISK
+/// carrying the old version is DROPPED ("Mismatched resource version"); with the current
+/// one it finishes with empty converted resources (the profile is gone), and the freed
+/// space shows up: a 4 GiB `test2` pool.
+async fn profile_disappeared(csi: &'static str) {
+    let (c, u) = started(
+        ProviderSpec::fixture().csi(csi),
+        &profiles(&["test1"]),
+        |_| {},
+        |u| u.pool("test1").is_some(),
+    )
+    .await;
+    let mut c = c;
+    let pool = u.pool("test1").unwrap().clone();
+    let disk = c
+        .finished_one(create_disk(
+            &allocated(&ops::portion(&pool, 2048.0), FRAMEWORK_ROLE),
+            "MOUNT",
+            None,
+        ))
+        .await;
+    let old = c.current_version().await;
+    c.set_profiles(&profiles(&["test2"]));
+    let switched = c
+        .update_where(|u| u.pool("test2").is_some() && u.pool("test1").is_none())
+        .await;
+    assert_eq!(mb(switched.pool("test2").unwrap()), 2048.0);
+    let mut stale = ApplyRequest::new(destroy_disk(&disk));
+    stale.resource_version = Some(slrp_proto::mesos::v1::Uuid { value: old.clone() });
+    let uuid = c.apply_request(stale).await;
+    let s = c.terminal(uuid).await.latest_status;
+    assert_eq!(
+        ops::state_name(&s),
+        "OPERATION_DROPPED",
+        "{}",
+        ops::status_json(&s)
+    );
+    assert!(
+        s.message
+            .as_deref()
+            .is_some_and(|m| m.starts_with("Mismatched resource version")),
+        "{:?}",
+        s.message
+    );
+    let converted = c.finished(destroy_disk(&disk)).await;
+    assert!(converted.is_empty(), "{converted:?}");
+    let freed = c
+        .update_where(|u| u.pool("test2").is_some_and(|p| mb(p) == 4096.0))
+        .await;
+    assert!(freed.disks().is_empty(), "{:?}", freed.resources);
+    assert!(c.plugin_volumes("test").is_empty());
+    c.finish().await;
+}
+csi_versions!(profile_disappeared);
+
+/// ROOT_AgentRegisteredWithNewId (§11.1 test 11), with operations: 2 GiB and 3 GiB MOUNT
+/// disks of profile `good` (whose parameters the plugin created them with) get persistent
+/// volumes and files; the agent comes back under a new agent ID; both volumes reappear as
+/// pre-existing RAW volumes of a new provider id; CREATE_DISK with `target_profile` `good`
+/// finishes and with `bad` (other parameters) fails; the imported disk holds the file a
+/// task reads; DESTROY_DISK of the other deletes it.
+async fn agent_registered_with_new_id(csi: &'static str) {
+    if !slrp_test_support::require_root("agent_registered_with_new_id") {
+        return;
+    }
+    let mut spec = ProviderSpec::fixture().csi(csi);
+    spec.pools = vec!["default=8GiB".into()];
+    let doc = ops::profile_doc(&[
+        ("good", "mount", json!({"backend": "dir"})),
+        ("bad", "mount", json!({"backend": "loop"})),
+    ]);
+    let (mut c, u) = started(spec, &doc, |_| {}, |u| u.pool("good").is_some()).await;
+    let old_id = u.provider_id.clone();
+    let pool = u.pool("good").unwrap().clone();
+    let mut volumes = Vec::new();
+    for (size, pid) in [(2048.0, "id2"), (3072.0, "id3")] {
+        let disk = c
+            .finished_one(create_disk(
+                &allocated(&ops::portion(&pool, size), FRAMEWORK_ROLE),
+                "MOUNT",
+                None,
+            ))
+            .await;
+        let volume = persistent(&unallocated(&disk), pid);
+        c.finished(create(&[allocated(&volume, FRAMEWORK_ROLE)]))
+            .await;
+        task_writes(&c, &volume, pid).await;
+        volumes.push(volume);
+    }
+    c.stop_daemon_cleanly().await;
+    c.restart_manager_with_agent_id("new-agent-S1").await;
+    c.start_daemon();
+    let info = c.next_subscribed().await;
+    let new_id = info["id"]["value"].as_str().unwrap().to_owned();
+    assert_ne!(new_id, old_id, "a new agent id is a new provider");
+    let u = c.update_where(|u| u.disks().len() == 2).await;
+    let mut raw: Vec<Value> = u.disks().into_iter().cloned().collect();
+    raw.sort_by(|a, b| mb(a).total_cmp(&mb(b)));
+    for (r, v) in raw.iter().zip(&volumes) {
+        assert_eq!(source(r)["type"], "RAW", "{r}");
+        assert!(source(r)["profile"].is_null(), "{r}");
+        assert_eq!(r["provider_id"]["value"], new_id.as_str(), "{r}");
+        assert_eq!(id(r), id(v));
+    }
+    let imported = c
+        .finished_one(create_disk(
+            &allocated(&raw[0], FRAMEWORK_ROLE),
+            "MOUNT",
+            Some("good"),
+        ))
+        .await;
+    c.ended(
+        create_disk(&allocated(&raw[1], FRAMEWORK_ROLE), "MOUNT", Some("bad")),
+        "OPERATION_FAILED",
+    )
+    .await;
+    let imported = unallocated(&imported);
+    assert_eq!(task_reads(&c, &imported).await, "id2");
+    c.finished(destroy_disk(&allocated(&raw[1], FRAMEWORK_ROLE)))
+        .await;
+    assert!(!c.plugin_volumes("test").contains(&id(&raw[1])));
+    assert!(c.plugin_volumes("test").contains(&id(&raw[0])));
+    c.finish().await;
+}
+csi_versions!(agent_registered_with_new_id);
