@@ -56,6 +56,16 @@ fn ack_event(operation: &[u8], status: &Uuid) -> Event {
     }
 }
 
+fn reconcile_event(operation: uuid::Uuid) -> Event {
+    Event {
+        r#type: Some(event::Type::ReconcileOperations as i32),
+        reconcile_operations: Some(event::ReconcileOperations {
+            operation_uuids: vec![proto(operation)],
+        }),
+        ..Event::default()
+    }
+}
+
 fn create_disk(source: Resource) -> offer::Operation {
     offer::Operation {
         r#type: Some(offer::operation::Type::CreateDisk as i32),
@@ -313,7 +323,11 @@ async fn an_accepted_operation_survives_a_crash_and_is_applied_once() {
 #[tokio::test]
 async fn a_duplicate_operation_uuid_gets_its_latest_status() {
     let mut env = Env::new(FakeCsi::full()).await;
-    let Pool { provider, id, pool } = env.with_pool(env.ops_params(None)).await;
+    // No retry comes within the test: a second status can only be the duplicate's answer.
+    let mut params = env.ops_params(None);
+    params.status_retry.min = Duration::from_secs(3600);
+    params.status_retry.max = Duration::from_secs(3600);
+    let Pool { provider, id, pool } = env.with_pool(params).await;
     let op = uuid::Uuid::new_v4();
     let event = apply_event(create_disk(sized(&pool, 256.0)), op, &env.version());
     env.send(&id, event.clone()).await;
@@ -354,11 +368,19 @@ async fn a_disk_operation_during_a_reconciliation_is_deferred_not_dropped() {
     let stored = env.stored_operations().await;
     assert_eq!(stored.len(), 1, "tracked PENDING and durable at once");
     assert!(!stored[0].is_terminal());
+    // A round trip through the worker loop: once the answer to this RECONCILE is in, an
+    // applied CREATE_DISK would have handed its CreateVolume to the volume manager, whose
+    // command queue is FIFO, so `jobs()` would count it.
+    let probe = uuid::Uuid::new_v4();
+    env.send(&id, reconcile_event(probe)).await;
+    env.next_status(probe).await;
+    let jobs = env.volumes.jobs().await.unwrap();
     assert_eq!(
-        env.fake().calls(CsiRpc::CreateVolume),
+        jobs.running + jobs.parked + jobs.queued,
         0,
-        "not applied while the reconciliation runs"
+        "not applied while the reconciliation runs: {jobs:?}"
     );
+    assert_eq!(env.fake().calls(CsiRpc::CreateVolume), 0);
 
     env.fake().set_down(CsiRpc::GetCapacity, false);
     let update = env.next_status(op).await;
@@ -437,14 +459,7 @@ async fn reconciling_an_unknown_operation_drops_it_unreliably() {
     let mut env = Env::new(FakeCsi::full()).await;
     let Pool { provider, id, .. } = env.with_pool(env.ops_params(None)).await;
     let unknown = uuid::Uuid::new_v4();
-    let event = Event {
-        r#type: Some(event::Type::ReconcileOperations as i32),
-        reconcile_operations: Some(event::ReconcileOperations {
-            operation_uuids: vec![proto(unknown)],
-        }),
-        ..Event::default()
-    };
-    env.send(&id, event).await;
+    env.send(&id, reconcile_event(unknown)).await;
     let update = env.next_status(unknown).await;
     assert_eq!(state_of(&update.status), OperationState::OperationDropped);
     assert_eq!(update.status.message.as_deref(), Some("Unknown operation"));
