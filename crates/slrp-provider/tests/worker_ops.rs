@@ -625,3 +625,64 @@ async fn a_speculative_reserve_is_applied_and_durable_at_once() {
     );
     again.stop().await;
 }
+
+/// Spec §9: operation metrics with Mesos's names; recovery feeds them from every tracked
+/// operation's latest state (once, not again at a resubscription).
+#[tokio::test]
+async fn operation_metrics_are_counted_and_recovered() {
+    let mut env = Env::new(FakeCsi::full()).await;
+    env.with_profiles(&profile_doc(&["test"]));
+    let metrics = slrp_provider::metrics::ProviderMetrics::new(RP_TYPE, RP_NAME);
+    let deps = slrp_provider::worker::ProviderDeps {
+        metrics: metrics.clone(),
+        ..env.deps()
+    };
+    let provider = env.spawn_with(env.ops_params(None), deps).await;
+    let (id, pool) = loop {
+        let (id, resources) = env.next_update().await;
+        if let Some(pool) = resources.iter().find(|r| source_of(r).profile.is_some()) {
+            break (id, pool.clone());
+        }
+    };
+    ready(&provider.handle).await;
+    let op = env
+        .manager()
+        .apply_operation(&id, ApplyRequest::new(create_disk(sized(&pool, 32.0))))
+        .await
+        .unwrap();
+    env.next_status(op).await;
+    let stale = uuid::Uuid::new_v4();
+    let dropped = uuid::Uuid::new_v4();
+    env.send(
+        &id,
+        apply_event(create_disk(sized(&pool, 32.0)), dropped, stale.as_bytes()),
+    )
+    .await;
+    env.next_status(dropped).await;
+    let prefix = format!("resource_providers/{RP_TYPE}.{RP_NAME}/operations");
+    let read = |metrics: &slrp_provider::metrics::ProviderMetrics, name: &str| {
+        metrics.snapshot()[&format!("{prefix}/{name}")]
+    };
+    assert_eq!(read(&metrics, "create_disk/finished"), 1.0);
+    assert_eq!(read(&metrics, "create_disk/dropped"), 1.0);
+    assert_eq!(read(&metrics, "create_disk/pending"), 0.0);
+    provider.stop().await;
+
+    // Both are unacknowledged: a restarted provider counts them again from the records.
+    let fresh = slrp_provider::metrics::ProviderMetrics::new(RP_TYPE, RP_NAME);
+    let deps = slrp_provider::worker::ProviderDeps {
+        metrics: fresh.clone(),
+        ..env.deps()
+    };
+    let again = env.spawn_with(env.ops_params(None), deps).await;
+    // The recovered total already holds the pool: the profile update sends nothing.
+    let sent = ready(&again.handle).await.updates_sent;
+    env.restart_manager(4 * 1024 * 1024).await;
+    status_until(&again.handle, "resubscribed", |s| {
+        s.lifecycle == slrp_core::provider::lifecycle::Lifecycle::Ready && s.updates_sent > sent
+    })
+    .await;
+    assert_eq!(read(&fresh, "create_disk/finished"), 1.0, "counted once");
+    assert_eq!(read(&fresh, "create_disk/dropped"), 1.0);
+    again.stop().await;
+}

@@ -137,10 +137,13 @@ impl Env {
     }
 
     pub(crate) async fn spawn(&self, params: ProviderParams) -> Running {
+        self.spawn_with(params, self.deps()).await
+    }
+
+    /// Spawns with `deps` (e.g. metrics the test reads).
+    pub(crate) async fn spawn_with(&self, params: ProviderParams, deps: ProviderDeps) -> Running {
         let cancel = self.cancel.child_token();
-        let (handle, task) = Provider::spawn(params, self.deps(), cancel.clone())
-            .await
-            .unwrap();
+        let (handle, task) = Provider::spawn(params, deps, cancel.clone()).await.unwrap();
         Running {
             handle,
             task,
