@@ -942,6 +942,97 @@ mod tests {
         );
     }
 
+    /// What a Mesos agent keeps on an operation's resources and the provider strips from
+    /// the total (§5.6 step 1).
+    fn allocated(resources: &Resources) -> Resources {
+        resources
+            .iter()
+            .map(|r| Resource {
+                allocation_info: Some(AllocationInfo {
+                    role: Some("role".into()),
+                }),
+                ..r.clone()
+            })
+            .collect()
+    }
+
+    fn load_blocking(store: &Store) -> ProviderState {
+        let record = store
+            .get_blocking::<ProviderRecord>("agent-S0")
+            .unwrap()
+            .unwrap();
+        let resources = store
+            .load_prefix_blocking::<ProviderResourceRecord>("agent-S0/")
+            .unwrap();
+        ProviderState::from_records(record, resources, store.path()).unwrap()
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(24))]
+
+        /// Any sequence of disk creations and destructions (touched resources carrying
+        /// allocation info, as an operation's do) and reconciliations (full rewrites)
+        /// leaves exactly the total in the store, one record per identity.
+        #[test]
+        fn staged_changes_keep_the_store_equal_to_the_total(
+            steps in proptest::collection::vec((0u8..3, proptest::prelude::any::<u8>(), proptest::prelude::any::<bool>()), 1..16)
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let store = Store::open(dir.path()).unwrap();
+            let c = ctx();
+            let mut known = profiles();
+            known.insert("slow".into(), block());
+            let total: Resources = [
+                c.raw_disk(1 << 40, Some("fast"), None, None),
+                c.raw_disk(1 << 40, Some("slow"), None, None),
+            ]
+            .into_iter()
+            .collect();
+            let mut state = ProviderState::checkpoint(Some(c.provider_id().clone()), total, &known);
+            let mut txn = store.transaction();
+            state.stage(&mut txn, "agent-S0", None).unwrap();
+            txn.commit_blocking().unwrap();
+            let mut disks: Vec<Resource> = Vec::new();
+            for (n, (action, arg, flag)) in steps.into_iter().enumerate() {
+                let touched = match action {
+                    0 => {
+                        let profile = if arg % 2 == 0 { "fast" } else { "slow" };
+                        let source = c.raw_disk(u64::from(arg % 8 + 1) * MB, Some(profile), None, None);
+                        let conversion = c.created_disk(
+                            &source,
+                            &CreatedVolume {
+                                id: &format!("disk-{n}"),
+                                context: &BTreeMap::new(),
+                                profile,
+                                bytes: None,
+                            },
+                            if flag { CreatedKind::Mount } else { CreatedKind::Block },
+                        );
+                        disks.extend(conversion.converted.iter().cloned());
+                        state.total = state.total.apply(&conversion).unwrap();
+                        Some(allocated(&conversion.consumed) + &allocated(&conversion.converted))
+                    }
+                    1 if !disks.is_empty() => {
+                        let disk = disks.remove(usize::from(arg) % disks.len());
+                        let conversion = c.destroyed_disk(&disk, flag, |p| p == "fast").conversion;
+                        state.total = state.total.apply(&conversion).unwrap();
+                        Some(allocated(&conversion.consumed) + &allocated(&conversion.converted))
+                    }
+                    _ => {
+                        state.total.add(&c.raw_disk(MB, None, Some(&format!("found-{n}")), None));
+                        None
+                    }
+                };
+                let mut txn = store.transaction();
+                state.stage(&mut txn, "agent-S0", touched.as_ref()).unwrap();
+                txn.commit_blocking().unwrap();
+                proptest::prop_assert_eq!(&load_blocking(&store), &state, "after step {}", n);
+                let identities: BTreeSet<String> = state.total.iter().map(identity_digest).collect();
+                proptest::prop_assert_eq!(count_resource_records(&store, "agent-S0"), identities.len());
+            }
+        }
+    }
+
     /// A record exactly as schema version 1 wrote it.
     #[derive(Serialize, Deserialize)]
     struct V1(serde_json::Value);
