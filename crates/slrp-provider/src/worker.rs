@@ -876,7 +876,21 @@ impl Worker {
 
     async fn on_event(&mut self, event: Event) -> Result<(), ProviderError> {
         let kind = EventKind::of(&event);
-        match disposition(self.lifecycle, kind) {
+        // The subscription reconciliation is done and its UPDATE_STATE on the way: Mesos is
+        // READY from here on, and the manager, which has the UPDATE_STATE, may send
+        // operations before its answer reaches us. They wait for READY instead of being
+        // dropped as if the provider were still reconciling.
+        let reconciled = self.lifecycle == Lifecycle::Subscribed
+            && self
+                .ready_from_send
+                .is_some_and(|(_, session)| session == self.session);
+        let disposition = match disposition(self.lifecycle, kind) {
+            Disposition::Drop { .. } | Disposition::AnswerFailed { .. } if reconciled => {
+                Disposition::Queue
+            }
+            other => other,
+        };
+        match disposition {
             Disposition::Handle => Box::pin(self.on_ready_event(event)).await?,
             Disposition::Queue => {
                 tracing::info!(event = %kind, state = %self.lifecycle, "queueing the event until READY");
