@@ -42,7 +42,7 @@ use support::ops::{
 use support::{Cluster, DaemonOptions, ProviderSpec, profiles, source};
 
 /// Operations per run unless `SLRP_CRASH_STORM_OPS` says otherwise.
-const OPS: usize = 200;
+const OPS: usize = 300;
 /// Size of each created disk (MB); the 4 GiB pool holds 16 of them.
 const DISK_MB: f64 = 256.0;
 /// One step in this many kills the daemon.

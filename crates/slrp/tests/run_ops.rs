@@ -396,12 +396,14 @@ csi_versions!(destroy_unpublished_persistent_volume);
 /// CreateDestroyPreprovisionedVolume (§11.1 test 21): a 1 GiB pool and two 2 GiB
 /// pre-existing volumes: CREATE_DISK with `target_profile` `test` finishes (the volume is
 /// validated and imported as a MOUNT disk of that profile), with `unknown` fails ("Profile
-/// 'unknown' not found"); DESTROY_DISK of the imported MOUNT disk and of the untouched RAW
-/// volume both finish and the plugin deletes both volumes.
+/// 'unknown' not found"); DESTROY_DISK of the imported MOUNT disk (its space joins the
+/// `test` pool) and of the untouched RAW volume (it vanishes; the reconciliation that
+/// follows reports the plugin's real pool) both finish and the plugin deletes both
+/// volumes.
 async fn create_destroy_preprovisioned_volume(csi: &'static str) {
     let mut spec = ProviderSpec::fixture().csi(csi);
     spec.pools = vec!["default=1GiB".into()];
-    let (c, u) = started(
+    let (mut c, u) = started(
         spec,
         &profiles(&["test"]),
         |c| {
@@ -439,14 +441,27 @@ async fn create_destroy_preprovisioned_volume(csi: &'static str) {
         )
         .await;
     assert_eq!(message, "Profile 'unknown' not found");
-    c.finished(destroy_disk(&imported)).await;
-    c.finished(destroy_disk(&allocated(&raw[1], FRAMEWORK_ROLE)))
+    // A profiled disk's space returns to its pool (spec §5.5 step 3) ...
+    let back = c.finished_one(destroy_disk(&imported)).await;
+    assert_eq!(source(&back)["profile"], "test", "{back}");
+    assert!(source(&back)["id"].is_null(), "{back}");
+    assert_eq!(
+        c.agent_total().await,
+        sorted(&[ops::portion(&pool, 1024.0 + 2048.0), raw[1].clone()])
+    );
+    // ... an unprofiled one's disappears and a reconciliation asks the plugin again: it
+    // does not count imports in its pools, so the pool is 1 GiB again.
+    let gone = c
+        .finished(destroy_disk(&allocated(&raw[1], FRAMEWORK_ROLE)))
         .await;
+    assert!(gone.is_empty(), "{gone:?}");
     assert!(
         c.plugin_volumes("test").is_empty(),
         "{:?}",
         c.plugin_volumes("test")
     );
+    c.update_where(|u| u.disks().is_empty() && u.pool("test").is_some_and(|p| mb(p) == 1024.0))
+        .await;
     assert_eq!(c.agent_total().await, sorted_one(&pool));
     c.finish().await;
 }

@@ -184,9 +184,12 @@ async fn operation_update(csi: &'static str) {
 csi_versions!(operation_update);
 
 /// OperationStateMetrics (§11.1 test 26): `create_disk/finished` = 1 after a create; the
-/// volume vanished behind the provider's back (the plugin answers NOT_FOUND to
-/// DeleteVolume), so DESTROY_DISK fails (`destroy_disk/failed` = 1); a DESTROY_DISK with
-/// a tampered resource version is DROPPED (`destroy_disk/dropped` = 1); nothing pending.
+/// volume's directory removed behind the plugin's back makes its DeleteVolume fail (Mesos's
+/// test plugin answers an error from its `rmdir`; here a fault rule gives that answer:
+/// the bundled plugin's own DeleteVolume tolerates a missing directory, and a NOT_FOUND
+/// counts as deleted, as CSI's idempotency asks), so DESTROY_DISK fails
+/// (`destroy_disk/failed` = 1); a DESTROY_DISK with a tampered resource version is
+/// DROPPED (`destroy_disk/dropped` = 1); nothing pending.
 async fn operation_state_metrics(csi: &'static str) {
     let (c, pool) = with_pool(csi).await;
     let disk = c.finished_one(create_1g(&pool, "create")).await;
@@ -196,7 +199,7 @@ async fn operation_state_metrics(csi: &'static str) {
     .await;
     c.set_faults(
         "test",
-        &json!([{"rpc": "DeleteVolume", "fail": "NOT_FOUND", "message": "gone", "times": 1}]),
+        &json!([{"rpc": "DeleteVolume", "fail": "INTERNAL", "message": "rmdir: No such file or directory", "times": 1}]),
     );
     c.ended(with_id(destroy_disk(&disk), "destroy"), "OPERATION_FAILED")
         .await;

@@ -12,8 +12,11 @@ use slrp_proto::mesos::v1::offer;
 use slrp_proto::mesos::v1::offer::operation::Type as OperationType;
 use slrp_proto::mesos::v1::resource::disk_info::source::Type as SourceType;
 use slrp_proto::mesos::v1::volume::source::csi_volume::volume_capability::AccessType as MesosAccessType;
-use slrp_proto::mesos::v1::{Labels, Resource};
+use slrp_proto::mesos::v1::{
+    AgentId, Labels, OperationState, OperationStatus, Resource, ResourceProviderId,
+};
 
+use super::operations::{TrackedOperation, proto_uuid};
 use super::resources::{
     Conversion, CreatedKind, CreatedVolume, DisplayResource, ProviderResources, ResourceError,
     Resources,
@@ -753,18 +756,96 @@ pub fn destroy_disk_conversion(
     ctx.destroyed_disk(source, deprovisioned, |p| profiles.contains_key(p))
 }
 
+// ---------------------------------------------------------------------------------------
+// Statuses (§5.6, §5.8).
+
+/// A terminal status of `op` with a fresh status uuid, `operation_id` from `info.id`, the
+/// agent id given and the provider id the operation was tracked with.
+fn terminal_status(
+    op: &TrackedOperation,
+    state: OperationState,
+    message: Option<&str>,
+    converted: &Resources,
+    agent_id: &AgentId,
+) -> OperationStatus {
+    OperationStatus {
+        operation_id: op.info.id.clone(),
+        state: state as i32,
+        message: message.map(str::to_owned),
+        converted_resources: converted.as_slice().to_vec(),
+        uuid: Some(proto_uuid(&uuid::Uuid::new_v4())),
+        agent_id: Some(agent_id.clone()),
+        resource_provider_id: op.latest_status.resource_provider_id.clone(),
+    }
+}
+
+/// §5.6 step 2: FINISHED with `converted` (what [`converted_resources`] gives: allocation
+/// info as the operation carried it; may be empty).
+pub fn finished_status(
+    op: &TrackedOperation,
+    converted: &Resources,
+    agent_id: &AgentId,
+) -> OperationStatus {
+    terminal_status(
+        op,
+        OperationState::OperationFinished,
+        None,
+        converted,
+        agent_id,
+    )
+}
+
+/// §5.6 step 2: FAILED with `message`, no converted resources.
+pub fn failed_status(op: &TrackedOperation, message: &str, agent_id: &AgentId) -> OperationStatus {
+    terminal_status(
+        op,
+        OperationState::OperationFailed,
+        Some(message),
+        &Resources::new(),
+        agent_id,
+    )
+}
+
+/// §5.8(1): DROPPED at acceptance with `message` (reliable: it has a status uuid).
+pub fn dropped_status(op: &TrackedOperation, message: &str, agent_id: &AgentId) -> OperationStatus {
+    terminal_status(
+        op,
+        OperationState::OperationDropped,
+        Some(message),
+        &Resources::new(),
+        agent_id,
+    )
+}
+
+/// §5.8(2): the unreliable "Unknown operation" DROPPED for RECONCILE_OPERATIONS: no
+/// status uuid, no operation id.
+pub fn unknown_operation_status(
+    agent_id: &AgentId,
+    provider_id: &ResourceProviderId,
+) -> OperationStatus {
+    OperationStatus {
+        operation_id: None,
+        state: OperationState::OperationDropped as i32,
+        message: Some(UNKNOWN_OPERATION_MESSAGE.to_owned()),
+        converted_resources: Vec::new(),
+        uuid: None,
+        agent_id: Some(agent_id.clone()),
+        resource_provider_id: Some(provider_id.clone()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     use slrp_csi::CsiVersion;
+    use slrp_proto::mesos::v1::Label;
     use slrp_proto::mesos::v1::offer::operation::{
         Create, CreateDisk, Destroy, DestroyDisk, Reserve, Unreserve,
     };
     use slrp_proto::mesos::v1::resource::disk_info::Persistence;
     use slrp_proto::mesos::v1::resource::reservation_info::Type as ReservationType;
     use slrp_proto::mesos::v1::resource::{AllocationInfo, ReservationInfo, SharedInfo};
-    use slrp_proto::mesos::v1::{Label, ResourceProviderId};
 
     use crate::volume::{Mismatched, VolumeError};
 
@@ -1675,5 +1756,74 @@ mod tests {
             .collect();
         assert_eq!(names.len(), OperationKind::COUNTED.len());
         assert!(!OperationKind::COUNTED.contains(&OperationKind::Unsupported));
+    }
+
+    // --- statuses ---------------------------------------------------------------------
+
+    fn tracked(info: offer::Operation) -> TrackedOperation {
+        TrackedOperation::pending(
+            uuid::Uuid::from_u128(9),
+            None,
+            info,
+            &AgentId {
+                value: "old-agent".to_owned(),
+            },
+            &ResourceProviderId {
+                value: "rp".to_owned(),
+            },
+        )
+    }
+
+    #[test]
+    fn terminal_statuses_carry_ids_and_a_fresh_uuid() {
+        let agent = AgentId {
+            value: "agent".to_owned(),
+        };
+        let mut info = create_op(vec![persistent(disk(SourceType::Mount, "v"), "pv")]);
+        info.id = Some(slrp_proto::mesos::v1::OperationId {
+            value: "op-1".to_owned(),
+        });
+        let create = tracked(info);
+        let converted = Resources::from(allocated(disk(SourceType::Mount, "v")));
+        let finished = finished_status(&create, &converted, &agent);
+        assert_eq!(finished.state, OperationState::OperationFinished as i32);
+        assert_eq!(finished.operation_id.as_ref().unwrap().value, "op-1");
+        assert_eq!(finished.message, None);
+        assert_eq!(finished.converted_resources, converted.as_slice());
+        assert_eq!(finished.agent_id.as_ref(), Some(&agent));
+        assert_eq!(finished.resource_provider_id.as_ref().unwrap().value, "rp");
+        let again = finished_status(&create, &converted, &agent);
+        assert!(finished.uuid.is_some());
+        assert_ne!(finished.uuid, again.uuid);
+
+        let failed = failed_status(&create, "Profile 'x' not found", &agent);
+        assert_eq!(failed.state, OperationState::OperationFailed as i32);
+        assert_eq!(failed.message.as_deref(), Some("Profile 'x' not found"));
+        assert!(failed.converted_resources.is_empty());
+        assert!(failed.uuid.is_some());
+
+        let dropped = dropped_status(&tracked(op(OperationType::GrowVolume)), "no", &agent);
+        assert_eq!(dropped.state, OperationState::OperationDropped as i32);
+        assert_eq!(dropped.operation_id, None);
+        assert_eq!(dropped.message.as_deref(), Some("no"));
+        assert!(dropped.uuid.is_some());
+    }
+
+    #[test]
+    fn the_reconciliation_answer_is_unreliable_and_anonymous() {
+        let status = unknown_operation_status(
+            &AgentId {
+                value: "a".to_owned(),
+            },
+            &ResourceProviderId {
+                value: "rp".to_owned(),
+            },
+        );
+        assert_eq!(status.state, OperationState::OperationDropped as i32);
+        assert_eq!(status.message.as_deref(), Some("Unknown operation"));
+        assert_eq!(status.uuid, None);
+        assert_eq!(status.operation_id, None);
+        assert_eq!(status.agent_id.unwrap().value, "a");
+        assert_eq!(status.resource_provider_id.unwrap().value, "rp");
     }
 }
