@@ -973,29 +973,35 @@ impl Worker {
     async fn become_ready(&mut self) -> Result<(), ProviderError> {
         self.enter(Lifecycle::Ready);
         self.resume_statuses();
+        if !self.loops_started {
+            self.loops_started = true;
+            self.start_loops().await;
+        }
+        // After the loops: a disk operation queued for READY is deferred behind the first
+        // profile update (Mesos drops it then) instead of meeting an empty profile map.
         for event in self.pending_events.drain() {
             Box::pin(self.on_ready_event(event)).await?;
         }
         self.status.send_modify(|s| s.events.queued = 0);
-        if self.loops_started {
-            return Ok(());
-        }
-        self.loops_started = true;
+        Ok(())
+    }
+
+    /// The periodic loop and the profile watch, once per process (§3.6).
+    async fn start_loops(&mut self) {
         self.arm_periodic();
         if let Some(profiles) = &self.deps.profiles {
             match profiles.subscribe(self.key.clone()).await {
-                Ok(mut rx) => {
+                Ok(rx) => {
                     // The view holds the current profiles at once (Mesos's `watch` returns
-                    // immediately when the provider's set differs).
-                    rx.mark_changed();
+                    // immediately when the provider's set differs): update now.
                     self.watch = Some(rx);
+                    self.jobs.mark(JobKind::Profiles);
                 }
                 Err(error) => {
                     tracing::error!(error = %DisplayChain(&error), "the disk profile adaptor stopped; profiles are not watched");
                 }
             }
         }
-        Ok(())
     }
 
     fn arm_periodic(&mut self) {
