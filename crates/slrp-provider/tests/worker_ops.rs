@@ -686,3 +686,53 @@ async fn operation_metrics_are_counted_and_recovered() {
     assert_eq!(read(&fresh, "create_disk/dropped"), 1.0);
     again.stop().await;
 }
+
+/// Spec §5.5 step 3: a DESTROY_DISK whose profile has vanished frees its space as nothing
+/// (`converted_resources` empty) and asks for a storage pool reconciliation, which runs
+/// although the periodic loop is off.
+#[tokio::test]
+async fn destroying_a_disk_of_a_vanished_profile_reconciles_the_pools() {
+    let mut env = Env::new(FakeCsi::full()).await;
+    let file = env.with_profiles(&profile_doc(&["test"]));
+    let Pool { provider, id, pool } = env.with_pool(env.ops_params(None)).await;
+    let op = env
+        .manager()
+        .apply_operation(&id, ApplyRequest::new(create_disk(sized(&pool, 64.0))))
+        .await
+        .unwrap();
+    env.next_status(op).await;
+
+    std::fs::write(&file, profile_doc(&[]).to_string()).unwrap();
+    env.profiles.as_ref().unwrap().poll_now().await.unwrap();
+    // The pool goes with its profile; the disk stays (as the manager learns it: the
+    // reconciliation takes the plugin's volume context as its metadata).
+    let disk = loop {
+        let (_, resources) = env.next_update().await;
+        if resources.iter().all(|r| source_of(r).id.is_some()) {
+            assert_eq!(resources.len(), 1, "{resources:?}");
+            break resources[0].clone();
+        }
+    };
+    let before = provider.handle.status().borrow().reconciliations;
+
+    let destroy = env
+        .manager()
+        .apply_operation(&id, ApplyRequest::new(destroy_disk(disk)))
+        .await
+        .unwrap();
+    let update = env.next_status(destroy).await;
+    assert_eq!(
+        state_of(&update.status),
+        OperationState::OperationFinished,
+        "{:?}",
+        update.status.message
+    );
+    assert!(update.status.converted_resources.is_empty());
+    let status = status_until(&provider.handle, "pools reconciled", |s| {
+        s.reconciliations > before
+    })
+    .await;
+    assert!(status.total.is_empty(), "{:?}", status.total);
+    env.assert_agent_agrees(&id, &status.total).await;
+    provider.stop().await;
+}
