@@ -736,3 +736,43 @@ async fn destroying_a_disk_of_a_vanished_profile_reconciles_the_pools() {
     env.assert_agent_agrees(&id, &status.total).await;
     provider.stop().await;
 }
+
+/// The bound on PUBLISH_RESOURCES in progress (`max_publishes`): with one running (the
+/// plugin holds its calls), another is answered FAILED at once; the first still succeeds
+/// once the plugin answers, and the loop kept serving meanwhile.
+#[tokio::test]
+async fn publishes_in_progress_are_bounded() {
+    let mut env = Env::new(FakeCsi::full()).await;
+    let mut params = env.ops_params(None);
+    params.max_publishes = 1;
+    let Pool { provider, id, pool } = env.with_pool(params).await;
+    let op = env
+        .manager()
+        .apply_operation(&id, ApplyRequest::new(create_disk(sized(&pool, 64.0))))
+        .await
+        .unwrap();
+    let disk = env.next_status(op).await.status.converted_resources[0].clone();
+    let volume = slrp_core::volume::VolumeId::new(source_of(&disk).id.clone().unwrap());
+
+    env.fake().hold(&volume);
+    let before = env.fake().total_calls();
+    let manager = env.manager().clone();
+    let held = {
+        let disk = disk.clone();
+        tokio::spawn(async move { manager.publish(vec![disk]).await })
+    };
+    until(|| env.fake().total_calls() > before).await;
+    let second = tokio::time::timeout(HANG, env.manager().publish(vec![disk.clone()]))
+        .await
+        .unwrap();
+    assert!(second.is_err(), "beyond the bound: FAILED at once");
+    // The loop is not blocked by the held publish.
+    let probe = uuid::Uuid::new_v4();
+    env.send(&id, reconcile_event(probe)).await;
+    env.next_status(probe).await;
+
+    env.fake().unhold(&volume);
+    let first = tokio::time::timeout(HANG, held).await.unwrap().unwrap();
+    assert!(first.is_ok(), "{first:?}");
+    provider.stop().await;
+}
