@@ -633,10 +633,11 @@ impl Worker {
                 return Ok(());
             }
         };
-        match &applied {
+        let changed = applied.is_some();
+        match applied {
             Some((total, touched)) => {
-                self.state.total = total.clone();
-                self.commit_ops(&[uuid], &[], Touched::Some(touched))
+                self.state.total = total;
+                self.commit_ops(&[uuid], &[], Touched::Some(&touched))
                     .await?;
             }
             None => self.commit_ops(&[uuid], &[], Touched::Nothing).await?,
@@ -652,7 +653,7 @@ impl Worker {
             // The agent applied it already: resynchronize it (§5.3 last paragraph).
             self.resync_agent();
         }
-        if applied.is_some() {
+        if changed {
             self.publish_status();
         }
         self.send_updates(send);
