@@ -114,6 +114,32 @@ async fn retry_operation_status_update(csi: &'static str) {
 }
 csi_versions!(retry_operation_status_update);
 
+/// RetryOperationStatusUpdateAfterRecovery (§11.1 test 23): the status update of a
+/// CREATE_DISK goes unacknowledged and the daemon restarts; the recovered provider resends
+/// the same update (its status stream is durable); once acknowledged, no more resends.
+async fn retry_operation_status_update_after_recovery(csi: &'static str) {
+    let (mut c, pool) = with_pool(csi).await;
+    c.set_ack_policy(AckPolicy::Manual);
+    let op = c.apply(create_1g(&pool, "op")).await;
+    let first = next_update_of(&mut c, op).await;
+    let status = uuids(&first).1.unwrap();
+    c.stop_daemon_cleanly().await;
+    // Only what the restarted daemon sends counts; the master acknowledges it.
+    c.drain_messages();
+    c.set_ack_policy(AckPolicy::Auto);
+    c.start_daemon();
+    let resent = next_update_of(&mut c, op).await;
+    assert_eq!(
+        uuids(&resent).1,
+        Some(status),
+        "the same update, after recovery"
+    );
+    assert_eq!(resent.status, first.status);
+    no_more_updates_of(&mut c, op).await;
+    c.finish().await;
+}
+csi_versions!(retry_operation_status_update_after_recovery);
+
 /// RetryOperationStatusUpdateToScheduler (§11.1 test 29): the framework does not
 /// acknowledge at first; the update is resent after the retry interval; once the
 /// framework acknowledges it the provider stops resending; one finished operation is
