@@ -54,6 +54,7 @@ use prometheus_client::registry::Registry;
 use slrp_agent::AgentConfig;
 use slrp_core::provider::lifecycle::Lifecycle;
 use slrp_core::provider::operations::StatusRetry;
+use slrp_core::volume::VolumeManagerHandle;
 use slrp_store::Store;
 use slrp_types::{Backoff, DisplayChain, Jitter, JitterRng};
 use tokio::sync::watch;
@@ -152,8 +153,9 @@ enum Phase {
     WaitingForAgent,
     /// Starting the plugin stack.
     StartingPlugin,
-    /// The worker runs; its status says where the lifecycle is.
-    Running(watch::Receiver<ProviderStatus>),
+    /// The worker runs; its status says where the lifecycle is. The volume manager
+    /// serves the admin API's volume routes.
+    Running(watch::Receiver<ProviderStatus>, VolumeManagerHandle),
     /// Stopped on its own, with the cause chain.
     Failed(String),
     /// Shutting down.
@@ -193,14 +195,14 @@ impl ProviderView for Slot {
         match self.phase() {
             Phase::WaitingForAgent => "WAITING_FOR_AGENT".to_owned(),
             Phase::StartingPlugin => "STARTING_PLUGIN".to_owned(),
-            Phase::Running(status) => status.borrow().lifecycle.as_str().to_owned(),
+            Phase::Running(status, _) => status.borrow().lifecycle.as_str().to_owned(),
             Phase::Failed(_) => "FAILED".to_owned(),
             Phase::Stopping => "STOPPING".to_owned(),
         }
     }
 
     fn is_ready(&self) -> bool {
-        matches!(self.phase(), Phase::Running(status) if status.borrow().lifecycle == Lifecycle::Ready)
+        matches!(self.phase(), Phase::Running(status, _) if status.borrow().lifecycle == Lifecycle::Ready)
     }
 
     fn snapshot(&self) -> BTreeMap<String, f64> {
@@ -210,8 +212,17 @@ impl ProviderView for Slot {
     fn error(&self) -> Option<String> {
         match self.phase() {
             Phase::Failed(error) => Some(error),
-            Phase::Running(status) => status.borrow().last_error.clone(),
+            Phase::Running(status, _) => status.borrow().last_error.clone(),
             Phase::WaitingForAgent | Phase::StartingPlugin | Phase::Stopping => None,
+        }
+    }
+
+    fn volumes(&self) -> Option<VolumeManagerHandle> {
+        match self.phase() {
+            Phase::Running(_, volumes) => Some(volumes),
+            Phase::WaitingForAgent | Phase::StartingPlugin | Phase::Failed(_) | Phase::Stopping => {
+                None
+            }
         }
     }
 }
@@ -522,7 +533,7 @@ async fn run_provider_inner(
             return Err(ProviderRunError::Spawn(e));
         }
     };
-    slot.set(Phase::Running(handle.status()));
+    slot.set(Phase::Running(handle.status(), stack.volumes().clone()));
     tracing::info!("resource provider started");
     let mut worker_done = false;
     let ended = tokio::select! {
