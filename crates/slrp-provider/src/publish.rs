@@ -21,7 +21,7 @@ use slrp_proto::mesos::v1::resource::disk_info::source::Type as SourceType;
 use slrp_types::DisplayChain;
 
 /// §5.14 step 2: the distinct volume ids to publish, in id order, or the FAILED reason
-/// ("Cannot publish unknown resource '<r>'", "Cannot publish volume of RAW type").
+/// (`Cannot publish unknown resource '<r>'`, "Cannot publish volume of RAW type").
 /// Allocation info is stripped before anything is compared with `total`.
 ///
 /// # Errors
@@ -70,8 +70,8 @@ pub fn publish_targets(total: &Resources, resources: &[Resource]) -> Result<Vec<
 /// Publishes every id in parallel (a published volume is a no-op in the volume manager).
 ///
 /// # Errors
-/// The first failure in the order of `ids`, with its causes, for the log line "Failed to
-/// publish resources '<resources>': <error>". Every publish runs to its end either way.
+/// The first failure in the order of `ids`, with its causes, for the log line `Failed to
+/// publish resources '<resources>': <error>`. Every publish runs to its end either way.
 pub async fn publish_all(volumes: &VolumeManagerHandle, ids: Vec<VolumeId>) -> Result<(), String> {
     let results = join_all(ids.iter().map(|id| volumes.publish(id))).await;
     match results.into_iter().find_map(Result::err) {

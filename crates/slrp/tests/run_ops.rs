@@ -722,3 +722,86 @@ async fn agent_registered_with_new_id(csi: &'static str) {
     c.finish().await;
 }
 csi_versions!(agent_registered_with_new_id);
+
+/// No Mesos counterpart (Mesos never unpublishes, spec §12 item 25): the operator
+/// unpublishes a volume no task uses through the admin API (`POST /volumes/unpublish`);
+/// its target is no longer mounted, but the data is kept: a later task's publish mounts
+/// it again with the file. An unpublished volume is not republished by the recovery
+/// after a reboot (only when a task needs it), and it can still be destroyed.
+async fn unpublish_through_the_admin_api_keeps_the_data(csi: &'static str) {
+    if !slrp_test_support::require_root("unpublish_through_the_admin_api_keeps_the_data") {
+        return;
+    }
+    let (mut c, pool) = with_spare_pool(csi).await;
+    let (disk, volume) = persistent_volume(&c, &pool).await;
+    task_writes(&c, &volume, "data").await;
+    let target = c.volume_path(&volume);
+    let request = json!({"volume_id": id(&volume)});
+    let (status, body) = c.admin_post("/volumes/unpublish", &request).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        !support::mounts_under(c.dir.path()).contains(&target),
+        "{} is no longer mounted",
+        target.display()
+    );
+    assert!(
+        !target.join("file").exists(),
+        "the data is not visible unpublished"
+    );
+    assert_eq!(
+        task_reads(&c, &volume).await,
+        "data",
+        "republished with its data"
+    );
+
+    let (status, body) = c.admin_post("/volumes/unpublish", &request).await;
+    assert_eq!(status, 200, "{body}");
+    c.simulate_reboot().await;
+    c.start_daemon();
+    recovered(&mut c, &pool).await;
+    assert!(
+        !support::mounts_under(c.dir.path()).contains(&target),
+        "the recovery does not republish an unpublished volume"
+    );
+    assert_eq!(task_reads(&c, &volume).await, "data");
+    destroy_persistent_volume(&c, &disk, &volume, &pool).await;
+    c.finish().await;
+}
+csi_versions!(unpublish_through_the_admin_api_keeps_the_data);
+
+/// RecoverDiskWithChangedMetadata (§11.1 test 7) with a created disk (the part the RAW
+/// replay in `run_provider.rs` cannot tell apart, MESOS-9395): a MOUNT disk made by
+/// CREATE_DISK carries the plugin's volume context as metadata; after a restart the
+/// plugin lists the volume with `label=bar`: exactly one disk, still MOUNT of profile
+/// `test` with its mount root, its metadata now `label=bar`.
+async fn recover_created_disk_with_changed_metadata(csi: &'static str) {
+    let (mut c, pool) = with_spare_pool(csi).await;
+    let from = allocated(&ops::portion(&pool, DISK_MB), FRAMEWORK_ROLE);
+    let disk = unallocated(&c.finished_one(create_disk(&from, "MOUNT", None)).await);
+    assert_eq!(
+        support::metadata(&disk).get("backend").map(String::as_str),
+        Some("dir"),
+        "{disk}"
+    );
+    c.stop_daemon_cleanly().await;
+    c.set_faults(
+        "test",
+        &json!([{"rpc": "ListVolumes", "volume_context": {"label": "bar"}, "volume_id": id(&disk)}]),
+    );
+    c.start_daemon();
+    let u = recovered(&mut c, &pool).await;
+    let [d] = &u.disks()[..] else {
+        panic!("exactly one disk: {:?}", u.resources)
+    };
+    assert_eq!(id(d), id(&disk));
+    assert_eq!(source(d)["type"], "MOUNT", "{d}");
+    assert_eq!(source(d)["profile"], "test", "{d}");
+    assert_eq!(source(d)["mount"]["root"], MOUNT_ROOT, "{d}");
+    assert_eq!(
+        support::metadata(d),
+        [("label".to_owned(), "bar".to_owned())].into(),
+        "{d}"
+    );
+    c.finish().await;
+}
+csi_versions!(recover_created_disk_with_changed_metadata);

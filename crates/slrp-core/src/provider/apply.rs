@@ -174,8 +174,8 @@ pub enum Admission {
     Accept,
     /// Track it (PENDING, durable) now and apply it when the running reconciliation ends.
     Defer,
-    /// Drop it with this message (e.g. "Mismatched resource version <received>
-    /// (expected: <current>)").
+    /// Drop it with this message (e.g. `Mismatched resource version <received>
+    /// (expected: <current>)`).
     Drop(String),
     /// Already tracked: resend its latest status, change nothing.
     Duplicate,
@@ -204,8 +204,8 @@ pub struct AdmissionInput<'a> {
 ///    same uuid, whatever the version is now;
 /// 2. a kind no provider applies (GROW_VOLUME, SHRINK_VOLUME, LAUNCH, …) is dropped with
 ///    the master's text (Mesos aborts; spec §5.1 "should drop/fail them");
-/// 3. a resource version other than the current one is dropped: "Mismatched resource
-///    version <received> (expected: <current>)", both in canonical text;
+/// 3. a resource version other than the current one is dropped: `Mismatched resource
+///    version <received> (expected: <current>)`, both in canonical text;
 /// 4. during a storage reconciliation, CREATE_DISK and DESTROY_DISK are
 ///    [`Admission::Defer`]red instead of Mesos's drop (§12.6): the version was checked
 ///    on arrival, and a reconciliation applied first does not invalidate them because
@@ -368,7 +368,7 @@ pub fn destroy_targets(info: &offer::Operation) -> Result<Vec<PersistentVolume>,
 /// - RESERVE: `source` (or `resources` with the last reservation popped) → `resources`;
 /// - UNRESERVE: each resource → itself with the last reservation popped;
 /// - CREATE: each volume without persistence → the volume; every volume must be a
-///   persistent MOUNT disk: "Cannot create persistent volume '<id>' on a BLOCK disk";
+///   persistent MOUNT disk: `Cannot create persistent volume '<id>' on a BLOCK disk`;
 /// - DESTROY: each volume → itself without persistence (same checks). The data removal
 ///   is separate ([`destroy_targets`]).
 ///
@@ -462,8 +462,8 @@ fn unallocated(resources: &Resources) -> Resources {
 /// volume remains.
 ///
 /// # Errors
-/// The FAILED message: "<total> does not contain <consumed>", or "Persistent volume
-/// '<r>' cannot be removed due to additional shared copies".
+/// The FAILED message: `<total> does not contain <consumed>`, or `Persistent volume
+/// '<r>' cannot be removed due to additional shared copies`.
 pub fn apply_conversions(
     total: &Resources,
     info: &offer::Operation,
@@ -531,7 +531,7 @@ pub struct CreateDiskPlan {
 
 impl CreateDiskPlan {
     /// The FAILED message for a volume manager error: for an import, a failed validation
-    /// becomes "Cannot apply profile '<p>' to resource '<r>': <error>" (Mesos); anything
+    /// becomes `Cannot apply profile '<p>' to resource '<r>': <error>` (Mesos); anything
     /// else is the error with its causes.
     pub fn failure_message(&self, error: &VolumeError) -> String {
         let chain = slrp_types::DisplayChain(error).to_string();
@@ -588,11 +588,11 @@ fn megabytes_to_bytes(megabytes: f64) -> i64 {
 /// current profile map.
 ///
 /// # Errors
-/// The FAILED message: "Profile '<p>' not found", "Profile '<p>' cannot be used to create
-/// a MOUNT disk" (or BLOCK), the master's texts for a malformed operation (`'source' is
+/// The FAILED message: `Profile '<p>' not found`, `Profile '<p>' cannot be used to create
+/// a MOUNT disk` (or BLOCK), the master's texts for a malformed operation (`'source' is
 /// not a RAW disk resource`, `'target_type' is neither MOUNT or BLOCK`, `'target_profile'
-/// must (not) be set …`), "Cannot apply profile '<p>' to resource '<r>': Repeated key
-/// '<k>' in labels" (or "Missing value for key …") for an import whose metadata is not a
+/// must (not) be set …`), `Cannot apply profile '<p>' to resource '<r>': Repeated key
+/// '<k>' in labels` (or "Missing value for key …") for an import whose metadata is not a
 /// map (Mesos aborts).
 pub fn plan_create_disk(
     info: &offer::Operation,
@@ -705,13 +705,31 @@ pub fn create_disk_conversion(
     )
 }
 
+/// A finished CREATE_DISK's outcome as [`apply_conversions`] takes it: the conversion of
+/// the volume the volume manager created or validated, or the FAILED message
+/// ([`CreateDiskPlan::failure_message`]: Mesos's "Cannot apply profile …" for a failed
+/// import).
+///
+/// # Errors
+/// The FAILED message of a volume manager error.
+pub fn create_disk_outcome(
+    ctx: &ProviderResources,
+    plan: &CreateDiskPlan,
+    result: Result<VolumeInfo, VolumeError>,
+) -> Result<Vec<Conversion>, String> {
+    match result {
+        Ok(volume) => Ok(vec![create_disk_conversion(ctx, plan, &volume)]),
+        Err(error) => Err(plan.failure_message(&error)),
+    }
+}
+
 /// DESTROY_DISK: the volume id to delete and `destroy_disk.source` as the operation
 /// carried it.
 ///
 /// # Errors
 /// The master's texts for what it should have refused: "'source' is neither a MOUNT, BLOCK
-/// or RAW disk resource", "'source' is not backed by a CSI volume", "A disk resource
-/// containing a persistent volume <r> cannot be destroyed directly. …".
+/// or RAW disk resource", "'source' is not backed by a CSI volume", `A disk resource
+/// containing a persistent volume <r> cannot be destroyed directly. …`.
 pub fn destroy_disk_target(info: &offer::Operation) -> Result<(VolumeId, Resource), String> {
     let source = &info
         .destroy_disk
@@ -1518,6 +1536,34 @@ mod tests {
                 )
             );
         }
+    }
+
+    #[test]
+    fn a_create_disk_outcome_is_the_conversion_or_the_failed_message() {
+        let ctx = ctx();
+        let source = preexisting(3, "v", None);
+        let plan = planned(source.clone(), SourceType::Mount, Some("fast"));
+        let volume = VolumeInfo {
+            id: VolumeId::new("v"),
+            capacity_bytes: (3 * MB) as i64,
+            volume_context: BTreeMap::new(),
+        };
+        assert_eq!(
+            create_disk_outcome(&ctx, &plan, Ok(volume.clone())),
+            Ok(vec![create_disk_conversion(&ctx, &plan, &volume)])
+        );
+        let mismatch = VolumeError::Mismatch {
+            id: VolumeId::new("v"),
+            what: Mismatched::Capability,
+            version: CsiVersion::V0,
+        };
+        assert_eq!(
+            create_disk_outcome(&ctx, &plan, Err(mismatch)),
+            Err(format!(
+                "Cannot apply profile 'fast' to resource '{}': Mismatched capability for volume 'v'",
+                DisplayResource(&source)
+            ))
+        );
     }
 
     #[test]

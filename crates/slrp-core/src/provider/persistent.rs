@@ -30,10 +30,10 @@ const EBUSY: i32 = 16;
 /// `<mount root>/<enc(volume id)>/target` (keeps the directory; missing = nothing to do).
 ///
 /// # Errors
-/// The FAILED message "Failed to remove persistent volume '<persistence id>' at
-/// '<path>': <error>" (EBUSY when something is mounted inside); for a volume id that has
-/// no path (empty, too long) "Failed to remove persistent volume '<persistence id>':
-/// <why>".
+/// The FAILED message `Failed to remove persistent volume '<persistence id>' at
+/// '<path>': <error>` (EBUSY when something is mounted inside); for a volume id that has
+/// no path (empty, too long) `Failed to remove persistent volume '<persistence id>':
+/// <why>`.
 pub async fn remove_persistent_data(
     paths: &MountPaths,
     volume_id: &VolumeId,

@@ -914,6 +914,14 @@ impl Cluster {
         http_get_unix(&self.admin_socket(), path).await
     }
 
+    /// `POST path` with a JSON body on the admin socket: `(status, body)`.
+    pub async fn admin_post(&self, path: &str, body: &Value) -> (u16, String) {
+        match http_unix(&self.admin_socket(), "POST", path, Some(body)).await {
+            Some(answer) => answer,
+            None => self.fail(&format!("POST {path}: no answer on the admin socket")),
+        }
+    }
+
     /// Polls until `GET path` answers (the daemon's admin endpoint is up); returns the
     /// body of a 200. Polling, since the endpoint signals readiness only by answering.
     pub async fn admin_ok(&self, path: &str) -> String {
@@ -1480,9 +1488,28 @@ pub async fn serve_file(file: PathBuf) -> (SocketAddr, tokio::task::JoinHandle<(
 /// A minimal HTTP/1.0 GET over a unix socket (the admin endpoint): `None` if nothing
 /// accepts the connection or the answer is cut short.
 pub async fn http_get_unix(socket: &Path, path: &str) -> Option<(u16, String)> {
+    http_unix(socket, "GET", path, None).await
+}
+
+/// A minimal HTTP/1.0 request over a unix socket, with a JSON body if given.
+pub async fn http_unix(
+    socket: &Path,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+) -> Option<(u16, String)> {
     let mut s = tokio::net::UnixStream::connect(socket).await.ok()?;
     // HTTP/1.0 and `Connection: close`: the answer is delimited by the close, not chunked.
-    let req = format!("GET {path} HTTP/1.0\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    let mut req = format!("{method} {path} HTTP/1.0\r\nHost: localhost\r\nConnection: close\r\n");
+    let body = body.map(Value::to_string).unwrap_or_default();
+    if !body.is_empty() {
+        req.push_str(&format!(
+            "Content-Type: application/json\r\nContent-Length: {}\r\n",
+            body.len()
+        ));
+    }
+    req.push_str("\r\n");
+    req.push_str(&body);
     s.write_all(req.as_bytes()).await.ok()?;
     let mut raw = Vec::new();
     tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut raw))
