@@ -805,3 +805,46 @@ async fn recover_created_disk_with_changed_metadata(csi: &'static str) {
     c.finish().await;
 }
 csi_versions!(recover_created_disk_with_changed_metadata);
+
+/// Spec §12.6 (Mesos drops them: "Cannot apply operation when reconciling storage
+/// pools"): with periodic reconciliations running nearly all the time (every 100 ms, each
+/// held 300 ms by a slow ListVolumes), CREATE_DISKs and DESTROY_DISKs wait for the running
+/// reconciliation and all finish; none is dropped.
+async fn disk_operations_during_a_reconciliation_are_deferred(csi: &'static str) {
+    let mut spec = ProviderSpec::fixture().csi(csi);
+    spec.reconciliation_interval_seconds = 0.1;
+    let (c, u) = started(
+        spec,
+        &profiles(&["test"]),
+        |_| {},
+        |u| u.pool("test").is_some(),
+    )
+    .await;
+    let pool = u.pool("test").unwrap().clone();
+    c.set_faults(
+        "test",
+        &json!([{"rpc": "ListVolumes", "delay_ms": 300, "times": 1_000_000}]),
+    );
+    // Reconciliations are running now (the slow listing has been asked for).
+    c.within("a slowed reconciliation", async {
+        while c.calls("test", "ListVolumes") == 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let mut disks = Vec::new();
+    for _ in 0..4 {
+        let from = allocated(&ops::portion(&pool, 512.0), FRAMEWORK_ROLE);
+        disks.push(c.finished_one(create_disk(&from, "MOUNT", None)).await);
+    }
+    for d in &disks {
+        c.finished(destroy_disk(d)).await;
+    }
+    assert!(
+        c.daemon_log().contains("deferred=true"),
+        "at least one operation waited for a reconciliation"
+    );
+    assert!(c.plugin_volumes("test").is_empty());
+    c.finish().await;
+}
+csi_versions!(disk_operations_during_a_reconciliation_are_deferred);

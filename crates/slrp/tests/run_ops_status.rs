@@ -431,3 +431,52 @@ async fn csi_plugin_rpc_metrics(csi: &'static str) {
     c.finish().await;
 }
 csi_versions!(csi_plugin_rpc_metrics);
+
+/// A duplicate operation uuid (spec §5.2 step 4; Mesos aborts): an APPLY_OPERATION sent
+/// again while the first is still running, and again after it finished unacknowledged, is
+/// answered with the operation's latest status and applied only once: one CreateVolume
+/// answered, one volume, one disk in the agent's total, `create_disk/finished` 1, the
+/// daemon still running.
+async fn duplicate_operation_uuid_is_answered_not_applied_again(csi: &'static str) {
+    let (mut c, pool) = with_pool(csi).await;
+    c.set_ack_policy(AckPolicy::Manual);
+    // A slow CreateVolume keeps the first application running while the duplicate comes.
+    c.set_faults(
+        "test",
+        &json!([{"rpc": "CreateVolume", "delay_ms": 500, "times": 1_000_000}]),
+    );
+    let op = uuid::Uuid::new_v4();
+    let request = || {
+        let mut req = ApplyRequest::new(create_1g(&pool, "op"));
+        req.framework_id = Some(support::framework_id());
+        req.operation_uuid = Some(op);
+        req
+    };
+    c.apply_request(request()).await;
+    c.apply_request(request()).await;
+    let first = next_update_of(&mut c, op).await;
+    assert_eq!(ops::state_name(&first.status), "OPERATION_FINISHED");
+    let status = uuids(&first).1.unwrap();
+    // After the terminal status (unacknowledged, so the agent still tracks the uuid):
+    // answered again with that status.
+    c.apply_request(request()).await;
+    let answer = next_update_of(&mut c, op).await;
+    assert_eq!(uuids(&answer).1, Some(status));
+    assert_eq!(answer.status, first.status);
+    let id = c.the_provider_id().await;
+    c.manager().acknowledge(&id, op, status).await.unwrap();
+    assert_eq!(c.calls("test", "CreateVolume"), 1, "applied once");
+    assert_eq!(c.plugin_volumes("test").len(), 1);
+    let total = c.agent_total().await;
+    let disks = total.iter().filter(|r| r.contains("\"MOUNT\"")).count();
+    assert_eq!(disks, 1, "{total:?}");
+    let snap = c
+        .snapshot_until("one finished CREATE_DISK", |s| {
+            s.get(&metric("operations/create_disk/finished")) == Some(&1.0)
+        })
+        .await;
+    assert_eq!(snap[&metric("operations/create_disk/pending")], 0.0);
+    assert!(c.daemon_running());
+    c.finish().await;
+}
+csi_versions!(duplicate_operation_uuid_is_answered_not_applied_again);

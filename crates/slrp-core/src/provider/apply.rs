@@ -1872,4 +1872,65 @@ mod tests {
         assert_eq!(status.agent_id.unwrap().value, "a");
         assert_eq!(status.resource_provider_id.unwrap().value, "rp");
     }
+
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        fn with_roles(mut r: Resource, roles: &[String]) -> Resource {
+            let mut path = String::new();
+            for role in roles {
+                path = if path.is_empty() {
+                    role.clone()
+                } else {
+                    format!("{path}/{role}")
+                };
+                r = reserved(r, &path);
+            }
+            r
+        }
+
+        /// `total` after the speculative operation `info`.
+        fn run(total: &Resources, info: &offer::Operation) -> Resources {
+            apply_conversions(total, info, &speculative_conversions(info).unwrap()).unwrap()
+        }
+
+        proptest! {
+            /// RESERVE pushing one reservation and UNRESERVE of the result cancel out, and
+            /// so do CREATE and DESTROY of a persistent volume, whatever else the total
+            /// holds.
+            #[test]
+            fn speculative_operations_undo_each_other(
+                mb in 1u64..10_000,
+                other_mb in 0u64..10_000,
+                roles in proptest::collection::vec("[a-z]{1,4}", 0..3),
+                role in "[a-z]{1,4}",
+                pid in "[a-z0-9]{1,8}",
+            ) {
+                let base = with_roles(pool(mb, "fast"), &roles);
+                let total: Resources =
+                    [base.clone(), pool(other_mb, "slow"), disk(SourceType::Mount, "m")]
+                        .into_iter()
+                        .collect();
+                let mut path = roles.join("/");
+                path = if path.is_empty() { role } else { format!("{path}/{role}") };
+                let pushed = reserved(base, &path);
+                let reserve = reserve_op(vec![], vec![allocated(pushed.clone())]);
+                let after = run(&total, &reserve);
+                prop_assert!(after != total);
+                let unreserve = unreserve_op(vec![pushed]);
+                let back = run(&after, &unreserve);
+                prop_assert_eq!(&back, &total);
+
+                let volume = persistent(disk(SourceType::Mount, "m"), &pid);
+                let create = create_op(vec![volume.clone()]);
+                let created = run(&total, &create);
+                prop_assert!(created.contains(&Resources::from(volume.clone())));
+                let destroy = destroy_op(vec![volume]);
+                let destroyed = run(&created, &destroy);
+                prop_assert_eq!(&destroyed, &total);
+            }
+        }
+    }
 }
