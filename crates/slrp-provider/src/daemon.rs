@@ -53,6 +53,7 @@ use std::sync::{Arc, Mutex};
 use prometheus_client::registry::Registry;
 use slrp_agent::AgentConfig;
 use slrp_core::provider::lifecycle::Lifecycle;
+use slrp_core::provider::operations::StatusRetry;
 use slrp_core::volume::VolumeManagerHandle;
 use slrp_store::Store;
 use slrp_types::{Backoff, DisplayChain, Jitter, JitterRng};
@@ -239,6 +240,7 @@ struct ProviderRun {
     plugins_on_exit: StopPlugins,
     plugin_ready_timeout: Option<std::time::Duration>,
     csi_retry: Backoff,
+    status_update_retry: Backoff,
 }
 
 /// Runs every provider until `shutdown` fires or every provider has failed; see the module
@@ -343,6 +345,7 @@ pub async fn run(config: DaemonConfig, shutdown: CancellationToken) -> Result<()
                 plugins_on_exit,
                 plugin_ready_timeout: config.plugin_ready_timeout,
                 csi_retry: config.csi_retry,
+                status_update_retry: config.status_update_retry,
             };
             let span = tracing::info_span!(parent: None, "provider", provider = %slot.key);
             providers.spawn(run_provider(run, agent_id.clone(), stop.clone()).instrument(span));
@@ -475,6 +478,7 @@ async fn run_provider_inner(
         plugins_on_exit,
         plugin_ready_timeout,
         csi_retry,
+        status_update_retry,
     } = run;
     slot.set(Phase::StartingPlugin);
     let mut stack_config =
@@ -505,7 +509,13 @@ async fn run_provider_inner(
             return Err(ProviderRunError::Stack(e));
         }
     };
-    let params = ProviderParams::new(config.info.clone(), agent, agent_id);
+    let mut params = ProviderParams::new(config.info.clone(), agent, agent_id);
+    params.mount_paths = Some(stack.paths().clone());
+    params.status_retry = StatusRetry {
+        min: status_update_retry.base(),
+        max: status_update_retry.max(),
+        ..StatusRetry::default()
+    };
     let deps = ProviderDeps {
         volumes: stack.volumes().clone(),
         store,

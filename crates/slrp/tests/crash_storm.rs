@@ -1,6 +1,7 @@
 //! The crash storm: a stream of mixed operations (CREATE_DISK, DESTROY_DISK, RESERVE,
-//! UNRESERVE, CREATE and DESTROY of persistent volumes, PUBLISH_RESOURCES) on one state
-//! directory, with the daemon SIGKILLed at random moments and restarted. Afterwards:
+//! UNRESERVE, CREATE and DESTROY of persistent volumes, PUBLISH_RESOURCES; up to three
+//! independent ones at once) on one state directory, with the daemon SIGKILLed at random
+//! moments and restarted. Afterwards:
 //!
 //! - every operation the provider accepted has exactly one terminal status (one status
 //!   uuid, however often it was resent) and it is FINISHED; an operation it never
@@ -41,7 +42,7 @@ use support::ops::{
 };
 use support::{Cluster, DaemonOptions, ProviderSpec, profiles, source};
 
-/// Operations per run unless `SLRP_CRASH_STORM_OPS` says otherwise.
+/// Steps per run unless `SLRP_CRASH_STORM_OPS` says otherwise.
 const OPS: usize = 300;
 /// Size of each created disk (MB); the 4 GiB pool holds 16 of them.
 const DISK_MB: f64 = 256.0;
@@ -149,7 +150,7 @@ fn candidates(total: &[Value], publish: bool) -> Vec<(Step, Value)> {
     out
 }
 
-fn operation(step: Step, r: &Value, n: usize) -> Option<slrp_proto::mesos::v1::offer::Operation> {
+fn operation(step: Step, r: &Value, n: &str) -> slrp_proto::mesos::v1::offer::Operation {
     let offered = allocated(r, FRAMEWORK_ROLE);
     let op = match step {
         Step::CreateDisk => create_disk(&offered, "MOUNT", None),
@@ -160,9 +161,9 @@ fn operation(step: Step, r: &Value, n: usize) -> Option<slrp_proto::mesos::v1::o
             create(&[allocated(&persistent(r, &format!("pv{n}")), FRAMEWORK_ROLE)])
         }
         Step::DestroyVolume => destroy(std::slice::from_ref(&offered)),
-        Step::Publish => return None,
+        Step::Publish => unreachable!("a publish is no operation"),
     };
-    Some(ops::with_id(op, &format!("op{n}")))
+    ops::with_id(op, &format!("op{n}"))
 }
 
 /// Restarts a SIGKILLed daemon and waits until it reported its state again.
@@ -202,6 +203,7 @@ async fn storm(seed: u64, csi: &'static str) {
     let mut lost: Vec<uuid::Uuid> = Vec::new();
     let mut kills = 0;
     let mut publishes = 0;
+    let mut batches = 0;
     for n in 0..steps {
         let total = agent_values(&c).await;
         let choices = candidates(&total, publish);
@@ -209,7 +211,7 @@ async fn storm(seed: u64, csi: &'static str) {
         let kill = rng.random_ratio(1, KILL_ONE_IN);
         let delay = Duration::from_micros(rng.random_range(0..KILL_WITHIN.as_micros() as u64));
         let context = format!("seed {seed}, step {n} ({step:?} on {r})");
-        let Some(op) = operation(step, &r, n) else {
+        if step == Step::Publish {
             // A publish: the agent's ensure-all publish of a disk a task will use.
             let offered = [allocated(&r, FRAMEWORK_ROLE)];
             let publish = c.publish(&offered);
@@ -229,39 +231,69 @@ async fn storm(seed: u64, csi: &'static str) {
                 publishes += 1;
             }
             continue;
-        };
-        let uuid = c.apply(op).await;
+        }
+        // Up to two more operations at once, on other resources (the master never has
+        // two dependent operations pending, spec §5.1), as far as the pool holds them.
+        let mut batch = vec![(step, r)];
+        let room = total
+            .iter()
+            .filter(|r| source(r)["type"] == "RAW" && source(r)["id"].is_null())
+            .map(|p| (support::mb(p) / DISK_MB) as usize)
+            .sum::<usize>();
+        for _ in 0..rng.random_range(0..=2) {
+            let (s, r) = choices[rng.random_range(0..choices.len())].clone();
+            let creates = batch.iter().filter(|(s, _)| *s == Step::CreateDisk).count();
+            let clash = match s {
+                Step::Publish => true,
+                Step::CreateDisk => creates >= room,
+                _ => batch
+                    .iter()
+                    .any(|(_, b)| source(b)["id"] == source(&r)["id"]),
+            };
+            if !clash {
+                batch.push((s, r));
+            }
+        }
+        let mut uuids = Vec::new();
+        for (i, (s, r)) in batch.iter().enumerate() {
+            let op = operation(*s, r, &format!("{n}.{i}"));
+            uuids.push((c.apply(op).await, format!("{s:?} on {r}")));
+        }
         if kill {
-            // Fault injection at a random moment of the operation (see KILL_WITHIN).
+            // Fault injection at a random moment of the operations (see KILL_WITHIN).
             tokio::time::sleep(delay).await;
             c.kill_daemon().await;
             kills += 1;
             restart_after_kill(&mut c).await;
         }
-        match c.manager().wait_terminal(uuid, c.wait).await {
-            Ok(view) => {
-                let state = ops::state_name(&view.latest_status);
-                if state != "OPERATION_FINISHED" {
-                    c.fail(&format!(
-                        "{context}: {state}: {}",
-                        ops::status_json(&view.latest_status)
-                    ));
+        batches += usize::from(batch.len() > 1);
+        for (uuid, what) in uuids {
+            let context = format!("seed {seed}, step {n} ({what})");
+            match c.manager().wait_terminal(uuid, c.wait).await {
+                Ok(view) => {
+                    let state = ops::state_name(&view.latest_status);
+                    if state != "OPERATION_FINISHED" {
+                        c.fail(&format!(
+                            "{context}: {state}: {}",
+                            ops::status_json(&view.latest_status)
+                        ));
+                    }
+                    accepted.push(uuid);
                 }
-                accepted.push(uuid);
+                // The provider's UPDATE_STATE after the restart did not list it: it
+                // never committed the operation.
+                Err(OperationError::Forgotten { .. } | OperationError::Unknown { .. }) if kill => {
+                    lost.push(uuid);
+                }
+                Err(e) => c.fail(&format!(
+                    "{context}: no terminal status: {}",
+                    slrp_types::DisplayChain(&e)
+                )),
             }
-            // The provider's UPDATE_STATE after the restart did not list it: it never
-            // committed the operation.
-            Err(OperationError::Forgotten { .. } | OperationError::Unknown { .. }) if kill => {
-                lost.push(uuid);
-            }
-            Err(e) => c.fail(&format!(
-                "{context}: no terminal status: {}",
-                slrp_types::DisplayChain(&e)
-            )),
         }
     }
     eprintln!(
-        "crash storm: seed {seed}: {} accepted, {} lost with a kill, {kills} kills, {publishes} publishes",
+        "crash storm: seed {seed}: {} accepted, {} lost with a kill, {kills} kills, {publishes} publishes, {batches} steps of several operations",
         accepted.len(),
         lost.len()
     );

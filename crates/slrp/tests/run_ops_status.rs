@@ -161,15 +161,25 @@ async fn retry_operation_status_update_to_scheduler(csi: &'static str) {
     let id = c.the_provider_id().await;
     c.manager().acknowledge(&id, op, status).await.unwrap();
     no_more_updates_of(&mut c, op).await;
-    let snap = c
-        .snapshot_until("the finished CREATE_DISK counted", |s| {
-            s.get(&metric("operations/create_disk/finished")) == Some(&1.0)
-        })
-        .await;
+    let snap = counted(&c, "operations/create_disk/finished", 1.0).await;
     assert_eq!(snap[&metric("operations/create_disk/pending")], 0.0);
     c.finish().await;
 }
 csi_versions!(retry_operation_status_update_to_scheduler);
+
+/// Waits until the fixture provider's metric `name` is `value`; returns that snapshot.
+async fn counted(c: &Cluster, name: &str, value: f64) -> std::collections::BTreeMap<String, f64> {
+    let key = metric(name);
+    c.snapshot_until(&format!("{name} = {value}"), |s| {
+        s.get(&key) == Some(&value)
+    })
+    .await
+}
+
+/// How many MOUNT disks the agent's total (sorted JSON texts) holds.
+fn mount_disks(total: &[String]) -> usize {
+    total.iter().filter(|r| r.contains("\"MOUNT\"")).count()
+}
 
 /// The fixture provider's metric `name`.
 fn metric(name: &str) -> String {
@@ -201,10 +211,7 @@ async fn operation_update(csi: &'static str) {
         Some(support::FRAMEWORK_ID)
     );
     c.terminal(op).await;
-    c.snapshot_until("one finished CREATE_DISK", |s| {
-        s.get(&metric("operations/create_disk/finished")) == Some(&1.0)
-    })
-    .await;
+    counted(&c, "operations/create_disk/finished", 1.0).await;
     c.finish().await;
 }
 csi_versions!(operation_update);
@@ -219,10 +226,7 @@ csi_versions!(operation_update);
 async fn operation_state_metrics(csi: &'static str) {
     let (c, pool) = with_pool(csi).await;
     let disk = c.finished_one(create_1g(&pool, "create")).await;
-    c.snapshot_until("create_disk/finished = 1", |s| {
-        s.get(&metric("operations/create_disk/finished")) == Some(&1.0)
-    })
-    .await;
+    counted(&c, "operations/create_disk/finished", 1.0).await;
     c.set_faults(
         "test",
         &json!([{"rpc": "DeleteVolume", "fail": "INTERNAL", "message": "rmdir: No such file or directory", "times": 1}]),
@@ -284,12 +288,8 @@ async fn reconcile_dropped_operation(csi: &'static str) {
         "OPERATION_DROPPED"
     );
     let total = c.agent_total().await;
-    let disks: Vec<&String> = total.iter().filter(|r| r.contains("\"MOUNT\"")).collect();
-    assert_eq!(disks.len(), 1, "{total:?}");
-    c.snapshot_until("one unknown operation dropped", |s| {
-        s.get(&metric("operations/unknown/dropped")) == Some(&1.0)
-    })
-    .await;
+    assert_eq!(mount_disks(&total), 1, "{total:?}");
+    counted(&c, "operations/unknown/dropped", 1.0).await;
     c.finish().await;
 }
 csi_versions!(reconcile_dropped_operation);
@@ -468,13 +468,8 @@ async fn duplicate_operation_uuid_is_answered_not_applied_again(csi: &'static st
     assert_eq!(c.calls("test", "CreateVolume"), 1, "applied once");
     assert_eq!(c.plugin_volumes("test").len(), 1);
     let total = c.agent_total().await;
-    let disks = total.iter().filter(|r| r.contains("\"MOUNT\"")).count();
-    assert_eq!(disks, 1, "{total:?}");
-    let snap = c
-        .snapshot_until("one finished CREATE_DISK", |s| {
-            s.get(&metric("operations/create_disk/finished")) == Some(&1.0)
-        })
-        .await;
+    assert_eq!(mount_disks(&total), 1, "{total:?}");
+    let snap = counted(&c, "operations/create_disk/finished", 1.0).await;
     assert_eq!(snap[&metric("operations/create_disk/pending")], 0.0);
     assert!(c.daemon_running());
     c.finish().await;
