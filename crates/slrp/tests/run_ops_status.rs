@@ -475,3 +475,73 @@ async fn duplicate_operation_uuid_is_answered_not_applied_again(csi: &'static st
     c.finish().await;
 }
 csi_versions!(duplicate_operation_uuid_is_answered_not_applied_again);
+
+/// Nothing is lost across a disconnection (spec §8.5: paused while disconnected, resumed
+/// on READY): a CREATE_DISK whose (slowed) CreateVolume is running when the agent goes
+/// away finishes while it is away; when the agent is back the provider's UPDATE_STATE
+/// lists the operation FINISHED with the disk in its total, and then the status update
+/// comes, with the one status uuid of the operation; the agent's view has the disk once.
+async fn status_of_an_operation_finished_while_disconnected_is_delivered(csi: &'static str) {
+    let (mut c, pool) = with_pool(csi).await;
+    c.set_faults(
+        "test",
+        &json!([{"rpc": "CreateVolume", "delay_ms": 1000, "times": 1}]),
+    );
+    let op = c.apply(create_1g(&pool, "op")).await;
+    // The plugin consumes the rule when the call arrives.
+    c.within("CreateVolume to be called", async {
+        while c.faults_left("test") != json!([]) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    c.stop_manager().await;
+    counted(&c, "operations/create_disk/finished", 1.0).await;
+    c.resume_manager().await;
+    let (mut state, mut updates) = (None, Vec::new());
+    while state.is_none() || updates.is_empty() {
+        match c.next_message().await {
+            ManagerMessage::UpdateState {
+                operations,
+                resources,
+                ..
+            } if state.is_none() => {
+                assert!(
+                    updates.is_empty(),
+                    "the status comes after the UPDATE_STATE"
+                );
+                state = Some((operations, resources));
+            }
+            ManagerMessage::UpdateOperationStatus { update, .. } if uuids(&update).0 == op => {
+                updates.push(update);
+            }
+            _ => {}
+        }
+    }
+    let (operations, resources) = state.unwrap();
+    let listed: Vec<Value> = operations
+        .iter()
+        .map(|o| slrp_wire::json::to_value(o).unwrap())
+        .collect();
+    let [o] = &listed[..] else {
+        panic!("one tracked operation: {listed:?}")
+    };
+    assert_eq!(o["latest_status"]["state"], "OPERATION_FINISHED", "{o}");
+    let mount = resources
+        .iter()
+        .map(ops::json_of)
+        .filter(|r| source(r)["type"] == "MOUNT")
+        .count();
+    assert_eq!(mount, 1, "{resources:?}");
+    let update = &updates[0];
+    assert_eq!(ops::state_name(&update.status), "OPERATION_FINISHED");
+    assert!(uuids(update).1.is_some());
+    assert_eq!(
+        ops::state_name(&c.terminal(op).await.latest_status),
+        "OPERATION_FINISHED"
+    );
+    assert_eq!(mount_disks(&c.agent_total().await), 1);
+    no_more_updates_of(&mut c, op).await;
+    c.finish().await;
+}
+csi_versions!(status_of_an_operation_finished_while_disconnected_is_delivered);
