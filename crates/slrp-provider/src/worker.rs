@@ -675,7 +675,6 @@ impl Worker {
                 }
                 Some(()) = self.replies.next(), if !self.replies.is_empty() => {}
                 Some(()) = self.ops.publishes.next(), if !self.ops.publishes.is_empty() => {}
-                Some(durable) = self.ops.durable.next(), if !self.ops.durable.is_empty() => durable?,
             }
         }
     }

@@ -9,7 +9,7 @@ mod worker_env;
 
 use std::time::Duration;
 
-use slrp_core::provider::operations::{StatusRetry, TrackedOperation, load_operations};
+use slrp_core::provider::operations::{StatusRetry, load_operations};
 use slrp_core::provider::resources::Resources;
 use slrp_csi::CsiRpc;
 use slrp_manager::{ApplyRequest, ManagerMessage};
@@ -194,24 +194,7 @@ impl Env {
         assert_eq!(violations, 0.0);
     }
 
-    /// Waits until `n` operation records are stored and returns them. The worker does not
-    /// wait for the disk before going on: a record becomes durable a little after the
-    /// status shows the change (but before any status update about it is sent).
-    async fn records_until(&self, n: usize) -> Vec<TrackedOperation> {
-        tokio::time::timeout(HANG, async {
-            loop {
-                let stored = self.stored_operations().await;
-                if stored.len() == n {
-                    return stored;
-                }
-                tokio::task::yield_now().await;
-            }
-        })
-        .await
-        .expect("the operation records did not come to the expected number")
-    }
-
-    async fn stored_operations(&self) -> Vec<TrackedOperation> {
+    async fn stored_operations(&self) -> Vec<slrp_core::provider::operations::TrackedOperation> {
         load_operations(&self.store, AGENT_S0).await.unwrap()
     }
 }
@@ -260,7 +243,7 @@ async fn create_disk_then_destroy_disk() {
     let status_uuid = update.status.uuid.clone().expect("a reliable status");
     env.send(&id, ack_event(op.as_bytes(), &status_uuid)).await;
     status_until(&provider.handle, "forgotten", |s| s.operations == 0).await;
-    env.records_until(0).await;
+    assert!(env.stored_operations().await.is_empty());
 
     let destroy = env
         .manager()
@@ -438,7 +421,7 @@ async fn an_unacknowledged_status_is_resent_until_acknowledged() {
     )
     .await;
     status_until(&provider.handle, "forgotten", |s| s.operations == 0).await;
-    env.records_until(0).await;
+    assert!(env.stored_operations().await.is_empty());
     provider.stop().await;
 }
 
@@ -533,7 +516,7 @@ async fn an_operation_before_ready_is_dropped_reliably() {
     env.send(&id, apply_event(offer::Operation::default(), op, &[0; 16]))
         .await;
     status_until(&provider.handle, "tracked", |s| s.operations == 1).await;
-    env.records_until(1).await;
+    assert_eq!(env.stored_operations().await.len(), 1);
 
     env.fake().set_down(CsiRpc::ListVolumes, false);
     let update = env.next_status(op).await;

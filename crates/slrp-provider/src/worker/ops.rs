@@ -39,7 +39,6 @@ use slrp_core::provider::state::StateError;
 use slrp_core::volume::{MountPaths, VolumeError, VolumeInfo};
 use slrp_proto::mesos::v1::resource_provider::{Call, call, event};
 use slrp_proto::mesos::v1::{AgentId, OperationState, Resource, Uuid};
-use slrp_store::Submitted;
 use slrp_types::DisplayChain;
 use tokio::time::{Instant, Sleep};
 
@@ -64,9 +63,6 @@ pub(super) struct OpFlow {
     identity: u64,
     /// PUBLISH_RESOURCES being carried out.
     pub(super) publishes: FuturesUnordered<BoxFuture<'static, ()>>,
-    /// Commits being made durable, with what follows them (status updates); an error is
-    /// a failed commit (fatal).
-    pub(super) durable: FuturesUnordered<BoxFuture<'static, Result<(), ProviderError>>>,
 }
 
 impl OpFlow {
@@ -87,7 +83,6 @@ impl OpFlow {
             replay,
             identity: 0,
             publishes: FuturesUnordered::new(),
-            durable: FuturesUnordered::new(),
         }
     }
 
@@ -129,8 +124,6 @@ pub(super) struct DiskDone {
 }
 
 enum DiskOutcome {
-    /// The PENDING record could not be committed (fatal).
-    NotDurable(ProviderError),
     Created {
         plan: Box<CreateDiskPlan>,
         result: Result<VolumeInfo, VolumeError>,
@@ -200,22 +193,6 @@ fn has_io(info: &slrp_proto::mesos::v1::offer::Operation) -> bool {
     OperationKind::of(info) == OperationKind::Destroy
 }
 
-/// Waits until `submitted` is on stable storage; a failure is the worker's fatal
-/// checkpoint error.
-async fn durable(
-    submitted: Submitted,
-    provider: String,
-    store: std::path::PathBuf,
-) -> Result<(), ProviderError> {
-    submitted
-        .durable()
-        .await
-        .map_err(|source| ProviderError::Checkpoint {
-            provider,
-            source: Box::new(StateError::Store { store, source }),
-        })
-}
-
 fn parse_uuid(uuid: &Uuid) -> Option<uuid::Uuid> {
     uuid::Uuid::from_slice(&uuid.value).ok()
 }
@@ -246,28 +223,13 @@ impl Worker {
     }
 
     /// Commits the records of `ops` (put), `removed` (delete) and the resource records of
-    /// `touched`, in one transaction, and waits until it is durable.
+    /// `touched`, in one transaction.
     pub(super) async fn commit_ops(
         &mut self,
         ops: &[uuid::Uuid],
         removed: &[uuid::Uuid],
         touched: Touched<'_>,
     ) -> Result<(), ProviderError> {
-        let submitted = self.submit_ops(ops, removed, touched).await?;
-        let store = self.deps.store.path().to_owned();
-        durable(submitted, self.label.clone(), store).await
-    }
-
-    /// [`Self::commit_ops`] without waiting for the disk: the transaction is queued behind
-    /// the worker's earlier ones (the store applies them in order), so operations go on
-    /// while fsyncs are shared (group commit); what must follow durability waits for the
-    /// returned [`Submitted`].
-    pub(super) async fn submit_ops(
-        &mut self,
-        ops: &[uuid::Uuid],
-        removed: &[uuid::Uuid],
-        touched: Touched<'_>,
-    ) -> Result<Submitted, ProviderError> {
         let agent_id = self.params.agent_id.clone();
         let store = self.deps.store.clone();
         let checkpoint = |source: StateError| ProviderError::Checkpoint {
@@ -297,56 +259,12 @@ impl Worker {
                 .stage(&mut txn, &agent_id, Some(resources))
                 .map_err(checkpoint)?;
         }
-        txn.submit().await.map_err(|source| {
+        txn.commit().await.map_err(|source| {
             checkpoint(StateError::Store {
                 store: store.path().to_owned(),
                 source,
             })
         })
-    }
-
-    /// Waits in the background for `submitted`, then sends `updates` (a failed commit ends
-    /// the worker: it comes back through `OpFlow::durable`).
-    fn send_when_durable(
-        &mut self,
-        submitted: Submitted,
-        updates: impl IntoIterator<Item = call::UpdateOperationStatus>,
-    ) {
-        let calls = self.update_calls(updates);
-        let (label, store) = (self.label.clone(), self.deps.store.path().to_owned());
-        let agent = self.agent.clone();
-        self.ops.durable.push(Box::pin(async move {
-            durable(submitted, label, store).await?;
-            for (operation, call) in calls {
-                if let Err(error) = agent.call(call).await {
-                    tracing::warn!(operation_uuid = %operation, error = %DisplayChain(&error), "sending an operation status update failed");
-                }
-            }
-            Ok(())
-        }));
-    }
-
-    /// The UPDATE_OPERATION_STATUS calls for `updates` (with their operation uuid text).
-    fn update_calls(
-        &self,
-        updates: impl IntoIterator<Item = call::UpdateOperationStatus>,
-    ) -> Vec<(String, Call)> {
-        let Some(id) = self.state.provider_id.clone() else {
-            return Vec::new();
-        };
-        updates
-            .into_iter()
-            .map(|update| {
-                let operation = uuid_text(&update.operation_uuid);
-                let call = Call {
-                    r#type: Some(call::Type::UpdateOperationStatus as i32),
-                    resource_provider_id: Some(id.clone()),
-                    update_operation_status: Some(update),
-                    ..Call::default()
-                };
-                (operation, call)
-            })
-            .collect()
     }
 
     /// The agent applied an operation the provider did not (dropped or failed): a new
@@ -362,7 +280,17 @@ impl Worker {
     /// Sends status updates (reliable ones come from the status update manager, which
     /// keeps them until acknowledged; a failed send is only logged: the retry resends).
     fn send_updates(&mut self, updates: impl IntoIterator<Item = call::UpdateOperationStatus>) {
-        for (operation, call) in self.update_calls(updates) {
+        let Some(id) = self.state.provider_id.clone() else {
+            return;
+        };
+        for update in updates {
+            let operation = uuid_text(&update.operation_uuid);
+            let call = Call {
+                r#type: Some(call::Type::UpdateOperationStatus as i32),
+                resource_provider_id: Some(id.clone()),
+                update_operation_status: Some(update),
+                ..Call::default()
+            };
             let agent = self.agent.clone();
             self.replies.push(Box::pin(async move {
                 if let Err(error) = agent.call(call).await {
@@ -459,9 +387,9 @@ impl Worker {
                         return Ok(());
                     }
                 };
-                let submitted = self.submit_ops(&[uuid], &[], Touched::Nothing).await?;
+                self.commit_ops(&[uuid], &[], Touched::Nothing).await?;
                 self.deps.metrics.operations().dropped(kind);
-                self.send_when_durable(submitted, send);
+                self.send_updates(send);
                 if resync {
                     // The agent applied it to its view already (§5.3 last paragraph).
                     self.resync_agent();
@@ -478,14 +406,14 @@ impl Worker {
                 self.deps.metrics.operations().pending(kind, 1);
                 if one_commit {
                     // Its completion commit is the first: nothing to replay before it.
-                    self.apply_operation(uuid, None).await?;
-                } else if immediate {
-                    let pending = self.submit_ops(&[uuid], &[], Touched::Nothing).await?;
-                    self.apply_operation(uuid, Some(pending)).await?;
+                    self.apply_operation(uuid).await?;
                 } else {
-                    // Durable now: when it is applied, nothing is left to wait for.
                     self.commit_ops(&[uuid], &[], Touched::Nothing).await?;
-                    self.ops.deferred.push_back(uuid);
+                    if immediate {
+                        self.apply_operation(uuid).await?;
+                    } else {
+                        self.ops.deferred.push_back(uuid);
+                    }
                 }
             }
         }
@@ -518,28 +446,15 @@ impl Worker {
     }
 
     /// Applies a tracked PENDING operation (§5.3–§5.5): speculative ones complete now,
-    /// disk operations start their volume manager call. `pending` is the commit of its
-    /// PENDING record if it may not be durable yet: nothing is applied before it is.
-    async fn apply_operation(
-        &mut self,
-        uuid: uuid::Uuid,
-        pending: Option<Submitted>,
-    ) -> Result<(), ProviderError> {
+    /// disk operations start their volume manager call.
+    async fn apply_operation(&mut self, uuid: uuid::Uuid) -> Result<(), ProviderError> {
         let Some(op) = self.ops.tracked.get(&uuid) else {
             return Ok(());
         };
         let info = op.info.clone();
         let identity = self.ops.identity;
-        let (label, store) = (self.label.clone(), self.deps.store.path().to_owned());
-        let before = async move {
-            match pending {
-                Some(submitted) => durable(submitted, label, store).await,
-                None => Ok(()),
-            }
-        };
         match OperationKind::of(&info) {
             kind if kind.is_speculative() => {
-                before.await?;
                 let result = match apply::speculative_conversions(&info) {
                     Ok(conversions) => remove_persistent(self.params.mount_paths.clone(), &info)
                         .await
@@ -554,13 +469,6 @@ impl Worker {
                     Ok(plan) => {
                         let volumes = self.deps.volumes.clone();
                         self.ops.running.push(Box::pin(async move {
-                            if let Err(error) = before.await {
-                                return DiskDone {
-                                    uuid,
-                                    identity,
-                                    outcome: DiskOutcome::NotDurable(error),
-                                };
-                            }
                             let result = match &plan.request {
                                 DiskRequest::Create(req) => volumes.create(req.clone()).await,
                                 DiskRequest::Import(req) => volumes.validate(req.clone()).await,
@@ -583,13 +491,6 @@ impl Worker {
                 Ok((id, source)) => {
                     let volumes = self.deps.volumes.clone();
                     self.ops.running.push(Box::pin(async move {
-                        if let Err(error) = before.await {
-                            return DiskDone {
-                                uuid,
-                                identity,
-                                outcome: DiskOutcome::NotDurable(error),
-                            };
-                        }
                         let result = volumes.delete(&id).await;
                         DiskDone {
                             uuid,
@@ -650,13 +551,9 @@ impl Worker {
             return Ok(());
         }
         let Some(ctx) = self.ctx.clone() else {
-            return match outcome {
-                DiskOutcome::NotDurable(error) => Err(error),
-                DiskOutcome::Created { .. } | DiskOutcome::Destroyed { .. } => Ok(()),
-            };
+            return Ok(());
         };
         match outcome {
-            DiskOutcome::NotDurable(error) => return Err(error),
             DiskOutcome::Created { plan, result } => {
                 let result = result
                     .map(|volume| vec![apply::create_disk_conversion(&ctx, &plan, &volume)])
@@ -737,14 +634,14 @@ impl Worker {
             }
         };
         let changed = applied.is_some();
-        let submitted = match applied {
+        match applied {
             Some((total, touched)) => {
                 self.state.total = total;
-                self.submit_ops(&[uuid], &[], Touched::Some(&touched))
-                    .await?
+                self.commit_ops(&[uuid], &[], Touched::Some(&touched))
+                    .await?;
             }
-            None => self.submit_ops(&[uuid], &[], Touched::Nothing).await?,
-        };
+            None => self.commit_ops(&[uuid], &[], Touched::Nothing).await?,
+        }
         let metrics = self.deps.metrics.operations();
         metrics.pending(kind, -1);
         if failed {
@@ -759,14 +656,14 @@ impl Worker {
         if changed {
             self.publish_status();
         }
-        self.send_when_durable(submitted, send);
+        self.send_updates(send);
         Ok(())
     }
 
     /// Applies the operations deferred during a reconciliation, in arrival order.
     pub(super) async fn start_deferred(&mut self) -> Result<(), ProviderError> {
         while let Some(uuid) = self.ops.deferred.pop_front() {
-            self.apply_operation(uuid, None).await?;
+            self.apply_operation(uuid).await?;
         }
         self.after_ops_change();
         Ok(())
@@ -777,7 +674,7 @@ impl Worker {
     pub(super) async fn start_replay(&mut self) -> Result<(), ProviderError> {
         for uuid in std::mem::take(&mut self.ops.replay) {
             tracing::info!(operation_uuid = %uuid, "re-applying a pending operation");
-            self.apply_operation(uuid, None).await?;
+            self.apply_operation(uuid).await?;
         }
         self.after_ops_change();
         Ok(())
@@ -804,13 +701,12 @@ impl Worker {
                 tracing::error!(operation_uuid = %op, status_uuid = %status, error = %DisplayChain(&error), "Failed to acknowledge operation status");
             }
             Ok(Acked::Pending { send }) => {
-                let submitted = self.submit_ops(&[op], &[], Touched::Nothing).await?;
-                self.send_when_durable(submitted, send);
+                self.commit_ops(&[op], &[], Touched::Nothing).await?;
+                self.send_updates(send);
             }
             Ok(Acked::Terminated(_)) => {
                 tracing::debug!(operation_uuid = %op, "the operation's terminal status was acknowledged; forgetting it");
-                let submitted = self.submit_ops(&[], &[op], Touched::Nothing).await?;
-                self.send_when_durable(submitted, []);
+                self.commit_ops(&[], &[op], Touched::Nothing).await?;
             }
         }
         self.after_ops_change();
