@@ -567,24 +567,6 @@ fn raw_u32(r: &rusqlite::Row<'_>, i: usize) -> rusqlite::Result<Option<u32>> {
     })
 }
 
-/// A [`Transaction`] queued for the writer ([`Transaction::submit`]).
-#[derive(Debug)]
-#[must_use = "durability is known only from `durable`"]
-pub struct Submitted(Option<oneshot::Receiver<Result<(), StoreError>>>);
-
-impl Submitted {
-    /// Returns once the transaction is on stable storage (at once for an empty one).
-    ///
-    /// # Errors
-    /// As [`Transaction::commit`].
-    pub async fn durable(self) -> Result<(), StoreError> {
-        match self.0 {
-            None => Ok(()),
-            Some(done) => done.await.map_err(|_| StoreError::WriterStopped)?,
-        }
-    }
-}
-
 /// A set of changes that becomes durable all together or not at all.
 ///
 /// Changes apply in the order they were added. Many transactions committed at the same
@@ -673,20 +655,8 @@ impl Transaction {
     /// commit the store refuses further writes ([`StoreError::Poisoned`]), and whether the
     /// failed transaction reached the disk is for recovery to find out.
     pub async fn commit(self) -> Result<(), StoreError> {
-        self.submit().await?.durable().await
-    }
-
-    /// Hands the changes to the writer and returns once they are queued, before they are
-    /// durable ([`Submitted::durable`] waits for that). Transactions one task submits are
-    /// applied in that order, so a caller can go on with the next change without waiting
-    /// for the disk and still let its transactions share fsyncs (group commit); whatever
-    /// must follow durability (telling someone) waits for [`Submitted::durable`].
-    ///
-    /// # Errors
-    /// [`StoreError::WriterStopped`], or the store's poisoning error.
-    pub async fn submit(self) -> Result<Submitted, StoreError> {
         if self.ops.is_empty() {
-            return Ok(Submitted(None));
+            return Ok(());
         }
         let (reply, done) = oneshot::channel();
         let tx = self.store.sender()?.clone();
@@ -696,7 +666,7 @@ impl Transaction {
         })
         .await
         .map_err(|_| StoreError::WriterStopped)?;
-        Ok(Submitted(Some(done)))
+        done.await.map_err(|_| StoreError::WriterStopped)?
     }
 
     /// [`Transaction::commit`] for threads outside the async runtime.

@@ -255,45 +255,6 @@ async fn group_commit_shares_one_sync() {
     assert_eq!(store.load_all::<Vol>().await.unwrap().len(), 64);
 }
 
-/// `submit` returns once queued: one task's transactions, submitted without waiting for
-/// the disk, share syncs and apply in submission order (the last write of a key wins).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn submitted_transactions_apply_in_order_and_share_syncs() {
-    let _scenario = fail::FailScenario::setup();
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path()).unwrap();
-    let (entered_tx, entered_rx) = std::sync::mpsc::channel::<()>();
-    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
-    let hold = std::sync::Mutex::new(Some((entered_tx, release_rx)));
-    fail::cfg_callback(failpoints::BATCH_START, move || {
-        if let Some((entered, release)) = hold.lock().unwrap().take() {
-            entered.send(()).unwrap();
-            release.recv().unwrap();
-        }
-    })
-    .unwrap();
-    let mut first = store.transaction();
-    first.put(&vol("x", "held")).unwrap();
-    let first = first.submit().await.unwrap();
-    tokio::task::spawn_blocking(move || entered_rx.recv().unwrap())
-        .await
-        .unwrap();
-    let mut waits = Vec::new();
-    for state in ["A", "B", "C"] {
-        let mut tx = store.transaction();
-        tx.put(&vol("x", state)).unwrap();
-        waits.push(tx.submit().await.unwrap());
-    }
-    assert_eq!(store.queued(), 3, "queued, not yet durable");
-    release_tx.send(()).unwrap();
-    first.durable().await.unwrap();
-    for wait in waits {
-        wait.durable().await.unwrap();
-    }
-    assert_eq!(store.get::<Vol>("x").await.unwrap().unwrap().state, "C");
-    assert_eq!(store.stats().syncs, 2, "{:?}", store.stats());
-}
-
 #[tokio::test]
 async fn failure_before_commit_writes_nothing_and_poisons() {
     let _scenario = fail::FailScenario::setup();
