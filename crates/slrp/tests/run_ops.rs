@@ -323,21 +323,43 @@ async fn create_destroy_persistent_mount_volume(csi: &'static str) {
 }
 csi_versions!(create_destroy_persistent_mount_volume);
 
-/// ROOT_CreateDestroyPersistentMountVolumeWithRecovery (§11.1 test 13): the same with
-/// daemon restarts between the tasks and before the destroy: the second task reads the
-/// file (republished after recovery) and the cleanup still works.
-async fn create_destroy_persistent_mount_volume_with_recovery(csi: &'static str) {
-    if !slrp_test_support::require_root("create_destroy_persistent_mount_volume_with_recovery") {
-        return;
+/// What happens to the provider between two steps of a test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Interruption {
+    None,
+    /// A clean restart of the daemon (Mesos: an agent restart).
+    Restart,
+    /// A simulated reboot ([`Cluster::simulate_reboot`]).
+    Reboot,
+}
+
+impl Interruption {
+    /// Interrupts the provider and waits until it has recovered; returns its
+    /// UPDATE_STATE (`None` for no interruption).
+    async fn apply(self, c: &mut Cluster, pool: &Value) -> Option<support::Update> {
+        match self {
+            Self::None => return None,
+            Self::Restart => c.restart_daemon().await,
+            Self::Reboot => {
+                c.simulate_reboot().await;
+                assert!(support::mounts_under(c.dir.path()).is_empty());
+                c.start_daemon();
+            }
+        }
+        Some(recovered(c, pool).await)
     }
+}
+
+/// The persistent volume tests with `interruption` between the tasks and before the
+/// destroy: the second task reads the file (republished after the recovery) and the
+/// cleanup still works.
+async fn persistent_mount_volume_across(csi: &'static str, interruption: Interruption) {
     let (mut c, pool) = with_spare_pool(csi).await;
     let (disk, volume) = persistent_volume(&c, &pool).await;
     task_writes(&c, &volume, "data").await;
-    c.restart_daemon().await;
-    recovered(&mut c, &pool).await;
+    interruption.apply(&mut c, &pool).await;
     assert_eq!(task_reads(&c, &volume).await, "data");
-    c.restart_daemon().await;
-    let u = recovered(&mut c, &pool).await;
+    let u = interruption.apply(&mut c, &pool).await.unwrap();
     assert_eq!(
         sorted(&u.resources),
         with_rest(std::slice::from_ref(&volume), &pool)
@@ -345,32 +367,24 @@ async fn create_destroy_persistent_mount_volume_with_recovery(csi: &'static str)
     destroy_persistent_volume(&c, &disk, &volume, &pool).await;
     c.finish().await;
 }
+
+/// ROOT_CreateDestroyPersistentMountVolumeWithRecovery (§11.1 test 13): daemon restarts.
+async fn create_destroy_persistent_mount_volume_with_recovery(csi: &'static str) {
+    if !slrp_test_support::require_root("create_destroy_persistent_mount_volume_with_recovery") {
+        return;
+    }
+    persistent_mount_volume_across(csi, Interruption::Restart).await;
+}
 csi_versions!(create_destroy_persistent_mount_volume_with_recovery);
 
-/// ROOT_CreateDestroyPersistentMountVolumeWithReboot (§11.1 test 14): the same with
-/// simulated reboots (every mount of the test gone, a new boot id) instead of restarts:
-/// the provider restages and republishes, the file survives, the cleanup works.
+/// ROOT_CreateDestroyPersistentMountVolumeWithReboot (§11.1 test 14): simulated reboots
+/// (every mount of the test gone, a new boot id): the provider restages and republishes,
+/// the file survives.
 async fn create_destroy_persistent_mount_volume_with_reboot(csi: &'static str) {
     if !slrp_test_support::require_root("create_destroy_persistent_mount_volume_with_reboot") {
         return;
     }
-    let (mut c, pool) = with_spare_pool(csi).await;
-    let (disk, volume) = persistent_volume(&c, &pool).await;
-    task_writes(&c, &volume, "data").await;
-    c.simulate_reboot().await;
-    assert!(support::mounts_under(c.dir.path()).is_empty());
-    c.start_daemon();
-    recovered(&mut c, &pool).await;
-    assert_eq!(task_reads(&c, &volume).await, "data");
-    c.simulate_reboot().await;
-    c.start_daemon();
-    let u = recovered(&mut c, &pool).await;
-    assert_eq!(
-        sorted(&u.resources),
-        with_rest(std::slice::from_ref(&volume), &pool)
-    );
-    destroy_persistent_volume(&c, &disk, &volume, &pool).await;
-    c.finish().await;
+    persistent_mount_volume_across(csi, Interruption::Reboot).await;
 }
 csi_versions!(create_destroy_persistent_mount_volume_with_reboot);
 
@@ -420,31 +434,6 @@ async fn create_persistent_block_volume(csi: &'static str) {
     c.finish().await;
 }
 csi_versions!(create_persistent_block_volume);
-
-/// What happens to the provider between two steps of a test.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Interruption {
-    None,
-    /// A clean restart of the daemon (Mesos: an agent restart).
-    Restart,
-    /// A simulated reboot ([`Cluster::simulate_reboot`]).
-    Reboot,
-}
-
-impl Interruption {
-    /// Interrupts the provider and waits until it has recovered.
-    async fn apply(self, c: &mut Cluster, pool: &Value) {
-        match self {
-            Self::None => return,
-            Self::Restart => c.restart_daemon().await,
-            Self::Reboot => {
-                c.simulate_reboot().await;
-                c.start_daemon();
-            }
-        }
-        recovered(c, pool).await;
-    }
-}
 
 /// DestroyUnpublishedPersistentVolume (§11.1 tests 17–19): the plugin answers
 /// UNIMPLEMENTED to NodePublishVolume, so the publish for the task fails (the agent's

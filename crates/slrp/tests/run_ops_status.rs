@@ -161,15 +161,25 @@ async fn retry_operation_status_update_to_scheduler(csi: &'static str) {
     let id = c.the_provider_id().await;
     c.manager().acknowledge(&id, op, status).await.unwrap();
     no_more_updates_of(&mut c, op).await;
-    let snap = c
-        .snapshot_until("the finished CREATE_DISK counted", |s| {
-            s.get(&metric("operations/create_disk/finished")) == Some(&1.0)
-        })
-        .await;
+    let snap = counted(&c, "operations/create_disk/finished", 1.0).await;
     assert_eq!(snap[&metric("operations/create_disk/pending")], 0.0);
     c.finish().await;
 }
 csi_versions!(retry_operation_status_update_to_scheduler);
+
+/// Waits until the fixture provider's metric `name` is `value`; returns that snapshot.
+async fn counted(c: &Cluster, name: &str, value: f64) -> std::collections::BTreeMap<String, f64> {
+    let key = metric(name);
+    c.snapshot_until(&format!("{name} = {value}"), |s| {
+        s.get(&key) == Some(&value)
+    })
+    .await
+}
+
+/// How many MOUNT disks the agent's total (sorted JSON texts) holds.
+fn mount_disks(total: &[String]) -> usize {
+    total.iter().filter(|r| r.contains("\"MOUNT\"")).count()
+}
 
 /// The fixture provider's metric `name`.
 fn metric(name: &str) -> String {
@@ -201,10 +211,7 @@ async fn operation_update(csi: &'static str) {
         Some(support::FRAMEWORK_ID)
     );
     c.terminal(op).await;
-    c.snapshot_until("one finished CREATE_DISK", |s| {
-        s.get(&metric("operations/create_disk/finished")) == Some(&1.0)
-    })
-    .await;
+    counted(&c, "operations/create_disk/finished", 1.0).await;
     c.finish().await;
 }
 csi_versions!(operation_update);
@@ -219,10 +226,7 @@ csi_versions!(operation_update);
 async fn operation_state_metrics(csi: &'static str) {
     let (c, pool) = with_pool(csi).await;
     let disk = c.finished_one(create_1g(&pool, "create")).await;
-    c.snapshot_until("create_disk/finished = 1", |s| {
-        s.get(&metric("operations/create_disk/finished")) == Some(&1.0)
-    })
-    .await;
+    counted(&c, "operations/create_disk/finished", 1.0).await;
     c.set_faults(
         "test",
         &json!([{"rpc": "DeleteVolume", "fail": "INTERNAL", "message": "rmdir: No such file or directory", "times": 1}]),
@@ -284,12 +288,8 @@ async fn reconcile_dropped_operation(csi: &'static str) {
         "OPERATION_DROPPED"
     );
     let total = c.agent_total().await;
-    let disks: Vec<&String> = total.iter().filter(|r| r.contains("\"MOUNT\"")).collect();
-    assert_eq!(disks.len(), 1, "{total:?}");
-    c.snapshot_until("one unknown operation dropped", |s| {
-        s.get(&metric("operations/unknown/dropped")) == Some(&1.0)
-    })
-    .await;
+    assert_eq!(mount_disks(&total), 1, "{total:?}");
+    counted(&c, "operations/unknown/dropped", 1.0).await;
     c.finish().await;
 }
 csi_versions!(reconcile_dropped_operation);
@@ -468,15 +468,80 @@ async fn duplicate_operation_uuid_is_answered_not_applied_again(csi: &'static st
     assert_eq!(c.calls("test", "CreateVolume"), 1, "applied once");
     assert_eq!(c.plugin_volumes("test").len(), 1);
     let total = c.agent_total().await;
-    let disks = total.iter().filter(|r| r.contains("\"MOUNT\"")).count();
-    assert_eq!(disks, 1, "{total:?}");
-    let snap = c
-        .snapshot_until("one finished CREATE_DISK", |s| {
-            s.get(&metric("operations/create_disk/finished")) == Some(&1.0)
-        })
-        .await;
+    assert_eq!(mount_disks(&total), 1, "{total:?}");
+    let snap = counted(&c, "operations/create_disk/finished", 1.0).await;
     assert_eq!(snap[&metric("operations/create_disk/pending")], 0.0);
     assert!(c.daemon_running());
     c.finish().await;
 }
 csi_versions!(duplicate_operation_uuid_is_answered_not_applied_again);
+
+/// Nothing is lost across a disconnection (spec §8.5: paused while disconnected, resumed
+/// on READY): a CREATE_DISK whose (slowed) CreateVolume is running when the agent goes
+/// away finishes while it is away; when the agent is back the provider's UPDATE_STATE
+/// lists the operation FINISHED with the disk in its total, and then the status update
+/// comes, with the one status uuid of the operation; the agent's view has the disk once.
+async fn status_of_an_operation_finished_while_disconnected_is_delivered(csi: &'static str) {
+    let (mut c, pool) = with_pool(csi).await;
+    c.set_faults(
+        "test",
+        &json!([{"rpc": "CreateVolume", "delay_ms": 1000, "times": 1}]),
+    );
+    let op = c.apply(create_1g(&pool, "op")).await;
+    // The plugin consumes the rule when the call arrives.
+    c.within("CreateVolume to be called", async {
+        while c.faults_left("test") != json!([]) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    c.stop_manager().await;
+    counted(&c, "operations/create_disk/finished", 1.0).await;
+    c.resume_manager().await;
+    let (mut state, mut updates) = (None, Vec::new());
+    while state.is_none() || updates.is_empty() {
+        match c.next_message().await {
+            ManagerMessage::UpdateState {
+                operations,
+                resources,
+                ..
+            } if state.is_none() => {
+                assert!(
+                    updates.is_empty(),
+                    "the status comes after the UPDATE_STATE"
+                );
+                state = Some((operations, resources));
+            }
+            ManagerMessage::UpdateOperationStatus { update, .. } if uuids(&update).0 == op => {
+                updates.push(update);
+            }
+            _ => {}
+        }
+    }
+    let (operations, resources) = state.unwrap();
+    let listed: Vec<Value> = operations
+        .iter()
+        .map(|o| slrp_wire::json::to_value(o).unwrap())
+        .collect();
+    let [o] = &listed[..] else {
+        panic!("one tracked operation: {listed:?}")
+    };
+    assert_eq!(o["latest_status"]["state"], "OPERATION_FINISHED", "{o}");
+    let mount = resources
+        .iter()
+        .map(ops::json_of)
+        .filter(|r| source(r)["type"] == "MOUNT")
+        .count();
+    assert_eq!(mount, 1, "{resources:?}");
+    let update = &updates[0];
+    assert_eq!(ops::state_name(&update.status), "OPERATION_FINISHED");
+    assert!(uuids(update).1.is_some());
+    assert_eq!(
+        ops::state_name(&c.terminal(op).await.latest_status),
+        "OPERATION_FINISHED"
+    );
+    assert_eq!(mount_disks(&c.agent_total().await), 1);
+    no_more_updates_of(&mut c, op).await;
+    c.finish().await;
+}
+csi_versions!(status_of_an_operation_finished_while_disconnected_is_delivered);
