@@ -462,6 +462,12 @@ fn main() {
             }
         }
     }
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -483,11 +489,18 @@ async fn run(quick: bool, dir: Option<PathBuf>) {
     let pool = bench.pool(&id).await;
     eprintln!("provider READY in {first_ready:?} (empty state)");
 
-    // 1 + 2: bare CSI and the provider with `small` volumes.
+    // 1: bare CSI, before the provider has volumes (the plugin's map is as small).
+    let mut bare = Vec::new();
+    for (concurrency, total) in sizes.pairs {
+        let rate = bare_pairs(&bench.socket, concurrency, total).await;
+        eprintln!("concurrency {concurrency}: bare CSI {rate:.0} pairs/s");
+        bare.push(rate);
+    }
+
+    // 2: the provider with `small` volumes.
     let _small = fill(&bench.manager, &id, &pool, sizes.small).await;
     let mut at_small = Vec::new();
-    for (concurrency, total) in sizes.pairs {
-        let bare = bare_pairs(&bench.socket, concurrency, total).await;
+    for (&(concurrency, total), &bare) in sizes.pairs.iter().zip(&bare) {
         let ops = provider_pairs(&bench.manager, &id, &pool, concurrency, total).await;
         eprintln!("concurrency {concurrency}: bare {bare:.0} pairs/s, provider {ops:.0} pairs/s");
         at_small.push(ops);
