@@ -103,16 +103,32 @@ struct Row {
     target: &'static str,
 }
 
-/// The process's resident set (`VmRSS` of /proc/self/status), in MiB.
-fn rss_mib() -> f64 {
+/// The process's resident set as `VmRSS` MiB (`RssAnon` MiB) from /proc/self/status:
+/// the anonymous part is the heap, the rest mostly the binary's mapped pages.
+fn rss() -> String {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let kib: f64 = status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(f64::NAN);
-    kib / 1024.0
+    let field = |name: &str| -> f64 {
+        let kib: f64 = status
+            .lines()
+            .find_map(|line| line.strip_prefix(name))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(f64::NAN);
+        kib / 1024.0
+    };
+    format!(
+        "{:.1} MiB (anonymous {:.1})",
+        field("VmRSS:"),
+        field("RssAnon:")
+    )
+}
+
+/// The 1-minute load average: the machine is shared, figures depend on it.
+fn load() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|text| text.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_default()
 }
 
 fn info(socket: &Path) -> ResourceProviderInfo {
@@ -433,6 +449,9 @@ async fn fill(manager: &ManagerHandle, id: &str, pool: &Resource, count: usize) 
             queued += 1;
         }
         volumes.push(batch.join_next().await.unwrap().expect("create task"));
+        if volumes.len() % 1000 == 0 {
+            eprintln!("  {} of {count} volumes created", volumes.len());
+        }
     }
     volumes
 }
@@ -449,15 +468,23 @@ fn print_table(title: &str, rows: &[Row]) {
 fn main() {
     let mut quick = false;
     let mut dir: Option<PathBuf> = None;
+    let mut large = None;
+    let mut unacked = None;
     let mut args = std::env::args().skip(1);
+    let number = |value: Option<String>| -> Option<usize> { value.and_then(|v| v.parse().ok()) };
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--quick" => quick = true,
             "--dir" => dir = args.next().map(PathBuf::from),
+            "--volumes" => large = number(args.next()),
+            "--unacked" => unacked = number(args.next()),
             // cargo bench passes --bench; anything else is a mistake.
             "--bench" => {}
             other => {
-                eprintln!("usage: operations [--quick] [--dir DIR] (unknown argument {other})");
+                eprintln!(
+                    "usage: operations [--quick] [--dir DIR] [--volumes N] [--unacked N] \
+                     (unknown argument {other})"
+                );
                 std::process::exit(2);
             }
         }
@@ -473,16 +500,19 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    runtime.block_on(run(quick, dir));
+    let mut sizes = Sizes::new(quick);
+    sizes.large = large.unwrap_or(sizes.large).max(sizes.small);
+    sizes.unacked = unacked.unwrap_or(sizes.unacked);
+    runtime.block_on(run(sizes, quick, dir));
 }
 
-async fn run(quick: bool, dir: Option<PathBuf>) {
-    let sizes = Sizes::new(quick);
+async fn run(sizes: Sizes, quick: bool, dir: Option<PathBuf>) {
     let base = dir.unwrap_or_else(std::env::temp_dir);
     let temp = tempfile::tempdir_in(&base).expect("bench dir");
     let bench = Bench::new(temp.path()).await;
     let mut rows = Vec::new();
-    let rss_empty = rss_mib();
+    let rss_empty = rss();
+    let load_start = load();
 
     let (running, first_ready) = bench.start().await;
     let id = Bench::provider_id(&running);
@@ -530,7 +560,7 @@ async fn run(quick: bool, dir: Option<PathBuf>) {
         sizes.large,
         filled.elapsed()
     );
-    let rss_large = rss_mib();
+    let rss_large = rss();
     for (index, (concurrency, total)) in sizes.pairs.into_iter().enumerate() {
         if concurrency == 16 {
             continue;
@@ -561,7 +591,7 @@ async fn run(quick: bool, dir: Option<PathBuf>) {
     let mut messages = bench.manager.messages();
     let (running, ready) = bench.start().await;
     let restarted = Instant::now() - ready;
-    let rss_ready = rss_mib();
+    let rss_ready = rss();
     // Every unacknowledged status is resent after READY and acknowledged at once.
     let mut resent = 0;
     let drained = tokio::time::timeout(HANG, async {
@@ -591,7 +621,7 @@ async fn run(quick: bool, dir: Option<PathBuf>) {
     rows.push(Row {
         what: format!("resident memory, {} volumes (whole process)", sizes.large),
         value: format!(
-            "{rss_ready:.1} MiB after the restart; {rss_large:.1} MiB after filling; {rss_empty:.1} MiB before the provider started"
+            "{rss_ready} after the restart; {rss_large} after filling; {rss_empty} before the provider started"
         ),
         target: "< 64 MiB",
     });
@@ -605,9 +635,11 @@ async fn run(quick: bool, dir: Option<PathBuf>) {
 
     print_table(
         &format!(
-            "Operations benchmark ({}; store in {})",
+            "Operations benchmark ({}; store in {}; load average {} at the start, {} at the end)",
             if quick { "--quick" } else { "full" },
-            base.display()
+            base.display(),
+            load_start,
+            load()
         ),
         &rows,
     );
