@@ -11,6 +11,15 @@
 //! - `GET /metrics/snapshot`: a JSON object of Mesos-style names to numbers (spec §9), the
 //!   union of every provider's [`ProviderView::snapshot`], as a Mesos agent's
 //!   `/metrics/snapshot` shows them.
+//! - `POST /volumes/unpublish` with `{"provider": "<type>.<name>", "volume_id": "…"}`
+//!   (`provider` may be left out when the daemon runs one provider): unpublishes and
+//!   unstages a volume without destroying it, so it is not published again after a
+//!   reboot until a task needs it (Mesos never unpublishes, spec §12 item 25). 200
+//!   `{"volume_id": "…", "state": "NODE_READY"}` (the volume's state afterwards); 400 for
+//!   a body that is not such an object; 404 for an unknown provider or volume; 503 while
+//!   the provider's volume manager is not running; 409/500/503 with `{"error": "…"}` when
+//!   the unpublish fails (conflict, failure, plugin unavailable). The operator makes sure
+//!   no task uses the volume: the agent is not asked.
 //!
 //! The rest of the admin API (status, volumes, operations, disks) is issue #12.
 //!
@@ -30,8 +39,11 @@ use std::sync::Arc;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use prometheus_client::registry::Registry;
+use serde::Deserialize;
+use slrp_core::volume::{VolumeErrorKind, VolumeManagerHandle};
+use slrp_csi::VolumeId;
 use slrp_types::DisplayChain;
 use tokio_util::sync::CancellationToken;
 
@@ -49,6 +61,11 @@ pub trait ProviderView: Send + Sync + 'static {
     fn snapshot(&self) -> BTreeMap<String, f64>;
     /// Why the provider failed, or the last error it reported (with its cause chain).
     fn error(&self) -> Option<String> {
+        None
+    }
+    /// The provider's volume manager while its plugin stack runs (`None` before it
+    /// started and once it stops): the operator's volume routes go through it.
+    fn volumes(&self) -> Option<VolumeManagerHandle> {
         None
     }
 }
@@ -126,6 +143,7 @@ pub fn router(state: AdminState) -> axum::Router {
         .route("/ready", get(ready))
         .route("/metrics", get(metrics))
         .route("/metrics/snapshot", get(snapshot))
+        .route("/volumes/unpublish", post(unpublish))
         .with_state(state)
 }
 
@@ -136,6 +154,152 @@ async fn ready(State(state): State<AdminState>) -> Response {
 
 async fn snapshot(State(state): State<AdminState>) -> Response {
     axum::Json(state.snapshot()).into_response()
+}
+
+/// The body of `POST /volumes/unpublish`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UnpublishRequest {
+    /// `<type>.<name>`; may be left out when there is one provider.
+    provider: Option<String>,
+    volume_id: String,
+}
+
+/// A refused or failed admin request: the status and `{"error": "…"}`.
+#[derive(Debug)]
+struct Refusal {
+    status: StatusCode,
+    error: String,
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        let body = axum::Json(serde_json::json!({"error": self.error}));
+        (self.status, body).into_response()
+    }
+}
+
+fn error_response(status: StatusCode, error: impl Into<String>) -> Refusal {
+    Refusal {
+        status,
+        error: error.into(),
+    }
+}
+
+impl AdminState {
+    /// The provider a request names, or the only one.
+    fn provider(&self, key: Option<&str>) -> Result<&Arc<dyn ProviderView>, Refusal> {
+        match key {
+            Some(key) => self
+                .providers
+                .iter()
+                .find(|p| p.key() == key)
+                .ok_or_else(|| {
+                    error_response(StatusCode::NOT_FOUND, format!("unknown provider '{key}'"))
+                }),
+            None => match self.providers.as_slice() {
+                [only] => Ok(only),
+                all => Err(error_response(
+                    StatusCode::BAD_REQUEST,
+                    format!(
+                        "'provider' is required with {} providers (one of: {})",
+                        all.len(),
+                        all.iter().map(|p| p.key()).collect::<Vec<_>>().join(", ")
+                    ),
+                )),
+            },
+        }
+    }
+}
+
+async fn unpublish(
+    State(state): State<AdminState>,
+    body: axum::body::Bytes,
+) -> Result<Response, Refusal> {
+    let request: UnpublishRequest = match serde_json::from_slice(&body) {
+        Ok(request) => request,
+        Err(e) => {
+            return Err(error_response(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "the body must be {{\"provider\": \"<type>.<name>\", \"volume_id\": \"<id>\"}}: {e}"
+                ),
+            ));
+        }
+    };
+    if request.volume_id.is_empty() {
+        return Err(error_response(
+            StatusCode::BAD_REQUEST,
+            "'volume_id' is empty",
+        ));
+    }
+    let provider = state.provider(request.provider.as_deref())?;
+    let key = provider.key();
+    let Some(volumes) = provider.volumes() else {
+        return Err(error_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "provider '{key}' has no running volume manager (state {})",
+                provider.state()
+            ),
+        ));
+    };
+    let id = VolumeId::new(request.volume_id);
+    if volume_state(&volumes, &id).await?.is_none() {
+        return Err(unknown_volume(&key, &id));
+    }
+    if let Err(e) = volumes.unpublish(&id).await {
+        let status = match e.kind() {
+            VolumeErrorKind::Conflict => StatusCode::CONFLICT,
+            VolumeErrorKind::Unavailable | VolumeErrorKind::NotReady | VolumeErrorKind::Stopped => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            VolumeErrorKind::Invalid
+            | VolumeErrorKind::PluginMisbehaved
+            | VolumeErrorKind::Rejected
+            | VolumeErrorKind::Local
+            | VolumeErrorKind::Internal
+            | VolumeErrorKind::Fatal => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        let error = DisplayChain(&e).to_string();
+        tracing::warn!(provider = %key, volume_id = %id, %error, "the operator's unpublish failed");
+        return Err(error_response(status, error));
+    }
+    match volume_state(&volumes, &id).await? {
+        Some(after) => {
+            tracing::info!(provider = %key, volume_id = %id, state = after, "volume unpublished by the operator");
+            Ok(
+                axum::Json(serde_json::json!({"volume_id": id.as_str(), "state": after}))
+                    .into_response(),
+            )
+        }
+        // Destroyed meanwhile (DESTROY_DISK unpublishes too).
+        None => Err(unknown_volume(&key, &id)),
+    }
+}
+
+fn unknown_volume(key: &str, id: &VolumeId) -> Refusal {
+    error_response(
+        StatusCode::NOT_FOUND,
+        format!("provider '{key}' tracks no volume '{id}'"),
+    )
+}
+
+/// The Mesos name of the state of volume `id`, if the volume manager tracks it.
+async fn volume_state(
+    volumes: &VolumeManagerHandle,
+    id: &VolumeId,
+) -> Result<Option<&'static str>, Refusal> {
+    match volumes.volumes().await {
+        Ok(records) => Ok(records
+            .iter()
+            .find(|r| r.id == *id)
+            .map(|r| r.state.name().as_str())),
+        Err(e) => Err(error_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            DisplayChain(&e).to_string(),
+        )),
+    }
 }
 
 async fn metrics(State(state): State<AdminState>) -> Response {

@@ -53,6 +53,8 @@ use std::sync::{Arc, Mutex};
 use prometheus_client::registry::Registry;
 use slrp_agent::AgentConfig;
 use slrp_core::provider::lifecycle::Lifecycle;
+use slrp_core::provider::operations::StatusRetry;
+use slrp_core::volume::VolumeManagerHandle;
 use slrp_store::Store;
 use slrp_types::{Backoff, DisplayChain, Jitter, JitterRng};
 use tokio::sync::watch;
@@ -151,8 +153,9 @@ enum Phase {
     WaitingForAgent,
     /// Starting the plugin stack.
     StartingPlugin,
-    /// The worker runs; its status says where the lifecycle is.
-    Running(watch::Receiver<ProviderStatus>),
+    /// The worker runs; its status says where the lifecycle is. The volume manager
+    /// serves the admin API's volume routes.
+    Running(watch::Receiver<ProviderStatus>, VolumeManagerHandle),
     /// Stopped on its own, with the cause chain.
     Failed(String),
     /// Shutting down.
@@ -192,14 +195,14 @@ impl ProviderView for Slot {
         match self.phase() {
             Phase::WaitingForAgent => "WAITING_FOR_AGENT".to_owned(),
             Phase::StartingPlugin => "STARTING_PLUGIN".to_owned(),
-            Phase::Running(status) => status.borrow().lifecycle.as_str().to_owned(),
+            Phase::Running(status, _) => status.borrow().lifecycle.as_str().to_owned(),
             Phase::Failed(_) => "FAILED".to_owned(),
             Phase::Stopping => "STOPPING".to_owned(),
         }
     }
 
     fn is_ready(&self) -> bool {
-        matches!(self.phase(), Phase::Running(status) if status.borrow().lifecycle == Lifecycle::Ready)
+        matches!(self.phase(), Phase::Running(status, _) if status.borrow().lifecycle == Lifecycle::Ready)
     }
 
     fn snapshot(&self) -> BTreeMap<String, f64> {
@@ -209,8 +212,17 @@ impl ProviderView for Slot {
     fn error(&self) -> Option<String> {
         match self.phase() {
             Phase::Failed(error) => Some(error),
-            Phase::Running(status) => status.borrow().last_error.clone(),
+            Phase::Running(status, _) => status.borrow().last_error.clone(),
             Phase::WaitingForAgent | Phase::StartingPlugin | Phase::Stopping => None,
+        }
+    }
+
+    fn volumes(&self) -> Option<VolumeManagerHandle> {
+        match self.phase() {
+            Phase::Running(_, volumes) => Some(volumes),
+            Phase::WaitingForAgent | Phase::StartingPlugin | Phase::Failed(_) | Phase::Stopping => {
+                None
+            }
         }
     }
 }
@@ -228,6 +240,7 @@ struct ProviderRun {
     plugins_on_exit: StopPlugins,
     plugin_ready_timeout: Option<std::time::Duration>,
     csi_retry: Backoff,
+    status_update_retry: Backoff,
 }
 
 /// Runs every provider until `shutdown` fires or every provider has failed; see the module
@@ -332,6 +345,7 @@ pub async fn run(config: DaemonConfig, shutdown: CancellationToken) -> Result<()
                 plugins_on_exit,
                 plugin_ready_timeout: config.plugin_ready_timeout,
                 csi_retry: config.csi_retry,
+                status_update_retry: config.status_update_retry,
             };
             let span = tracing::info_span!(parent: None, "provider", provider = %slot.key);
             providers.spawn(run_provider(run, agent_id.clone(), stop.clone()).instrument(span));
@@ -464,6 +478,7 @@ async fn run_provider_inner(
         plugins_on_exit,
         plugin_ready_timeout,
         csi_retry,
+        status_update_retry,
     } = run;
     slot.set(Phase::StartingPlugin);
     let mut stack_config =
@@ -494,7 +509,13 @@ async fn run_provider_inner(
             return Err(ProviderRunError::Stack(e));
         }
     };
-    let params = ProviderParams::new(config.info.clone(), agent, agent_id);
+    let mut params = ProviderParams::new(config.info.clone(), agent, agent_id);
+    params.mount_paths = Some(stack.paths().clone());
+    params.status_retry = StatusRetry {
+        min: status_update_retry.base(),
+        max: status_update_retry.max(),
+        ..StatusRetry::default()
+    };
     let deps = ProviderDeps {
         volumes: stack.volumes().clone(),
         store,
@@ -512,7 +533,7 @@ async fn run_provider_inner(
             return Err(ProviderRunError::Spawn(e));
         }
     };
-    slot.set(Phase::Running(handle.status()));
+    slot.set(Phase::Running(handle.status(), stack.volumes().clone()));
     tracing::info!("resource provider started");
     let mut worker_done = false;
     let ended = tokio::select! {

@@ -17,6 +17,8 @@
 //! - [`workdir`]: the refusal to start on a work directory that holds a Mesos SLRP's
 //!   checkpoints for the same plugin.
 //! - [`metrics`]: per-provider metrics with Mesos's names (spec §9).
+//! - [`publish`]: PUBLISH_RESOURCES: the volumes a publish names, published in parallel
+//!   (spec §5.14).
 //! - [`services`]: `prepareServices` (spec §4.4).
 //! - [`stack`]: one provider's plugin stack (supervisor, version, services, volume manager).
 //! - [`worker`]: the provider worker.
@@ -27,6 +29,7 @@ pub mod admin;
 pub mod config;
 pub mod daemon;
 pub mod metrics;
+pub mod publish;
 pub mod services;
 pub mod stack;
 pub mod workdir;

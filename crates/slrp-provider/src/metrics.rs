@@ -13,6 +13,12 @@
 //! - [`ProviderMetrics::supervisor`]: the supervisor's termination counts
 //!   (`csi_plugin/container_terminations`, all containers and causes summed).
 //! - [`ProviderMetrics::agent`]: the agent client's counters (`agent_*`).
+//! - [`ProviderMetrics::operations`]: the worker's operation counts
+//!   (`operations/<type>/{pending,finished,failed,dropped}` for the six types Mesos
+//!   counts, and `operations/unknown/dropped`; spec §9). In OpenMetrics they are the
+//!   families `operations_pending`, `operations_finished`, `operations_failed` and
+//!   `operations_dropped` with a `type` label (`unknown` for the DROPPED answers to the
+//!   reconciliation of unknown operations).
 //!
 //! [`ProviderMetrics::snapshot`] gives the Mesos names, prefixed with
 //! `resource_providers/<type>.<name>/`, as Mesos's `/metrics/snapshot` does.
@@ -24,13 +30,15 @@
 //! every provider's series, as Prometheus's parsers require (a second `# TYPE` line for
 //! a name is rejected). [`ProviderMetrics::new`] makes a provider with families of its
 //! own, for a process (or test) with one provider.
-//!
-//! Issue #11 adds the `operations/<type>/*` metrics here (another part beside these).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+use slrp_core::provider::apply::OperationKind;
 use slrp_csi::CsiMetrics;
 use slrp_supervisor::SupervisorMetrics;
 
@@ -45,6 +53,7 @@ pub struct MetricsFamilies {
     health_probes: CsiMetrics,
     supervisor: SupervisorMetrics,
     agent: slrp_agent::MetricFamilies,
+    operations: OperationFamilies,
 }
 
 impl MetricsFamilies {
@@ -61,6 +70,7 @@ impl MetricsFamilies {
                 health_probes: self.health_probes.with_label(PROVIDER_LABEL, &id),
                 supervisor: self.supervisor.with_label(PROVIDER_LABEL, &id),
                 agent: self.agent.with_label(PROVIDER_LABEL, &id),
+                operations: self.operations.provider(&id),
                 families: self.clone(),
                 id,
             }),
@@ -68,14 +78,16 @@ impl MetricsFamilies {
     }
 
     /// Registers the per-RPC (`csi_rpcs_*{rpc=…}`), health-probe (`health_csi_*`),
-    /// per-container (`csi_plugin_container_*`) and agent client (`agent_*`) families
-    /// into `registry`, each once, with the series of every provider made from them.
+    /// per-container (`csi_plugin_container_*`), agent client (`agent_*`) and operation
+    /// (`operations_*{type=…}`) families into `registry`, each once, with the series of
+    /// every provider made from them.
     pub fn register(&self, registry: &mut Registry) {
         self.csi.register_in(registry);
         self.health_probes
             .register_in(registry.sub_registry_with_prefix("health"));
         self.supervisor.register_in(registry);
         self.agent.register(registry);
+        self.operations.register(registry);
     }
 }
 
@@ -93,6 +105,7 @@ struct Inner {
     health_probes: CsiMetrics,
     supervisor: SupervisorMetrics,
     agent: slrp_agent::Metrics,
+    operations: OperationMetrics,
     /// What the handles above count into.
     families: MetricsFamilies,
 }
@@ -134,6 +147,11 @@ impl ProviderMetrics {
         self.inner.agent.clone()
     }
 
+    /// What the worker counts operations into (`operations/<type>/*`).
+    pub fn operations(&self) -> &OperationMetrics {
+        &self.inner.operations
+    }
+
     /// The Mesos names and their current values, e.g.
     /// `resource_providers/org.apache.mesos.rp.local.storage.test/csi_plugin/rpcs_finished`.
     pub fn snapshot(&self) -> BTreeMap<String, f64> {
@@ -151,9 +169,16 @@ impl ProviderMetrics {
                 self.inner.supervisor.terminations_total() as f64,
             ),
         ];
+        let prefix = self.prefix();
         values
             .into_iter()
-            .map(|(name, v)| (format!("{}{name}", self.prefix()), v))
+            .map(|(name, v)| (format!("{prefix}{name}"), v))
+            .chain(
+                self.inner
+                    .operations
+                    .snapshot()
+                    .map(|(name, v)| (format!("{prefix}{name}"), v)),
+            )
             .collect()
     }
 
@@ -176,6 +201,154 @@ impl ProviderMetrics {
     }
 }
 
+/// The label of the operation families that names the operation type.
+pub const TYPE_LABEL: &str = "type";
+
+/// Labels of one provider's series of one operation type.
+type OperationLabels = Vec<(&'static str, Arc<str>)>;
+
+/// The operation metric families every provider of a process counts into.
+#[derive(Clone, Debug, Default)]
+struct OperationFamilies {
+    pending: Family<OperationLabels, Gauge>,
+    finished: Family<OperationLabels, Counter>,
+    failed: Family<OperationLabels, Counter>,
+    dropped: Family<OperationLabels, Counter>,
+}
+
+impl OperationFamilies {
+    /// The handles of provider `id`, every series created (Mesos registers all of them
+    /// at start, so a snapshot lists them before anything is counted).
+    fn provider(&self, id: &str) -> OperationMetrics {
+        let provider: Arc<str> = Arc::from(id);
+        let labels = |kind: &'static str| -> OperationLabels {
+            vec![
+                (PROVIDER_LABEL, provider.clone()),
+                (TYPE_LABEL, Arc::from(kind)),
+            ]
+        };
+        let kinds = OperationKind::COUNTED.map(|kind| {
+            let labels = labels(kind.metric_name().unwrap_or("unsupported"));
+            KindMetrics {
+                kind,
+                pending: self.pending.get_or_create_owned(&labels),
+                finished: self.finished.get_or_create_owned(&labels),
+                failed: self.failed.get_or_create_owned(&labels),
+                dropped: self.dropped.get_or_create_owned(&labels),
+            }
+        });
+        OperationMetrics {
+            kinds,
+            unknown_dropped: self.dropped.get_or_create_owned(&labels("unknown")),
+        }
+    }
+
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "operations_pending",
+            "Operations currently pending, by type",
+            self.pending.clone(),
+        );
+        registry.register(
+            "operations_finished",
+            "Operations completed FINISHED, by type",
+            self.finished.clone(),
+        );
+        registry.register(
+            "operations_failed",
+            "Operations completed FAILED, by type",
+            self.failed.clone(),
+        );
+        registry.register(
+            "operations_dropped",
+            "Operations DROPPED at acceptance, by type; type unknown: DROPPED answers to \
+             the reconciliation of unknown operations",
+            self.dropped.clone(),
+        );
+    }
+}
+
+#[derive(Clone, Debug)]
+struct KindMetrics {
+    kind: OperationKind,
+    pending: Gauge,
+    finished: Counter,
+    failed: Counter,
+    dropped: Counter,
+}
+
+/// One provider's operation metrics (spec §9); cheap to clone (clones count into the
+/// same values). [`OperationKind::Unsupported`] is never counted: Mesos keeps no
+/// metrics for the types the master does not send to providers.
+#[derive(Clone, Debug)]
+pub struct OperationMetrics {
+    /// In the order of [`OperationKind::COUNTED`].
+    kinds: [KindMetrics; 6],
+    unknown_dropped: Counter,
+}
+
+impl OperationMetrics {
+    fn of(&self, kind: OperationKind) -> Option<&KindMetrics> {
+        self.kinds.iter().find(|k| k.kind == kind)
+    }
+
+    /// Adds `delta` to `operations/<kind>/pending` (+1 when accepted, −1 when completed).
+    pub fn pending(&self, kind: OperationKind, delta: i64) {
+        if let Some(k) = self.of(kind) {
+            k.pending.inc_by(delta);
+        }
+    }
+
+    /// Counts an operation completed FINISHED.
+    pub fn finished(&self, kind: OperationKind) {
+        if let Some(k) = self.of(kind) {
+            k.finished.inc();
+        }
+    }
+
+    /// Counts an operation completed FAILED.
+    pub fn failed(&self, kind: OperationKind) {
+        if let Some(k) = self.of(kind) {
+            k.failed.inc();
+        }
+    }
+
+    /// Counts an operation DROPPED at acceptance.
+    pub fn dropped(&self, kind: OperationKind) {
+        if let Some(k) = self.of(kind) {
+            k.dropped.inc();
+        }
+    }
+
+    /// Counts a DROPPED answer to the reconciliation of an unknown operation
+    /// (`operations/unknown/dropped`).
+    pub fn unknown_dropped(&self) {
+        self.unknown_dropped.inc();
+    }
+
+    /// The Mesos names (without the provider prefix) and values.
+    // Counts stay far below 2^53, so the f64 Mesos's JSON carries is exact.
+    #[allow(clippy::cast_precision_loss)]
+    fn snapshot(&self) -> impl Iterator<Item = (String, f64)> + '_ {
+        self.kinds
+            .iter()
+            .filter_map(|k| k.kind.metric_name().map(|name| (name, k)))
+            .flat_map(|(name, k)| {
+                [
+                    ("pending", k.pending.get() as f64),
+                    ("finished", k.finished.get() as f64),
+                    ("failed", k.failed.get() as f64),
+                    ("dropped", k.dropped.get() as f64),
+                ]
+                .map(|(what, v)| (format!("operations/{name}/{what}"), v))
+            })
+            .chain(std::iter::once((
+                "operations/unknown/dropped".to_owned(),
+                self.unknown_dropped.get() as f64,
+            )))
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -185,18 +358,115 @@ mod tests {
     fn snapshot_names_are_mesos_names_under_the_provider_prefix() {
         let m = ProviderMetrics::new("org.apache.mesos.rp.local.storage", "test");
         let snap = m.snapshot();
-        let names: Vec<&str> = snap.keys().map(String::as_str).collect();
-        assert_eq!(
-            names,
-            [
-                "resource_providers/org.apache.mesos.rp.local.storage.test/csi_plugin/container_terminations",
-                "resource_providers/org.apache.mesos.rp.local.storage.test/csi_plugin/rpcs_cancelled",
-                "resource_providers/org.apache.mesos.rp.local.storage.test/csi_plugin/rpcs_failed",
-                "resource_providers/org.apache.mesos.rp.local.storage.test/csi_plugin/rpcs_finished",
-                "resource_providers/org.apache.mesos.rp.local.storage.test/csi_plugin/rpcs_pending",
-            ]
-        );
+        let prefix = "resource_providers/org.apache.mesos.rp.local.storage.test/";
+        let names: Vec<&str> = snap
+            .keys()
+            .map(|k| k.strip_prefix(prefix).unwrap())
+            .collect();
+        let mut expected = vec![
+            "csi_plugin/container_terminations".to_owned(),
+            "csi_plugin/rpcs_cancelled".to_owned(),
+            "csi_plugin/rpcs_failed".to_owned(),
+            "csi_plugin/rpcs_finished".to_owned(),
+            "csi_plugin/rpcs_pending".to_owned(),
+            "operations/unknown/dropped".to_owned(),
+        ];
+        for kind in [
+            "reserve",
+            "unreserve",
+            "create",
+            "destroy",
+            "create_disk",
+            "destroy_disk",
+        ] {
+            for what in ["pending", "finished", "failed", "dropped"] {
+                expected.push(format!("operations/{kind}/{what}"));
+            }
+        }
+        expected.sort();
+        assert_eq!(names, expected);
         assert!(snap.values().all(|v| *v == 0.0));
+    }
+
+    #[test]
+    fn operations_count_by_type_in_the_snapshot() {
+        let m = ProviderMetrics::new("org.apache.mesos.rp.local.storage", "test");
+        let ops = m.operations();
+        ops.pending(OperationKind::CreateDisk, 1);
+        ops.pending(OperationKind::CreateDisk, 1);
+        ops.pending(OperationKind::CreateDisk, -1);
+        ops.finished(OperationKind::CreateDisk);
+        ops.failed(OperationKind::DestroyDisk);
+        ops.dropped(OperationKind::Reserve);
+        ops.unknown_dropped();
+        // Never counted under a type.
+        ops.pending(OperationKind::Unsupported, 5);
+        ops.finished(OperationKind::Unsupported);
+        // A clone counts into the same values.
+        m.clone().operations().dropped(OperationKind::Reserve);
+        let snap = m.snapshot();
+        let value = |name: &str| {
+            snap[&format!("resource_providers/org.apache.mesos.rp.local.storage.test/{name}")]
+        };
+        assert_eq!(value("operations/create_disk/pending"), 1.0);
+        assert_eq!(value("operations/create_disk/finished"), 1.0);
+        assert_eq!(value("operations/destroy_disk/failed"), 1.0);
+        assert_eq!(value("operations/reserve/dropped"), 2.0);
+        assert_eq!(value("operations/unknown/dropped"), 1.0);
+        let total: f64 = snap.values().sum();
+        assert_eq!(total, 6.0, "nothing else counted: {snap:?}");
+    }
+
+    const TYPE: &str = "org.apache.mesos.rp.local.storage";
+
+    /// A registry with the families of two providers `a` and `b` of type [`TYPE`].
+    fn two_providers() -> (Registry, ProviderMetrics, ProviderMetrics) {
+        let families = MetricsFamilies::default();
+        let mut reg = Registry::default();
+        families.register(&mut reg);
+        let a = families.provider(TYPE, "a");
+        let b = families.provider(TYPE, "b");
+        (reg, a, b)
+    }
+
+    #[test]
+    fn operation_families_carry_type_and_provider_labels() {
+        let (reg, a, b) = two_providers();
+        a.operations().pending(OperationKind::CreateDisk, 1);
+        b.operations().finished(OperationKind::Destroy);
+        b.operations().unknown_dropped();
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &reg).unwrap();
+        let parsed = families_of(&text).unwrap_or_else(|e| panic!("{e} in:\n{text}"));
+        let has = |family: &str, sample: String| {
+            assert!(
+                parsed[family].contains(&sample.as_str()),
+                "{sample} missing in:\n{text}"
+            );
+        };
+        has(
+            "operations_pending",
+            format!("operations_pending{{provider=\"{TYPE}.a\",type=\"create_disk\"}} 1"),
+        );
+        has(
+            "operations_pending",
+            format!("operations_pending{{provider=\"{TYPE}.b\",type=\"create_disk\"}} 0"),
+        );
+        has(
+            "operations_finished",
+            format!("operations_finished_total{{provider=\"{TYPE}.b\",type=\"destroy\"}} 1"),
+        );
+        has(
+            "operations_dropped",
+            format!("operations_dropped_total{{provider=\"{TYPE}.b\",type=\"unknown\"}} 1"),
+        );
+        has(
+            "operations_failed",
+            format!("operations_failed_total{{provider=\"{TYPE}.a\",type=\"reserve\"}} 0"),
+        );
+        // Six types (and `unknown` for dropped) for each of the two providers.
+        assert_eq!(parsed["operations_pending"].len(), 12);
+        assert_eq!(parsed["operations_dropped"].len(), 14);
     }
 
     /// The families of an OpenMetrics text (name → its sample lines), or what makes the
@@ -234,12 +504,7 @@ mod tests {
 
     #[test]
     fn two_providers_make_one_scrapeable_page() {
-        const TYPE: &str = "org.apache.mesos.rp.local.storage";
-        let families = MetricsFamilies::default();
-        let mut reg = Registry::default();
-        families.register(&mut reg);
-        let a = families.provider(TYPE, "a");
-        let b = families.provider(TYPE, "b");
+        let (reg, a, b) = two_providers();
         // Something counted by each part of each provider (the getters create series).
         for m in [&a, &b] {
             let _ = m.csi().finished_total();

@@ -285,6 +285,8 @@ pub struct PluginStack {
     prepared: PreparedServices,
     recovery: RecoveryReport,
     volumes: VolumeManagerHandle,
+    /// Where the volume manager stages and publishes volumes.
+    paths: MountPaths,
     /// Stops the volume manager (child of the `cancel` given to `start`).
     volume_cancel: CancellationToken,
     /// The volume manager's end; `None` once awaited.
@@ -382,6 +384,7 @@ impl PluginStack {
                 prepared: v.prepared,
                 recovery: v.recovery,
                 volumes: v.volumes,
+                paths: v.paths,
                 volume_cancel: v.cancel,
                 volume_task: Some(v.task),
             }),
@@ -400,6 +403,12 @@ impl PluginStack {
     /// The volume manager.
     pub fn volumes(&self) -> &VolumeManagerHandle {
         &self.volumes
+    }
+
+    /// Where the volume manager stages and publishes volumes (`target_path_root`, or
+    /// the work dir's `csi/<type>/<name>/mounts`).
+    pub fn paths(&self) -> &MountPaths {
+        &self.paths
     }
 
     /// What `prepareServices` learnt: capabilities, node id, plugin infos, version.
@@ -472,6 +481,7 @@ async fn join_volume_task(
 
 /// What [`volume_manager`] started.
 struct VolumePart {
+    paths: MountPaths,
     prepared: PreparedServices,
     recovery: RecoveryReport,
     volumes: VolumeManagerHandle,
@@ -523,7 +533,7 @@ async fn volume_manager(
         plugin_info.target_path_exists.unwrap_or(false),
     );
     let vm_cfg = VolumeManagerConfig::new(
-        paths,
+        paths.clone(),
         prepared.node_id.clone(),
         prepared.caps,
         boot_id,
@@ -544,6 +554,7 @@ async fn volume_manager(
     let mut task = tokio::spawn(guard.join());
     match volumes.ready().await {
         Ok(recovery) => Ok(VolumePart {
+            paths,
             prepared,
             recovery,
             volumes,

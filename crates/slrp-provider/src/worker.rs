@@ -19,8 +19,12 @@
 //! reconciliations and UPDATE_STATEs are retried with jittered backoff, never fatal
 //! (§12 items 12, 13). Only a failed store write is fatal (conventions §4.4 rule 5).
 //!
-//! Operations (APPLY, ACKNOWLEDGE, RECONCILE, PUBLISH in READY) are issue #11's: they all
-//! reach `Worker::on_ready_event`, the one place to replace.
+//! Operations (APPLY, ACKNOWLEDGE, RECONCILE, PUBLISH in READY) reach
+//! `Worker::on_ready_event` and are carried out by the `ops` submodule: durable before
+//! applied, disk operations concurrent and never overlapping a reconciliation (deferred,
+//! not dropped), the status update manager driven by one timer, paused when not READY.
+
+mod ops;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -32,14 +36,18 @@ use futures_util::future::{BoxFuture, OptionFuture, join_all};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use slrp_agent::operator::OperatorError;
 use slrp_agent::{AgentClient, AgentConfig, AgentError, AgentHandle, SessionEvent};
+use slrp_core::provider::apply::OperationKind;
 use slrp_core::provider::lifecycle::{
     DEFAULT_PENDING_EVENTS, Disposition, EventKind, Lifecycle, PendingEvents, disposition,
+};
+use slrp_core::provider::operations::{
+    Operations, StatusRetry, load_operations, stage_operation_removal,
 };
 use slrp_core::provider::resources::{
     DisplayResource, ProfileChange, ProviderResources, ResourceError, Resources,
 };
 use slrp_core::provider::state::{ProfileDef, ProviderState, StateError};
-use slrp_core::volume::{VolumeError, VolumeManagerHandle};
+use slrp_core::volume::{MountPaths, VolumeError, VolumeManagerHandle};
 use slrp_profiles::{ProfileAdaptorHandle, ProfileView, ProviderKey};
 use slrp_proto::mesos::v1::resource_provider::{Call, Event, call};
 use slrp_proto::mesos::v1::{Resource, ResourceProviderId, ResourceProviderInfo, Uuid};
@@ -86,7 +94,20 @@ pub struct ProviderParams {
     /// id (GET_AGENT); a new agent id switches to that id's identity in this process
     /// (spec §3.6: a new provider identity, volumes reappear as pre-existing).
     pub follow_agent_id: bool,
+    /// How unacknowledged operation status updates are resent (spec §8.5; Mesos: 10 s
+    /// doubling to 10 min).
+    pub status_retry: StatusRetry,
+    /// Where the volume manager publishes volumes (`<root>/<enc(id)>/target`): DESTROY of
+    /// a persistent MOUNT volume removes its data there (spec §5.3). `None` fails such a
+    /// DESTROY.
+    pub mount_paths: Option<MountPaths>,
+    /// At most this many PUBLISH_RESOURCES are carried out at once; more are answered
+    /// FAILED at once.
+    pub max_publishes: usize,
 }
+
+/// Default of [`ProviderParams::max_publishes`].
+pub const DEFAULT_MAX_PUBLISHES: usize = 1024;
 
 impl ProviderParams {
     /// Defaults: the interval from `info` ([`reconciliation_interval`]), backoff 1 s
@@ -104,6 +125,9 @@ impl ProviderParams {
             pending_events: DEFAULT_PENDING_EVENTS,
             list_page_size: 0,
             follow_agent_id: true,
+            status_retry: StatusRetry::default(),
+            mount_paths: None,
+            max_publishes: DEFAULT_MAX_PUBLISHES,
         }
     }
 }
@@ -135,7 +159,7 @@ pub struct ProviderDeps {
     pub store: Store,
     /// `None`: no profiles (no storage pools), as a Mesos agent without an adaptor.
     pub profiles: Option<ProfileAdaptorHandle>,
-    /// The provider's metrics (operation metrics come with issue #11).
+    /// The provider's metrics (the worker counts the operation metrics, spec §9).
     pub metrics: ProviderMetrics,
     /// What the agent client counts into.
     pub agent_metrics: slrp_agent::Metrics,
@@ -222,6 +246,10 @@ pub struct ProviderStatus {
     pub updates_sent: u64,
     /// What happened to the manager's events.
     pub events: EventStats,
+    /// Operations tracked (PENDING, and terminal ones until their status is acknowledged).
+    pub operations: usize,
+    /// Operations with a status update not yet acknowledged.
+    pub unacknowledged: usize,
 }
 
 /// Counts of manager events by what the lifecycle made of them (spec §3.5, §3.6).
@@ -231,7 +259,7 @@ pub struct EventStats {
     pub queued: usize,
     /// Queued events dropped because the queue was full.
     pub overflowed: u64,
-    /// APPLY_OPERATIONs dropped before READY.
+    /// APPLY_OPERATIONs dropped before READY (OPERATION_DROPPED, reliably).
     pub dropped: u64,
     /// PUBLISH_RESOURCES answered FAILED before READY.
     pub publish_failed: u64,
@@ -336,6 +364,13 @@ impl Provider {
             ),
             None => None,
         };
+        let tracked = recover_operations(&deps, &params, &params.agent_id)
+            .await
+            .map_err(|source| ProviderError::Recover {
+                rp_type: info.r#type.clone(),
+                rp_name: info.name.clone(),
+                source: Box::new(source),
+            })?;
 
         let cancel = cancel.child_token();
         let client_cancel = cancel.child_token();
@@ -360,13 +395,15 @@ impl Provider {
             reconciliations: 0,
             updates_sent: 0,
             events: EventStats::default(),
+            operations: tracked.len(),
+            unacknowledged: 0,
         });
         let key = ProviderKey::new(
             info.r#type.clone(),
             info.name.clone(),
             Some(plugin.r#type.clone()),
         );
-        let worker = Worker {
+        let mut worker = Worker {
             label: label.clone(),
             key,
             plugin: (plugin_type.clone(), plugin_name.clone()),
@@ -381,7 +418,8 @@ impl Provider {
             live_profiles: state.profiles.clone(),
             state,
             pending_events: PendingEvents::new(params.pending_events),
-            pending_creates: Resources::new(),
+            ops: ops::OpFlow::new(tracked),
+            resource_version: uuid::Uuid::new_v4(),
             jobs: Jobs::default(),
             job: None,
             retry: None,
@@ -400,6 +438,7 @@ impl Provider {
             deps,
             params,
         };
+        worker.after_ops_change();
         let span = tracing::info_span!(parent: None, "provider", provider = %label);
         let join = tokio::spawn(worker.run(cancel).instrument(span));
         Ok((ProviderHandle { status }, ProviderTask { join }))
@@ -415,6 +454,8 @@ enum JobKind {
     Periodic,
     /// The profile set changed: update the profile map, then reconcile.
     Profiles,
+    /// A DESTROY_DISK freed space of no live profile: reconcile the pools (§5.5 step 3).
+    Pools,
 }
 
 impl JobKind {
@@ -423,6 +464,7 @@ impl JobKind {
             Self::Subscription => "subscription reconciliation",
             Self::Periodic => "periodic reconciliation",
             Self::Profiles => "profile update",
+            Self::Pools => "storage pool reconciliation",
         }
     }
 }
@@ -433,6 +475,7 @@ struct Jobs {
     subscription: bool,
     periodic: bool,
     profiles: bool,
+    pools: bool,
 }
 
 impl Jobs {
@@ -441,6 +484,16 @@ impl Jobs {
             JobKind::Subscription => self.subscription = true,
             JobKind::Periodic => self.periodic = true,
             JobKind::Profiles => self.profiles = true,
+            JobKind::Pools => self.pools = true,
+        }
+    }
+
+    /// Whether a job waits that may start in `state`.
+    fn waiting(&self, state: Lifecycle) -> bool {
+        match state {
+            Lifecycle::Ready => self.subscription || self.periodic || self.profiles || self.pools,
+            state if state.is_subscribed() => self.subscription,
+            _ => false,
         }
     }
 
@@ -458,6 +511,9 @@ impl Jobs {
         }
         if std::mem::take(&mut self.profiles) {
             return Some(JobKind::Profiles);
+        }
+        if std::mem::take(&mut self.pools) {
+            return Some(JobKind::Pools);
         }
         std::mem::take(&mut self.periodic).then_some(JobKind::Periodic)
     }
@@ -529,9 +585,11 @@ struct Worker {
     /// The profile map (§7.3): every profile translated for this provider.
     live_profiles: BTreeMap<String, ProfileDef>,
     pending_events: PendingEvents,
-    /// The pool resources pending CREATE_DISK operations consume: kept out of the
-    /// capacity reported (spec §6.2, `reconcile_pools`). Issue #11's operations fill it.
-    pending_creates: Resources,
+    /// Tracked operations, running disk operations, deferred ones, the status timer.
+    ops: ops::OpFlow,
+    /// The resource version (spec §6.6): changed with every change of the total the
+    /// agent does not learn from an operation status, and sent in UPDATE_STATE.
+    resource_version: uuid::Uuid,
     jobs: Jobs,
     job: Option<BoxFuture<'static, JobDone>>,
     /// A failed job waits here for its next attempt.
@@ -572,12 +630,12 @@ async fn changed(watch: &mut Option<watch::Receiver<ProfileView>>) -> bool {
 impl Worker {
     async fn run(mut self, cancel: CancellationToken) -> Result<(), ProviderError> {
         loop {
-            self.start_work();
+            Box::pin(self.start_work()).await?;
             tokio::select! {
                 biased;
                 () = cancel.cancelled() => return Ok(()),
                 session = self.sessions.recv() => match session {
-                    Some(session) => self.on_session(session).await?,
+                    Some(session) => Box::pin(self.on_session(session)).await?,
                     None if cancel.is_cancelled() => return Ok(()),
                     None => return Err(ProviderError::AgentStopped { provider: self.label.clone() }),
                 },
@@ -591,7 +649,7 @@ impl Worker {
                 }
                 Some(sent) = OptionFuture::from(self.sending.as_mut()) => {
                     self.sending = None;
-                    self.on_sent(sent).await;
+                    Box::pin(self.on_sent(sent)).await?;
                 }
                 () = fire(&mut self.send_retry) => self.send_retry = None,
                 () = fire(&mut self.periodic) => {
@@ -609,7 +667,14 @@ impl Worker {
                     }
                 }
                 alive = changed(&mut self.watch) => self.on_profiles_changed(alive),
+                Some(done) = self.ops.running.next(), if !self.ops.running.is_empty() => {
+                    Box::pin(self.on_disk_done(done)).await?;
+                }
+                () = ops::status_due(&mut self.ops.timer, self.ops.armed.is_some()) => {
+                    self.on_status_timer();
+                }
                 Some(()) = self.replies.next(), if !self.replies.is_empty() => {}
+                Some(()) = self.ops.publishes.next(), if !self.ops.publishes.is_empty() => {}
             }
         }
     }
@@ -645,6 +710,7 @@ impl Worker {
                 // manager does not admit keeps failing here).
                 self.set_error(format!("disconnected: {chain}"));
                 self.enter(Lifecycle::Disconnected);
+                self.pause_statuses();
                 if matches!(*reason, AgentError::NotAdmitted)
                     && self.params.follow_agent_id
                     && self.agent_check.is_none()
@@ -656,7 +722,7 @@ impl Worker {
                 }
             }
             SessionEvent::Subscribed { provider_id, .. } => self.on_subscribed(provider_id).await?,
-            SessionEvent::Event(event) => self.on_event(*event),
+            SessionEvent::Event(event) => Box::pin(self.on_event(*event)).await?,
         }
         Ok(())
     }
@@ -692,10 +758,25 @@ impl Worker {
                 rp_name: self.params.info.name.clone(),
                 source: Box::new(source),
             })?;
+        let tracked = recover_operations(&self.deps, &self.params, &agent_id)
+            .await
+            .map_err(|source| ProviderError::Recover {
+                rp_type: self.params.info.r#type.clone(),
+                rp_name: self.params.info.name.clone(),
+                source: Box::new(source),
+            })?;
         self.ctx = match &state.provider_id {
             Some(id) => Some(self.context(id.clone())?),
             None => None,
         };
+        // The old identity's PENDING operations leave the gauge (their records stay).
+        for op in self.ops.tracked.iter().filter(|op| !op.is_terminal()) {
+            self.deps
+                .metrics
+                .operations()
+                .pending(OperationKind::of(&op.info), -1);
+        }
+        self.ops.switch(tracked);
         self.client_cancel.cancel();
         self.client_cancel = cancel.child_token();
         let (agent, sessions) = AgentClient::spawn(
@@ -723,6 +804,7 @@ impl Worker {
         self.pending_events = PendingEvents::new(self.params.pending_events);
         self.status.send_modify(|s| s.events.queued = 0);
         self.enter(Lifecycle::Disconnected);
+        self.pause_statuses();
         Ok(())
     }
 
@@ -762,6 +844,9 @@ impl Worker {
         self.send_failures = 0;
         self.send_retry = None;
         self.enter(Lifecycle::Subscribed);
+        // Recovered PENDING operations first: the reconciliation waits for them (§3.4
+        // step 7), so their results are in the total it starts from.
+        Box::pin(self.start_replay()).await?;
         self.jobs.mark(JobKind::Subscription);
         Ok(())
     }
@@ -789,10 +874,24 @@ impl Worker {
         Ok(())
     }
 
-    fn on_event(&mut self, event: Event) {
+    async fn on_event(&mut self, event: Event) -> Result<(), ProviderError> {
         let kind = EventKind::of(&event);
-        match disposition(self.lifecycle, kind) {
-            Disposition::Handle => self.on_ready_event(event),
+        // The subscription reconciliation is done and its UPDATE_STATE on the way: Mesos is
+        // READY from here on, and the manager, which has the UPDATE_STATE, may send
+        // operations before its answer reaches us. They wait for READY instead of being
+        // dropped as if the provider were still reconciling.
+        let reconciled = self.lifecycle == Lifecycle::Subscribed
+            && self
+                .ready_from_send
+                .is_some_and(|(_, session)| session == self.session);
+        let disposition = match disposition(self.lifecycle, kind) {
+            Disposition::Drop { .. } | Disposition::AnswerFailed { .. } if reconciled => {
+                Disposition::Queue
+            }
+            other => other,
+        };
+        match disposition {
+            Disposition::Handle => Box::pin(self.on_ready_event(event)).await?,
             Disposition::Queue => {
                 tracing::info!(event = %kind, state = %self.lifecycle, "queueing the event until READY");
                 let evicted = self.pending_events.push(event);
@@ -811,11 +910,11 @@ impl Worker {
                 }
             }
             Disposition::Drop { message } => {
-                tracing::warn!(
-                    operation_uuid = %event_operation(&event),
-                    "dropping operation: {message}"
-                );
                 self.status.send_modify(|s| s.events.dropped += 1);
+                match event.apply_operation {
+                    Some(apply) => Box::pin(self.on_apply(apply, Some(message))).await?,
+                    None => tracing::warn!("APPLY_OPERATION without its payload; ignored"),
+                }
             }
             Disposition::AnswerFailed { message } => {
                 tracing::warn!(uuid = %event_operation(&event), "{message}");
@@ -829,22 +928,38 @@ impl Worker {
                 tracing::warn!(event = %kind, "ignoring the event: {reason}");
             }
         }
+        Ok(())
     }
 
-    /// Every operation-flow event in READY arrives here. Operations, the status update
-    /// manager and publishing are issue #11's work; until then each event is logged and a
-    /// publish is answered FAILED so that the task waiting for it fails instead of hanging.
-    fn on_ready_event(&mut self, event: Event) {
+    /// Every operation-flow event in READY arrives here (spec §5, carried out in `ops`).
+    async fn on_ready_event(&mut self, event: Event) -> Result<(), ProviderError> {
         let kind = EventKind::of(&event);
-        tracing::warn!(
-            event = %kind,
-            operation_uuid = %event_operation(&event),
-            "operations are not handled yet (issue #11)"
-        );
         self.status.send_modify(|s| s.events.handled += 1);
-        if kind == EventKind::PublishResources {
-            self.answer_publish_failed(&event);
+        let Event {
+            apply_operation,
+            publish_resources,
+            acknowledge_operation_status,
+            reconcile_operations,
+            ..
+        } = event;
+        match (
+            kind,
+            apply_operation,
+            publish_resources,
+            acknowledge_operation_status,
+            reconcile_operations,
+        ) {
+            (EventKind::ApplyOperation, Some(apply), ..) => {
+                Box::pin(self.on_apply(apply, None)).await?
+            }
+            (EventKind::PublishResources, _, Some(publish), ..) => self.on_publish(publish),
+            (EventKind::AcknowledgeOperationStatus, _, _, Some(ack), _) => {
+                Box::pin(self.on_acknowledge(ack)).await?;
+            }
+            (EventKind::ReconcileOperations, .., Some(reconcile)) => self.on_reconcile(&reconcile),
+            (kind, ..) => tracing::warn!(event = %kind, "an event without its payload; ignored"),
         }
+        Ok(())
     }
 
     fn answer_publish_failed(&mut self, event: &Event) {
@@ -852,41 +967,35 @@ impl Worker {
             tracing::warn!("PUBLISH_RESOURCES without its payload; nothing to answer");
             return;
         };
-        let call = Call {
-            r#type: Some(call::Type::UpdatePublishResourcesStatus as i32),
-            update_publish_resources_status: Some(call::UpdatePublishResourcesStatus {
-                uuid: publish.uuid.clone(),
-                status: call::update_publish_resources_status::Status::Failed as i32,
-            }),
-            ..Call::default()
-        };
-        let agent = self.agent.clone();
-        let uuid = uuid_text(&publish.uuid);
-        self.replies.push(Box::pin(async move {
-            if let Err(error) = agent.call(call).await {
-                tracing::warn!(%uuid, error = %DisplayChain(&error), "answering PUBLISH_RESOURCES failed");
-            }
-        }));
+        self.answer_publish(&publish.uuid, false);
     }
 
-    async fn become_ready(&mut self) {
+    async fn become_ready(&mut self) -> Result<(), ProviderError> {
         self.enter(Lifecycle::Ready);
+        self.resume_statuses();
+        if !self.loops_started {
+            self.loops_started = true;
+            self.start_loops().await;
+        }
+        // After the loops: a disk operation queued for READY is deferred behind the first
+        // profile update (Mesos drops it then) instead of meeting an empty profile map.
         for event in self.pending_events.drain() {
-            self.on_ready_event(event);
+            Box::pin(self.on_ready_event(event)).await?;
         }
         self.status.send_modify(|s| s.events.queued = 0);
-        if self.loops_started {
-            return;
-        }
-        self.loops_started = true;
+        Ok(())
+    }
+
+    /// The periodic loop and the profile watch, once per process (§3.6).
+    async fn start_loops(&mut self) {
         self.arm_periodic();
         if let Some(profiles) = &self.deps.profiles {
             match profiles.subscribe(self.key.clone()).await {
-                Ok(mut rx) => {
+                Ok(rx) => {
                     // The view holds the current profiles at once (Mesos's `watch` returns
-                    // immediately when the provider's set differs).
-                    rx.mark_changed();
+                    // immediately when the provider's set differs): update now.
                     self.watch = Some(rx);
+                    self.jobs.mark(JobKind::Profiles);
                 }
                 Err(error) => {
                     tracing::error!(error = %DisplayChain(&error), "the disk profile adaptor stopped; profiles are not watched");
@@ -920,15 +1029,30 @@ impl Worker {
     }
 
     /// Starts the next job and the next UPDATE_STATE when their turn has come.
-    fn start_work(&mut self) {
+    async fn start_work(&mut self) -> Result<(), ProviderError> {
+        // Deferred operations wait for a reconciliation; none runs or waits any more (one
+        // ended in another state, or an identity switch dropped it).
+        if self.job.is_none() && !self.jobs.waiting(self.lifecycle) {
+            self.start_deferred().await?;
+        }
         // A job waiting out its retry backoff does not hold up the others (a resubscription
-        // must not wait for a failed periodic reconciliation's next attempt).
+        // must not wait for a failed periodic reconciliation's next attempt). A job waits
+        // for the disk operations that run (Mesos's provider-wide sequence).
         if self.job.is_none()
+            && self.ops.running.is_empty()
             && let Some(kind) = self.jobs.take(self.lifecycle)
         {
             self.start_job(kind);
         }
         self.maybe_send();
+        Ok(())
+    }
+
+    /// The total changed in a way the agent does not learn from an operation status: a
+    /// new resource version, sent in the next UPDATE_STATE (spec §6.6).
+    fn state_changed(&mut self) {
+        self.resource_version = uuid::Uuid::new_v4();
+        self.update_needed = true;
     }
 
     fn start_job(&mut self, kind: JobKind) {
@@ -939,7 +1063,8 @@ impl Worker {
         let key = self.key.clone();
         let reported: Option<BTreeSet<String>> = match (&mut self.watch, kind) {
             (Some(rx), JobKind::Profiles) => Some(rx.borrow_and_update().keys().cloned().collect()),
-            (None, JobKind::Profiles) | (_, JobKind::Subscription | JobKind::Periodic) => None,
+            (None, JobKind::Profiles)
+            | (_, JobKind::Subscription | JobKind::Periodic | JobKind::Pools) => None,
         };
         let session = self.session;
         tracing::debug!(job = kind.as_str(), "starting");
@@ -984,7 +1109,7 @@ impl Worker {
                 // session ending now has changed the total that reconciliation starts from.
                 let own_subscription = kind == JobKind::Subscription && session == self.session;
                 if own_subscription || (changed && self.lifecycle == Lifecycle::Ready) {
-                    self.update_needed = true;
+                    self.state_changed();
                 }
                 match kind {
                     JobKind::Subscription if session == self.session => {
@@ -992,7 +1117,7 @@ impl Worker {
                     }
                     JobKind::Subscription => {}
                     JobKind::Periodic => self.arm_periodic(),
-                    JobKind::Profiles => {}
+                    JobKind::Profiles | JobKind::Pools => {}
                 }
             }
             Err(error) => {
@@ -1008,6 +1133,8 @@ impl Worker {
                 match kind {
                     // The periodic loop retries by ticking early; it never stops.
                     JobKind::Periodic => self.periodic = Some(sleep),
+                    // Mesos only logs it; the next periodic reconciliation recovers the space.
+                    JobKind::Pools => {}
                     // A stale subscription job is not retried: the new session has its own.
                     JobKind::Subscription if session != self.session => {}
                     JobKind::Subscription | JobKind::Profiles => {
@@ -1021,7 +1148,8 @@ impl Worker {
                 }
             }
         }
-        Ok(())
+        // The reconciliation ended: what arrived meanwhile goes now, before the next job.
+        Box::pin(self.start_deferred()).await
     }
 
     /// Applies a reconciliation's findings (§6.5). `Ok(Err(_))` leaves everything as it
@@ -1046,7 +1174,7 @@ impl Worker {
         let pools = ctx.reconcile_pools(
             total,
             &ctx.storage_pools(gathered.capacities.iter().map(|(p, b)| (p.as_str(), *b))),
-            &self.pending_creates,
+            &self.in_flight(),
         );
         let reconciled = match ctx.reconcile(total, &volumes, &pools) {
             Ok(reconciled) => reconciled,
@@ -1083,7 +1211,10 @@ impl Worker {
             self.state.total = reconciled.total;
         }
         if reconciled.changed || profiles_changed {
-            self.checkpoint().await?;
+            // Only the records of what changed: the cost follows the change, not the
+            // number of volumes.
+            let touched = reconciled.removed + &reconciled.added;
+            Box::pin(self.commit_ops(&[], &[], ops::Touched::Some(&touched))).await?;
             self.publish_status();
         }
         Ok(Ok(reconciled.changed))
@@ -1102,13 +1233,12 @@ impl Worker {
         };
         self.update_needed = false;
         self.send_seq += 1;
-        let version = uuid::Uuid::new_v4();
+        let version = self.resource_version;
         let call = Call {
             r#type: Some(call::Type::UpdateState as i32),
             resource_provider_id: Some(id),
             update_state: Some(call::UpdateState {
-                // Operations come with issue #11.
-                operations: Vec::new(),
+                operations: self.ops.tracked.to_mesos(),
                 resources: self.state.total.as_slice().to_vec(),
                 resource_version_uuid: Uuid {
                     value: version.as_bytes().to_vec(),
@@ -1128,7 +1258,7 @@ impl Worker {
         }));
     }
 
-    async fn on_sent(&mut self, sent: SendDone) {
+    async fn on_sent(&mut self, sent: SendDone) -> Result<(), ProviderError> {
         let current = sent.session == self.session && self.lifecycle.is_subscribed();
         match sent.result {
             Ok(()) => {
@@ -1143,7 +1273,7 @@ impl Worker {
                     && session == sent.session
                 {
                     self.ready_from_send = None;
-                    self.become_ready().await;
+                    Box::pin(self.become_ready()).await?;
                 }
             }
             Err(error) => {
@@ -1152,7 +1282,7 @@ impl Worker {
                 if !current {
                     // The next subscription reconciles and sends again.
                     tracing::info!("{chain}; the session ended");
-                    return;
+                    return Ok(());
                 }
                 let delay = self
                     .params
@@ -1164,7 +1294,38 @@ impl Worker {
                 self.send_retry = Some(Box::pin(tokio::time::sleep(delay)));
             }
         }
+        Ok(())
     }
+}
+
+/// The operations of identity `agent_id` (spec §3.4 steps 2–6 over the store): the ones
+/// whose terminal status was acknowledged are forgotten (their records deleted), the
+/// metrics are fed from every other one's latest state.
+async fn recover_operations(
+    deps: &ProviderDeps,
+    params: &ProviderParams,
+    agent_id: &str,
+) -> Result<Operations, StateError> {
+    let records = load_operations(&deps.store, agent_id).await?;
+    let (tracked, terminated) = Operations::recover(records, params.status_retry);
+    if !terminated.is_empty() {
+        let mut txn = deps.store.transaction();
+        for op in &terminated {
+            stage_operation_removal(&mut txn, agent_id, &op.uuid)?;
+        }
+        txn.commit().await.map_err(|source| StateError::Store {
+            store: deps.store.path().to_owned(),
+            source,
+        })?;
+    }
+    ops::count_recovered(&deps.metrics, &tracked);
+    tracing::info!(
+        %agent_id,
+        operations = tracked.len(),
+        forgotten = terminated.len(),
+        "recovered operations"
+    );
+    Ok(tracked)
 }
 
 /// The profile update of §7.3: drop names no longer reported, translate new ones (in

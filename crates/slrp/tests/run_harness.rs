@@ -113,3 +113,43 @@ async fn a_timed_out_wait_lists_the_messages_earlier_waits_passed_over() {
     c.wait = std::time::Duration::from_secs(2);
     c.next_subscribed().await;
 }
+
+/// Mounts a tmpfs at `path` (a stand-in for a published volume).
+fn mount_tmpfs(path: &std::path::Path) {
+    std::fs::create_dir_all(path).unwrap();
+    nix::mount::mount(
+        Some("tmpfs"),
+        path,
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        None::<&str>,
+    )
+    .unwrap();
+}
+
+/// The simulated reboot unmounts everything under the test directory (nested mounts
+/// first) and gives the next daemon start a boot id other than the kernel's; a dropped
+/// cluster unmounts what is left, so its directory can go.
+#[tokio::test]
+async fn a_simulated_reboot_and_the_drop_leave_no_mount() {
+    if !slrp_test_support::require_root("a_simulated_reboot_and_the_drop_leave_no_mount") {
+        return;
+    }
+    let mut c = Cluster::fixture().await;
+    let outer = c.path("work/csi/mounts/vol/target");
+    mount_tmpfs(&outer);
+    let inner = outer.join("inner");
+    mount_tmpfs(&inner);
+    assert_eq!(support::mounts_under(c.dir.path()), vec![inner, outer]);
+    c.simulate_reboot().await;
+    assert!(support::mounts_under(c.dir.path()).is_empty());
+    let boot = std::fs::read_to_string(c.path("boot_id")).unwrap();
+    let kernel = std::fs::read_to_string(slrp_types::BOOT_ID_PATH).unwrap();
+    assert_ne!(boot.trim(), kernel.trim());
+
+    mount_tmpfs(&c.path("work/again"));
+    let dir = c.dir.path().to_owned();
+    drop(c);
+    assert!(!dir.exists(), "{} removed", dir.display());
+    assert!(support::mounts_under(&dir).is_empty());
+}

@@ -12,6 +12,7 @@
     clippy::float_cmp
 )]
 
+#[macro_use]
 mod support;
 
 use std::collections::BTreeMap;
@@ -22,23 +23,6 @@ use support::{
     Cluster, DaemonOptions, ProviderSpec, Update, assert_provider_resource, mb, metadata, profiles,
     sorted, source,
 };
-
-/// Runs a test body taking the plugin's CSI version as `<name>::v1` and `<name>::v0`, as
-/// Mesos instantiates its provider tests (`CSIVersion/StorageLocalResourceProviderTest.<Name>/v0`).
-macro_rules! both_versions {
-    ($name:ident) => {
-        mod $name {
-            #[tokio::test]
-            async fn v1() {
-                super::$name("v1").await;
-            }
-            #[tokio::test]
-            async fn v0() {
-                super::$name("v0").await;
-            }
-        }
-    };
-}
 
 /// The provider id of a SUBSCRIBED provider's info.
 fn id_of(info: &serde_json::Value) -> String {
@@ -83,7 +67,7 @@ async fn no_resource(csi: &'static str) {
     assert!(u.resources.is_empty(), "{:?}", u.resources);
     c.finish().await;
 }
-both_versions!(no_resource);
+csi_versions!(no_resource);
 
 /// ProfileAppeared (§11.1 test 4): the profile server (HTTP on loopback, as in Mesos)
 /// serves `{}` first (no pool); once it serves profile `test`, an UPDATE_STATE carries a RAW storage pool of that profile with
@@ -115,7 +99,7 @@ async fn profile_appeared(csi: &'static str) {
     assert_ne!(u.resource_version, first.resource_version);
     c.finish().await;
 }
-both_versions!(profile_appeared);
+csi_versions!(profile_appeared);
 
 /// ProfileDisappeared (§11.1 test 9), the part without operations: the `test1` pool is
 /// reported; the mapping switches to `test2` → the `test1` pool goes, a `test2` pool of the
@@ -144,7 +128,7 @@ async fn profile_disappeared(csi: &'static str) {
     assert_ne!(after.resource_version, before.resource_version);
     c.finish().await;
 }
-both_versions!(profile_disappeared);
+csi_versions!(profile_disappeared);
 
 /// A pre-existing 2 GiB volume of the fixture's plugin, as the only resource (no
 /// profiles): RAW, vendor, id, no profile (Mesos's "preprovisioned" predicate).
@@ -178,7 +162,7 @@ async fn recover_duplicated_volumes(csi: &'static str) {
     assert_single_preexisting(&c, &u, &volume);
     c.finish().await;
 }
-both_versions!(recover_duplicated_volumes);
+csi_versions!(recover_duplicated_volumes);
 
 /// RecoverDiskWithChangedMetadata (§11.1 test 7, MESOS-9395): the volume is reported
 /// with `label=foo`; after a restart the plugin reports `label=bar`; exactly one disk is
@@ -206,7 +190,7 @@ async fn recover_disk_with_changed_metadata(csi: &'static str) {
     assert_eq!(metadata(&u.resources[0]), label_bar);
     c.finish().await;
 }
-both_versions!(recover_disk_with_changed_metadata);
+csi_versions!(recover_disk_with_changed_metadata);
 
 /// The startup calls per RPC (spec §9) for the bundled plugin, which advertises no
 /// PUBLISH_UNPUBLISH_VOLUME: Mesos's test plugin does, so Mesos also calls NodeGetId once
@@ -264,7 +248,7 @@ async fn csi_plugin_rpc_metrics(csi: &'static str) {
     assert_eq!(snap[&format!("{prefix}/rpcs_cancelled")], 0.0, "{snap:?}");
     c.finish().await;
 }
-both_versions!(csi_plugin_rpc_metrics);
+csi_versions!(csi_plugin_rpc_metrics);
 
 /// Update (§11.1 test 35): with a short `reconciliation_interval_seconds`, ListVolumes
 /// and GetCapacity are called at startup and again later, without any event. Counted at
@@ -303,7 +287,7 @@ async fn periodic_reconciliation_calls_the_plugin_again(csi: &'static str) {
     .await;
     c.finish().await;
 }
-both_versions!(periodic_reconciliation_calls_the_plugin_again);
+csi_versions!(periodic_reconciliation_calls_the_plugin_again);
 
 /// Two providers in one process (two config files, two plugins): both subscribe with
 /// distinct ids, each reports its own pool (4 GiB and 2 GiB, its plugin's vendor), and
@@ -537,7 +521,7 @@ async fn agent_failover_plugin_killed(csi: &'static str) {
     c.plugin_relaunched("test", old).await;
     c.finish().await;
 }
-both_versions!(agent_failover_plugin_killed);
+csi_versions!(agent_failover_plugin_killed);
 
 /// ContainerTerminationMetric (§11.1 test 24): `csi_plugin/container_terminations` is 0,
 /// then 1 after the plugin is SIGKILLed (and relaunched).
@@ -560,7 +544,7 @@ async fn container_termination_metric(csi: &'static str) {
     assert_eq!(c.snapshot().await.get(&key), Some(&1.0));
     c.finish().await;
 }
-both_versions!(container_termination_metric);
+csi_versions!(container_termination_metric);
 
 /// DISABLED_SmallDisk (§11.1 test 3, disabled in Mesos): a 512 KiB storage pool and a
 /// 512 KiB pre-existing volume are reported with exactly 0.5 MB (spec §6.1: MB as a
@@ -579,7 +563,7 @@ async fn small_disk(csi: &'static str) {
     assert_eq!(mb(disks[0]), 0.5, "{:?}", u.resources);
     c.finish().await;
 }
-both_versions!(small_disk);
+csi_versions!(small_disk);
 
 /// DISABLED_ZeroSizedDisk (§11.1 test 2, disabled in Mesos): a 0-byte pre-existing
 /// volume produces no resource; a 1 MiB one beside it does (so the listing was seen).
@@ -595,4 +579,4 @@ async fn zero_sized_disk(csi: &'static str) {
     assert_eq!(mb(&u.resources[0]), 1.0);
     c.finish().await;
 }
-both_versions!(zero_sized_disk);
+csi_versions!(zero_sized_disk);

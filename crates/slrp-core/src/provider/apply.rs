@@ -5,8 +5,24 @@
 //! APPLY_OPERATION, runs the plan through the volume manager and turns the result into a
 //! status with the builders here. See `docs/operations-apply.md`.
 
+use std::collections::BTreeMap;
+
+use slrp_csi::{StringMap, VolumeCapability, VolumeId};
 use slrp_proto::mesos::v1::offer;
 use slrp_proto::mesos::v1::offer::operation::Type as OperationType;
+use slrp_proto::mesos::v1::resource::disk_info::source::Type as SourceType;
+use slrp_proto::mesos::v1::volume::source::csi_volume::volume_capability::AccessType as MesosAccessType;
+use slrp_proto::mesos::v1::{
+    AgentId, Labels, OperationState, OperationStatus, Resource, ResourceProviderId,
+};
+
+use super::operations::{TrackedOperation, proto_uuid};
+use super::resources::{
+    Conversion, CreatedKind, CreatedVolume, DisplayResource, ProviderResources, ResourceError,
+    Resources,
+};
+use super::state::ProfileDef;
+use crate::volume::{CreateVolume, ValidateVolume, VolumeError, VolumeInfo};
 
 /// The operation types the provider tells apart, for metrics and for how it applies them.
 ///
@@ -82,9 +98,1603 @@ impl OperationKind {
     }
 }
 
+/// The drop message for an APPLY_OPERATION that arrives before the provider is READY
+/// (spec §5.2 step 1; the worker checks the state itself, [`admit`] is for READY).
+pub const NOT_READY_MESSAGE: &str = "Cannot apply operation in SUBSCRIBED state";
+
+/// The message of the unreliable DROPPED answer to RECONCILE_OPERATIONS (§5.8(2)).
+pub const UNKNOWN_OPERATION_MESSAGE: &str = "Unknown operation";
+
+/// Mesos `isSpeculativeOperation` as the *agent* applies it (spec §2.9 step 2): besides the
+/// four speculative kinds, GROW_VOLUME and SHRINK_VOLUME, which the agent applies to its
+/// view at once although no provider supports them. When such an operation is dropped or
+/// fails, the agent's view holds a conversion the provider's total does not: the worker
+/// sends a new resource version with UPDATE_STATE (§5.3 last paragraph).
+pub fn agent_applies_speculatively(info: &offer::Operation) -> bool {
+    OperationKind::of(info).is_speculative()
+        || matches!(
+            operation_type(info),
+            Some(OperationType::GrowVolume | OperationType::ShrinkVolume)
+        )
+}
+
+fn operation_type(info: &offer::Operation) -> Option<OperationType> {
+    info.r#type.and_then(|t| OperationType::try_from(t).ok())
+}
+
+/// Spec §5.2's table: whether `info` may run while storage pools are being reconciled.
+///
+/// RESERVE and UNRESERVE may, unless they consume a RAW disk with a profile (part of a
+/// storage pool); CREATE and DESTROY may; CREATE_DISK and DESTROY_DISK may not (they
+/// change what the plugin reports). Unsupported kinds are never applied: `false`.
+pub fn allows_reconciliation(info: &offer::Operation) -> bool {
+    match OperationKind::of(info) {
+        OperationKind::Reserve | OperationKind::Unreserve => {
+            !reservation_consumed(info).iter().any(is_profiled_raw)
+        }
+        OperationKind::Create | OperationKind::Destroy => true,
+        OperationKind::CreateDisk | OperationKind::DestroyDisk | OperationKind::Unsupported => {
+            false
+        }
+    }
+}
+
+/// Mesos `getConsumedResources` for RESERVE / UNRESERVE, as far as the disk sources go
+/// (popping a reservation does not change them).
+fn reservation_consumed(info: &offer::Operation) -> &[Resource] {
+    match (&info.reserve, &info.unreserve, OperationKind::of(info)) {
+        (Some(reserve), _, OperationKind::Reserve) if !reserve.source.is_empty() => &reserve.source,
+        (Some(reserve), _, OperationKind::Reserve) => &reserve.resources,
+        (_, Some(unreserve), OperationKind::Unreserve) => &unreserve.resources,
+        _ => &[],
+    }
+}
+
+fn disk_source(resource: &Resource) -> Option<&slrp_proto::mesos::v1::resource::disk_info::Source> {
+    resource.disk.as_ref()?.source.as_ref()
+}
+
+fn is_profiled_raw(resource: &Resource) -> bool {
+    disk_source(resource).is_some_and(|s| s.profile.is_some() && s.r#type == SourceType::Raw as i32)
+}
+
+/// The source type's Mesos name (`stringify(Resource::DiskInfo::Source::Type)`); a disk
+/// without a source is `UNKNOWN`, as the protobuf default makes it in Mesos.
+fn source_type_name(resource: &Resource) -> String {
+    let number = disk_source(resource).map_or(SourceType::Unknown as i32, |s| s.r#type);
+    SourceType::try_from(number).map_or_else(|_| number.to_string(), |t| t.as_str_name().to_owned())
+}
+
+/// What the acceptance pipeline decides for an APPLY_OPERATION in READY (§5.2, with the
+/// issue's changes: a disk operation during a reconciliation is deferred, not dropped; a
+/// duplicate uuid is answered with its latest status, not an abort).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Admission {
+    /// Track it (PENDING, durable) and apply it now.
+    Accept,
+    /// Track it (PENDING, durable) now and apply it when the running reconciliation ends.
+    Defer,
+    /// Drop it with this message (e.g. `Mismatched resource version <received>
+    /// (expected: <current>)`).
+    Drop(String),
+    /// Already tracked: resend its latest status, change nothing.
+    Duplicate,
+}
+
+/// What [`admit`] looks at.
+#[derive(Debug, Clone, Copy)]
+pub struct AdmissionInput<'a> {
+    /// The operation.
+    pub info: &'a offer::Operation,
+    /// Whether a storage reconciliation is running or waiting to run (Mesos's pending
+    /// `reconciled` future, §5.9).
+    pub reconciling: bool,
+    /// The provider's current resource version.
+    pub current_version: &'a uuid::Uuid,
+    /// The event's `resource_version_uuid` (`None`: absent or not 16 bytes).
+    pub received_version: Option<uuid::Uuid>,
+    /// Whether the operation uuid is already tracked.
+    pub tracked: bool,
+}
+
+/// The acceptance pipeline of spec §5.2 for a provider in READY, in this order:
+///
+/// 1. an operation already tracked is a [`Admission::Duplicate`] (Mesos aborts). It comes
+///    first: a re-delivered APPLY_OPERATION must not start a second status stream for the
+///    same uuid, whatever the version is now;
+/// 2. a kind no provider applies (GROW_VOLUME, SHRINK_VOLUME, LAUNCH, …) is dropped with
+///    the master's text (Mesos aborts; spec §5.1 "should drop/fail them");
+/// 3. a resource version other than the current one is dropped: `Mismatched resource
+///    version <received> (expected: <current>)`, both in canonical text;
+/// 4. during a storage reconciliation, CREATE_DISK and DESTROY_DISK are
+///    [`Admission::Defer`]red instead of Mesos's drop (§12.6): the version was checked
+///    on arrival, and a reconciliation applied first does not invalidate them because
+///    the pool part of a reconciliation leaves the resources of pending disk operations
+///    alone (`reconcile_pools`' `in_flight`).
+///
+/// RESERVE and UNRESERVE of a storage pool, which Mesos also drops while reconciling,
+/// are accepted at once: their conversion changes no capacity the plugin reports, and the
+/// worker computes a reconciliation's conversion against the total when its answers are
+/// in, so nothing races. Deferring them would break the rule that a speculative
+/// operation is complete before the next event (the agent has applied it already).
+pub fn admit(input: &AdmissionInput<'_>) -> Admission {
+    if input.tracked {
+        return Admission::Duplicate;
+    }
+    let kind = OperationKind::of(input.info);
+    if kind == OperationKind::Unsupported {
+        return Admission::Drop(unsupported_message(input.info));
+    }
+    let current = input.current_version;
+    match input.received_version {
+        Some(received) if received == *current => {}
+        Some(received) => {
+            return Admission::Drop(format!(
+                "Mismatched resource version {received} (expected: {current})"
+            ));
+        }
+        None => {
+            return Admission::Drop(format!(
+                "Missing or malformed resource version (expected: {current})"
+            ));
+        }
+    }
+    if input.reconciling && !kind.is_speculative() {
+        Admission::Defer
+    } else {
+        Admission::Accept
+    }
+}
+
+/// Why an operation of an unsupported kind is refused. GROW_VOLUME and SHRINK_VOLUME get
+/// the master's texts (`src/master/validation.cpp`).
+fn unsupported_message(info: &offer::Operation) -> String {
+    match (info.r#type, operation_type(info)) {
+        (_, Some(OperationType::GrowVolume)) => {
+            "Growing a volume from a resource provider is not supported".to_owned()
+        }
+        (_, Some(OperationType::ShrinkVolume)) => {
+            "Shrinking a volume from a resource provider is not supported".to_owned()
+        }
+        (_, Some(t @ (OperationType::Launch | OperationType::LaunchGroup))) => format!(
+            "Operation {} is not applied by a resource provider",
+            t.as_str_name()
+        ),
+        (None, _) => "Operation has no type".to_owned(),
+        (Some(number), _) => format!("Operation type {number} is not supported"),
+    }
+}
+
+fn missing_field(kind: &str, field: &str) -> String {
+    format!("{kind} operation without '{field}'")
+}
+
+/// Mesos `popReservation` on one resource.
+fn pop_reservation(resource: &Resource) -> Result<Resource, String> {
+    let mut popped = resource.clone();
+    if popped.reservations.pop().is_none() {
+        return Err(format!(
+            "Cannot pop a reservation from unreserved resource '{}'",
+            DisplayResource(resource)
+        ));
+    }
+    Ok(popped)
+}
+
+/// A persistent volume without its persistence (Mesos strips `persistence`, `volume`
+/// and `shared`; a resource without a disk source loses its whole `disk`).
+fn without_persistence(volume: &Resource) -> Resource {
+    let mut stripped = volume.clone();
+    match stripped.disk.as_mut() {
+        Some(disk) if disk.source.is_some() => {
+            disk.persistence = None;
+            disk.volume = None;
+        }
+        _ => stripped.disk = None,
+    }
+    stripped.shared = None;
+    stripped
+}
+
+/// A persistent volume as the provider can create or destroy it: on a MOUNT disk backed
+/// by a CSI volume (Mesos asserts all but the type).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PersistentVolume {
+    /// The CSI volume the persistent volume lives on.
+    pub volume_id: VolumeId,
+    /// `disk.persistence.id`.
+    pub persistence_id: String,
+}
+
+fn persistent_volume(volume: &Resource, verb: &str) -> Result<PersistentVolume, String> {
+    let Some(persistence) = volume.disk.as_ref().and_then(|d| d.persistence.as_ref()) else {
+        return Err(format!(
+            "Cannot {verb} resource '{}': it is not a persistent volume",
+            DisplayResource(volume)
+        ));
+    };
+    let pid = &persistence.id;
+    if disk_source(volume).map(|s| s.r#type) != Some(SourceType::Mount as i32) {
+        return Err(format!(
+            "Cannot {verb} persistent volume '{pid}' on a {} disk",
+            source_type_name(volume)
+        ));
+    }
+    let Some(id) = disk_source(volume).and_then(|s| s.id.as_deref()) else {
+        return Err(format!(
+            "Cannot {verb} persistent volume '{pid}': its disk is not backed by a CSI volume"
+        ));
+    };
+    Ok(PersistentVolume {
+        volume_id: VolumeId::new(id),
+        persistence_id: pid.clone(),
+    })
+}
+
+fn volumes_of(info: &offer::Operation, create: bool) -> Result<&[Resource], String> {
+    if create {
+        info.create
+            .as_ref()
+            .map(|c| c.volumes.as_slice())
+            .ok_or_else(|| missing_field("CREATE", "create"))
+    } else {
+        info.destroy
+            .as_ref()
+            .map(|d| d.volumes.as_slice())
+            .ok_or_else(|| missing_field("DESTROY", "destroy"))
+    }
+}
+
+/// DESTROY: the persistent volumes whose data must be removed before the conversion is
+/// applied (§5.3; see [`crate::provider::persistent::remove_persistent_data`]).
+///
+/// # Errors
+/// The FAILED message for a volume that is not a persistent MOUNT volume backed by a CSI
+/// volume, or an operation that is not a DESTROY.
+pub fn destroy_targets(info: &offer::Operation) -> Result<Vec<PersistentVolume>, String> {
+    if OperationKind::of(info) != OperationKind::Destroy {
+        return Err("Not a DESTROY operation".to_owned());
+    }
+    volumes_of(info, false)?
+        .iter()
+        .map(|v| persistent_volume(v, "destroy"))
+        .collect()
+}
+
+/// §5.3: the conversions of a speculative operation (Mesos `getResourceConversions` plus
+/// the provider's prechecks), as the operation gives them (allocation info kept; see
+/// [`apply_conversions`]).
+///
+/// - RESERVE: `source` (or `resources` with the last reservation popped) → `resources`;
+/// - UNRESERVE: each resource → itself with the last reservation popped;
+/// - CREATE: each volume without persistence → the volume; every volume must be a
+///   persistent MOUNT disk: `Cannot create persistent volume '<id>' on a BLOCK disk`;
+/// - DESTROY: each volume → itself without persistence (same checks). The data removal
+///   is separate ([`destroy_targets`]).
+///
+/// # Errors
+/// The FAILED message. Where Mesos asserts (no persistence, no volume id, nothing to pop)
+/// this is a message too; CREATE_DISK, DESTROY_DISK and unsupported kinds are refused.
+pub fn speculative_conversions(info: &offer::Operation) -> Result<Vec<Conversion>, String> {
+    let kind = OperationKind::of(info);
+    match kind {
+        OperationKind::Reserve => {
+            let reserve = info
+                .reserve
+                .as_ref()
+                .ok_or_else(|| missing_field("RESERVE", "reserve"))?;
+            let reserved: Resources = reserve.resources.iter().collect();
+            let consumed = if reserve.source.is_empty() {
+                reserved
+                    .iter()
+                    .map(pop_reservation)
+                    .collect::<Result<Resources, String>>()?
+            } else {
+                reserve.source.iter().collect()
+            };
+            Ok(vec![Conversion {
+                consumed,
+                converted: reserved,
+            }])
+        }
+        OperationKind::Unreserve => info
+            .unreserve
+            .as_ref()
+            .ok_or_else(|| missing_field("UNRESERVE", "unreserve"))?
+            .resources
+            .iter()
+            .map(|reserved| {
+                Ok(Conversion {
+                    consumed: Resources::from(reserved.clone()),
+                    converted: Resources::from(pop_reservation(reserved)?),
+                })
+            })
+            .collect(),
+        OperationKind::Create | OperationKind::Destroy => {
+            let verb = if kind == OperationKind::Create {
+                "create"
+            } else {
+                "destroy"
+            };
+            volumes_of(info, kind == OperationKind::Create)?
+                .iter()
+                .map(|volume| {
+                    persistent_volume(volume, verb)?;
+                    let (whole, stripped) = (
+                        Resources::from(volume.clone()),
+                        Resources::from(without_persistence(volume)),
+                    );
+                    Ok(if kind == OperationKind::Create {
+                        Conversion {
+                            consumed: stripped,
+                            converted: whole,
+                        }
+                    } else {
+                        Conversion {
+                            consumed: whole,
+                            converted: stripped,
+                        }
+                    })
+                })
+                .collect()
+        }
+        OperationKind::CreateDisk | OperationKind::DestroyDisk => Err(format!(
+            "{} is not a speculative operation",
+            operation_type(info).map_or("?", |t| t.as_str_name())
+        )),
+        OperationKind::Unsupported => Err(unsupported_message(info)),
+    }
+}
+
+/// A copy without `allocation_info`, which the provider's total never carries.
+fn unallocated(resources: &Resources) -> Resources {
+    resources
+        .iter()
+        .map(|r| Resource {
+            allocation_info: None,
+            ..r.clone()
+        })
+        .collect()
+}
+
+/// §5.6 step 1: `total` with `conversions` applied in order, allocation info stripped
+/// from both sides. For DESTROY, Mesos's check that no other shared copy of a destroyed
+/// volume remains.
+///
+/// # Errors
+/// The FAILED message: `<total> does not contain <consumed>`, or `Persistent volume
+/// '<r>' cannot be removed due to additional shared copies`.
+pub fn apply_conversions(
+    total: &Resources,
+    info: &offer::Operation,
+    conversions: &[Conversion],
+) -> Result<Resources, String> {
+    let stripped: Vec<Conversion> = conversions
+        .iter()
+        .map(|c| Conversion {
+            consumed: unallocated(&c.consumed),
+            converted: unallocated(&c.converted),
+        })
+        .collect();
+    let result = total.apply_all(&stripped).map_err(|error| match error {
+        ResourceError::NotContained { total, consumed } => {
+            format!("{total} does not contain {consumed}")
+        }
+        other @ (ResourceError::BadPluginName { .. } | ResourceError::BadReservation { .. }) => {
+            other.to_string()
+        }
+    })?;
+    if OperationKind::of(info) == OperationKind::Destroy
+        && let Some(destroy) = &info.destroy
+    {
+        for volume in &destroy.volumes {
+            let volume = unallocated(&Resources::from(volume.clone()));
+            if result.contains(&volume) {
+                return Err(format!(
+                    "Persistent volume {volume} cannot be removed due to additional shared copies"
+                ));
+            }
+        }
+    }
+    Ok(result)
+}
+
+/// The FINISHED status's `converted_resources`: every conversion's converted side as the
+/// operation gave it (allocation info kept, §5.4 last line).
+pub fn converted_resources(conversions: &[Conversion]) -> Resources {
+    conversions
+        .iter()
+        .fold(Resources::new(), |sum, c| sum + &c.converted)
+}
+
+/// §5.4 steps 1–3: what CREATE_DISK asks of the volume manager.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DiskRequest {
+    /// (A) from a storage pool: CreateVolume named by the operation uuid text.
+    Create(CreateVolume),
+    /// (B) a pre-existing volume: ValidateVolume with the profile's capability/parameters.
+    Import(ValidateVolume),
+}
+
+/// A CREATE_DISK ready to run: the request and what the result becomes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CreateDiskPlan {
+    /// What to ask the volume manager.
+    pub request: DiskRequest,
+    /// The profile the disk gets (the source's, or `target_profile` for an import).
+    pub profile: String,
+    /// MOUNT or BLOCK.
+    pub kind: CreatedKind,
+    /// `create_disk.source` as the operation carried it (allocation info kept).
+    pub source: Resource,
+}
+
+impl CreateDiskPlan {
+    /// The FAILED message for a volume manager error: for an import, a failed validation
+    /// becomes `Cannot apply profile '<p>' to resource '<r>': <error>` (Mesos); anything
+    /// else is the error with its causes.
+    pub fn failure_message(&self, error: &VolumeError) -> String {
+        let chain = slrp_types::DisplayChain(error).to_string();
+        match (&self.request, error) {
+            (
+                DiskRequest::Import(_),
+                VolumeError::Mismatch { .. } | VolumeError::ValidationFailed { .. },
+            ) => self.import_failure(&chain),
+            _ => chain,
+        }
+    }
+
+    fn import_failure(&self, why: &str) -> String {
+        import_failure(&self.profile, &self.source, why)
+    }
+}
+
+fn import_failure(profile: &str, source: &Resource, why: &str) -> String {
+    format!(
+        "Cannot apply profile '{profile}' to resource '{}': {why}",
+        DisplayResource(source)
+    )
+}
+
+/// Mesos `convertLabelsToStringMap`, with its texts; Mesos aborts on these errors when
+/// importing a volume, here they fail the operation.
+fn labels_to_map(labels: Option<&Labels>) -> Result<StringMap, String> {
+    let mut map = StringMap::new();
+    for label in labels.map(|l| l.labels.as_slice()).unwrap_or_default() {
+        if map.contains_key(&label.key) {
+            return Err(format!("Repeated key '{}' in labels", label.key));
+        }
+        let Some(value) = &label.value else {
+            return Err(format!("Missing value for key '{}' in labels", label.key));
+        };
+        map.insert(label.key.clone(), value.clone());
+    }
+    Ok(map)
+}
+
+/// Mesos `scalar × Bytes::MEGABYTES`: the product truncated to whole bytes (a negative
+/// or NaN size is 0, where Mesos's conversion to `uint64_t` is undefined).
+fn megabytes_to_bytes(megabytes: f64) -> i64 {
+    let bytes = (megabytes * 1_048_576.0).trunc();
+    if bytes.is_nan() || bytes <= 0.0 {
+        0
+    } else {
+        // Saturates above i64::MAX, which no plugin can create anyway.
+        bytes as i64
+    }
+}
+
+/// §5.4 steps 1–3 for CREATE_DISK `info` with uuid `operation` and the provider's
+/// current profile map.
+///
+/// # Errors
+/// The FAILED message: `Profile '<p>' not found`, `Profile '<p>' cannot be used to create
+/// a MOUNT disk` (or BLOCK), the master's texts for a malformed operation (`'source' is
+/// not a RAW disk resource`, `'target_type' is neither MOUNT or BLOCK`, `'target_profile'
+/// must (not) be set …`), `Cannot apply profile '<p>' to resource '<r>': Repeated key
+/// '<k>' in labels` (or "Missing value for key …") for an import whose metadata is not a
+/// map (Mesos aborts).
+pub fn plan_create_disk(
+    info: &offer::Operation,
+    operation: &uuid::Uuid,
+    profiles: &BTreeMap<String, ProfileDef>,
+) -> Result<CreateDiskPlan, String> {
+    let create = info
+        .create_disk
+        .as_ref()
+        .ok_or_else(|| missing_field("CREATE_DISK", "create_disk"))?;
+    let source = &create.source;
+    let Some(disk) = disk_source(source).filter(|s| s.r#type == SourceType::Raw as i32) else {
+        return Err("'source' is not a RAW disk resource".to_owned());
+    };
+    let kind = match SourceType::try_from(create.target_type) {
+        Ok(SourceType::Mount) => CreatedKind::Mount,
+        Ok(SourceType::Block) => CreatedKind::Block,
+        _ => return Err("'target_type' is neither MOUNT or BLOCK".to_owned()),
+    };
+    let profile = match (&disk.profile, &create.target_profile, &disk.id) {
+        (Some(_), Some(_), _) => {
+            return Err("'target_profile' must not be set when 'source' has a profile".to_owned());
+        }
+        (None, None, _) => {
+            return Err("'target_profile' must be set when 'source' has no profile".to_owned());
+        }
+        (Some(profile), None, None) | (None, Some(profile), Some(_)) => profile.clone(),
+        (Some(_), None, Some(_)) | (None, Some(_), None) => {
+            return Err(format!(
+                "Cannot create a disk from '{}': it is neither a storage pool (a profile and \
+                 no volume id) nor a pre-existing volume (a volume id and no profile)",
+                DisplayResource(source)
+            ));
+        }
+    };
+    let Some(def) = profiles.get(&profile) else {
+        return Err(format!("Profile '{profile}' not found"));
+    };
+    let (fits, target) = match (kind, &def.capability.access_type) {
+        (CreatedKind::Mount, access) => {
+            (matches!(access, Some(MesosAccessType::Mount(_))), "MOUNT")
+        }
+        (CreatedKind::Block, access) => {
+            (matches!(access, Some(MesosAccessType::Block(_))), "BLOCK")
+        }
+    };
+    if !fits {
+        return Err(format!(
+            "Profile '{profile}' cannot be used to create a {target} disk"
+        ));
+    }
+    let capability = VolumeCapability::from_mesos(&def.capability).map_err(|error| {
+        format!("Profile '{profile}' has a volume capability that cannot be used: {error}")
+    })?;
+    let bytes = megabytes_to_bytes(source.scalar.map_or(0.0, |s| s.value));
+    let request = match &disk.id {
+        None => DiskRequest::Create(CreateVolume {
+            name: operation.to_string(),
+            required_bytes: bytes,
+            limit_bytes: bytes,
+            capability,
+            parameters: def.parameters.clone(),
+        }),
+        Some(id) => DiskRequest::Import(ValidateVolume {
+            id: VolumeId::new(id.as_str()),
+            capability,
+            parameters: def.parameters.clone(),
+            volume_context: labels_to_map(disk.metadata.as_ref())
+                .map_err(|why| import_failure(&profile, source, &why))?,
+            capacity_bytes: bytes,
+            node_stage_secrets: BTreeMap::new(),
+            node_publish_secrets: BTreeMap::new(),
+        }),
+    };
+    Ok(CreateDiskPlan {
+        request,
+        profile,
+        kind,
+        source: source.clone(),
+    })
+}
+
+/// The conversion of a finished CREATE_DISK (Mesos `applyCreateDisk`, through
+/// [`ProviderResources::created_disk`]): the source → a `plan.kind` disk with the volume
+/// id, the profile, the volume context as metadata (the source's kept if empty) and, for
+/// MOUNT, the MOUNT root. Both sides keep the operation's `allocation_info` (the FINISHED
+/// status reports the converted side so, §5.4 last line; [`apply_conversions`] strips it
+/// for the total).
+///
+/// A created volume takes the size the plugin reports (spec §12 item 28); an imported
+/// one keeps the source's size (the listing gave it; the validation does not change it).
+pub fn create_disk_conversion(
+    ctx: &ProviderResources,
+    plan: &CreateDiskPlan,
+    volume: &VolumeInfo,
+) -> Conversion {
+    let bytes = match plan.request {
+        DiskRequest::Create(_) => u64::try_from(volume.capacity_bytes).ok(),
+        DiskRequest::Import(_) => None,
+    };
+    ctx.created_disk(
+        &plan.source,
+        &CreatedVolume {
+            id: volume.id.as_str(),
+            context: &volume.volume_context,
+            profile: &plan.profile,
+            bytes,
+        },
+        plan.kind,
+    )
+}
+
+/// A finished CREATE_DISK's outcome as [`apply_conversions`] takes it: the conversion of
+/// the volume the volume manager created or validated, or the FAILED message
+/// ([`CreateDiskPlan::failure_message`]: Mesos's "Cannot apply profile …" for a failed
+/// import).
+///
+/// # Errors
+/// The FAILED message of a volume manager error.
+pub fn create_disk_outcome(
+    ctx: &ProviderResources,
+    plan: &CreateDiskPlan,
+    result: Result<VolumeInfo, VolumeError>,
+) -> Result<Vec<Conversion>, String> {
+    match result {
+        Ok(volume) => Ok(vec![create_disk_conversion(ctx, plan, &volume)]),
+        Err(error) => Err(plan.failure_message(&error)),
+    }
+}
+
+/// DESTROY_DISK: the volume id to delete and `destroy_disk.source` as the operation
+/// carried it.
+///
+/// # Errors
+/// The master's texts for what it should have refused: "'source' is neither a MOUNT, BLOCK
+/// or RAW disk resource", "'source' is not backed by a CSI volume", `A disk resource
+/// containing a persistent volume <r> cannot be destroyed directly. …`.
+pub fn destroy_disk_target(info: &offer::Operation) -> Result<(VolumeId, Resource), String> {
+    let source = &info
+        .destroy_disk
+        .as_ref()
+        .ok_or_else(|| missing_field("DESTROY_DISK", "destroy_disk"))?
+        .source;
+    let disk = disk_source(source).filter(|s| {
+        [SourceType::Mount, SourceType::Block, SourceType::Raw]
+            .iter()
+            .any(|t| s.r#type == *t as i32)
+    });
+    let Some(disk) = disk else {
+        return Err("'source' is neither a MOUNT, BLOCK or RAW disk resource".to_owned());
+    };
+    let Some(id) = &disk.id else {
+        return Err("'source' is not backed by a CSI volume".to_owned());
+    };
+    if source
+        .disk
+        .as_ref()
+        .is_some_and(|d| d.persistence.is_some())
+    {
+        return Err(format!(
+            "A disk resource containing a persistent volume {} cannot be destroyed directly. \
+             Please destroy the persistent volume first then destroy the disk resource",
+            DisplayResource(source)
+        ));
+    }
+    Ok((VolumeId::new(id.as_str()), source.clone()))
+}
+
+/// The conversion of a finished DESTROY_DISK (Mesos `applyDestroyDisk`, through
+/// [`ProviderResources::destroyed_disk`]) with `profiles` as the live profile map: a
+/// freed volume of an unknown or absent profile is converted to nothing and asks for a
+/// pool reconciliation (spec §5.5).
+pub fn destroy_disk_conversion(
+    ctx: &ProviderResources,
+    source: &Resource,
+    deprovisioned: bool,
+    profiles: &BTreeMap<String, ProfileDef>,
+) -> super::resources::DestroyedDisk {
+    ctx.destroyed_disk(source, deprovisioned, |p| profiles.contains_key(p))
+}
+
+// ---------------------------------------------------------------------------------------
+// Statuses (§5.6, §5.8).
+
+/// A terminal status of `op` with a fresh status uuid, `operation_id` from `info.id`, the
+/// agent id given and the provider id the operation was tracked with.
+fn terminal_status(
+    op: &TrackedOperation,
+    state: OperationState,
+    message: Option<&str>,
+    converted: &Resources,
+    agent_id: &AgentId,
+) -> OperationStatus {
+    OperationStatus {
+        operation_id: op.info.id.clone(),
+        state: state as i32,
+        message: message.map(str::to_owned),
+        converted_resources: converted.as_slice().to_vec(),
+        uuid: Some(proto_uuid(&uuid::Uuid::new_v4())),
+        agent_id: Some(agent_id.clone()),
+        resource_provider_id: op.latest_status.resource_provider_id.clone(),
+    }
+}
+
+/// §5.6 step 2: FINISHED with `converted` (what [`converted_resources`] gives: allocation
+/// info as the operation carried it; may be empty).
+pub fn finished_status(
+    op: &TrackedOperation,
+    converted: &Resources,
+    agent_id: &AgentId,
+) -> OperationStatus {
+    terminal_status(
+        op,
+        OperationState::OperationFinished,
+        None,
+        converted,
+        agent_id,
+    )
+}
+
+/// §5.6 step 2: FAILED with `message`, no converted resources.
+pub fn failed_status(op: &TrackedOperation, message: &str, agent_id: &AgentId) -> OperationStatus {
+    terminal_status(
+        op,
+        OperationState::OperationFailed,
+        Some(message),
+        &Resources::new(),
+        agent_id,
+    )
+}
+
+/// §5.8(1): DROPPED at acceptance with `message` (reliable: it has a status uuid).
+pub fn dropped_status(op: &TrackedOperation, message: &str, agent_id: &AgentId) -> OperationStatus {
+    terminal_status(
+        op,
+        OperationState::OperationDropped,
+        Some(message),
+        &Resources::new(),
+        agent_id,
+    )
+}
+
+/// §5.8(2): the unreliable "Unknown operation" DROPPED for RECONCILE_OPERATIONS: no
+/// status uuid, no operation id.
+pub fn unknown_operation_status(
+    agent_id: &AgentId,
+    provider_id: &ResourceProviderId,
+) -> OperationStatus {
+    OperationStatus {
+        operation_id: None,
+        state: OperationState::OperationDropped as i32,
+        message: Some(UNKNOWN_OPERATION_MESSAGE.to_owned()),
+        converted_resources: Vec::new(),
+        uuid: None,
+        agent_id: Some(agent_id.clone()),
+        resource_provider_id: Some(provider_id.clone()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use slrp_csi::CsiVersion;
+    use slrp_proto::mesos::v1::Label;
+    use slrp_proto::mesos::v1::offer::operation::{
+        Create, CreateDisk, Destroy, DestroyDisk, Reserve, Unreserve,
+    };
+    use slrp_proto::mesos::v1::resource::disk_info::Persistence;
+    use slrp_proto::mesos::v1::resource::reservation_info::Type as ReservationType;
+    use slrp_proto::mesos::v1::resource::{AllocationInfo, ReservationInfo, SharedInfo};
+
+    use crate::volume::{Mismatched, VolumeError};
+
+    const MB: u64 = 1_048_576;
+
+    fn ctx() -> ProviderResources {
+        ProviderResources::new(
+            ResourceProviderId {
+                value: "rp".to_owned(),
+            },
+            "org.apache.mesos.csi.test",
+            "local",
+            vec![],
+        )
+        .unwrap()
+    }
+
+    fn pool(mb: u64, profile: &str) -> Resource {
+        ctx().raw_disk(mb * MB, Some(profile), None, None)
+    }
+
+    fn preexisting(mb: u64, id: &str, metadata: Option<Labels>) -> Resource {
+        ctx().raw_disk(mb * MB, None, Some(id), metadata)
+    }
+
+    /// A MOUNT (or `kind`) disk with volume id `id`, as CREATE_DISK makes it.
+    fn disk(kind: SourceType, id: &str) -> Resource {
+        let mut r = ctx().raw_disk(64 * MB, Some("fast"), Some(id), None);
+        let s = r.disk.as_mut().unwrap().source.as_mut().unwrap();
+        s.r#type = kind as i32;
+        if kind == SourceType::Mount {
+            s.mount = Some(ctx().mount_source());
+        }
+        r
+    }
+
+    fn persistent(mut r: Resource, pid: &str) -> Resource {
+        r.disk.as_mut().unwrap().persistence = Some(Persistence {
+            id: pid.to_owned(),
+            principal: None,
+        });
+        r
+    }
+
+    fn reserved(mut r: Resource, role: &str) -> Resource {
+        r.reservations.push(ReservationInfo {
+            r#type: Some(ReservationType::Dynamic as i32),
+            role: Some(role.to_owned()),
+            principal: None,
+            labels: None,
+        });
+        r
+    }
+
+    fn allocated(mut r: Resource) -> Resource {
+        r.allocation_info = Some(AllocationInfo {
+            role: Some("storage".to_owned()),
+        });
+        r
+    }
+
+    fn op(t: OperationType) -> offer::Operation {
+        offer::Operation {
+            r#type: Some(t as i32),
+            ..Default::default()
+        }
+    }
+
+    fn reserve_op(source: Vec<Resource>, resources: Vec<Resource>) -> offer::Operation {
+        offer::Operation {
+            reserve: Some(Reserve { source, resources }),
+            ..op(OperationType::Reserve)
+        }
+    }
+
+    fn unreserve_op(resources: Vec<Resource>) -> offer::Operation {
+        offer::Operation {
+            unreserve: Some(Unreserve { resources }),
+            ..op(OperationType::Unreserve)
+        }
+    }
+
+    fn create_op(volumes: Vec<Resource>) -> offer::Operation {
+        offer::Operation {
+            create: Some(Create { volumes }),
+            ..op(OperationType::Create)
+        }
+    }
+
+    fn destroy_op(volumes: Vec<Resource>) -> offer::Operation {
+        offer::Operation {
+            destroy: Some(Destroy { volumes }),
+            ..op(OperationType::Destroy)
+        }
+    }
+
+    fn create_disk_op(
+        source: Resource,
+        target: SourceType,
+        target_profile: Option<&str>,
+    ) -> offer::Operation {
+        offer::Operation {
+            create_disk: Some(CreateDisk {
+                source,
+                target_type: target as i32,
+                target_profile: target_profile.map(str::to_owned),
+            }),
+            ..op(OperationType::CreateDisk)
+        }
+    }
+
+    fn destroy_disk_op(source: Resource) -> offer::Operation {
+        offer::Operation {
+            destroy_disk: Some(DestroyDisk { source }),
+            ..op(OperationType::DestroyDisk)
+        }
+    }
+
+    fn profiles() -> BTreeMap<String, ProfileDef> {
+        let def = |capability: VolumeCapability| ProfileDef {
+            capability: capability.to_mesos().unwrap(),
+            parameters: [("kind".to_owned(), "ssd".to_owned())].into(),
+        };
+        [
+            ("fast".to_owned(), def(VolumeCapability::mount_default())),
+            ("raw".to_owned(), def(VolumeCapability::block())),
+        ]
+        .into()
+    }
+
+    fn planned(
+        source: Resource,
+        target: SourceType,
+        target_profile: Option<&str>,
+    ) -> CreateDiskPlan {
+        plan_create_disk(
+            &create_disk_op(source, target, target_profile),
+            &uuid::Uuid::from_u128(1),
+            &profiles(),
+        )
+        .unwrap()
+    }
+
+    // --- acceptance -------------------------------------------------------------------
+
+    #[test]
+    fn reconciliation_table_of_spec_5_2() {
+        let mount = disk(SourceType::Mount, "v1");
+        let cases = [
+            (
+                reserve_op(vec![], vec![reserved(pool(10, "fast"), "a")]),
+                false,
+            ),
+            (
+                reserve_op(
+                    vec![pool(10, "fast")],
+                    vec![reserved(pool(10, "fast"), "a")],
+                ),
+                false,
+            ),
+            (reserve_op(vec![], vec![reserved(mount.clone(), "a")]), true),
+            (unreserve_op(vec![reserved(pool(10, "fast"), "a")]), false),
+            (unreserve_op(vec![reserved(mount.clone(), "a")]), true),
+            // A pre-existing volume has no profile: not part of a pool.
+            (
+                reserve_op(vec![], vec![reserved(preexisting(5, "p", None), "a")]),
+                true,
+            ),
+            (create_op(vec![persistent(mount.clone(), "pv")]), true),
+            (destroy_op(vec![persistent(mount.clone(), "pv")]), true),
+            (
+                create_disk_op(pool(10, "fast"), SourceType::Mount, None),
+                false,
+            ),
+            (destroy_disk_op(mount), false),
+            (op(OperationType::GrowVolume), false),
+            (op(OperationType::Launch), false),
+        ];
+        for (i, (info, allows)) in cases.iter().enumerate() {
+            assert_eq!(allows_reconciliation(info), *allows, "case {i}: {info:?}");
+        }
+    }
+
+    fn input<'a>(
+        info: &'a offer::Operation,
+        current: &'a uuid::Uuid,
+        received: Option<uuid::Uuid>,
+    ) -> AdmissionInput<'a> {
+        AdmissionInput {
+            info,
+            reconciling: false,
+            current_version: current,
+            received_version: received,
+            tracked: false,
+        }
+    }
+
+    #[test]
+    fn a_matching_version_is_accepted_and_a_mismatch_dropped_with_canonical_uuids() {
+        let current = uuid::Uuid::from_u128(0x0123_4567_89ab_cdef_0123_4567_89ab_cdef);
+        let other = uuid::Uuid::from_u128(0xfedc_ba98_7654_3210_fedc_ba98_7654_3210);
+        let info = create_disk_op(pool(10, "fast"), SourceType::Mount, None);
+        assert_eq!(
+            admit(&input(&info, &current, Some(current))),
+            Admission::Accept
+        );
+        assert_eq!(
+            admit(&input(&info, &current, Some(other))),
+            Admission::Drop(
+                "Mismatched resource version fedcba98-7654-3210-fedc-ba9876543210 \
+                 (expected: 01234567-89ab-cdef-0123-456789abcdef)"
+                    .to_owned()
+            )
+        );
+        assert_eq!(
+            admit(&input(&info, &current, None)),
+            Admission::Drop(
+                "Missing or malformed resource version \
+                 (expected: 01234567-89ab-cdef-0123-456789abcdef)"
+                    .to_owned()
+            )
+        );
+    }
+
+    #[test]
+    fn a_tracked_uuid_is_a_duplicate_whatever_else_is_wrong() {
+        let current = uuid::Uuid::from_u128(1);
+        for info in [
+            create_disk_op(pool(10, "fast"), SourceType::Mount, None),
+            op(OperationType::GrowVolume),
+        ] {
+            let mut i = input(&info, &current, Some(uuid::Uuid::from_u128(2)));
+            i.tracked = true;
+            i.reconciling = true;
+            assert_eq!(admit(&i), Admission::Duplicate);
+        }
+    }
+
+    #[test]
+    fn disk_operations_are_deferred_while_reconciling_and_speculative_ones_accepted() {
+        let current = uuid::Uuid::from_u128(7);
+        let deferred = [
+            create_disk_op(pool(10, "fast"), SourceType::Mount, None),
+            destroy_disk_op(disk(SourceType::Mount, "v")),
+        ];
+        let accepted = [
+            reserve_op(vec![], vec![reserved(pool(10, "fast"), "a")]),
+            unreserve_op(vec![reserved(pool(10, "fast"), "a")]),
+            create_op(vec![persistent(disk(SourceType::Mount, "v"), "pv")]),
+        ];
+        for info in &deferred {
+            let mut i = input(info, &current, Some(current));
+            i.reconciling = true;
+            assert_eq!(admit(&i), Admission::Defer, "{info:?}");
+            i.reconciling = false;
+            assert_eq!(admit(&i), Admission::Accept, "{info:?}");
+        }
+        for info in &accepted {
+            let mut i = input(info, &current, Some(current));
+            i.reconciling = true;
+            assert_eq!(admit(&i), Admission::Accept, "{info:?}");
+        }
+        // The version contract holds for deferred operations too.
+        let mut i = input(&deferred[0], &current, Some(uuid::Uuid::from_u128(8)));
+        i.reconciling = true;
+        assert!(matches!(admit(&i), Admission::Drop(m) if m.starts_with("Mismatched")));
+    }
+
+    #[test]
+    fn unsupported_kinds_are_dropped_with_a_clear_message() {
+        let current = uuid::Uuid::from_u128(3);
+        let cases = [
+            (
+                op(OperationType::GrowVolume),
+                "Growing a volume from a resource provider is not supported",
+            ),
+            (
+                op(OperationType::ShrinkVolume),
+                "Shrinking a volume from a resource provider is not supported",
+            ),
+            (
+                op(OperationType::Launch),
+                "Operation LAUNCH is not applied by a resource provider",
+            ),
+            (
+                op(OperationType::LaunchGroup),
+                "Operation LAUNCH_GROUP is not applied by a resource provider",
+            ),
+            (
+                op(OperationType::Unknown),
+                "Operation type 0 is not supported",
+            ),
+            (offer::Operation::default(), "Operation has no type"),
+            (
+                offer::Operation {
+                    r#type: Some(42),
+                    ..Default::default()
+                },
+                "Operation type 42 is not supported",
+            ),
+        ];
+        for (info, message) in cases {
+            // Refused before the version is looked at.
+            assert_eq!(
+                admit(&input(&info, &current, None)),
+                Admission::Drop(message.to_owned())
+            );
+            assert_eq!(speculative_conversions(&info), Err(message.to_owned()));
+        }
+    }
+
+    #[test]
+    fn the_agent_applies_grow_and_shrink_speculatively() {
+        for (t, speculative) in [
+            (OperationType::Reserve, true),
+            (OperationType::Destroy, true),
+            (OperationType::GrowVolume, true),
+            (OperationType::ShrinkVolume, true),
+            (OperationType::CreateDisk, false),
+            (OperationType::Launch, false),
+        ] {
+            assert_eq!(agent_applies_speculatively(&op(t)), speculative, "{t:?}");
+        }
+    }
+
+    // --- speculative conversions ------------------------------------------------------
+
+    #[test]
+    fn reserve_pops_the_last_reservation_or_takes_the_source() {
+        let target = reserved(reserved(pool(10, "fast"), "a"), "a/b");
+        let popped = reserved(pool(10, "fast"), "a");
+        let conversions =
+            speculative_conversions(&reserve_op(vec![], vec![target.clone()])).unwrap();
+        assert_eq!(
+            conversions,
+            vec![Conversion {
+                consumed: Resources::from(popped),
+                converted: Resources::from(target.clone()),
+            }]
+        );
+        let source = pool(10, "fast");
+        let conversions =
+            speculative_conversions(&reserve_op(vec![source.clone()], vec![target.clone()]))
+                .unwrap();
+        assert_eq!(conversions[0].consumed, Resources::from(source));
+        assert_eq!(
+            speculative_conversions(&reserve_op(vec![], vec![pool(10, "fast")])),
+            Err(format!(
+                "Cannot pop a reservation from unreserved resource '{}'",
+                DisplayResource(&pool(10, "fast"))
+            ))
+        );
+    }
+
+    #[test]
+    fn unreserve_converts_each_resource_to_its_popped_form() {
+        let a = reserved(pool(10, "fast"), "a");
+        let b = reserved(disk(SourceType::Mount, "v"), "a");
+        let conversions = speculative_conversions(&unreserve_op(vec![a, b])).unwrap();
+        assert_eq!(conversions.len(), 2);
+        assert_eq!(conversions[0].converted, Resources::from(pool(10, "fast")));
+        assert_eq!(
+            conversions[1].converted,
+            Resources::from(disk(SourceType::Mount, "v"))
+        );
+        assert!(speculative_conversions(&unreserve_op(vec![pool(1, "fast")])).is_err());
+    }
+
+    #[test]
+    fn create_and_destroy_convert_between_the_disk_and_the_persistent_volume() {
+        let mut volume = persistent(disk(SourceType::Mount, "v"), "pv");
+        volume.shared = Some(SharedInfo {});
+        let bare = disk(SourceType::Mount, "v");
+        let created = speculative_conversions(&create_op(vec![volume.clone()])).unwrap();
+        assert_eq!(
+            created,
+            vec![Conversion {
+                consumed: Resources::from(bare.clone()),
+                converted: Resources::from(volume.clone()),
+            }]
+        );
+        assert!(created[0].consumed.as_slice()[0].shared.is_none());
+        let destroyed = speculative_conversions(&destroy_op(vec![volume.clone()])).unwrap();
+        assert_eq!(
+            destroyed,
+            vec![Conversion {
+                consumed: Resources::from(volume),
+                converted: Resources::from(bare),
+            }]
+        );
+    }
+
+    #[test]
+    fn persistent_volumes_only_on_mount_disks_with_mesos_text() {
+        for (kind, name) in [
+            (SourceType::Block, "BLOCK"),
+            (SourceType::Raw, "RAW"),
+            (SourceType::Path, "PATH"),
+        ] {
+            let volume = persistent(disk(kind, "v"), "pv1");
+            assert_eq!(
+                speculative_conversions(&create_op(vec![volume.clone()])),
+                Err(format!(
+                    "Cannot create persistent volume 'pv1' on a {name} disk"
+                ))
+            );
+            assert_eq!(
+                speculative_conversions(&destroy_op(vec![volume])),
+                Err(format!(
+                    "Cannot destroy persistent volume 'pv1' on a {name} disk"
+                ))
+            );
+        }
+        let mut no_source = persistent(disk(SourceType::Mount, "v"), "pv2");
+        no_source.disk.as_mut().unwrap().source = None;
+        assert_eq!(
+            speculative_conversions(&create_op(vec![no_source])),
+            Err("Cannot create persistent volume 'pv2' on a UNKNOWN disk".to_owned())
+        );
+        let plain = disk(SourceType::Mount, "v");
+        assert_eq!(
+            speculative_conversions(&create_op(vec![plain.clone()])),
+            Err(format!(
+                "Cannot create resource '{}': it is not a persistent volume",
+                DisplayResource(&plain)
+            ))
+        );
+        let mut no_id = persistent(disk(SourceType::Mount, "v"), "pv3");
+        no_id.disk.as_mut().unwrap().source.as_mut().unwrap().id = None;
+        assert_eq!(
+            speculative_conversions(&destroy_op(vec![no_id])),
+            Err(
+                "Cannot destroy persistent volume 'pv3': its disk is not backed by a CSI volume"
+                    .to_owned()
+            )
+        );
+        assert_eq!(
+            speculative_conversions(&op(OperationType::Create)),
+            Err("CREATE operation without 'create'".to_owned())
+        );
+        assert_eq!(
+            speculative_conversions(&create_disk_op(pool(1, "fast"), SourceType::Mount, None)),
+            Err("CREATE_DISK is not a speculative operation".to_owned())
+        );
+    }
+
+    #[test]
+    fn destroy_targets_name_the_volume_and_persistence_ids() {
+        let info = destroy_op(vec![
+            persistent(disk(SourceType::Mount, "v1"), "a"),
+            persistent(disk(SourceType::Mount, "v2"), "b"),
+        ]);
+        assert_eq!(
+            destroy_targets(&info).unwrap(),
+            vec![
+                PersistentVolume {
+                    volume_id: VolumeId::new("v1"),
+                    persistence_id: "a".to_owned()
+                },
+                PersistentVolume {
+                    volume_id: VolumeId::new("v2"),
+                    persistence_id: "b".to_owned()
+                },
+            ]
+        );
+        assert!(
+            destroy_targets(&destroy_op(vec![persistent(
+                disk(SourceType::Block, "v"),
+                "c"
+            )]))
+            .is_err()
+        );
+        assert!(destroy_targets(&create_op(vec![])).is_err());
+    }
+
+    #[test]
+    fn conversions_apply_without_allocation_info_and_report_it() {
+        let volume = persistent(disk(SourceType::Mount, "v"), "pv");
+        let info = create_op(vec![allocated(volume.clone())]);
+        let conversions = speculative_conversions(&info).unwrap();
+        let total =
+            Resources::from(disk(SourceType::Mount, "v")) + &Resources::from(pool(5, "fast"));
+        let after = apply_conversions(&total, &info, &conversions).unwrap();
+        assert_eq!(
+            after,
+            Resources::from(volume) + &Resources::from(pool(5, "fast"))
+        );
+        assert!(after.iter().all(|r| r.allocation_info.is_none()));
+        let reported = converted_resources(&conversions);
+        assert_eq!(reported.len(), 1);
+        assert!(reported.as_slice()[0].allocation_info.is_some());
+    }
+
+    #[test]
+    fn a_conversion_the_total_does_not_hold_fails_with_mesos_text() {
+        let info = create_op(vec![persistent(disk(SourceType::Mount, "v"), "pv")]);
+        let conversions = speculative_conversions(&info).unwrap();
+        let total = Resources::from(pool(5, "fast"));
+        assert_eq!(
+            apply_conversions(&total, &info, &conversions),
+            Err(format!(
+                "{total} does not contain {}",
+                Resources::from(disk(SourceType::Mount, "v"))
+            ))
+        );
+    }
+
+    #[test]
+    fn destroying_one_of_two_shared_copies_fails() {
+        let mut volume = persistent(disk(SourceType::Mount, "v"), "pv");
+        volume.shared = Some(SharedInfo {});
+        let mut total = Resources::from(volume.clone());
+        total.add(&volume);
+        assert_eq!(total.len(), 2);
+        let info = destroy_op(vec![volume.clone()]);
+        let conversions = speculative_conversions(&info).unwrap();
+        let error = apply_conversions(&total, &info, &conversions).unwrap_err();
+        assert!(
+            error.ends_with("cannot be removed due to additional shared copies"),
+            "{error}"
+        );
+        assert!(apply_conversions(&Resources::from(volume), &info, &conversions).is_ok());
+    }
+
+    // --- CREATE_DISK ------------------------------------------------------------------
+
+    #[test]
+    fn a_pool_becomes_a_create_volume_named_by_the_operation() {
+        let operation = uuid::Uuid::from_u128(0xabc);
+        let mut source = pool(0, "fast");
+        source.scalar = Some(slrp_proto::mesos::v1::value::Scalar { value: 1.5 + 1e-7 });
+        let plan = plan_create_disk(
+            &create_disk_op(allocated(source.clone()), SourceType::Mount, None),
+            &operation,
+            &profiles(),
+        )
+        .unwrap();
+        assert_eq!(plan.profile, "fast");
+        assert_eq!(plan.kind, CreatedKind::Mount);
+        assert_eq!(plan.source, allocated(source));
+        let DiskRequest::Create(create) = &plan.request else {
+            panic!("expected a CreateVolume: {plan:?}");
+        };
+        assert_eq!(create.name, "00000000-0000-0000-0000-000000000abc");
+        // 1.5000001 MB × 1048576 = 1572864.10…: truncated.
+        assert_eq!(create.required_bytes, 1_572_864);
+        assert_eq!(create.limit_bytes, 1_572_864);
+        assert_eq!(create.capability, VolumeCapability::mount_default());
+        assert_eq!(create.parameters, profiles()["fast"].parameters);
+        let block = plan_create_disk(
+            &create_disk_op(pool(8, "raw"), SourceType::Block, None),
+            &operation,
+            &profiles(),
+        )
+        .unwrap();
+        assert_eq!(block.kind, CreatedKind::Block);
+    }
+
+    #[test]
+    fn a_preexisting_volume_is_validated_with_the_target_profile() {
+        let metadata = Labels {
+            labels: vec![Label {
+                key: "path".to_owned(),
+                value: Some("/x".to_owned()),
+            }],
+        };
+        let source = preexisting(3, "vol-7", Some(metadata));
+        let plan = planned(source, SourceType::Mount, Some("fast"));
+        let DiskRequest::Import(validate) = &plan.request else {
+            panic!("expected a ValidateVolume: {plan:?}");
+        };
+        assert_eq!(validate.id, VolumeId::new("vol-7"));
+        assert_eq!(validate.capacity_bytes, 3 * 1_048_576);
+        assert_eq!(
+            validate.volume_context,
+            [("path".to_owned(), "/x".to_owned())].into()
+        );
+        assert_eq!(validate.capability, VolumeCapability::mount_default());
+        assert_eq!(validate.parameters, profiles()["fast"].parameters);
+        assert_eq!(plan.profile, "fast");
+    }
+
+    #[test]
+    fn create_disk_refusals_carry_mesos_texts() {
+        let id = uuid::Uuid::from_u128(1);
+        let plan = |info: offer::Operation| plan_create_disk(&info, &id, &profiles()).unwrap_err();
+        let pre = preexisting(3, "v", None);
+        let cases = [
+            (
+                create_disk_op(pool(1, "gone"), SourceType::Mount, None),
+                "Profile 'gone' not found".to_owned(),
+            ),
+            (
+                create_disk_op(pool(1, "raw"), SourceType::Mount, None),
+                "Profile 'raw' cannot be used to create a MOUNT disk".to_owned(),
+            ),
+            (
+                create_disk_op(pool(1, "fast"), SourceType::Block, None),
+                "Profile 'fast' cannot be used to create a BLOCK disk".to_owned(),
+            ),
+            (
+                create_disk_op(pre.clone(), SourceType::Block, Some("fast")),
+                "Profile 'fast' cannot be used to create a BLOCK disk".to_owned(),
+            ),
+            (
+                create_disk_op(pool(1, "fast"), SourceType::Mount, Some("fast")),
+                "'target_profile' must not be set when 'source' has a profile".to_owned(),
+            ),
+            (
+                create_disk_op(pre.clone(), SourceType::Mount, None),
+                "'target_profile' must be set when 'source' has no profile".to_owned(),
+            ),
+            (
+                create_disk_op(pool(1, "fast"), SourceType::Raw, None),
+                "'target_type' is neither MOUNT or BLOCK".to_owned(),
+            ),
+            (
+                create_disk_op(disk(SourceType::Mount, "v"), SourceType::Mount, None),
+                "'source' is not a RAW disk resource".to_owned(),
+            ),
+            (
+                op(OperationType::CreateDisk),
+                "CREATE_DISK operation without 'create_disk'".to_owned(),
+            ),
+        ];
+        for (info, message) in cases {
+            assert_eq!(plan(info), message);
+        }
+        let mut both = pool(1, "fast");
+        both.disk.as_mut().unwrap().source.as_mut().unwrap().id = Some("v".to_owned());
+        assert!(
+            plan(create_disk_op(both, SourceType::Mount, None)).contains("neither a storage pool")
+        );
+        let neither = ctx().raw_disk(MB, None, None, None);
+        assert!(
+            plan(create_disk_op(neither, SourceType::Mount, Some("fast")))
+                .contains("neither a storage pool")
+        );
+    }
+
+    #[test]
+    fn metadata_that_is_not_a_map_fails_the_import_instead_of_aborting() {
+        let id = uuid::Uuid::from_u128(1);
+        let label = |key: &str, value: Option<&str>| Label {
+            key: key.to_owned(),
+            value: value.map(str::to_owned),
+        };
+        for (labels, why) in [
+            (
+                vec![label("a", Some("1")), label("a", Some("2"))],
+                "Repeated key 'a' in labels",
+            ),
+            (
+                vec![label("b", None)],
+                "Missing value for key 'b' in labels",
+            ),
+        ] {
+            let source = preexisting(3, "v", Some(Labels { labels }));
+            let error = plan_create_disk(
+                &create_disk_op(source.clone(), SourceType::Mount, Some("fast")),
+                &id,
+                &profiles(),
+            )
+            .unwrap_err();
+            assert_eq!(
+                error,
+                format!(
+                    "Cannot apply profile 'fast' to resource '{}': {why}",
+                    DisplayResource(&source)
+                )
+            );
+        }
+    }
+
+    #[test]
+    fn a_create_disk_outcome_is_the_conversion_or_the_failed_message() {
+        let ctx = ctx();
+        let source = preexisting(3, "v", None);
+        let plan = planned(source.clone(), SourceType::Mount, Some("fast"));
+        let volume = VolumeInfo {
+            id: VolumeId::new("v"),
+            capacity_bytes: (3 * MB) as i64,
+            volume_context: BTreeMap::new(),
+        };
+        assert_eq!(
+            create_disk_outcome(&ctx, &plan, Ok(volume.clone())),
+            Ok(vec![create_disk_conversion(&ctx, &plan, &volume)])
+        );
+        let mismatch = VolumeError::Mismatch {
+            id: VolumeId::new("v"),
+            what: Mismatched::Capability,
+            version: CsiVersion::V0,
+        };
+        assert_eq!(
+            create_disk_outcome(&ctx, &plan, Err(mismatch)),
+            Err(format!(
+                "Cannot apply profile 'fast' to resource '{}': Mismatched capability for volume 'v'",
+                DisplayResource(&source)
+            ))
+        );
+    }
+
+    #[test]
+    fn a_failed_validation_names_the_profile_and_resource() {
+        let source = preexisting(3, "v", None);
+        let plan = planned(source.clone(), SourceType::Mount, Some("fast"));
+        let mismatch = VolumeError::Mismatch {
+            id: VolumeId::new("v"),
+            what: Mismatched::Parameters,
+            version: CsiVersion::V1,
+        };
+        assert_eq!(
+            plan.failure_message(&mismatch),
+            format!(
+                "Cannot apply profile 'fast' to resource '{}': Mismatched parameters for volume 'v'",
+                DisplayResource(&source)
+            )
+        );
+        let create = planned(pool(1, "fast"), SourceType::Mount, None);
+        let taken = VolumeError::NameTaken {
+            name: "n".to_owned(),
+            id: VolumeId::new("v"),
+        };
+        assert_eq!(
+            create.failure_message(&taken),
+            "Volume with name 'n' already exists"
+        );
+    }
+
+    #[test]
+    fn a_created_disk_keeps_the_allocation_and_takes_the_plugin_answer() {
+        let ctx = ctx();
+        let source = allocated(pool(10, "fast"));
+        let plan = planned(source.clone(), SourceType::Mount, None);
+        let volume = VolumeInfo {
+            id: VolumeId::new("vol-1"),
+            capacity_bytes: (12 * MB) as i64,
+            volume_context: [("k".to_owned(), "v".to_owned())].into(),
+        };
+        let conversion = create_disk_conversion(&ctx, &plan, &volume);
+        assert_eq!(conversion.consumed, Resources::from(source));
+        let converted = &conversion.converted.as_slice()[0];
+        assert!(converted.allocation_info.is_some());
+        let s = converted.disk.as_ref().unwrap().source.as_ref().unwrap();
+        assert_eq!(s.r#type, SourceType::Mount as i32);
+        assert_eq!(s.id.as_deref(), Some("vol-1"));
+        assert_eq!(s.profile.as_deref(), Some("fast"));
+        assert_eq!(
+            s.mount.as_ref().unwrap().root.as_deref(),
+            Some("./csi/org.apache.mesos.csi.test/local/mounts")
+        );
+        assert_eq!(s.metadata.as_ref().unwrap().labels.len(), 1);
+        assert_eq!(converted.scalar.unwrap().value, 12.0);
+
+        // An import keeps the listed size whatever the record says.
+        let pre = preexisting(3, "vol-2", None);
+        let plan = planned(pre, SourceType::Block, Some("raw"));
+        let volume = VolumeInfo {
+            id: VolumeId::new("vol-2"),
+            capacity_bytes: (5 * MB) as i64,
+            volume_context: BTreeMap::new(),
+        };
+        let converted = create_disk_conversion(&ctx, &plan, &volume).converted;
+        let converted = &converted.as_slice()[0];
+        assert_eq!(converted.scalar.unwrap().value, 3.0);
+        let s = converted.disk.as_ref().unwrap().source.as_ref().unwrap();
+        assert_eq!(s.r#type, SourceType::Block as i32);
+        assert!(s.mount.is_none());
+        assert_eq!(s.profile.as_deref(), Some("raw"));
+    }
+
+    // --- DESTROY_DISK -----------------------------------------------------------------
+
+    #[test]
+    fn destroy_disk_targets_the_volume_id() {
+        let source = allocated(disk(SourceType::Mount, "vol-9"));
+        let (id, carried) = destroy_disk_target(&destroy_disk_op(source.clone())).unwrap();
+        assert_eq!(id, VolumeId::new("vol-9"));
+        assert_eq!(carried, source);
+        let pre = preexisting(1, "pre", None);
+        assert_eq!(
+            destroy_disk_target(&destroy_disk_op(pre)).unwrap().0,
+            VolumeId::new("pre")
+        );
+    }
+
+    #[test]
+    fn destroy_disk_refusals_carry_the_master_texts() {
+        let pv = persistent(disk(SourceType::Mount, "v"), "pv");
+        let cases = [
+            (
+                destroy_disk_op(pool(1, "fast")),
+                "'source' is not backed by a CSI volume".to_owned(),
+            ),
+            (
+                destroy_disk_op(disk(SourceType::Path, "v")),
+                "'source' is neither a MOUNT, BLOCK or RAW disk resource".to_owned(),
+            ),
+            (
+                destroy_disk_op(pv.clone()),
+                format!(
+                    "A disk resource containing a persistent volume {} cannot be destroyed \
+                     directly. Please destroy the persistent volume first then destroy the \
+                     disk resource",
+                    DisplayResource(&pv)
+                ),
+            ),
+            (
+                op(OperationType::DestroyDisk),
+                "DESTROY_DISK operation without 'destroy_disk'".to_owned(),
+            ),
+        ];
+        for (info, message) in cases {
+            assert_eq!(destroy_disk_target(&info).unwrap_err(), message);
+        }
+    }
+
+    #[test]
+    fn destroying_a_disk_of_a_vanished_profile_asks_for_a_reconciliation() {
+        let ctx = ctx();
+        let source = disk(SourceType::Mount, "v");
+        let known = destroy_disk_conversion(&ctx, &source, true, &profiles());
+        assert!(!known.reconcile_pools);
+        assert_eq!(
+            known.conversion.converted,
+            Resources::from(pool(64, "fast"))
+        );
+        let gone = destroy_disk_conversion(&ctx, &source, true, &BTreeMap::new());
+        assert!(gone.reconcile_pools);
+        assert!(gone.conversion.converted.is_empty());
+    }
 
     fn of_type(t: OperationType) -> offer::Operation {
         offer::Operation {
@@ -192,5 +1802,135 @@ mod tests {
             .collect();
         assert_eq!(names.len(), OperationKind::COUNTED.len());
         assert!(!OperationKind::COUNTED.contains(&OperationKind::Unsupported));
+    }
+
+    // --- statuses ---------------------------------------------------------------------
+
+    fn tracked(info: offer::Operation) -> TrackedOperation {
+        TrackedOperation::pending(
+            uuid::Uuid::from_u128(9),
+            None,
+            info,
+            &AgentId {
+                value: "old-agent".to_owned(),
+            },
+            &ResourceProviderId {
+                value: "rp".to_owned(),
+            },
+        )
+    }
+
+    #[test]
+    fn terminal_statuses_carry_ids_and_a_fresh_uuid() {
+        let agent = AgentId {
+            value: "agent".to_owned(),
+        };
+        let mut info = create_op(vec![persistent(disk(SourceType::Mount, "v"), "pv")]);
+        info.id = Some(slrp_proto::mesos::v1::OperationId {
+            value: "op-1".to_owned(),
+        });
+        let create = tracked(info);
+        let converted = Resources::from(allocated(disk(SourceType::Mount, "v")));
+        let finished = finished_status(&create, &converted, &agent);
+        assert_eq!(finished.state, OperationState::OperationFinished as i32);
+        assert_eq!(finished.operation_id.as_ref().unwrap().value, "op-1");
+        assert_eq!(finished.message, None);
+        assert_eq!(finished.converted_resources, converted.as_slice());
+        assert_eq!(finished.agent_id.as_ref(), Some(&agent));
+        assert_eq!(finished.resource_provider_id.as_ref().unwrap().value, "rp");
+        let again = finished_status(&create, &converted, &agent);
+        assert!(finished.uuid.is_some());
+        assert_ne!(finished.uuid, again.uuid);
+
+        let failed = failed_status(&create, "Profile 'x' not found", &agent);
+        assert_eq!(failed.state, OperationState::OperationFailed as i32);
+        assert_eq!(failed.message.as_deref(), Some("Profile 'x' not found"));
+        assert!(failed.converted_resources.is_empty());
+        assert!(failed.uuid.is_some());
+
+        let dropped = dropped_status(&tracked(op(OperationType::GrowVolume)), "no", &agent);
+        assert_eq!(dropped.state, OperationState::OperationDropped as i32);
+        assert_eq!(dropped.operation_id, None);
+        assert_eq!(dropped.message.as_deref(), Some("no"));
+        assert!(dropped.uuid.is_some());
+    }
+
+    #[test]
+    fn the_reconciliation_answer_is_unreliable_and_anonymous() {
+        let status = unknown_operation_status(
+            &AgentId {
+                value: "a".to_owned(),
+            },
+            &ResourceProviderId {
+                value: "rp".to_owned(),
+            },
+        );
+        assert_eq!(status.state, OperationState::OperationDropped as i32);
+        assert_eq!(status.message.as_deref(), Some("Unknown operation"));
+        assert_eq!(status.uuid, None);
+        assert_eq!(status.operation_id, None);
+        assert_eq!(status.agent_id.unwrap().value, "a");
+        assert_eq!(status.resource_provider_id.unwrap().value, "rp");
+    }
+
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        fn with_roles(mut r: Resource, roles: &[String]) -> Resource {
+            let mut path = String::new();
+            for role in roles {
+                path = if path.is_empty() {
+                    role.clone()
+                } else {
+                    format!("{path}/{role}")
+                };
+                r = reserved(r, &path);
+            }
+            r
+        }
+
+        /// `total` after the speculative operation `info`.
+        fn run(total: &Resources, info: &offer::Operation) -> Resources {
+            apply_conversions(total, info, &speculative_conversions(info).unwrap()).unwrap()
+        }
+
+        proptest! {
+            /// RESERVE pushing one reservation and UNRESERVE of the result cancel out, and
+            /// so do CREATE and DESTROY of a persistent volume, whatever else the total
+            /// holds.
+            #[test]
+            fn speculative_operations_undo_each_other(
+                mb in 1u64..10_000,
+                other_mb in 0u64..10_000,
+                roles in proptest::collection::vec("[a-z]{1,4}", 0..3),
+                role in "[a-z]{1,4}",
+                pid in "[a-z0-9]{1,8}",
+            ) {
+                let base = with_roles(pool(mb, "fast"), &roles);
+                let total: Resources =
+                    [base.clone(), pool(other_mb, "slow"), disk(SourceType::Mount, "m")]
+                        .into_iter()
+                        .collect();
+                let mut path = roles.join("/");
+                path = if path.is_empty() { role } else { format!("{path}/{role}") };
+                let pushed = reserved(base, &path);
+                let reserve = reserve_op(vec![], vec![allocated(pushed.clone())]);
+                let after = run(&total, &reserve);
+                prop_assert!(after != total);
+                let unreserve = unreserve_op(vec![pushed]);
+                let back = run(&after, &unreserve);
+                prop_assert_eq!(&back, &total);
+
+                let volume = persistent(disk(SourceType::Mount, "m"), &pid);
+                let create = create_op(vec![volume.clone()]);
+                let created = run(&total, &create);
+                prop_assert!(created.contains(&Resources::from(volume.clone())));
+                let destroy = destroy_op(vec![volume]);
+                let destroyed = run(&created, &destroy);
+                prop_assert_eq!(&destroyed, &total);
+            }
+        }
     }
 }

@@ -110,12 +110,12 @@ impl fmt::Display for EventKind {
 /// What the provider does with one event in one state.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Disposition {
-    /// READY: the event goes to the operation handling (issue #11).
+    /// READY: the event goes to the operation handling (spec §5).
     Handle,
     /// Kept in [`PendingEvents`] and handled once READY (Mesos asserts instead).
     Queue,
     /// The operation is dropped with `message` (Mesos: "Cannot apply operation in
-    /// SUBSCRIBED state"; the operation gets OPERATION_DROPPED once #11 tracks operations).
+    /// SUBSCRIBED state"): the operation is tracked with OPERATION_DROPPED, sent reliably).
     Drop {
         /// Mesos's reason text.
         message: String,

@@ -34,5 +34,6 @@
 pub mod apply;
 pub mod lifecycle;
 pub mod operations;
+pub mod persistent;
 pub mod resources;
 pub mod state;

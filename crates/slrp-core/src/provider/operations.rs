@@ -844,6 +844,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+    use crate::provider::state::open_store;
     use slrp_proto::mesos::v1::OperationId;
     use slrp_proto::mesos::v1::offer::operation::{Reserve, Type};
 
@@ -1395,14 +1396,6 @@ mod tests {
                 .contains("1 updates acknowledged but 0 queued"),
             "{error}"
         );
-    }
-
-    async fn open_store(dir: &Path) -> Store {
-        let path = dir.to_owned();
-        tokio::task::spawn_blocking(move || Store::open(path))
-            .await
-            .unwrap()
-            .unwrap()
     }
 
     #[tokio::test]

@@ -11,6 +11,8 @@
 // Shared by several test binaries; each uses a part.
 #![allow(dead_code, unreachable_pub, missing_docs)]
 
+pub mod ops;
+
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -22,8 +24,11 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
 use slrp_manager::{
-    EmbeddedManager, Listen, ManagerConfig, ManagerGuard, ManagerHandle, ManagerMessage,
+    AckPolicy, ApplyRequest, EmbeddedManager, Listen, ManagerConfig, ManagerGuard, ManagerHandle,
+    ManagerMessage, OperationView, PublishError,
 };
+use slrp_proto::mesos::v1::resource_provider::call;
+use slrp_proto::mesos::v1::{FrameworkId, OperationStatus, offer};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
@@ -38,6 +43,15 @@ pub const DEFAULT_ROLE: &str = "storage";
 /// How long any single wait may take before the test fails (a hang guard: a healthy run
 /// takes a fraction of it, even on 2 busy cores).
 pub const WAIT: Duration = Duration::from_secs(60);
+
+/// The daemon's first resend of an unacknowledged operation status update (Mesos: 10 s).
+pub const STATUS_RETRY_MIN: Duration = Duration::from_millis(200);
+/// The longest wait between resends (Mesos: 10 min).
+pub const STATUS_RETRY_MAX: Duration = Duration::from_millis(1600);
+/// The first retry of a transiently failed CreateVolume/DeleteVolume (Mesos: 10 s).
+pub const CSI_RETRY_MIN: Duration = Duration::from_millis(50);
+/// The longest wait between those retries (Mesos: 10 min).
+pub const CSI_RETRY_MAX: Duration = Duration::from_millis(400);
 
 /// One provider of the cluster: its ResourceProviderInfo and its plugin's flags.
 #[derive(Debug, Clone)]
@@ -144,6 +158,11 @@ pub fn sorted(resources: &[Value]) -> Vec<String> {
     let mut v: Vec<String> = resources.iter().map(Value::to_string).collect();
     v.sort();
     v
+}
+
+/// [`sorted`] of one resource.
+pub fn sorted_one(resource: &Value) -> Vec<String> {
+    sorted(std::slice::from_ref(resource))
 }
 
 /// `disk.source` of a resource (`Value::Null` if absent).
@@ -282,6 +301,14 @@ pub struct Cluster {
     skipped: std::collections::VecDeque<String>,
     /// The hang guard of every wait ([`WAIT`] unless a harness test shortens it).
     pub wait: Duration,
+    /// How the manager acknowledges status updates when it (re)starts.
+    pub ack_policy: AckPolicy,
+    /// Protocol violations counted by earlier manager instances (a restart resets the
+    /// manager's counter).
+    violations_before: f64,
+    /// Boot ids the daemon was started under by [`Cluster::simulate_reboot`] (`None`: the
+    /// kernel's).
+    boot_id: Option<String>,
 }
 
 /// How many passed-over manager messages a timed-out wait lists.
@@ -352,6 +379,9 @@ impl Cluster {
             log_shown: std::cell::Cell::new(false),
             skipped: std::collections::VecDeque::new(),
             wait: WAIT,
+            ack_policy: AckPolicy::Auto,
+            violations_before: 0.0,
+            boot_id: None,
         };
         for sub in ["manager", "state", "work", "rp"] {
             std::fs::create_dir_all(cluster.path(sub)).unwrap();
@@ -479,6 +509,15 @@ impl Cluster {
             toml.push_str(line);
             toml.push('\n');
         }
+        // Mesos's 10 s retries would make every retry test slow; the bounds keep the
+        // doubling visible (several steps before the ceiling).
+        toml.push_str(&format!(
+            "[retries]\nstatus_update_min = \"{}ms\"\nstatus_update_max = \"{}ms\"\ncsi_min = \"{}ms\"\ncsi_max = \"{}ms\"\n",
+            STATUS_RETRY_MIN.as_millis(),
+            STATUS_RETRY_MAX.as_millis(),
+            CSI_RETRY_MIN.as_millis(),
+            CSI_RETRY_MAX.as_millis(),
+        ));
         if let Some(poll) = self.options.profiles_poll {
             toml.push_str(&format!(
                 "[disk_profiles]\nuri = \"{}\"\npoll_interval = \"{}ms\"\n",
@@ -550,6 +589,9 @@ impl Cluster {
             None => ManagerConfig::loopback().listen,
         };
         let mut config = ManagerConfig::new(listen);
+        config.ack_policy = self.ack_policy;
+        // The crash storm's status updates and resends must not overrun the test's receiver.
+        config.message_buffer = 1 << 14;
         config.state_dir = Some(self.path("manager"));
         config.agent_id.clone_from(&self.agent_id);
         let (handle, guard) = EmbeddedManager::spawn(config, CancellationToken::new())
@@ -566,6 +608,7 @@ impl Cluster {
     /// Stops the manager (every stream closes; connections are refused) until
     /// [`Cluster::resume_manager`], as an agent that is down.
     pub async fn stop_manager(&mut self) {
+        self.violations_before = self.protocol_violations();
         let (_, guard) = self.manager.take().expect("manager not running");
         guard.shutdown().await;
         self.messages = None;
@@ -639,6 +682,30 @@ impl Cluster {
              wait expects?):\n  {}",
             skipped.join("\n  ")
         ))
+    }
+
+    /// The next manager message, with no hang guard of its own (the caller bounds the
+    /// wait); `None` once the manager stopped. A protocol violation fails the test.
+    pub async fn next_raw_message(&mut self) -> Option<ManagerMessage> {
+        let rx = self.messages.as_mut()?;
+        let m = loop {
+            match rx.recv().await {
+                Ok(m) => break m,
+                Err(broadcast::error::RecvError::Lagged(_)) => {}
+                Err(broadcast::error::RecvError::Closed) => return None,
+            }
+        };
+        if let ManagerMessage::ProtocolViolation { reason, .. } = &m {
+            self.fail(&format!("protocol violation: {reason}"));
+        }
+        Some(m)
+    }
+
+    /// Forgets every manager message not read yet (a test that did not read them for a
+    /// while starts afresh rather than from a lagged buffer).
+    pub fn drain_messages(&mut self) {
+        self.messages = Some(self.manager().messages());
+        self.skipped.clear();
     }
 
     /// Notes a message a wait passed over, for the report of a later timeout.
@@ -734,6 +801,9 @@ impl Cluster {
         if self.options.profiles_poll.is_some() {
             cmd.arg("--disk-profiles").arg(&self.profiles_uri);
         }
+        if self.boot_id.is_some() {
+            cmd.env("SLRP_BOOT_ID_FILE", self.path("boot_id"));
+        }
         let child = cmd
             .env("SLRP_LOG", "info")
             .stdin(Stdio::null())
@@ -787,6 +857,7 @@ impl Cluster {
     /// The orderly end of a test: SIGTERM, exit status 0, and no plugin process left
     /// (with `plugins_on_exit = "stop"`).
     pub async fn finish(mut self) {
+        self.assert_no_protocol_violation();
         self.stop_daemon_cleanly().await;
         if !self.options.leave_plugins {
             self.wait_no_plugins().await;
@@ -841,6 +912,14 @@ impl Cluster {
     /// `GET path` on the admin socket: `(status, body)`, or `None` while nothing listens.
     pub async fn admin_get(&self, path: &str) -> Option<(u16, String)> {
         http_get_unix(&self.admin_socket(), path).await
+    }
+
+    /// `POST path` with a JSON body on the admin socket: `(status, body)`.
+    pub async fn admin_post(&self, path: &str, body: &Value) -> (u16, String) {
+        match http_unix(&self.admin_socket(), "POST", path, Some(body)).await {
+            Some(answer) => answer,
+            None => self.fail(&format!("POST {path}: no answer on the admin socket")),
+        }
     }
 
     /// Polls until `GET path` answers (the daemon's admin endpoint is up); returns the
@@ -908,6 +987,247 @@ impl Cluster {
         }
     }
 
+    // ---- operations (the manager as agent and master, spec §2.9–§2.11) ----
+
+    /// The provider id of `provider` (by name) as the manager knows it; fails if it is not
+    /// subscribed.
+    pub async fn provider_id(&self, provider: &str) -> String {
+        let views = self.manager().providers().await.unwrap();
+        match views.iter().find(|v| v.info.name == provider) {
+            Some(v) => v.info.id.as_ref().map(|id| id.value.clone()).unwrap(),
+            None => self.fail(&format!("provider {provider} is not subscribed")),
+        }
+    }
+
+    /// The resource version of the first provider's last UPDATE_STATE, as the manager
+    /// holds it (what [`ApplyRequest`] sends by default).
+    pub async fn current_version(&self) -> Vec<u8> {
+        let name = &self.specs[0].name;
+        let views = self.manager().providers().await.unwrap();
+        views
+            .iter()
+            .find(|v| &v.info.name == name)
+            .and_then(|v| v.resource_version_uuid.as_ref())
+            .map(|u| u.value.clone())
+            .unwrap_or_else(|| self.fail("no UPDATE_STATE yet"))
+    }
+
+    /// The id of the single provider of this cluster.
+    pub async fn the_provider_id(&self) -> String {
+        let name = self.specs[0].name.clone();
+        self.provider_id(&name).await
+    }
+
+    /// Applies `req` to the first provider through the manager (as agent: recorded,
+    /// speculative conversions applied to its view, APPLY_OPERATION sent); returns the
+    /// operation uuid.
+    pub fn apply_request(&self, req: ApplyRequest) -> Boxed<'_, uuid::Uuid> {
+        Box::pin(async move {
+            let id = self.the_provider_id().await;
+            match self.manager().apply_operation(&id, req).await {
+                Ok(uuid) => uuid,
+                Err(e) => self.fail(&format!(
+                    "the manager refused the operation: {}",
+                    slrp_types::DisplayChain(&e)
+                )),
+            }
+        })
+    }
+
+    /// Applies `op` as the test framework's operation (framework id [`FRAMEWORK_ID`]).
+    pub fn apply(&self, op: offer::Operation) -> Boxed<'_, uuid::Uuid> {
+        let mut req = ApplyRequest::new(op);
+        req.framework_id = Some(framework_id());
+        self.apply_request(req)
+    }
+
+    /// Waits until the agent's record of `operation` is terminal.
+    pub fn terminal(&self, operation: uuid::Uuid) -> Boxed<'_, OperationView> {
+        Box::pin(async move {
+            match self.manager().wait_terminal(operation, self.wait).await {
+                Ok(view) => view,
+                Err(e) => self.fail(&format!(
+                    "operation {operation} did not become terminal: {}",
+                    slrp_types::DisplayChain(&e)
+                )),
+            }
+        })
+    }
+
+    /// Applies `op` and waits for its terminal status.
+    pub fn run_op(&self, op: offer::Operation) -> Boxed<'_, OperationStatus> {
+        Box::pin(async move {
+            let uuid = self.apply(op).await;
+            self.terminal(uuid).await.latest_status
+        })
+    }
+
+    /// Applies `op`, asserts it FINISHED; returns its converted resources as JSON with
+    /// their allocation info (as the status carries them).
+    pub fn finished(&self, op: offer::Operation) -> Boxed<'_, Vec<serde_json::Value>> {
+        Box::pin(async move {
+            let what = describe_operation(&op);
+            let status = self.run_op(op).await;
+            if ops::state_name(&status) != "OPERATION_FINISHED" {
+                self.fail(&format!(
+                    "{what} did not finish: {}",
+                    ops::status_json(&status)
+                ));
+            }
+            ops::converted(&status)
+        })
+    }
+
+    /// [`Cluster::finished`] for an operation that converts into exactly one resource.
+    pub fn finished_one(&self, op: offer::Operation) -> Boxed<'_, serde_json::Value> {
+        Box::pin(async move {
+            match &self.finished(op).await[..] {
+                [one] => one.clone(),
+                other => self.fail(&format!("one converted resource expected: {other:?}")),
+            }
+        })
+    }
+
+    /// Applies `op`, asserts it ended in `state` (`"OPERATION_FAILED"`, …); returns its
+    /// message.
+    pub fn ended<'a>(&'a self, op: offer::Operation, state: &'a str) -> Boxed<'a, String> {
+        Box::pin(async move {
+            let what = describe_operation(&op);
+            let status = self.run_op(op).await;
+            if ops::state_name(&status) != state {
+                self.fail(&format!(
+                    "{what}: {state} expected: {}",
+                    ops::status_json(&status)
+                ));
+            }
+            status.message.unwrap_or_default()
+        })
+    }
+
+    /// The agent's view of the first provider's total, as sorted JSON texts.
+    pub async fn agent_total(&self) -> Vec<String> {
+        let id = self.the_provider_id().await;
+        let total = self.manager().agent_total(&id).await.unwrap();
+        let json: Vec<serde_json::Value> = total.iter().map(ops::json_of).collect();
+        sorted(&json)
+    }
+
+    /// PUBLISH_RESOURCES of `resources` (JSON, as offered) through the manager.
+    pub async fn publish(&self, resources: &[serde_json::Value]) -> Result<(), PublishError> {
+        let rs = resources.iter().map(ops::resource).collect();
+        self.within(
+            "PUBLISH_RESOURCES to be answered",
+            self.manager().publish(rs),
+        )
+        .await
+    }
+
+    /// Publishes `resources` and fails the test if the provider answers FAILED.
+    pub async fn published(&self, resources: &[serde_json::Value]) {
+        if let Err(e) = self.publish(resources).await {
+            self.fail(&format!(
+                "publishing failed: {}",
+                slrp_types::DisplayChain(&e)
+            ));
+        }
+    }
+
+    /// Where the agent finds a MOUNT disk's data: `<work dir>/<mount.root>/<id>/target`
+    /// (spec §5.4 step 4, §6.8). The plugin's ids need no encoding.
+    pub fn volume_path(&self, disk: &serde_json::Value) -> PathBuf {
+        let id = source(disk)["id"].as_str().expect("a disk with an id");
+        assert!(
+            id.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.'),
+            "{id}"
+        );
+        let root = source(disk)["mount"]["root"]
+            .as_str()
+            .expect("a MOUNT disk");
+        self.path("work").join(root).join(id).join("target")
+    }
+
+    /// The volume ids the plugin of `provider` holds (its records and its imports).
+    pub fn plugin_volumes(&self, provider: &str) -> std::collections::BTreeSet<String> {
+        let root = self.plugin_root(provider);
+        let mut ids = std::collections::BTreeSet::new();
+        for e in std::fs::read_dir(root.join("meta"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            if let Some(id) = e.file_name().to_str().and_then(|n| n.strip_suffix(".json")) {
+                ids.insert(id.to_owned());
+            }
+        }
+        for (kind, suffix) in [("dir", ""), ("loop", ".img")] {
+            let dir = root.join("import").join(kind);
+            for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+                if let Some(name) = e.file_name().to_str().and_then(|n| n.strip_suffix(suffix)) {
+                    ids.insert(format!("import-{kind}-{name}"));
+                }
+            }
+        }
+        ids
+    }
+
+    /// The next UPDATE_OPERATION_STATUS the manager received (skipping other messages).
+    pub async fn next_status_update(&mut self) -> call::UpdateOperationStatus {
+        loop {
+            match self.next_message().await {
+                ManagerMessage::UpdateOperationStatus { update, .. } => return update,
+                other => self.skip(&other),
+            }
+        }
+    }
+
+    /// Changes the manager's acknowledgement policy now and for its later restarts.
+    pub fn set_ack_policy(&mut self, policy: AckPolicy) {
+        self.ack_policy = policy;
+        self.manager().set_ack_policy(policy);
+    }
+
+    /// Protocol violations the manager counted since the cluster started (a Mesos agent
+    /// would have aborted on each).
+    pub fn protocol_violations(&self) -> f64 {
+        let current = self.manager.as_ref().map_or(0.0, |(m, _)| {
+            m.metrics()
+                .snapshot()
+                .get(slrp_manager::metrics::PROTOCOL_VIOLATIONS)
+                .copied()
+                .unwrap_or(0.0)
+        });
+        self.violations_before + current
+    }
+
+    /// Fails the test if the manager saw a protocol violation (also one no wait read).
+    pub fn assert_no_protocol_violation(&self) {
+        let n = self.protocol_violations();
+        if n != 0.0 {
+            self.fail(&format!(
+                "the manager counted {n} protocol violations (a Mesos agent aborts on them)"
+            ));
+        }
+    }
+
+    /// A power loss and reboot of the host (Mesos's `...WithReboot` tests): the daemon and
+    /// its plugins die (SIGKILL), every mount under the test directory goes away and its
+    /// loop devices are detached, and the next start sees a new boot id (through
+    /// `SLRP_BOOT_ID_FILE`). The daemon is not restarted.
+    pub async fn simulate_reboot(&mut self) {
+        if self.daemon.is_some() {
+            self.kill_daemon().await;
+        }
+        for pid in processes_mentioning(self.dir.path()) {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+        self.wait_no_plugins().await;
+        unmount_under(self.dir.path());
+        let id = uuid::Uuid::new_v4().to_string();
+        write_atomic(&self.path("boot_id"), format!("{id}\n").as_bytes());
+        self.boot_id = Some(id);
+    }
+
     // ---- plugin processes ----
 
     /// Live `slrp-csi-local` processes of `provider` (found by the plugin root in their
@@ -971,6 +1291,119 @@ impl Drop for Cluster {
         // are ours.
         for pid in processes_mentioning(self.dir.path()) {
             let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+        // Published volumes stay mounted (Mesos never unpublishes): the directory could
+        // not be removed, and the mounts would outlive the test.
+        unmount_under(self.dir.path());
+    }
+}
+
+/// Runs a test body taking the plugin's CSI version as `<name>::v1` and `<name>::v0`, as
+/// Mesos instantiates its provider tests
+/// (`CSIVersion/StorageLocalResourceProviderTest.<Name>/v0`).
+#[allow(unused_macros)]
+macro_rules! csi_versions {
+    ($name:ident) => {
+        mod $name {
+            #[tokio::test]
+            async fn v1() {
+                super::$name("v1").await;
+            }
+            #[tokio::test]
+            async fn v0() {
+                super::$name("v0").await;
+            }
+        }
+    };
+}
+
+/// A boxed future: the operation helpers hold whole `Offer.Operation`s (kilobytes), too
+/// large to nest unboxed in every test's future.
+pub type Boxed<'a, T> = std::pin::Pin<Box<dyn Future<Output = T> + 'a>>;
+
+/// The framework of the tests' operations.
+pub const FRAMEWORK_ID: &str = "framework-1";
+
+/// [`FRAMEWORK_ID`] as a proto.
+pub fn framework_id() -> FrameworkId {
+    FrameworkId {
+        value: FRAMEWORK_ID.into(),
+    }
+}
+
+/// An operation's type and id for failure messages.
+pub fn describe_operation(op: &offer::Operation) -> String {
+    let v = slrp_wire::json::to_value(op).unwrap();
+    format!(
+        "{} {}",
+        v["type"].as_str().unwrap_or("?"),
+        v["id"]["value"].as_str().unwrap_or("(no id)")
+    )
+}
+
+/// Mount points under `dir` (from `/proc/self/mountinfo`), deepest first.
+pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut points: Vec<PathBuf> = info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        // mountinfo escapes space, tab, newline and backslash as octal.
+        .map(|p| PathBuf::from(unescape_mountinfo(p)))
+        .filter(|p| p.starts_with(dir) && p != dir)
+        .collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    points.dedup();
+    points
+}
+
+fn unescape_mountinfo(s: &str) -> String {
+    let mut out = String::new();
+    let mut rest = s;
+    while let Some(i) = rest.find('\\') {
+        out.push_str(&rest[..i]);
+        let code = rest
+            .get(i + 1..i + 4)
+            .and_then(|o| u8::from_str_radix(o, 8).ok());
+        match code {
+            Some(b) => {
+                out.push(char::from(b));
+                rest = &rest[i + 4..];
+            }
+            None => {
+                out.push('\\');
+                rest = &rest[i + 1..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Unmounts (lazily) everything mounted under `dir` and detaches the loop devices whose
+/// backing files are under it: what a reboot does to a test's volumes.
+pub fn unmount_under(dir: &Path) {
+    for point in mounts_under(dir) {
+        let _ = nix::mount::umount2(&point, nix::mount::MntFlags::MNT_DETACH);
+    }
+    for e in std::fs::read_dir("/sys/block")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !name.starts_with("loop") {
+            continue;
+        }
+        let Ok(backing) = std::fs::read_to_string(e.path().join("loop/backing_file")) else {
+            continue;
+        };
+        if Path::new(backing.trim()).starts_with(dir) {
+            let _ = std::process::Command::new("losetup")
+                .arg("-d")
+                .arg(format!("/dev/{name}"))
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
         }
     }
 }
@@ -1055,9 +1488,28 @@ pub async fn serve_file(file: PathBuf) -> (SocketAddr, tokio::task::JoinHandle<(
 /// A minimal HTTP/1.0 GET over a unix socket (the admin endpoint): `None` if nothing
 /// accepts the connection or the answer is cut short.
 pub async fn http_get_unix(socket: &Path, path: &str) -> Option<(u16, String)> {
+    http_unix(socket, "GET", path, None).await
+}
+
+/// A minimal HTTP/1.0 request over a unix socket, with a JSON body if given.
+pub async fn http_unix(
+    socket: &Path,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+) -> Option<(u16, String)> {
     let mut s = tokio::net::UnixStream::connect(socket).await.ok()?;
     // HTTP/1.0 and `Connection: close`: the answer is delimited by the close, not chunked.
-    let req = format!("GET {path} HTTP/1.0\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    let mut req = format!("{method} {path} HTTP/1.0\r\nHost: localhost\r\nConnection: close\r\n");
+    let body = body.map(Value::to_string).unwrap_or_default();
+    if !body.is_empty() {
+        req.push_str(&format!(
+            "Content-Type: application/json\r\nContent-Length: {}\r\n",
+            body.len()
+        ));
+    }
+    req.push_str("\r\n");
+    req.push_str(&body);
     s.write_all(req.as_bytes()).await.ok()?;
     let mut raw = Vec::new();
     tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut raw))
