@@ -61,6 +61,11 @@ use tracing::Instrument as _;
 
 use crate::metrics::ProviderMetrics;
 
+/// How long a total changed by operations may wait before [`ProviderStatus::total`] shows
+/// it (the status is for observers; the manager hears of changes through operation
+/// statuses and UPDATE_STATE, which are not delayed).
+pub const STATUS_TOTAL_INTERVAL: Duration = Duration::from_millis(50);
+
 /// Mesos's `DEFAULT_STORAGE_RECONCILIATION_INTERVAL`.
 pub const DEFAULT_RECONCILIATION_INTERVAL: Duration = Duration::from_secs(10);
 
@@ -235,7 +240,8 @@ pub struct ProviderStatus {
     pub agent_id: String,
     /// The provider id, once assigned.
     pub provider_id: Option<String>,
-    /// The total resources last computed.
+    /// The total resources last computed (after operations, within
+    /// [`STATUS_TOTAL_INTERVAL`]).
     pub total: Vec<Resource>,
     /// The last failure (a session that ended, a reconciliation, an UPDATE_STATE), with
     /// its cause chain; cleared by the next accepted UPDATE_STATE.
@@ -433,6 +439,7 @@ impl Provider {
             ready_from_send: None,
             send_retry: None,
             send_failures: 0,
+            status_total: None,
             replies: FuturesUnordered::new(),
             jitter: JitterRng::new(params.jitter),
             deps,
@@ -607,6 +614,10 @@ struct Worker {
     ready_from_send: Option<(u64, u64)>,
     send_retry: Option<Pin<Box<Sleep>>>,
     send_failures: u32,
+    /// Set when operations changed the total: the status gets it when this fires.
+    /// Copying a 10,000-volume total into the status after every operation made each
+    /// operation's cost grow with the volume count; batched, it is one copy per interval.
+    status_total: Option<Pin<Box<Sleep>>>,
     /// Answers to events (UPDATE_PUBLISH_RESOURCES_STATUS); failures are logged.
     replies: FuturesUnordered<BoxFuture<'static, ()>>,
     jitter: JitterRng,
@@ -652,6 +663,7 @@ impl Worker {
                     Box::pin(self.on_sent(sent)).await?;
                 }
                 () = fire(&mut self.send_retry) => self.send_retry = None,
+                () = fire(&mut self.status_total) => self.publish_status(),
                 () = fire(&mut self.periodic) => {
                     self.periodic = None;
                     self.on_periodic_tick();
@@ -679,13 +691,22 @@ impl Worker {
         }
     }
 
-    fn publish_status(&self) {
+    fn publish_status(&mut self) {
+        self.status_total = None;
         self.status.send_modify(|s| {
             s.lifecycle = self.lifecycle;
             s.agent_id.clone_from(&self.params.agent_id);
             s.provider_id = self.state.provider_id.as_ref().map(|id| id.value.clone());
-            s.total = self.state.total.as_slice().to_vec();
+            s.total = self.state.total.to_vec();
         });
+    }
+
+    /// Operations changed the total: it reaches the status within
+    /// [`STATUS_TOTAL_INTERVAL`], once for every operation completed meanwhile.
+    fn total_changed(&mut self) {
+        if self.status_total.is_none() {
+            self.status_total = Some(Box::pin(tokio::time::sleep(STATUS_TOTAL_INTERVAL)));
+        }
     }
 
     fn set_error(&self, error: String) {

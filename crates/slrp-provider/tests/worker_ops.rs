@@ -16,7 +16,7 @@ use slrp_manager::{ApplyRequest, ManagerMessage};
 use slrp_proto::mesos::v1::resource::disk_info::source::Type as SourceType;
 use slrp_proto::mesos::v1::resource_provider::{Event, call, event};
 use slrp_proto::mesos::v1::{OperationState, Resource, Uuid, offer};
-use slrp_provider::worker::ProviderParams;
+use slrp_provider::worker::{ProviderParams, ProviderStatus};
 use slrp_test_support::fake_csi::FakeCsi;
 use slrp_test_support::harness::until;
 use slrp_types::Jitter;
@@ -603,13 +603,17 @@ async fn a_speculative_reserve_is_applied_and_durable_at_once() {
         "{:?}",
         update.status.message
     );
-    let status = provider.handle.status().borrow().clone();
-    let reserved = status
-        .total
-        .iter()
-        .filter(|r| !r.reservations.is_empty())
-        .count();
-    assert_eq!(reserved, 1, "{:?}", status.total);
+    let reserved = |s: &ProviderStatus| {
+        s.total
+            .iter()
+            .filter(|r| !r.reservations.is_empty())
+            .count()
+    };
+    let status = status_until(&provider.handle, "the reservation in the total", |s| {
+        reserved(s) > 0
+    })
+    .await;
+    assert_eq!(reserved(&status), 1, "{:?}", status.total);
     env.assert_agent_agrees(&id, &status.total).await;
     let stored = env.stored_operations().await;
     assert_eq!(stored.len(), 1);
@@ -728,11 +732,11 @@ async fn destroying_a_disk_of_a_vanished_profile_reconciles_the_pools() {
         update.status.message
     );
     assert!(update.status.converted_resources.is_empty());
-    let status = status_until(&provider.handle, "pools reconciled", |s| {
-        s.reconciliations > before
+    // The status shows a total changed by operations within STATUS_TOTAL_INTERVAL.
+    let status = status_until(&provider.handle, "pools reconciled, nothing left", |s| {
+        s.reconciliations > before && s.total.is_empty()
     })
     .await;
-    assert!(status.total.is_empty(), "{:?}", status.total);
     env.assert_agent_agrees(&id, &status.total).await;
     provider.stop().await;
 }

@@ -662,7 +662,7 @@ impl Worker {
             self.resync_agent();
         }
         if changed {
-            self.publish_status();
+            self.total_changed();
         }
         self.send_updates(send);
         Ok(())
