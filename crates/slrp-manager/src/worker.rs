@@ -766,17 +766,38 @@ impl Worker {
         // provider's duplicate handling); it is not recorded or applied twice.
         if !agent.operations.contains_key(&key) {
             let invalid = |reason| OperationError::Invalid { reason };
+            // A master never offers what a pending disk operation consumes: validate
+            // against the total without it (the agent's total keeps it until FINISHED).
+            let held: Vec<Resource> = agent
+                .operations
+                .values()
+                .filter(|op| !is_terminal(op.latest_status.state))
+                .filter_map(|op| op.info.as_ref().and_then(resources::disk_consumed))
+                .flatten()
+                .collect();
+            // Copied only when something is held (the common case checks in place).
+            let offered = if held.is_empty() {
+                None
+            } else {
+                let mut offered = agent.total.clone();
+                resources::apply(&mut offered, &[(held, Vec::new())]).map_err(invalid)?;
+                Some(offered)
+            };
             if resources::is_speculative(&info) {
                 let conversions = resources::speculative_conversions(&info).map_err(invalid)?;
+                if let Some(mut offered) = offered {
+                    resources::apply(&mut offered, &conversions).map_err(invalid)?;
+                }
                 resources::apply(&mut agent.total, &conversions).map_err(invalid)?;
-            } else if let Some(consumed) = resources::disk_consumed(&info)
-                && !resources::contains(&agent.total, &consumed)
-            {
-                return Err(invalid(format!(
-                    "{} does not contain {}",
-                    resources::describe(&agent.total),
-                    resources::describe(&consumed)
-                )));
+            } else if let Some(consumed) = resources::disk_consumed(&info) {
+                let offered = offered.as_ref().unwrap_or(&agent.total);
+                if !resources::contains(offered, &consumed) {
+                    return Err(invalid(format!(
+                        "{} does not contain {}",
+                        resources::describe(offered),
+                        resources::describe(&consumed)
+                    )));
+                }
             }
             let pending = OperationStatus {
                 state: OperationState::OperationPending as i32,
