@@ -11,7 +11,9 @@
 //!
 //! - `apply`: `total = total.apply(&conversion)?` (the result is a new total: one clone);
 //! - `apply_in_place`: `total.apply_in_place(&conversion)?` (checks, then mutates only the
-//!   touched entries).
+//!   touched entries);
+//! - `apply_in_place + to_vec`: the same plus a copy of the whole total after each
+//!   conversion (what publishing the total in the provider's status costs).
 
 #![allow(clippy::unwrap_used, missing_docs, reason = "benchmark binary")]
 
@@ -104,10 +106,15 @@ fn micros(d: Duration) -> String {
 fn main() {
     let ctx = context();
     type Way = (&'static str, fn(&mut Resources, &Conversion));
-    let ways: [Way; 2] = [
+    let ways: [Way; 3] = [
         ("apply", |total, c| *total = total.apply(c).unwrap()),
         ("apply_in_place", |total, c| {
             total.apply_in_place(c).unwrap()
+        }),
+        // What publishing the whole total after each operation adds (a copy per step).
+        ("apply_in_place + to_vec", |total, c| {
+            total.apply_in_place(c).unwrap();
+            black_box(total.to_vec());
         }),
     ];
     println!("| method | 100 volumes (µs/step) | 10,000 volumes (µs/step) | ratio |");

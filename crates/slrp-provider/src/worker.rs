@@ -159,7 +159,7 @@ pub struct ProviderDeps {
     pub store: Store,
     /// `None`: no profiles (no storage pools), as a Mesos agent without an adaptor.
     pub profiles: Option<ProfileAdaptorHandle>,
-    /// The provider's metrics (operation metrics come with issue #11).
+    /// The provider's metrics (the worker counts the operation metrics, spec §9).
     pub metrics: ProviderMetrics,
     /// What the agent client counts into.
     pub agent_metrics: slrp_agent::Metrics,

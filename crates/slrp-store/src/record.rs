@@ -27,14 +27,11 @@ pub struct Kind(&'static str);
 impl Kind {
     /// Volumes tracked by the volume manager (key: plugin volume id).
     pub const VOLUME: Kind = Kind::new("volume");
-    /// Operations applied by the provider (key: operation UUID).
+    /// Operations tracked by the provider, each with its status update stream inside
+    /// (key: `<agent id>/<operation uuid>`).
     pub const OPERATION: Kind = Kind::new("operation");
-    /// Entries of an operation's status update stream (key: `<operation uuid>/<seq>`).
-    pub const STATUS_UPDATE: Kind = Kind::new("status_update");
-    /// The provider's identity (key: provider type/name).
+    /// The provider's identity and the profiles of its storage pools (key: agent id).
     pub const PROVIDER: Kind = Kind::new("provider");
-    /// Disk profiles the provider offers pools for (key: profile name).
-    pub const PROFILE: Kind = Kind::new("profile");
 
     /// A kind named `name`: lowercase ASCII letters, digits and `_`, 1 to 64 bytes.
     ///

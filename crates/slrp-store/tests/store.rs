@@ -32,7 +32,7 @@ struct Update {
 }
 
 impl Record for Update {
-    const KIND: Kind = Kind::STATUS_UPDATE;
+    const KIND: Kind = Kind::new("update");
     fn key(&self) -> String {
         format!("{}/{:010}", self.op, self.seq)
     }
@@ -578,14 +578,14 @@ async fn inspect_renders_human_and_json() {
         human.contains("volume (1)") && human.contains(r#"v1  {"id":"v1""#),
         "{human}"
     );
-    assert!(human.contains("status_update (1)"), "{human}");
+    assert!(human.contains("update (1)"), "{human}");
 
     let json: serde_json::Value =
         serde_json::from_str(&inspect::render(dir.path(), Format::Json).unwrap()).unwrap();
     assert_eq!(json["format_version"], 1);
     assert_eq!(json["records"]["volume"]["v1"]["state"], "CREATED");
     assert_eq!(
-        json["records"]["status_update"]["op/0000000000"]["status"],
+        json["records"]["update"]["op/0000000000"]["status"],
         "OPERATION_FINISHED"
     );
     assert_eq!(json["corrupt"], serde_json::json!([]));

@@ -459,7 +459,8 @@ fn unallocated(resources: &Resources) -> Resources {
 
 /// §5.6 step 1: `total` with `conversions` applied in order, allocation info stripped
 /// from both sides. For DESTROY, Mesos's check that no other shared copy of a destroyed
-/// volume remains.
+/// volume remains. A copy of `total`: the provider applies
+/// [`apply_conversions_in_place`].
 ///
 /// # Errors
 /// The FAILED message: `<total> does not contain <consumed>`, or `Persistent volume
@@ -469,6 +470,21 @@ pub fn apply_conversions(
     info: &offer::Operation,
     conversions: &[Conversion],
 ) -> Result<Resources, String> {
+    let mut result = total.clone();
+    apply_conversions_in_place(&mut result, info, conversions)?;
+    Ok(result)
+}
+
+/// [`apply_conversions`] on `total` itself, at the cost of what the conversions touch;
+/// on error `total` is unchanged.
+///
+/// # Errors
+/// As [`apply_conversions`].
+pub fn apply_conversions_in_place(
+    total: &mut Resources,
+    info: &offer::Operation,
+    conversions: &[Conversion],
+) -> Result<(), String> {
     let stripped: Vec<Conversion> = conversions
         .iter()
         .map(|c| Conversion {
@@ -476,27 +492,35 @@ pub fn apply_conversions(
             converted: unallocated(&c.converted),
         })
         .collect();
-    let result = total.apply_all(&stripped).map_err(|error| match error {
-        ResourceError::NotContained { total, consumed } => {
-            format!("{total} does not contain {consumed}")
-        }
-        other @ (ResourceError::BadPluginName { .. } | ResourceError::BadReservation { .. }) => {
-            other.to_string()
-        }
-    })?;
     if OperationKind::of(info) == OperationKind::Destroy
         && let Some(destroy) = &info.destroy
     {
+        // Checked before anything changes: the converted sides hold no persistent volume,
+        // so the result would still hold a destroyed volume exactly if `total` holds it
+        // beside everything consumed (and then the conversions apply).
+        let consumed = stripped
+            .iter()
+            .fold(Resources::new(), |sum, c| sum + &c.consumed);
         for volume in &destroy.volumes {
             let volume = unallocated(&Resources::from(volume.clone()));
-            if result.contains(&volume) {
+            if total.contains(&(consumed.clone() + &volume)) {
                 return Err(format!(
                     "Persistent volume {volume} cannot be removed due to additional shared copies"
                 ));
             }
         }
     }
-    Ok(result)
+    total
+        .apply_all_in_place(&stripped)
+        .map_err(|error| match error {
+            ResourceError::NotContained { total, consumed } => {
+                format!("{total} does not contain {consumed}")
+            }
+            other
+            @ (ResourceError::BadPluginName { .. } | ResourceError::BadReservation { .. }) => {
+                other.to_string()
+            }
+        })
 }
 
 /// The FINISHED status's `converted_resources`: every conversion's converted side as the

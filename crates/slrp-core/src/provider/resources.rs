@@ -230,7 +230,7 @@ fn subtractable(left: &Resource, right: &Resource) -> bool {
 /// keeping it makes a repeated reconciliation change nothing).
 ///
 /// Cost: once it holds more than a few entries, a collection keeps an index from a kind
-/// key (name, type, provider, allocation role, reservation roles, disk source type, id and
+/// key (name, type, provider, reservation types and roles, disk source type, id and
 /// profile, persistence id: fields every two resources of the same kind share) to the
 /// positions of its entries, so [`Self::add`], [`Self::subtract`] and [`Self::contains`]
 /// look only at entries that might be of the same kind, and it removes an entry without
@@ -250,9 +250,11 @@ pub struct Resources {
 /// Entries up to which a collection is searched linearly.
 const INDEX_FROM: usize = 8;
 
-/// A hash of the fields [`same_kind`] compares exactly, so that two resources of the same
+/// A hash of fields [`same_kind`] compares exactly, so that two resources of the same
 /// kind always have the same key (different kinds may share one: candidates are still
-/// compared with `same_kind`). Labels are left out: they compare as multisets.
+/// compared with `same_kind`). Labels are left out (they compare as multisets), and so
+/// is the allocation info, so that the key is also that of the resource's identity in
+/// the durable state (`state::identity`, which clears it): [`Resources::possibly_alike`].
 fn kind_key(resource: &Resource) -> u64 {
     use std::hash::{Hash, Hasher};
     // `DefaultHasher::new()` has fixed keys: the key is the same for every collection,
@@ -261,11 +263,6 @@ fn kind_key(resource: &Resource) -> u64 {
     resource.name.hash(&mut h);
     resource.r#type.hash(&mut h);
     resource.provider_id.as_ref().map(|p| &p.value).hash(&mut h);
-    resource
-        .allocation_info
-        .as_ref()
-        .map(|a| &a.role)
-        .hash(&mut h);
     resource.reservations.len().hash(&mut h);
     for reservation in &resource.reservations {
         (reservation.r#type, &reservation.role).hash(&mut h);
@@ -533,6 +530,17 @@ impl Resources {
             },
         };
         Iter { inner }
+    }
+
+    /// The entries that may be of `resource`'s kind whatever their quantity and
+    /// allocation info (every such entry, and maybe others: callers compare), in the
+    /// collection's order. Costs what the result holds once the collection is indexed.
+    pub fn possibly_alike<'a>(&'a self, resource: &Resource) -> Vec<&'a Resource> {
+        let mut positions: Vec<usize> = self.candidates(resource).collect();
+        if let Some(index) = &self.index {
+            positions.sort_unstable_by_key(|position| index.seqs[*position]);
+        }
+        positions.iter().map(|p| &self.entries[*p]).collect()
     }
 
     /// Number of entries (not of resources' quantities).
@@ -1730,6 +1738,26 @@ mod tests {
         }
     }
 
+    /// Every entry is among the entries `possibly_alike` its identity-like probe (no
+    /// quantity, no allocation), which come in the collection's order.
+    fn assert_alike_finds_every_entry(resources: &Resources) {
+        let order: Vec<*const Resource> = resources.iter().map(std::ptr::from_ref).collect();
+        for entry in resources {
+            let probe = Resource {
+                scalar: None,
+                allocation_info: None,
+                ..entry.clone()
+            };
+            let alike: Vec<usize> = resources
+                .possibly_alike(&probe)
+                .into_iter()
+                .map(|a| order.iter().position(|p| std::ptr::eq(*p, a)).unwrap())
+                .collect();
+            assert!(alike.is_sorted(), "{alike:?}");
+            assert!(alike.iter().any(|p| std::ptr::eq(order[*p], entry)));
+        }
+    }
+
     fn ordered(resources: &Resources) -> Vec<Resource> {
         let all = resources.to_vec();
         assert_eq!(resources.iter().rev().count(), all.len());
@@ -1981,6 +2009,7 @@ mod tests {
                 prop_assert_eq!(ordered(&indexed), naive.0.clone());
                 assert_index_exact(&indexed);
             }
+            assert_alike_finds_every_entry(&indexed);
         }
     }
 

@@ -138,8 +138,9 @@ impl ProviderState {
     /// the prefix, put all): for reconciliations. Pass the consumed and converted
     /// resources of an operation's conversions as `touched`.
     ///
-    /// With `touched`, the cost is one digest per touched resource and one pass over the
-    /// total comparing a few fields per entry (no encoding of untouched resources).
+    /// With `touched`, the cost is one digest per touched resource and a look at the
+    /// total's entries that may share its identity ([`Resources::possibly_alike`], the
+    /// total's index): the same with 100 or 10,000 volumes.
     ///
     /// # Errors
     /// [`StateError::Encode`]; [`StateError::Stage`] for a key the store refuses.
@@ -167,7 +168,8 @@ impl ProviderState {
             }
             let entries: Vec<&Resource> = self
                 .total
-                .iter()
+                .possibly_alike(&identity)
+                .into_iter()
                 .filter(|entry| same_identity(entry, &identity))
                 .collect();
             if entries.is_empty() {

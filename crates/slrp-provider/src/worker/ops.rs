@@ -665,17 +665,26 @@ impl Worker {
         let kind = OperationKind::of(&op.info);
         let agent_id = self.agent_id_proto();
         let resync = apply::agent_applies_speculatively(&op.info);
+        if op.is_terminal() {
+            // `finish` refuses it, and the total must not change (it is changed in place).
+            tracing::error!(operation_uuid = %uuid, "cannot complete the operation: it is terminal already");
+            return Ok(());
+        }
         let mut applied = None;
         let status = match outcome {
             Ok(conversions) => {
-                match apply::apply_conversions(&self.state.total, &op.info, &conversions) {
-                    Ok(total) => {
+                match apply::apply_conversions_in_place(
+                    &mut self.state.total,
+                    &op.info,
+                    &conversions,
+                ) {
+                    Ok(()) => {
                         let touched: Resources = conversions
                             .iter()
                             .flat_map(|c| c.consumed.iter().chain(c.converted.iter()))
                             .map(strip)
                             .collect();
-                        applied = Some((total, touched));
+                        applied = Some(touched);
                         let converted = apply::converted_resources(&conversions);
                         apply::finished_status(op, &converted, &agent_id)
                     }
@@ -699,8 +708,7 @@ impl Worker {
         };
         let changed = applied.is_some();
         match applied {
-            Some((total, touched)) => {
-                self.state.total = total;
+            Some(touched) => {
                 self.commit_ops(&[uuid], &[], Touched::Some(&touched))
                     .await?;
             }

@@ -1,0 +1,646 @@
+//! The operations benchmark (issue #11, "Must show"). Not a test: it prints a table and
+//! asserts only that the operations it drives succeed (docs/benchmarks.md has figures).
+//!
+//! `cargo bench -p slrp-provider --bench operations -- [--quick] [--dir DIR]`
+//!
+//! Everything goes the way of a deployment: the embedded manager (as agent and master)
+//! over real HTTP on a unix socket, the provider worker and its plugin stack, and a CSI v1
+//! plugin on a real unix socket that answers at once (`plugin.rs`, volumes in a map), so
+//! the figures are the provider's own cost. One process: the resident memory figure
+//! includes the manager, the plugin and this driver.
+//!
+//! 1. Bare CSI: CreateVolume + DeleteVolume pairs straight to the plugin through
+//!    `slrp_csi::CsiClient`, at concurrency 1, 16 and 64.
+//! 2. CREATE_DISK + DESTROY_DISK pairs through the manager (apply, wait for the terminal
+//!    status, acknowledged automatically) with `small` volumes tracked, at 1, 16 and 64.
+//! 3. The same with `large` volumes tracked (cost flat with volume count?).
+//! 4. `unacked` operations left unacknowledged, the provider stopped and started again
+//!    on the same state: time from start to READY (and until every unacknowledged
+//!    status was resent and acknowledged), and the resident memory.
+//!
+//! DIR holds the store; it must be on the disk under test (default: the system temp dir).
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr,
+    missing_docs,
+    reason = "benchmark binary"
+)]
+
+mod plugin;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use slrp_agent::{AgentConfig, AgentEndpoint};
+use slrp_core::provider::lifecycle::Lifecycle;
+use slrp_csi::{ClientConfig, CreateVolumeRequest, CsiClient, CsiEndpoint, CsiMetrics, Secrets};
+use slrp_manager::{
+    AckPolicy, ApplyRequest, EmbeddedManager, Listen, ManagerConfig, ManagerGuard, ManagerHandle,
+    ManagerMessage,
+};
+use slrp_profiles::{
+    Metrics as ProfileMetrics, ProfileAdaptorHandle, ProfileSource, ProfilesConfig,
+};
+use slrp_proto::mesos::v1::resource::disk_info::source::Type as SourceType;
+use slrp_proto::mesos::v1::{
+    CsiPluginEndpoint, CsiPluginInfo, OperationState, Resource, ResourceProviderInfo, offer,
+    resource_provider_info::Storage, value,
+};
+use slrp_provider::metrics::ProviderMetrics;
+use slrp_provider::stack::{PluginStack, StackConfig, StopPlugins};
+use slrp_provider::worker::{Provider, ProviderDeps, ProviderHandle, ProviderParams, ProviderTask};
+use slrp_store::Store;
+use slrp_types::capability::VolumeCapability;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::plugin::FastPlugin;
+
+const RP_TYPE: &str = "org.apache.mesos.rp.local.storage";
+const PLUGIN_TYPE: &str = "org.slrp.bench";
+const PROFILE: &str = "fast";
+/// Bound for any single wait (a hang guard).
+const HANG: Duration = Duration::from_secs(120);
+/// Volume size of every CREATE_DISK, in MB.
+const VOLUME_MB: f64 = 1.0;
+
+struct Sizes {
+    small: usize,
+    large: usize,
+    unacked: usize,
+    /// Pairs measured per concurrency level.
+    pairs: [(usize, usize); 3],
+}
+
+impl Sizes {
+    fn new(quick: bool) -> Self {
+        if quick {
+            Self {
+                small: 10,
+                large: 200,
+                unacked: 20,
+                pairs: [(1, 20), (16, 64), (64, 128)],
+            }
+        } else {
+            Self {
+                small: 100,
+                large: 10_000,
+                unacked: 1_000,
+                pairs: [(1, 300), (16, 2_000), (64, 4_000)],
+            }
+        }
+    }
+}
+
+struct Row {
+    what: String,
+    value: String,
+    target: &'static str,
+}
+
+/// The process's resident set as `VmRSS` MiB (`RssAnon` MiB) from /proc/self/status:
+/// the anonymous part is the heap, the rest mostly the binary's mapped pages.
+fn rss() -> String {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| -> f64 {
+        let kib: f64 = status
+            .lines()
+            .find_map(|line| line.strip_prefix(name))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(f64::NAN);
+        kib / 1024.0
+    };
+    format!(
+        "{:.1} MiB (anonymous {:.1})",
+        field("VmRSS:"),
+        field("RssAnon:")
+    )
+}
+
+/// The 1-minute load average: the machine is shared, figures depend on it.
+fn load() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|text| text.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+fn info(socket: &Path) -> ResourceProviderInfo {
+    let endpoint = format!("unix://{}", socket.display());
+    ResourceProviderInfo {
+        r#type: RP_TYPE.into(),
+        name: "bench".into(),
+        storage: Some(Storage {
+            plugin: CsiPluginInfo {
+                r#type: PLUGIN_TYPE.into(),
+                name: Some("fast".into()),
+                endpoints: ["CONTROLLER_SERVICE", "NODE_SERVICE"]
+                    .into_iter()
+                    .map(|service| CsiPluginEndpoint {
+                        csi_service:
+                            slrp_proto::mesos::v1::csi_plugin_container_info::Service::from_str_name(
+                                service,
+                            )
+                            .unwrap() as i32,
+                        endpoint: endpoint.clone(),
+                    })
+                    .collect(),
+                ..CsiPluginInfo::default()
+            },
+            // Periodic reconciliation off: it would interleave with the measured
+            // operations at random points.
+            reconciliation_interval_seconds: Some(0.0),
+        }),
+        ..ResourceProviderInfo::default()
+    }
+}
+
+struct Bench {
+    dir: PathBuf,
+    socket: PathBuf,
+    manager: ManagerHandle,
+    _manager_guard: ManagerGuard,
+    profiles: ProfileAdaptorHandle,
+    plugin: FastPlugin,
+    cancel: CancellationToken,
+}
+
+struct Running {
+    stack: PluginStack,
+    handle: ProviderHandle,
+    task: ProviderTask,
+    cancel: CancellationToken,
+}
+
+impl Bench {
+    async fn new(base: &Path) -> Self {
+        let dir = base.to_owned();
+        let socket = dir.join("plugin.sock");
+        let plugin = FastPlugin::default();
+        plugin.serve(&socket).expect("plugin socket");
+        let cancel = CancellationToken::new();
+        let mut config = ManagerConfig::new(Listen::Unix(dir.join("agent.sock")));
+        config.state_dir = Some(dir.join("manager"));
+        config.ack_policy = AckPolicy::Auto;
+        // Thousands of status updates may be in flight; observers are not the point.
+        config.event_queue = 1 << 16;
+        config.message_buffer = 1 << 16;
+        let (manager, guard) = EmbeddedManager::spawn(config, cancel.child_token())
+            .await
+            .expect("manager");
+        let profiles_file = dir.join("profiles.json");
+        let document = serde_json::json!({
+            "profile_matrix": {
+                PROFILE: {
+                    "csi_plugin_type_selector": {"plugin_type": PLUGIN_TYPE},
+                    "volume_capabilities": {
+                        "mount": {},
+                        "access_mode": {"mode": "SINGLE_NODE_WRITER"}
+                    }
+                }
+            }
+        });
+        std::fs::write(&profiles_file, document.to_string()).unwrap();
+        let config = ProfilesConfig::new(ProfileSource::File(profiles_file))
+            .poll_interval(Duration::from_secs(3600))
+            .max_random_wait(Duration::ZERO);
+        let (profiles, _task) =
+            slrp_profiles::spawn(config, ProfileMetrics::default(), cancel.child_token());
+        Self {
+            dir,
+            socket,
+            manager,
+            _manager_guard: guard,
+            profiles,
+            plugin,
+            cancel,
+        }
+    }
+
+    /// Starts the plugin stack and the provider worker on the bench's state; returns
+    /// once it is READY, with the time that took.
+    async fn start(&self) -> (Running, Duration) {
+        let started = Instant::now();
+        let store = Store::open(self.dir.join("state/store")).expect("store");
+        let info = info(&self.socket);
+        let metrics = ProviderMetrics::new(RP_TYPE, "bench");
+        let stack_config = StackConfig::new(
+            info.clone(),
+            self.dir.join("work"),
+            self.dir.join("run"),
+            store.clone(),
+        );
+        let stack = PluginStack::start(stack_config, &metrics, CancellationToken::new())
+            .await
+            .expect("plugin stack");
+        let agent_socket = self.dir.join("agent.sock");
+        let agent = AgentConfig::new(
+            AgentEndpoint::parse(&format!("unix://{}", agent_socket.display())).unwrap(),
+        );
+        let params = ProviderParams::new(info, agent, self.manager.agent_id().to_owned());
+        let deps = ProviderDeps {
+            volumes: stack.volumes().clone(),
+            store,
+            profiles: Some(self.profiles.clone()),
+            metrics,
+            agent_metrics: slrp_agent::Metrics::default(),
+        };
+        let cancel = self.cancel.child_token();
+        let (handle, task) = Provider::spawn(params, deps, cancel.clone())
+            .await
+            .expect("provider");
+        let mut status = handle.status();
+        tokio::time::timeout(
+            HANG,
+            status.wait_for(|status| status.lifecycle == Lifecycle::Ready),
+        )
+        .await
+        .expect("READY in time")
+        .expect("provider running");
+        let ready = started.elapsed();
+        (
+            Running {
+                stack,
+                handle,
+                task,
+                cancel,
+            },
+            ready,
+        )
+    }
+
+    async fn stop(running: Running) {
+        running.cancel.cancel();
+        let _ = running.task.await;
+        running.stack.shutdown(StopPlugins::Leave).await;
+    }
+
+    fn provider_id(running: &Running) -> String {
+        running
+            .handle
+            .status()
+            .borrow()
+            .provider_id
+            .clone()
+            .expect("subscribed")
+    }
+
+    /// The storage pool as the agent sees it, once the provider reported it.
+    async fn pool(&self, id: &str) -> Resource {
+        let is_pool = |r: &Resource| {
+            r.disk
+                .as_ref()
+                .and_then(|d| d.source.as_ref())
+                .is_some_and(|s| s.r#type == SourceType::Raw as i32 && s.id.is_none())
+        };
+        // Subscribed before looking, so the UPDATE_STATE that brings it cannot be missed.
+        let mut messages = self.manager.messages();
+        tokio::time::timeout(HANG, async {
+            loop {
+                let total = self.manager.agent_total(id).await.expect("agent total");
+                if let Some(pool) = total.into_iter().find(is_pool) {
+                    return pool;
+                }
+                while !matches!(
+                    messages.recv().await.expect("manager messages"),
+                    ManagerMessage::UpdateState { .. }
+                ) {}
+            }
+        })
+        .await
+        .expect("a storage pool reported in time")
+    }
+}
+
+/// Applies `info` and waits for its terminal status; returns the converted resources.
+async fn run_operation(manager: &ManagerHandle, id: &str, info: offer::Operation) -> Vec<Resource> {
+    let uuid = manager
+        .apply_operation(id, ApplyRequest::new(info))
+        .await
+        .expect("apply");
+    let view = manager.wait_terminal(uuid, HANG).await.expect("terminal");
+    assert_eq!(
+        view.latest_status.state,
+        OperationState::OperationFinished as i32,
+        "{:?}",
+        view.latest_status
+    );
+    view.latest_status.converted_resources
+}
+
+async fn create_disk(manager: &ManagerHandle, id: &str, pool: &Resource) -> Resource {
+    let mut source = pool.clone();
+    source.scalar = Some(value::Scalar { value: VOLUME_MB });
+    let info = offer::Operation {
+        r#type: Some(offer::operation::Type::CreateDisk as i32),
+        create_disk: Some(offer::operation::CreateDisk {
+            source,
+            target_type: SourceType::Mount as i32,
+            target_profile: None,
+        }),
+        ..offer::Operation::default()
+    };
+    let mut converted = run_operation(manager, id, info).await;
+    assert_eq!(converted.len(), 1, "{converted:?}");
+    let mut volume = converted.remove(0);
+    volume.allocation_info = None;
+    volume
+}
+
+async fn destroy_disk(manager: &ManagerHandle, id: &str, volume: Resource) {
+    let info = offer::Operation {
+        r#type: Some(offer::operation::Type::DestroyDisk as i32),
+        destroy_disk: Some(offer::operation::DestroyDisk { source: volume }),
+        ..offer::Operation::default()
+    };
+    run_operation(manager, id, info).await;
+}
+
+/// Runs `total` units of `work` on `concurrency` tasks; returns units per second.
+async fn throughput<F, Fut>(concurrency: usize, total: usize, work: F) -> f64
+where
+    F: Fn() -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + Send,
+{
+    let work = Arc::new(work);
+    let left = Arc::new(AtomicUsize::new(total));
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|_| {
+            let work = work.clone();
+            let left = left.clone();
+            tokio::spawn(async move {
+                while left
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+                    .is_ok()
+                {
+                    work().await;
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("worker task");
+    }
+    // Counts are far below 2^53.
+    #[allow(clippy::cast_precision_loss)]
+    let rate = total as f64 / started.elapsed().as_secs_f64();
+    rate
+}
+
+async fn bare_pairs(socket: &Path, concurrency: usize, total: usize) -> f64 {
+    let endpoint = CsiEndpoint::parse(&format!("unix://{}", socket.display())).unwrap();
+    let client =
+        CsiClient::new(endpoint, ClientConfig::default(), CsiMetrics::default()).expect("client");
+    throughput(concurrency, total, move || {
+        let client = client.clone();
+        async move {
+            let request = CreateVolumeRequest {
+                name: uuid::Uuid::new_v4().to_string(),
+                required_bytes: 1 << 20,
+                limit_bytes: 0,
+                capabilities: vec![VolumeCapability::mount_default()],
+                parameters: Default::default(),
+                secrets: Secrets::default(),
+            };
+            let volume = client.create_volume(&request).await.expect("CreateVolume");
+            client
+                .delete_volume(&volume.volume_id, &Secrets::default())
+                .await
+                .expect("DeleteVolume");
+        }
+    })
+    .await
+}
+
+async fn provider_pairs(
+    manager: &ManagerHandle,
+    id: &str,
+    pool: &Resource,
+    concurrency: usize,
+    total: usize,
+) -> f64 {
+    let (manager, id, pool) = (manager.clone(), id.to_owned(), pool.clone());
+    throughput(concurrency, total, move || {
+        let (manager, id, pool) = (manager.clone(), id.clone(), pool.clone());
+        async move {
+            let volume = create_disk(&manager, &id, &pool).await;
+            destroy_disk(&manager, &id, volume).await;
+        }
+    })
+    .await
+}
+
+/// Creates volumes until `count` exist (64 at a time); returns them.
+async fn fill(manager: &ManagerHandle, id: &str, pool: &Resource, count: usize) -> Vec<Resource> {
+    let mut volumes = Vec::with_capacity(count);
+    let mut batch = tokio::task::JoinSet::new();
+    let mut queued = 0;
+    while volumes.len() < count {
+        while queued < count && batch.len() < 64 {
+            let (manager, id, pool) = (manager.clone(), id.to_owned(), pool.clone());
+            batch.spawn(async move { create_disk(&manager, &id, &pool).await });
+            queued += 1;
+        }
+        volumes.push(batch.join_next().await.unwrap().expect("create task"));
+        if volumes.len() % 1000 == 0 {
+            eprintln!("  {} of {count} volumes created", volumes.len());
+        }
+    }
+    volumes
+}
+
+fn print_table(title: &str, rows: &[Row]) {
+    println!("\n### {title}\n");
+    println!("| figure | value | target |");
+    println!("|---|---|---|");
+    for row in rows {
+        println!("| {} | {} | {} |", row.what, row.value, row.target);
+    }
+}
+
+fn main() {
+    let mut quick = false;
+    let mut dir: Option<PathBuf> = None;
+    let mut large = None;
+    let mut unacked = None;
+    let mut args = std::env::args().skip(1);
+    let number = |value: Option<String>| -> Option<usize> { value.and_then(|v| v.parse().ok()) };
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--quick" => quick = true,
+            "--dir" => dir = args.next().map(PathBuf::from),
+            "--volumes" => large = number(args.next()),
+            "--unacked" => unacked = number(args.next()),
+            // cargo bench passes --bench; anything else is a mistake.
+            "--bench" => {}
+            other => {
+                eprintln!(
+                    "usage: operations [--quick] [--dir DIR] [--volumes N] [--unacked N] \
+                     (unknown argument {other})"
+                );
+                std::process::exit(2);
+            }
+        }
+    }
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut sizes = Sizes::new(quick);
+    sizes.large = large.unwrap_or(sizes.large).max(sizes.small);
+    sizes.unacked = unacked.unwrap_or(sizes.unacked);
+    runtime.block_on(run(sizes, quick, dir));
+}
+
+async fn run(sizes: Sizes, quick: bool, dir: Option<PathBuf>) {
+    let base = dir.unwrap_or_else(std::env::temp_dir);
+    let temp = tempfile::tempdir_in(&base).expect("bench dir");
+    let bench = Bench::new(temp.path()).await;
+    let mut rows = Vec::new();
+    let rss_empty = rss();
+    let load_start = load();
+
+    let (running, first_ready) = bench.start().await;
+    let id = Bench::provider_id(&running);
+    let pool = bench.pool(&id).await;
+    eprintln!("provider READY in {first_ready:?} (empty state)");
+
+    // 1: bare CSI, before the provider has volumes (the plugin's map is as small).
+    let mut bare = Vec::new();
+    for (concurrency, total) in sizes.pairs {
+        let rate = bare_pairs(&bench.socket, concurrency, total).await;
+        eprintln!("concurrency {concurrency}: bare CSI {rate:.0} pairs/s");
+        bare.push(rate);
+    }
+
+    // 2: the provider with `small` volumes.
+    let _small = fill(&bench.manager, &id, &pool, sizes.small).await;
+    let mut at_small = Vec::new();
+    for (&(concurrency, total), &bare) in sizes.pairs.iter().zip(&bare) {
+        let ops = provider_pairs(&bench.manager, &id, &pool, concurrency, total).await;
+        eprintln!("concurrency {concurrency}: bare {bare:.0} pairs/s, provider {ops:.0} pairs/s");
+        at_small.push(ops);
+        rows.push(Row {
+            what: format!(
+                "CREATE_DISK+DESTROY_DISK pairs/s, concurrency {concurrency} ({} volumes)",
+                sizes.small
+            ),
+            value: format!(
+                "{ops:.0} pairs/s = {:.0} disk ops/s; bare CSI {bare:.0} pairs/s; overhead {:.2}×",
+                ops * 2.0,
+                bare / ops
+            ),
+            target: match concurrency {
+                1 => "overhead ≤ 2×",
+                64 => "≥ 1,000 disk ops/s",
+                _ => "",
+            },
+        });
+    }
+
+    // 3: the same with `large` volumes tracked.
+    let filled = Instant::now();
+    let _large = fill(&bench.manager, &id, &pool, sizes.large - sizes.small).await;
+    eprintln!(
+        "filled to {} volumes in {:?}",
+        sizes.large,
+        filled.elapsed()
+    );
+    let rss_large = rss();
+    for (index, (concurrency, total)) in sizes.pairs.into_iter().enumerate() {
+        if concurrency == 16 {
+            continue;
+        }
+        let ops = provider_pairs(&bench.manager, &id, &pool, concurrency, total).await;
+        rows.push(Row {
+            what: format!(
+                "pairs/s, concurrency {concurrency}: {} vs {} volumes tracked",
+                sizes.small, sizes.large
+            ),
+            value: format!(
+                "{:.0} vs {ops:.0} pairs/s ({:.2}×)",
+                at_small[index],
+                ops / at_small[index]
+            ),
+            target: "flat",
+        });
+    }
+
+    // 4: unacknowledged streams, then a restart on the same state.
+    bench.manager.set_ack_policy(AckPolicy::Manual);
+    provider_pairs(&bench.manager, &id, &pool, 64, sizes.unacked / 2).await;
+    let unacked = bench.manager.providers().await.expect("providers")[0]
+        .operations
+        .len();
+    Bench::stop(running).await;
+    bench.manager.set_ack_policy(AckPolicy::Auto);
+    let mut messages = bench.manager.messages();
+    let (running, ready) = bench.start().await;
+    let restarted = Instant::now() - ready;
+    let rss_ready = rss();
+    // Every unacknowledged status is resent after READY and acknowledged at once.
+    let mut resent = 0;
+    let drained = tokio::time::timeout(HANG, async {
+        while resent < unacked {
+            match messages.recv().await {
+                Ok(ManagerMessage::UpdateOperationStatus { .. }) => resent += 1,
+                Ok(_) => {}
+                Err(error) => panic!("manager messages: {error}"),
+            }
+        }
+        restarted.elapsed()
+    })
+    .await
+    .unwrap_or(HANG);
+    rows.push(Row {
+        what: format!(
+            "start → READY, {} volumes, {unacked} unacknowledged operations",
+            sizes.large
+        ),
+        value: format!(
+            "{:.0} ms (all {resent} statuses resent and acknowledged after {:.0} ms)",
+            ready.as_secs_f64() * 1000.0,
+            drained.as_secs_f64() * 1000.0
+        ),
+        target: "< 1 s",
+    });
+    rows.push(Row {
+        what: format!("resident memory, {} volumes (whole process)", sizes.large),
+        value: format!(
+            "{rss_ready} after the restart; {rss_large} after filling; {rss_empty} before the provider started"
+        ),
+        target: "< 64 MiB",
+    });
+    assert_eq!(
+        bench.plugin.volume_count(),
+        sizes.large,
+        "the plugin holds exactly the volumes created"
+    );
+    Bench::stop(running).await;
+    bench.cancel.cancel();
+
+    print_table(
+        &format!(
+            "Operations benchmark ({}; store in {}; load average {} at the start, {} at the end)",
+            if quick { "--quick" } else { "full" },
+            base.display(),
+            load_start,
+            load()
+        ),
+        &rows,
+    );
+}
