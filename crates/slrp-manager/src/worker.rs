@@ -775,28 +775,30 @@ impl Worker {
                 .filter_map(|op| op.info.as_ref().and_then(resources::disk_consumed))
                 .flatten()
                 .collect();
-            // Copied only when something is held (the common case checks in place).
-            let offered = if held.is_empty() {
-                None
-            } else {
-                let mut offered = agent.total.clone();
-                resources::apply(&mut offered, &[(held, Vec::new())]).map_err(invalid)?;
-                Some(offered)
-            };
-            if resources::is_speculative(&info) {
+            let consumed = if resources::is_speculative(&info) {
                 let conversions = resources::speculative_conversions(&info).map_err(invalid)?;
-                if let Some(mut offered) = offered {
-                    resources::apply(&mut offered, &conversions).map_err(invalid)?;
-                }
-                resources::apply(&mut agent.total, &conversions).map_err(invalid)?;
-            } else if let Some(consumed) = resources::disk_consumed(&info) {
-                let offered = offered.as_ref().unwrap_or(&agent.total);
-                if !resources::contains(offered, &consumed) {
+                let consumed: Vec<Resource> = conversions
+                    .iter()
+                    .flat_map(|(consumed, _)| consumed.iter().cloned())
+                    .collect();
+                Some((consumed, Some(conversions)))
+            } else {
+                resources::disk_consumed(&info).map(|consumed| (consumed, None))
+            };
+            if let Some((consumed, conversions)) = consumed {
+                // Checked on the sum, so the total is copied only for the message.
+                let wanted: Vec<Resource> = held.iter().chain(&consumed).cloned().collect();
+                if !resources::contains(&agent.total, &wanted) {
+                    let mut offered = agent.total.clone();
+                    resources::apply(&mut offered, &[(held, Vec::new())]).map_err(invalid)?;
                     return Err(invalid(format!(
                         "{} does not contain {}",
-                        resources::describe(offered),
+                        resources::describe(&offered),
                         resources::describe(&consumed)
                     )));
+                }
+                if let Some(conversions) = conversions {
+                    resources::apply(&mut agent.total, &conversions).map_err(invalid)?;
                 }
             }
             let pending = OperationStatus {
