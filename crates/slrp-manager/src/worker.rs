@@ -766,17 +766,40 @@ impl Worker {
         // provider's duplicate handling); it is not recorded or applied twice.
         if !agent.operations.contains_key(&key) {
             let invalid = |reason| OperationError::Invalid { reason };
-            if resources::is_speculative(&info) {
+            // A master never offers what a pending disk operation consumes: validate
+            // against the total without it (the agent's total keeps it until FINISHED).
+            let held: Vec<Resource> = agent
+                .operations
+                .values()
+                .filter(|op| !is_terminal(op.latest_status.state))
+                .filter_map(|op| op.info.as_ref().and_then(resources::disk_consumed))
+                .flatten()
+                .collect();
+            let consumed = if resources::is_speculative(&info) {
                 let conversions = resources::speculative_conversions(&info).map_err(invalid)?;
-                resources::apply(&mut agent.total, &conversions).map_err(invalid)?;
-            } else if let Some(consumed) = resources::disk_consumed(&info)
-                && !resources::contains(&agent.total, &consumed)
-            {
-                return Err(invalid(format!(
-                    "{} does not contain {}",
-                    resources::describe(&agent.total),
-                    resources::describe(&consumed)
-                )));
+                let consumed: Vec<Resource> = conversions
+                    .iter()
+                    .flat_map(|(consumed, _)| consumed.iter().cloned())
+                    .collect();
+                Some((consumed, Some(conversions)))
+            } else {
+                resources::disk_consumed(&info).map(|consumed| (consumed, None))
+            };
+            if let Some((consumed, conversions)) = consumed {
+                // Checked on the sum, so the total is copied only for the message.
+                let wanted: Vec<Resource> = held.iter().chain(&consumed).cloned().collect();
+                if !resources::contains(&agent.total, &wanted) {
+                    let mut offered = agent.total.clone();
+                    resources::apply(&mut offered, &[(held, Vec::new())]).map_err(invalid)?;
+                    return Err(invalid(format!(
+                        "{} does not contain {}",
+                        resources::describe(&offered),
+                        resources::describe(&consumed)
+                    )));
+                }
+                if let Some(conversions) = conversions {
+                    resources::apply(&mut agent.total, &conversions).map_err(invalid)?;
+                }
             }
             let pending = OperationStatus {
                 state: OperationState::OperationPending as i32,

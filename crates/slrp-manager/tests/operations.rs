@@ -423,19 +423,35 @@ async fn a_finished_conversion_the_total_does_not_contain_is_a_violation() {
     let id = p.id.clone();
     let mut messages = p.harness.handle.messages();
     p.update_state(vec![pool(&id, 10.0)], Vec::new()).await;
-    // Two CREATE_DISKs of the whole pool both pass validation (nothing is taken before
-    // one finishes); the provider finishing both is what an agent aborts on.
-    let mut uuids = Vec::new();
-    for _ in 0..2 {
-        uuids.push(
-            p.harness
-                .handle
-                .apply_operation(&id, ApplyRequest::new(create_disk(pool(&id, 10.0))))
-                .await
-                .expect("applied"),
-        );
-        p.expect(event::Type::ApplyOperation).await;
-    }
+    // Two CREATE_DISKs of the whole pool: the master refuses the second while the first
+    // is pending, but the provider reports it (an agent adopts operations it learns from
+    // UPDATE_STATE); the provider finishing both is what an agent aborts on.
+    let info = create_disk(pool(&id, 10.0));
+    let mut uuids = vec![
+        p.harness
+            .handle
+            .apply_operation(&id, ApplyRequest::new(info.clone()))
+            .await
+            .expect("applied"),
+    ];
+    p.expect(event::Type::ApplyOperation).await;
+    uuids.push(uuid::Uuid::new_v4());
+    let pending = |uuid: uuid::Uuid| Operation {
+        framework_id: None,
+        agent_id: None,
+        info: info.clone(),
+        latest_status: OperationStatus {
+            state: OperationState::OperationPending as i32,
+            ..OperationStatus::default()
+        },
+        statuses: Vec::new(),
+        uuid: proto(uuid),
+    };
+    p.update_state(
+        vec![pool(&id, 10.0)],
+        uuids.iter().copied().map(pending).collect(),
+    )
+    .await;
     let first = p.reliable(
         OperationState::OperationFinished,
         vec![volume(&id, "a", 10.0)],
@@ -678,4 +694,54 @@ async fn reconcile_and_a_resent_uuid() {
             .resource_version_uuid,
         stale
     );
+}
+
+/// A master never offers what a pending disk operation consumes: while CREATE_DISK of 40
+/// of a 100 pool is PENDING, a RESERVE of the whole pool and a second CREATE_DISK of 70
+/// are refused (the agent's view is unchanged), a CREATE_DISK of the 60 left is accepted;
+/// once the first one is terminal its source is no longer held.
+#[tokio::test]
+async fn resources_of_pending_disk_operations_are_not_offered() {
+    let mut p = Provider::start(Transport::Tcp, ContentType::Protobuf, AckPolicy::Manual).await;
+    let id = p.id.clone();
+    p.update_state(vec![pool(&id, 100.0)], Vec::new()).await;
+    let first = p
+        .harness
+        .handle
+        .apply_operation(&id, ApplyRequest::new(create_disk(pool(&id, 40.0))))
+        .await
+        .expect("applied");
+    p.expect(event::Type::ApplyOperation).await;
+
+    for refused in [
+        reserve(vec![reserved(pool(&id, 100.0))]),
+        create_disk(pool(&id, 70.0)),
+    ] {
+        let error = p
+            .harness
+            .handle
+            .apply_operation(&id, ApplyRequest::new(refused))
+            .await
+            .expect_err("the pending operation holds 40");
+        assert!(
+            matches!(&error, OperationError::Invalid { reason } if reason.contains("does not contain")),
+            "{error:?}"
+        );
+    }
+    assert_eq!(p.total().await, vec![pool(&id, 100.0)]);
+    p.harness
+        .handle
+        .apply_operation(&id, ApplyRequest::new(create_disk(pool(&id, 60.0))))
+        .await
+        .expect("the rest is free");
+    p.expect(event::Type::ApplyOperation).await;
+
+    let failed = p.reliable(OperationState::OperationFailed, Vec::new());
+    p.status(first, &failed).await;
+    p.terminal(first).await;
+    p.harness
+        .handle
+        .apply_operation(&id, ApplyRequest::new(create_disk(pool(&id, 40.0))))
+        .await
+        .expect("a terminal operation holds nothing");
 }

@@ -560,6 +560,9 @@ enum ReconcileError {
 struct JobDone {
     kind: JobKind,
     session: u64,
+    /// `OpFlow::identity` when it started: a job of an older identity listed another
+    /// identity's volumes against another total.
+    identity: u64,
     result: Result<Gathered, ReconcileError>,
 }
 
@@ -1088,6 +1091,7 @@ impl Worker {
             | (_, JobKind::Subscription | JobKind::Periodic | JobKind::Pools) => None,
         };
         let session = self.session;
+        let identity = self.ops.identity();
         tracing::debug!(job = kind.as_str(), "starting");
         self.job = Some(Box::pin(async move {
             let result = async {
@@ -1106,6 +1110,7 @@ impl Worker {
             JobDone {
                 kind,
                 session,
+                identity,
                 result,
             }
         }));
@@ -1115,8 +1120,12 @@ impl Worker {
         let JobDone {
             kind,
             session,
+            identity,
             result,
         } = done;
+        if identity != self.ops.identity() {
+            return Box::pin(self.on_stale_job(kind, result)).await;
+        }
         let outcome = match result {
             Ok(gathered) => self.apply(gathered).await?,
             Err(error) => Err(error),
@@ -1171,6 +1180,36 @@ impl Worker {
         }
         // The reconciliation ended: what arrived meanwhile goes now, before the next job.
         Box::pin(self.start_deferred()).await
+    }
+
+    /// A job started before an agent-id switch ended: only what does not depend on the
+    /// identity (the translated profiles) is kept; its listing is not applied to the new
+    /// identity's total. The new identity's subscription reconciliation is marked at its
+    /// SUBSCRIBED and starts now that the sequence is free; a periodic or profile job is
+    /// not lost.
+    async fn on_stale_job(
+        &mut self,
+        kind: JobKind,
+        result: Result<Gathered, ReconcileError>,
+    ) -> Result<(), ProviderError> {
+        tracing::info!(
+            job = kind.as_str(),
+            "a reconciliation of the previous identity ended; not applying it"
+        );
+        let ok = match result {
+            Ok(gathered) => {
+                self.live_profiles = gathered.profiles;
+                true
+            }
+            Err(_) => false,
+        };
+        match kind {
+            JobKind::Periodic => self.arm_periodic(),
+            // The watch was read when it started: its change would not come again.
+            JobKind::Profiles if !ok => self.jobs.mark(JobKind::Profiles),
+            JobKind::Profiles | JobKind::Subscription | JobKind::Pools => {}
+        }
+        self.start_deferred().await
     }
 
     /// Applies a reconciliation's findings (§6.5). `Ok(Err(_))` leaves everything as it

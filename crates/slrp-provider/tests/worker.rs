@@ -6,7 +6,6 @@
 
 mod worker_env;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use slrp_core::provider::lifecycle::Lifecycle;
@@ -322,18 +321,6 @@ async fn failed_update_state_is_retried_not_fatal() {
 }
 
 /// A plugin that already has volume `vol-1` of 1 GiB (pre-existing, no CreateVolume).
-fn fake_with_one_volume() -> Arc<FakeCsi> {
-    let fake = FakeCsi::full();
-    fake.st().volumes.insert(
-        slrp_core::volume::VolumeId::new("vol-1"),
-        slrp_test_support::fake_csi::FakeVolume {
-            capacity: 1 << 30,
-            ..Default::default()
-        },
-    );
-    fake
-}
-
 fn mount_profile() -> ProfileDef {
     use slrp_proto::mesos::v1::volume::source::csi_volume::VolumeCapability;
     use slrp_proto::mesos::v1::volume::source::csi_volume::volume_capability::{
@@ -612,5 +599,48 @@ async fn a_stale_reconciliation_does_not_send_before_the_subscription_one() {
     );
     assert_eq!(updates[0].0, id);
     assert_eq!(updates[0].1.len(), 1, "{:?}", updates[0].1);
+    provider.stop().await;
+}
+
+/// A reconciliation started under the old identity that ends after an agent-id switch is
+/// not applied to the new identity (its listing was taken for the old one); only its
+/// translated profiles are kept, and the new identity's own subscription reconciliation
+/// runs and reports them. Counted: exactly one reconciliation after the stale one.
+#[tokio::test]
+async fn a_reconciliation_of_the_old_identity_is_not_applied_to_the_new_one() {
+    let mut env = Env::new(FakeCsi::full()).await;
+    let file = env.with_profiles(&profile_doc(&[]));
+    let provider = env.spawn(env.params(None, AGENT_S0)).await;
+    ready(&provider.handle).await;
+    std::fs::write(&file, profile_doc(&["test"]).to_string()).unwrap();
+    env.profiles.as_ref().unwrap().poll_now().await.unwrap();
+    loop {
+        let (_, resources) = env.next_update().await;
+        if pool_profiles(&resources) == ["test"] {
+            break;
+        }
+    }
+
+    // A profile job of the old identity waits on ListVolumes.
+    env.fake().set_down(CsiRpc::ListVolumes, true);
+    std::fs::write(&file, profile_doc(&["other", "test"]).to_string()).unwrap();
+    env.profiles.as_ref().unwrap().poll_now().await.unwrap();
+    slrp_test_support::harness::until(|| env.fake().st().waiting_for_endpoint > 0).await;
+
+    env.restart_manager_as(4 * 1024 * 1024, AGENT_S1).await;
+    status_until(&provider.handle, "the new identity subscribed", |s| {
+        s.agent_id == AGENT_S1 && s.lifecycle == Lifecycle::Subscribed
+    })
+    .await;
+    // Jobs run one at a time: nothing else ran or runs while the stale one waits.
+    let before = provider.handle.status().borrow().reconciliations;
+    env.fake().set_down(CsiRpc::ListVolumes, false);
+    let status = ready(&provider.handle).await;
+    assert_eq!(
+        status.reconciliations,
+        before + 1,
+        "only the new identity's subscription reconciliation is applied"
+    );
+    assert_eq!(pool_profiles(&status.total), ["other", "test"]);
     provider.stop().await;
 }

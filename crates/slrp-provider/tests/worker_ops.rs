@@ -176,6 +176,21 @@ impl Env {
         .expect("no status update")
     }
 
+    /// Sends CREATE_DISK of `mb` from `pool` (past the manager) and returns once the
+    /// plugin made the volume and holds the CreateVolume answer.
+    async fn held_create_disk(&self, id: &str, pool: &Resource, mb: f64) -> uuid::Uuid {
+        let op = uuid::Uuid::new_v4();
+        self.fake().hold_create(&op.to_string());
+        let calls = self.fake().calls(CsiRpc::CreateVolume);
+        self.send(
+            id,
+            apply_event(create_disk(sized(pool, mb)), op, &self.version()),
+        )
+        .await;
+        until(|| self.fake().calls(CsiRpc::CreateVolume) > calls).await;
+        op
+    }
+
     async fn send(&self, id: &str, event: Event) {
         self.manager().send_event(id, event).await.unwrap();
     }
@@ -277,14 +292,7 @@ async fn an_accepted_operation_survives_a_crash_and_is_applied_once() {
     let mut env = Env::new(FakeCsi::full()).await;
     let Pool { provider, id, pool } = env.with_pool(env.ops_params(None)).await;
 
-    let op = uuid::Uuid::new_v4();
-    env.fake().hold_create(&op.to_string());
-    env.send(
-        &id,
-        apply_event(create_disk(sized(&pool, 512.0)), op, &env.version()),
-    )
-    .await;
-    until(|| env.fake().calls(CsiRpc::CreateVolume) == 1).await;
+    let op = env.held_create_disk(&id, &pool, 512.0).await;
     let stored = env.stored_operations().await;
     assert_eq!(stored.len(), 1);
     assert!(!stored[0].is_terminal(), "recorded PENDING before applied");
@@ -778,5 +786,238 @@ async fn publishes_in_progress_are_bounded() {
     env.fake().unhold(&volume);
     let first = tokio::time::timeout(HANG, held).await.unwrap().unwrap();
     assert!(first.is_ok(), "{first:?}");
+    provider.stop().await;
+}
+
+/// `disk` as a persistent volume with persistence id `pid`.
+fn persistent(disk: &Resource, pid: &str) -> Resource {
+    use slrp_proto::mesos::v1::resource::disk_info::Persistence;
+    let mut volume = disk.clone();
+    let info = volume.disk.as_mut().unwrap();
+    info.persistence = Some(Persistence {
+        id: pid.to_owned(),
+        principal: None,
+    });
+    info.volume = Some(slrp_proto::mesos::v1::Volume {
+        container_path: "data".to_owned(),
+        mode: slrp_proto::mesos::v1::volume::Mode::Rw as i32,
+        ..slrp_proto::mesos::v1::Volume::default()
+    });
+    volume
+}
+
+fn create_persistent(volume: Resource) -> offer::Operation {
+    offer::Operation {
+        r#type: Some(offer::operation::Type::Create as i32),
+        create: Some(offer::operation::Create {
+            volumes: vec![volume],
+        }),
+        ..offer::Operation::default()
+    }
+}
+
+fn destroy_persistent(volume: Resource) -> offer::Operation {
+    offer::Operation {
+        r#type: Some(offer::operation::Type::Destroy as i32),
+        destroy: Some(offer::operation::Destroy {
+            volumes: vec![volume],
+        }),
+        ..offer::Operation::default()
+    }
+}
+
+/// A FAILED status whose message says the total does not contain what it consumes.
+fn assert_not_contained(update: &call::UpdateOperationStatus) {
+    assert_eq!(
+        state_of(&update.status),
+        OperationState::OperationFailed,
+        "{:?}",
+        update.status.message
+    );
+    let message = update.status.message.as_deref().unwrap_or("");
+    assert!(message.contains("does not contain"), "{message}");
+}
+
+/// Creates a MOUNT disk of `mb` from the pool through the manager; returns it and its
+/// volume id.
+async fn created_disk(
+    env: &mut Env,
+    id: &str,
+    pool: &Resource,
+    mb: f64,
+) -> (Resource, slrp_core::volume::VolumeId) {
+    let op = env
+        .manager()
+        .apply_operation(id, ApplyRequest::new(create_disk(sized(pool, mb))))
+        .await
+        .unwrap();
+    let update = env.next_status(op).await;
+    assert_eq!(state_of(&update.status), OperationState::OperationFinished);
+    let mut disk = update.status.converted_resources[0].clone();
+    disk.allocation_info = None;
+    let volume = slrp_core::volume::VolumeId::new(source_of(&disk).id.clone().unwrap());
+    (disk, volume)
+}
+
+/// A PENDING CREATE_DISK's source is not available to another operation: a RESERVE of
+/// the whole pool arriving while the CreateVolume runs (sent past the manager, which
+/// refuses it itself) FAILS with Mesos's text; the CREATE_DISK then FINISHES, and its
+/// volume is in the total. Without the check the RESERVE finished and the created volume
+/// was in no resource.
+#[tokio::test]
+async fn a_pending_disk_operations_resources_are_not_given_to_another() {
+    let mut env = Env::new(FakeCsi::full()).await;
+    let Pool { provider, id, pool } = env.with_pool(env.ops_params(None)).await;
+
+    let create = env.held_create_disk(&id, &pool, 512.0).await;
+
+    let reserve_op = uuid::Uuid::new_v4();
+    env.send(
+        &id,
+        apply_event(reserve(&pool, "storage"), reserve_op, &env.version()),
+    )
+    .await;
+    assert_not_contained(&env.next_status(reserve_op).await);
+
+    env.fake().unhold_create(&create.to_string());
+    let update = env.next_status(create).await;
+    assert_eq!(
+        state_of(&update.status),
+        OperationState::OperationFinished,
+        "{:?}",
+        update.status.message
+    );
+    let volume = env.fake().id_of(&create.to_string()).unwrap();
+    let status = status_until(&provider.handle, "the disk in the total", |s| {
+        s.total
+            .iter()
+            .any(|r| source_of(r).id.as_deref() == Some(volume.as_str()))
+    })
+    .await;
+    assert!(
+        status.total.iter().all(|r| r.reservations.is_empty()),
+        "{:?}",
+        status.total
+    );
+    provider.stop().await;
+}
+
+/// The mirror: CREATE of a persistent volume on a MOUNT disk while its DESTROY_DISK runs
+/// FAILS before anything changes; the DESTROY_DISK then FINISHES.
+#[tokio::test]
+async fn a_disk_being_destroyed_cannot_get_a_persistent_volume() {
+    let mut env = Env::new(FakeCsi::full()).await;
+    let Pool { provider, id, pool } = env.with_pool(env.ops_params(None)).await;
+    let (disk, volume) = created_disk(&mut env, &id, &pool, 1024.0).await;
+
+    env.fake().hold(&volume);
+    let destroy = uuid::Uuid::new_v4();
+    env.send(
+        &id,
+        apply_event(destroy_disk(disk.clone()), destroy, &env.version()),
+    )
+    .await;
+    until(|| env.fake().calls(CsiRpc::DeleteVolume) == 1).await;
+
+    let create = uuid::Uuid::new_v4();
+    env.send(
+        &id,
+        apply_event(
+            create_persistent(persistent(&disk, "pv")),
+            create,
+            &env.version(),
+        ),
+    )
+    .await;
+    assert_not_contained(&env.next_status(create).await);
+
+    env.fake().unhold(&volume);
+    let update = env.next_status(destroy).await;
+    assert_eq!(
+        state_of(&update.status),
+        OperationState::OperationFinished,
+        "{:?}",
+        update.status.message
+    );
+    let status = status_until(&provider.handle, "space back in the pool", |s| {
+        s.total.iter().all(|r| source_of(r).id.is_none())
+    })
+    .await;
+    assert!(
+        status
+            .total
+            .iter()
+            .all(|r| r.disk.as_ref().unwrap().persistence.is_none()),
+        "{:?}",
+        status.total
+    );
+    provider.stop().await;
+}
+
+/// A DESTROY of a persistent volume the total does not hold (stale) FAILS without
+/// touching the disk's data: the check comes before the removal.
+#[tokio::test]
+async fn a_stale_destroy_keeps_the_data() {
+    let mut env = Env::new(FakeCsi::full()).await;
+    let params = env.ops_params(None);
+    let paths = params.mount_paths.clone().unwrap();
+    let Pool { provider, id, pool } = env.with_pool(params).await;
+    let (disk, volume) = created_disk(&mut env, &id, &pool, 1024.0).await;
+    let target = paths.target(&volume).unwrap();
+    std::fs::create_dir_all(&target).unwrap();
+    let file = target.join("precious");
+    std::fs::write(&file, b"data").unwrap();
+
+    let destroy = uuid::Uuid::new_v4();
+    env.send(
+        &id,
+        apply_event(
+            destroy_persistent(persistent(&disk, "never-created")),
+            destroy,
+            &env.version(),
+        ),
+    )
+    .await;
+    assert_not_contained(&env.next_status(destroy).await);
+    assert!(file.exists(), "the data of a volume not destroyed is kept");
+    provider.stop().await;
+}
+
+/// CREATE_DISK of a pre-existing volume whose profile the plugin does not confirm FAILS
+/// with Mesos's "Cannot apply profile '<p>' to resource '<r>': <error>".
+#[tokio::test]
+async fn a_failed_import_names_the_profile_and_the_resource() {
+    let mut env = Env::new(fake_with_one_volume()).await;
+    let mut doc = profile_doc(&["test"]);
+    doc["profile_matrix"]["test"]["create_parameters"] = serde_json::json!({"unsupported": "1"});
+    env.with_profiles(&doc);
+    let provider = env.spawn(env.ops_params(None)).await;
+    // The RAW disk comes first, the pool with the profile job's UPDATE_STATE.
+    let (id, resources) = loop {
+        let (id, resources) = env.next_update().await;
+        if resources.iter().any(|r| source_of(r).profile.is_some()) {
+            break (id, resources);
+        }
+    };
+    ready(&provider.handle).await;
+    let raw = resources
+        .iter()
+        .find(|r| source_of(r).id.as_deref() == Some("vol-1"))
+        .cloned()
+        .expect("the pre-existing volume is a RAW disk");
+    let mut import = create_disk(raw);
+    import.create_disk.as_mut().unwrap().target_profile = Some("test".to_owned());
+    let op = env
+        .manager()
+        .apply_operation(&id, ApplyRequest::new(import))
+        .await
+        .unwrap();
+    let update = env.next_status(op).await;
+    assert_eq!(state_of(&update.status), OperationState::OperationFailed);
+    let message = update.status.message.as_deref().unwrap_or("");
+    assert!(
+        message.starts_with("Cannot apply profile 'test' to resource '"),
+        "{message}"
+    );
     provider.stop().await;
 }

@@ -95,6 +95,11 @@ impl OpFlow {
         self.identity = identity;
     }
 
+    /// The identity the flow serves: results started under another one are stale.
+    pub(super) fn identity(&self) -> u64 {
+        self.identity
+    }
+
     /// Re-arms the timer if the next retry moved.
     pub(super) fn arm(&mut self) {
         let next = self.tracked.next_retry();
@@ -220,6 +225,31 @@ impl Worker {
             .flat_map(|op| consumed_by(&op.info).into_vec())
             .filter(is_storage_pool)
             .collect()
+    }
+
+    /// What the PENDING operations other than `except` consume (running, deferred or
+    /// waiting for replay): their resources are still in the total but promised, so no
+    /// other operation may take them (a master never offers them; a stale or duplicate
+    /// event could).
+    fn held_by_others(&self, except: &uuid::Uuid) -> Resources {
+        self.ops
+            .tracked
+            .iter()
+            .filter(|op| !op.is_terminal() && op.uuid != *except)
+            .flat_map(|op| consumed_by(&op.info).into_vec())
+            .collect()
+    }
+
+    /// Mesos's "<total> does not contain <consumed>" when the total less what the other
+    /// PENDING operations hold cannot give `consumed` (checked on the sum, so the total
+    /// is not copied on the hot path).
+    fn check_available(&self, uuid: &uuid::Uuid, consumed: &Resources) -> Result<(), String> {
+        let held = self.held_by_others(uuid);
+        if held.is_empty() || self.state.total.contains(&(held.clone() + consumed)) {
+            return Ok(());
+        }
+        let available = self.state.total.clone() - &held;
+        Err(format!("{available} does not contain {consumed}"))
     }
 
     /// Commits the records of `ops` (put), `removed` (delete) and the resource records of
@@ -453,12 +483,26 @@ impl Worker {
         };
         let info = op.info.clone();
         let identity = self.ops.identity;
-        match OperationKind::of(&info) {
+        let kind = OperationKind::of(&info);
+        if matches!(kind, OperationKind::CreateDisk | OperationKind::DestroyDisk)
+            && let Err(message) = self.check_available(&uuid, &consumed_by(&info))
+        {
+            // Before any volume manager call: a volume created for resources another
+            // operation takes would be in no resource.
+            tracing::warn!(operation_uuid = %uuid, operation = ?kind, "the resources are held by another pending operation");
+            return self.complete(uuid, Err(message)).await;
+        }
+        match kind {
             kind if kind.is_speculative() => {
                 let result = match apply::speculative_conversions(&info) {
-                    Ok(conversions) => remove_persistent(self.params.mount_paths.clone(), &info)
-                        .await
-                        .map(|()| conversions),
+                    // Checked before DESTROY removes any data: a stale DESTROY must not
+                    // delete a volume's contents and then fail.
+                    Ok(conversions) => match self.check_speculative(&uuid, &info, &conversions) {
+                        Ok(()) => remove_persistent(self.params.mount_paths.clone(), &info)
+                            .await
+                            .map(|()| conversions),
+                        Err(message) => Err(message),
+                    },
                     Err(message) => Err(message),
                 };
                 self.complete(uuid, result).await
@@ -518,6 +562,28 @@ impl Worker {
     }
 }
 
+impl Worker {
+    /// A speculative operation's conversions against the total less what the other
+    /// PENDING operations hold; a DESTROY also against the total itself, for the shared
+    /// copies check, before its data is removed.
+    fn check_speculative(
+        &self,
+        uuid: &uuid::Uuid,
+        info: &slrp_proto::mesos::v1::offer::Operation,
+        conversions: &[Conversion],
+    ) -> Result<(), String> {
+        let consumed: Resources = conversions
+            .iter()
+            .flat_map(|c| c.consumed.iter().map(strip))
+            .collect();
+        self.check_available(uuid, &consumed)?;
+        if has_io(info) {
+            apply::apply_conversions(&self.state.total, info, conversions)?;
+        }
+        Ok(())
+    }
+}
+
 /// DESTROY of persistent MOUNT volumes removes their data first (§5.3).
 async fn remove_persistent(
     paths: Option<MountPaths>,
@@ -555,9 +621,7 @@ impl Worker {
         };
         match outcome {
             DiskOutcome::Created { plan, result } => {
-                let result = result
-                    .map(|volume| vec![apply::create_disk_conversion(&ctx, &plan, &volume)])
-                    .map_err(|error| DisplayChain(&error).to_string());
+                let result = apply::create_disk_outcome(&ctx, &plan, result);
                 self.complete(uuid, result).await?;
             }
             DiskOutcome::Destroyed { source, result } => match result {

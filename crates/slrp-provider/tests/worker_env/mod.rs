@@ -295,6 +295,19 @@ pub(crate) fn profile_doc(names: &[&str]) -> serde_json::Value {
     serde_json::json!({ "profile_matrix": matrix })
 }
 
+/// A plugin holding one pre-existing volume `vol-1` of 1 GiB.
+pub(crate) fn fake_with_one_volume() -> Arc<FakeCsi> {
+    let fake = FakeCsi::full();
+    fake.st().volumes.insert(
+        slrp_core::volume::VolumeId::new("vol-1"),
+        slrp_test_support::fake_csi::FakeVolume {
+            capacity: 1 << 30,
+            ..Default::default()
+        },
+    );
+    fake
+}
+
 pub(crate) fn source_of(r: &Resource) -> &slrp_proto::mesos::v1::resource::disk_info::Source {
     r.disk.as_ref().unwrap().source.as_ref().unwrap()
 }
