@@ -119,6 +119,11 @@ fn same_identity(a: &Resource, b: &Resource) -> bool {
         && same_disk(a.disk.as_ref(), b.disk.as_ref())
 }
 
+/// Whether `contains` weighs `a` and `b` together (they count against the same entries).
+pub(crate) fn related(a: &Resource, b: &Resource) -> bool {
+    same_identity(a, b) && (mergeable(a) == mergeable(b))
+}
+
 fn identical(a: &Resource, b: &Resource) -> bool {
     same_identity(a, b) && amount(a) == amount(b) && a.ranges == b.ranges && a.set == b.set
 }

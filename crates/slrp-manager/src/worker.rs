@@ -786,8 +786,16 @@ impl Worker {
                 resources::disk_consumed(&info).map(|consumed| (consumed, None))
             };
             if let Some((consumed, conversions)) = consumed {
-                // Checked on the sum, so the total is copied only for the message.
-                let wanted: Vec<Resource> = held.iter().chain(&consumed).cloned().collect();
+                // Checked on the sum, so the total is copied only for the message. Only
+                // what pending operations hold of the same resources matters: the rest of
+                // `held` was checked when those operations were applied, and weighing it
+                // again made every apply cost pending operations × the total.
+                let wanted: Vec<Resource> = held
+                    .iter()
+                    .filter(|h| consumed.iter().any(|c| resources::related(h, c)))
+                    .chain(&consumed)
+                    .cloned()
+                    .collect();
                 if !resources::contains(&agent.total, &wanted) {
                     let mut offered = agent.total.clone();
                     resources::apply(&mut offered, &[(held, Vec::new())]).map_err(invalid)?;
