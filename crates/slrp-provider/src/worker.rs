@@ -347,13 +347,7 @@ impl Provider {
             source,
         })?;
 
-        let state = ProviderState::load(&deps.store, &params.agent_id)
-            .await
-            .map_err(|source| ProviderError::Recover {
-                rp_type: info.r#type.clone(),
-                rp_name: info.name.clone(),
-                source: Box::new(source),
-            })?;
+        let (state, tracked) = recover_identity(&deps, &params, &params.agent_id).await?;
         tracing::info!(
             provider = %label,
             agent_id = %params.agent_id,
@@ -370,13 +364,6 @@ impl Provider {
             ),
             None => None,
         };
-        let tracked = recover_operations(&deps, &params, &params.agent_id)
-            .await
-            .map_err(|source| ProviderError::Recover {
-                rp_type: info.r#type.clone(),
-                rp_name: info.name.clone(),
-                source: Box::new(source),
-            })?;
 
         let cancel = cancel.child_token();
         let client_cancel = cancel.child_token();
@@ -775,20 +762,7 @@ impl Worker {
             new = %agent_id,
             "the agent has a new agent id: this is a new provider identity"
         );
-        let state = ProviderState::load(&self.deps.store, &agent_id)
-            .await
-            .map_err(|source| ProviderError::Recover {
-                rp_type: self.params.info.r#type.clone(),
-                rp_name: self.params.info.name.clone(),
-                source: Box::new(source),
-            })?;
-        let tracked = recover_operations(&self.deps, &self.params, &agent_id)
-            .await
-            .map_err(|source| ProviderError::Recover {
-                rp_type: self.params.info.r#type.clone(),
-                rp_name: self.params.info.name.clone(),
-                source: Box::new(source),
-            })?;
+        let (state, tracked) = recover_identity(&self.deps, &self.params, &agent_id).await?;
         self.ctx = match &state.provider_id {
             Some(id) => Some(self.context(id.clone())?),
             None => None,
@@ -1361,6 +1335,26 @@ impl Worker {
 /// The operations of identity `agent_id` (spec §3.4 steps 2–6 over the store): the ones
 /// whose terminal status was acknowledged are forgotten (their records deleted), the
 /// metrics are fed from every other one's latest state.
+/// The durable state of identity `agent_id` (spec §3.3 step 4, §8.4): the provider record
+/// and its tracked operations; failing either is Mesos's "Failed to recover resource
+/// provider".
+async fn recover_identity(
+    deps: &ProviderDeps,
+    params: &ProviderParams,
+    agent_id: &str,
+) -> Result<(ProviderState, Operations), ProviderError> {
+    let recovered = async {
+        let state = ProviderState::load(&deps.store, agent_id).await?;
+        let tracked = recover_operations(deps, params, agent_id).await?;
+        Ok((state, tracked))
+    };
+    recovered.await.map_err(|source| ProviderError::Recover {
+        rp_type: params.info.r#type.clone(),
+        rp_name: params.info.name.clone(),
+        source: Box::new(source),
+    })
+}
+
 async fn recover_operations(
     deps: &ProviderDeps,
     params: &ProviderParams,
