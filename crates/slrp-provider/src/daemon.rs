@@ -62,7 +62,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use crate::admin::{AdminError, AdminListener, AdminState, ProviderView};
+use crate::admin::{AdminError, AdminListener, AdminState, DaemonExtras, ProviderView};
 use crate::config::{AdminListen, DaemonConfig, ProviderConfig};
 use crate::metrics::{MetricsFamilies, ProviderMetrics};
 use crate::stack::{PluginStack, StackConfig, StackError, StopPlugins};
@@ -250,6 +250,19 @@ struct ProviderRun {
 /// [`DaemonError`]: a configuration or state problem found at start ([`DaemonError::is_config`]),
 /// or [`DaemonError::AllProvidersFailed`].
 pub async fn run(config: DaemonConfig, shutdown: CancellationToken) -> Result<(), DaemonError> {
+    run_with(config, DaemonExtras::default(), shutdown).await
+}
+
+/// [`run`] with the admin endpoint's extras: `slrp standalone` passes its mode and the
+/// embedded manager's actions.
+///
+/// # Errors
+/// As [`run`].
+pub async fn run_with(
+    config: DaemonConfig,
+    extras: DaemonExtras,
+    shutdown: CancellationToken,
+) -> Result<(), DaemonError> {
     create_private_dir(&config.state_dir).map_err(|source| DaemonError::StateDir {
         path: config.state_dir.clone(),
         source,
@@ -322,7 +335,10 @@ pub async fn run(config: DaemonConfig, shutdown: CancellationToken) -> Result<()
         .iter()
         .map(|slot| Arc::clone(slot) as Arc<dyn ProviderView>)
         .collect();
-    background.spawn(listener.serve(AdminState::new(views, registry), services.child_token()));
+    background.spawn(listener.serve(
+        AdminState::with_extras(views, registry, extras),
+        services.child_token(),
+    ));
 
     let stop = CancellationToken::new();
     let plugins_on_exit = config.plugins_on_exit;

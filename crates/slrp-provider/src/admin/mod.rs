@@ -21,7 +21,8 @@
 //!   the unpublish fails (conflict, failure, plugin unavailable). The operator makes sure
 //!   no task uses the volume: the agent is not asked.
 //!
-//! The rest of the admin API (status, volumes, operations, disks) is issue #12.
+//! The rest of the admin API (status, volumes, operations, disks) is specified in
+//! `docs/admin-api.md`; its bodies are in [`api`].
 //!
 //! # The socket
 //!
@@ -47,6 +48,11 @@ use slrp_csi::VolumeId;
 use slrp_types::DisplayChain;
 use tokio_util::sync::CancellationToken;
 
+pub mod actions;
+pub mod api;
+
+pub use actions::{ActionError, BoxFuture, ManagerActions};
+
 /// What the admin endpoint needs to know about one provider. The daemon implements it over
 /// the provider's status and metrics; tests implement it with fakes.
 pub trait ProviderView: Send + Sync + 'static {
@@ -70,11 +76,41 @@ pub trait ProviderView: Send + Sync + 'static {
     }
 }
 
-/// What the routes read: the providers and the metrics registry.
+/// What the daemon adds to the admin endpoint beyond its providers: how it runs and, in
+/// standalone mode, the embedded manager's actions.
+#[derive(Clone)]
+pub struct DaemonExtras {
+    /// How the daemon runs.
+    pub mode: api::Mode,
+    /// The embedded manager (standalone mode); `None` under `slrp run`.
+    pub actions: Option<Arc<dyn ManagerActions>>,
+}
+
+impl Default for DaemonExtras {
+    /// `slrp run`: no actions.
+    fn default() -> Self {
+        Self {
+            mode: api::Mode::Run,
+            actions: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for DaemonExtras {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DaemonExtras")
+            .field("mode", &self.mode)
+            .field("actions", &self.actions.is_some())
+            .finish()
+    }
+}
+
+/// What the routes read: the providers, the metrics registry and the daemon's extras.
 #[derive(Clone)]
 pub struct AdminState {
     providers: Arc<Vec<Arc<dyn ProviderView>>>,
     registry: Arc<Registry>,
+    extras: DaemonExtras,
 }
 
 impl std::fmt::Debug for AdminState {
@@ -91,10 +127,29 @@ impl std::fmt::Debug for AdminState {
 impl AdminState {
     /// The state for these providers and this registry (complete: nothing registers later).
     pub fn new(providers: Vec<Arc<dyn ProviderView>>, registry: Registry) -> Self {
+        Self::with_extras(providers, registry, DaemonExtras::default())
+    }
+
+    /// As [`AdminState::new`], with the daemon's mode and actions; the manager's metrics
+    /// are registered into `registry` here.
+    pub fn with_extras(
+        providers: Vec<Arc<dyn ProviderView>>,
+        mut registry: Registry,
+        extras: DaemonExtras,
+    ) -> Self {
+        if let Some(actions) = &extras.actions {
+            actions.register_metrics(&mut registry);
+        }
         Self {
             providers: Arc::new(providers),
             registry: Arc::new(registry),
+            extras,
         }
+    }
+
+    /// How the daemon runs, and the embedded manager's actions in standalone mode.
+    pub fn extras(&self) -> &DaemonExtras {
+        &self.extras
     }
 
     /// The `/ready` answer: status and JSON body.
@@ -132,7 +187,12 @@ impl AdminState {
 
     /// The `/metrics/snapshot` object.
     pub fn snapshot(&self) -> BTreeMap<String, f64> {
-        self.providers.iter().flat_map(|p| p.snapshot()).collect()
+        let mut all: BTreeMap<String, f64> =
+            self.providers.iter().flat_map(|p| p.snapshot()).collect();
+        if let Some(actions) = &self.extras.actions {
+            all.extend(actions.snapshot());
+        }
+        all
     }
 }
 

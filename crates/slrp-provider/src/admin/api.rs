@@ -1,0 +1,283 @@
+//! The admin API's JSON bodies (`docs/admin-api.md`), shared by the endpoint and by
+//! `slrp ctl`, so that both sides agree on every field by construction.
+//!
+//! Field names are snake_case; optional fields are left out when unset (and accepted as
+//! missing or `null`), so that a newer daemon can add fields without breaking an older
+//! `slrp ctl`. Mesos objects (`Resource`) are carried in Mesos's own JSON form, as
+//! `serde_json::Value`s made by `slrp_wire::json`.
+
+use serde::{Deserialize, Serialize};
+
+/// How the daemon runs: which actions the admin API offers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// `slrp standalone`: the embedded manager plays agent and master, so the operator
+    /// may create, destroy, publish and unpublish.
+    Standalone,
+    /// `slrp run`: a Mesos agent and master own the operations; the operator may only
+    /// unpublish.
+    Run,
+}
+
+/// Every refusal and failure: `{"error": "…", "field": "…"}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// What went wrong, with its cause chain; says what to do where that is known.
+    pub error: String,
+    /// The request field that was wrong (`"size_bytes"`, `"volume_id"`, …), when one was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+}
+
+/// `GET /status`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Status {
+    /// How the daemon runs.
+    pub mode: Mode,
+    /// slrp's version (`CARGO_PKG_VERSION`).
+    pub version: String,
+    /// The agent id the providers serve, once learnt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_id: Option<String>,
+    /// Whether every provider is READY.
+    pub ready: bool,
+    /// One entry per configured provider, in configuration order.
+    pub providers: Vec<ProviderSummary>,
+}
+
+/// One provider in [`Status`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProviderSummary {
+    /// `<type>.<name>`.
+    pub provider: String,
+    /// The lifecycle state's Mesos name (`READY`, …) or the daemon's step
+    /// (`WAITING_FOR_AGENT`, `STARTING_PLUGIN`, `FAILED`, `STOPPING`).
+    pub state: String,
+    /// Whether the provider is READY.
+    pub ready: bool,
+    /// The resource provider id, once the manager assigned one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_provider_id: Option<String>,
+    /// Why the provider failed, or the last error it reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Operations tracked (pending, and terminal ones not yet acknowledged).
+    #[serde(default)]
+    pub operations: usize,
+    /// Operations with a status update not yet acknowledged.
+    #[serde(default)]
+    pub unacknowledged: usize,
+    /// Volumes the volume manager tracks (absent while it is not running).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volumes: Option<usize>,
+}
+
+/// One plugin in `GET /plugins`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PluginHealth {
+    /// `<type>.<name>` of the provider the plugin serves.
+    pub provider: String,
+    /// The plugin's `<type>.<name>` from the ResourceProviderInfo.
+    pub plugin: String,
+    /// The CSI version spoken (`v1` or `v0`), once probed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub csi_version: Option<String>,
+    /// Whether the last probe succeeded and the plugin's process runs.
+    pub healthy: bool,
+    /// Restarts of the plugin's process by the supervisor since slrp started.
+    #[serde(default)]
+    pub restarts: u64,
+    /// The last probe or launch error, with its cause chain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// One volume in `GET /volumes` and `GET /volumes/{id}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VolumeSummary {
+    /// `<type>.<name>` of the provider.
+    pub provider: String,
+    /// The CSI volume id.
+    pub volume_id: String,
+    /// The volume's state name as Mesos checkpoints it (`CREATED`, `NODE_READY`,
+    /// `PUBLISHED`, …).
+    pub state: String,
+    /// `mount` or `block`, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub r#type: Option<String>,
+    /// Bytes, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity_bytes: Option<u64>,
+    /// The disk profile the volume was created or imported with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
+    /// Where the volume is staged, while it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub staging_path: Option<String>,
+    /// Where the volume is published (a directory for MOUNT, a device file for BLOCK),
+    /// while it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_path: Option<String>,
+    /// The last error of a CSI call on this volume, with its cause chain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
+/// One status update in [`OperationSummary::statuses`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusSummary {
+    /// The status update's uuid (canonical hyphenated form), absent for an unreliable one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status_uuid: Option<String>,
+    /// `OPERATION_PENDING`, `OPERATION_FINISHED`, …
+    pub state: String,
+    /// The status message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Whether the manager acknowledged it (absent where unknown).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acknowledged: Option<bool>,
+}
+
+/// One operation in `GET /operations` and `GET /operations/{uuid}`, and the answer of
+/// the actions that start one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OperationSummary {
+    /// `<type>.<name>` of the provider.
+    pub provider: String,
+    /// The operation uuid (canonical hyphenated form).
+    pub operation_uuid: String,
+    /// `CREATE_DISK`, `DESTROY_DISK`, `RESERVE`, … (Mesos's `Offer.Operation.Type` names).
+    pub r#type: String,
+    /// The latest state: `OPERATION_PENDING`, `OPERATION_FINISHED`, `OPERATION_FAILED`, …
+    pub state: String,
+    /// The latest status's message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// The framework, for a framework's operation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub framework_id: Option<String>,
+    /// The volume the operation created (CREATE_DISK, once finished) or consumed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_id: Option<String>,
+    /// The converted resources of a finished operation, in Mesos's JSON form.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub converted_resources: Vec<serde_json::Value>,
+    /// Every status update of the operation's stream, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub statuses: Vec<StatusSummary>,
+}
+
+impl OperationSummary {
+    /// Whether the latest state is terminal (Mesos `protobuf::isTerminalState`).
+    #[must_use]
+    pub fn is_terminal(&self) -> bool {
+        !matches!(
+            self.state.as_str(),
+            "OPERATION_PENDING" | "OPERATION_UNREACHABLE" | "OPERATION_RECOVERING"
+        )
+    }
+}
+
+/// `POST /disks`: create a disk from a profile's pool (standalone mode).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateDisk {
+    /// `<type>.<name>`; may be left out when the daemon runs one provider.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+    /// The disk profile whose pool the disk comes from.
+    pub profile: String,
+    /// The size in bytes; rounded up to whole MiB (Mesos counts disk in MB of 2^20 bytes).
+    pub size_bytes: u64,
+    /// `mount` (default) or `block`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub r#type: Option<String>,
+    /// Answer only when the operation is terminal (else at once, PENDING).
+    #[serde(default)]
+    pub wait: bool,
+    /// How long to wait when `wait` (default 300).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<u64>,
+}
+
+/// `POST /disks/destroy`: destroy a disk (standalone mode).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DestroyDisk {
+    /// `<type>.<name>`; may be left out when the daemon runs one provider.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+    /// The CSI volume id (`disk.source.id`).
+    pub volume_id: String,
+    /// Answer only when the operation is terminal (else at once, PENDING).
+    #[serde(default)]
+    pub wait: bool,
+    /// How long to wait when `wait` (default 300).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<u64>,
+}
+
+/// `POST /volumes/publish` and `POST /volumes/unpublish`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeRef {
+    /// `<type>.<name>`; may be left out when the daemon runs one provider.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+    /// The CSI volume id.
+    pub volume_id: String,
+}
+
+/// The answer of `POST /volumes/publish` and `POST /volumes/unpublish`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeChanged {
+    /// The CSI volume id.
+    pub volume_id: String,
+    /// The volume's state afterwards.
+    pub state: String,
+    /// Where it is published (publish only): a directory for MOUNT, a device file for
+    /// BLOCK.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+}
+
+/// One profile in `GET /profiles`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProfileSummary {
+    /// The profile's name.
+    pub name: String,
+    /// `mount` or `block`.
+    pub r#type: String,
+    /// The file system a MOUNT profile asks for, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fs_type: Option<String>,
+    /// The CSI parameters the profile passes to the plugin.
+    #[serde(default)]
+    pub parameters: std::collections::BTreeMap<String, String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn optional_fields_may_be_missing_and_are_left_out() {
+        let op: OperationSummary = serde_json::from_str(
+            r#"{"provider":"a.b","operation_uuid":"u","type":"CREATE_DISK","state":"OPERATION_PENDING"}"#,
+        )
+        .unwrap();
+        assert!(!op.is_terminal());
+        let text = serde_json::to_string(&op).unwrap();
+        assert!(!text.contains("volume_id"), "{text}");
+        assert!(!text.contains("statuses"), "{text}");
+    }
+
+    #[test]
+    fn requests_name_an_unknown_field() {
+        let e = serde_json::from_str::<CreateDisk>(r#"{"profile":"p","size_bytes":1,"sise":2}"#)
+            .unwrap_err();
+        assert!(e.to_string().contains("sise"), "{e}");
+    }
+}
