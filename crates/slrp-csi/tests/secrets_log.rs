@@ -9,36 +9,12 @@
     clippy::expect_used
 )]
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
-
 use slrp_csi::*;
+use slrp_log::MemoryWriter;
 use slrp_proto::csi::v1 as proto;
 use slrp_test_support::Plugin;
-use tracing_subscriber::fmt::MakeWriter;
 
 const SECRET: &str = "s3cret-Value-4711";
-
-/// Every formatted log line of the process.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> MakeWriter<'a> for Captured {
-    type Writer = Self;
-    fn make_writer(&'a self) -> Self {
-        self.clone()
-    }
-}
 
 fn secrets() -> Secrets {
     Secrets::new(StringMap::from([(
@@ -49,7 +25,7 @@ fn secrets() -> Secrets {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn secrets_never_reach_the_log_at_trace_level() {
-    let captured = Captured::default();
+    let captured = MemoryWriter::default();
     // Global (not per thread): the runtime's worker threads log too. One test per binary.
     tracing::subscriber::set_global_default(
         tracing_subscriber::fmt()
@@ -116,7 +92,7 @@ async fn secrets_never_reach_the_log_at_trace_level() {
     let wire = secrets().expose().clone().into_iter().collect();
     tracing::trace!(request = ?proto::DeleteVolumeRequest { volume_id: "x".into(), secrets: wire }, "wire");
 
-    let log = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let log = captured.text();
     assert!(log.contains("TRACE"), "logging was at its most verbose");
     assert!(
         log.contains("h2") || log.contains("hyper"),
