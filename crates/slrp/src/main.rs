@@ -2,6 +2,7 @@
 
 mod cli;
 mod csi_cmd;
+mod ctl;
 mod inspect_cmd;
 mod run_cmd;
 
