@@ -37,7 +37,7 @@ const DEFAULT_ADMIN: &str = "/var/lib/slrp/admin.sock";
 pub(crate) struct CtlArgs {
     /// The admin endpoint: the daemon's socket (a path or `unix:///path`), or
     /// `http://host:port` for its TCP listener (with --token-file).
-    #[arg(long, env = "SLRP_ADMIN", default_value = DEFAULT_ADMIN, global = true)]
+    #[arg(long, env = "SLRP_ADMIN", default_value = DEFAULT_ADMIN, value_name = "SOCKET_OR_URL", global = true)]
     admin: String,
     /// The file holding the bearer token of a TCP endpoint (the token itself is never
     /// taken on the command line).
@@ -80,7 +80,7 @@ enum CtlCommand {
         #[arg(long)]
         size: String,
         /// `mount` or `block` (default: the profile's type).
-        #[arg(long = "type", value_enum)]
+        #[arg(long = "type", value_enum, value_name = "TYPE")]
         kind: Option<DiskType>,
         #[command(flatten)]
         wait: WaitArgs,
