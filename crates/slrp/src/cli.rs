@@ -14,6 +14,18 @@ pub(crate) const EX_USAGE: u8 = 64;
 #[derive(Debug, Parser)]
 #[command(name = "slrp", version, about)]
 struct Cli {
+    /// Log format on standard error: `text` for people (colours only on a terminal), `json`
+    /// for log collectors (one object per line). The filter comes from `SLRP_LOG` (else
+    /// `RUST_LOG`), e.g. `SLRP_LOG=debug` or `SLRP_LOG=info,slrp_csi=trace`.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        env = slrp_log::FORMAT_VAR,
+        default_value_t = slrp_log::LogFormat::Text,
+        value_name = "FORMAT"
+    )]
+    log_format: slrp_log::LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -86,14 +98,7 @@ pub(crate) fn main() -> ExitCode {
         | Command::Completions(_)
         | Command::Man(_) => "warn",
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("SLRP_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
-        )
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr)
-        .init();
+    slrp_log::init(cli.log_format, default_level);
     let command = match cli.command {
         // The daemon builds its own (multi-threaded) runtime, after reading its config.
         Command::Run(args) => return run_cmd::run(&args),
