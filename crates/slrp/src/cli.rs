@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory as _, Parser, Subcommand};
 
-use crate::{csi_cmd, ctl, inspect_cmd, run_cmd};
+use crate::{csi_cmd, ctl, inspect_cmd, run_cmd, standalone};
 
 /// `EX_USAGE` from sysexits.h: the command line was wrong.
 pub(crate) const EX_USAGE: u8 = 64;
@@ -46,6 +46,9 @@ enum Command {
     /// Run the resource providers against a Mesos agent (or another manager), in the
     /// foreground, until SIGTERM or SIGINT.
     Run(Box<run_cmd::RunArgs>),
+    /// Run the embedded manager and the resource providers in one process, in the
+    /// foreground, until SIGTERM or SIGINT; with no flags, a working default (root needed).
+    Standalone(Box<standalone::StandaloneArgs>),
 }
 
 /// The commands that run once on a single-threaded runtime.
@@ -91,7 +94,7 @@ pub(crate) fn main() -> ExitCode {
     };
     // The daemon tells what it does; the operator commands only what went wrong.
     let default_level = match cli.command {
-        Command::Run(_) => "info",
+        Command::Run(_) | Command::Standalone(_) => "info",
         Command::Csi(_)
         | Command::Ctl(_)
         | Command::Inspect(_)
@@ -102,6 +105,7 @@ pub(crate) fn main() -> ExitCode {
     let command = match cli.command {
         // The daemon builds its own (multi-threaded) runtime, after reading its config.
         Command::Run(args) => return run_cmd::run(&args),
+        Command::Standalone(args) => return standalone::run(&args),
         Command::Csi(args) => OneShot::Csi(args),
         Command::Ctl(args) => OneShot::Ctl(args),
         Command::Completions(args) => return report(ctl::completions(Cli::command(), &args)),
