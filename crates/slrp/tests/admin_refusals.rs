@@ -468,9 +468,18 @@ async fn actions_under_slrp_run_are_403_except_unpublish() {
     );
 
     let admin = socket.to_str().unwrap();
+    // `--type` spares ctl its profile lookup: the request itself is what is refused.
     let out = ctl_at(
         admin,
-        &["create-disk", "--profile", "test", "--size", "64MiB"],
+        &[
+            "create-disk",
+            "--profile",
+            "test",
+            "--size",
+            "64MiB",
+            "--type",
+            "mount",
+        ],
     )
     .await;
     assert_exit(&out, EXIT_ERROR, "standalone");

@@ -62,6 +62,19 @@ async fn resources(d: &Standalone) -> Value {
     r
 }
 
+/// Waits until `resources --json` lists the disk `id` (the provider's total reaches the
+/// admin API a little after the operation's status); returns it.
+async fn disk_listed(d: &Standalone, id: &str) -> Value {
+    let r = d
+        .ctl_json_until(
+            &["resources"],
+            &format!("disk {id} in the resources"),
+            |r| disk(r, id).is_some(),
+        )
+        .await;
+    disk(&r, id).unwrap().clone()
+}
+
 /// Waits until the pool of `profile` is `mb` again (the total reaches the admin API a
 /// little after the operation's status).
 async fn pool_restored(d: &Standalone, profile: &str, mb: f64) {
@@ -207,10 +220,7 @@ async fn mount_disk_survives_kill_9_and_is_destroyed_with_its_pool_restored() {
     assert!(pool_before >= 64.0, "{before:#}");
 
     let id = create_disk(&d, "mount", &[]).await;
-    let created = resources(&d).await;
-    let disk_before = disk(&created, &id)
-        .unwrap_or_else(|| d.fail(&format!("no disk {id} in {created:#}")))
-        .clone();
+    let disk_before = disk_listed(&d, &id).await;
     assert_eq!(
         e2e_support::source(&disk_before)["type"],
         "MOUNT",
@@ -289,10 +299,7 @@ async fn block_disk_device_appears_on_publish_and_goes_on_unpublish() {
         .unwrap_or_else(|| d.fail(&format!("no block pool in {before:#}")));
 
     let id = create_disk(&d, "block", &["--type", "block"]).await;
-    let created = resources(&d).await;
-    let disk = disk(&created, &id)
-        .unwrap_or_else(|| d.fail(&format!("no disk {id} in {created:#}")))
-        .clone();
+    let disk = disk_listed(&d, &id).await;
     assert_eq!(e2e_support::source(&disk)["type"], "BLOCK", "{disk:#}");
     assert_eq!(e2e_support::source(&disk)["profile"], "block", "{disk:#}");
 
