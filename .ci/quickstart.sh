@@ -120,7 +120,11 @@ find_daemon() {
 }
 
 while [ -z "$daemon" ]; do
-  kill -0 "$job" 2>/dev/null || { wait "$job" || true; fail "README's command exited before the daemon ran"; }
+  if ! kill -0 "$job" 2>/dev/null; then
+    rc=0
+    wait "$job" || rc=$?
+    fail "README's command exited (status $rc) before the daemon was READY"
+  fi
   [ $(($(date +%s) - started)) -lt "$BUILD_SECONDS" ] || fail "no slrp standalone process after ${BUILD_SECONDS}s"
   daemon=$(find_daemon)
   [ -n "$daemon" ] || sleep 0.2
