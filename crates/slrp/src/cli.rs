@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use crate::{csi_cmd, inspect_cmd, run_cmd};
+use crate::{csi_cmd, inspect_cmd, run_cmd, standalone};
 
 /// `EX_USAGE` from sysexits.h: the command line was wrong.
 pub(crate) const EX_USAGE: u8 = 64;
@@ -14,6 +14,18 @@ pub(crate) const EX_USAGE: u8 = 64;
 #[derive(Debug, Parser)]
 #[command(name = "slrp", version, about)]
 struct Cli {
+    /// Log format on standard error: `text` for people (colours only on a terminal), `json`
+    /// for log collectors (one object per line). The filter comes from `SLRP_LOG` (else
+    /// `RUST_LOG`), e.g. `SLRP_LOG=debug` or `SLRP_LOG=info,slrp_csi=trace`.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        env = slrp_log::FORMAT_VAR,
+        default_value_t = slrp_log::LogFormat::Text,
+        value_name = "FORMAT"
+    )]
+    log_format: slrp_log::LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -27,6 +39,9 @@ enum Command {
     /// Run the resource providers against a Mesos agent (or another manager), in the
     /// foreground, until SIGTERM or SIGINT.
     Run(Box<run_cmd::RunArgs>),
+    /// Run the embedded manager and the resource providers in one process, in the
+    /// foreground, until SIGTERM or SIGINT; with no flags, a working default (root needed).
+    Standalone(Box<standalone::StandaloneArgs>),
 }
 
 /// The commands that run once on a single-threaded runtime.
@@ -71,20 +86,14 @@ pub(crate) fn main() -> ExitCode {
     };
     // The daemon tells what it does; the operator commands only what went wrong.
     let default_level = match cli.command {
-        Command::Run(_) => "info",
+        Command::Run(_) | Command::Standalone(_) => "info",
         Command::Csi(_) | Command::Inspect(_) => "warn",
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("SLRP_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
-        )
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr)
-        .init();
+    slrp_log::init(cli.log_format, default_level);
     let command = match cli.command {
         // The daemon builds its own (multi-threaded) runtime, after reading its config.
         Command::Run(args) => return run_cmd::run(&args),
+        Command::Standalone(args) => return standalone::run(&args),
         Command::Csi(args) => OneShot::Csi(args),
         Command::Inspect(args) => OneShot::Inspect(args),
     };
