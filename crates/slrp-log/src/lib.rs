@@ -18,6 +18,7 @@
 //! The format is chosen once per process; there is no reload.
 
 use std::io::IsTerminal;
+use std::sync::{Arc, Mutex};
 
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::fmt::MakeWriter;
@@ -135,43 +136,52 @@ pub fn init(format: LogFormat, default: &str) -> Option<FilterWarning> {
     warning
 }
 
+/// A writer that keeps every log line in memory, for tests that check what was logged
+/// (pass it to [`subscriber`] or to a `tracing_subscriber::fmt()` builder).
+#[derive(Debug, Clone, Default)]
+pub struct MemoryWriter(Arc<Mutex<Vec<u8>>>);
+
+impl MemoryWriter {
+    /// Everything written so far (invalid UTF-8 replaced).
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.lock()).into_owned()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<u8>> {
+        // A test that panicked while logging leaves whole lines behind: keep them.
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl std::io::Write for MemoryWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.lock().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'w> MakeWriter<'w> for MemoryWriter {
+    type Writer = Self;
+
+    fn make_writer(&'w self) -> Self {
+        self.clone()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;
-    use std::io::Write;
-    use std::sync::{Arc, Mutex};
 
     use super::*;
 
-    /// A `MakeWriter` into a shared buffer.
-    #[derive(Clone, Default)]
-    struct Buffer(Arc<Mutex<Vec<u8>>>);
-
-    impl Write for Buffer {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
-    impl<'w> MakeWriter<'w> for Buffer {
-        type Writer = Self;
-        fn make_writer(&'w self) -> Self {
-            self.clone()
-        }
-    }
-
-    impl Buffer {
-        fn text(&self) -> String {
-            String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
-        }
-    }
-
     fn capture(format: LogFormat, filter: &str, ansi: bool) -> String {
-        let buf = Buffer::default();
+        let buf = MemoryWriter::default();
         let sub = subscriber(format, EnvFilter::new(filter), ansi, buf.clone());
         tracing::subscriber::with_default(sub, || {
             let span = tracing::info_span!("operation", operation_uuid = "u-1");
