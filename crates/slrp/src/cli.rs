@@ -3,9 +3,9 @@
 use std::io::Write;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory as _, Parser, Subcommand};
 
-use crate::{csi_cmd, inspect_cmd, run_cmd, standalone};
+use crate::{csi_cmd, ctl, inspect_cmd, run_cmd, standalone};
 
 /// `EX_USAGE` from sysexits.h: the command line was wrong.
 pub(crate) const EX_USAGE: u8 = 64;
@@ -32,10 +32,17 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Print a shell completion script for slrp.
+    Completions(ctl::CompletionsArgs),
     /// Talk to a CSI plugin directly (an operator's CSI client).
     Csi(Box<csi_cmd::CsiArgs>),
+    /// Query and act on a running slrp through its admin API.
+    Ctl(Box<ctl::CtlArgs>),
     /// Print the provider's durable state, read-only (safe while the daemon runs).
     Inspect(inspect_cmd::InspectArgs),
+    /// Print slrp's man page, or write the pages of slrp and every subcommand into a
+    /// directory.
+    Man(ctl::ManArgs),
     /// Run the resource providers against a Mesos agent (or another manager), in the
     /// foreground, until SIGTERM or SIGINT.
     Run(Box<run_cmd::RunArgs>),
@@ -47,6 +54,7 @@ enum Command {
 /// The commands that run once on a single-threaded runtime.
 enum OneShot {
     Csi(Box<csi_cmd::CsiArgs>),
+    Ctl(Box<ctl::CtlArgs>),
     Inspect(inspect_cmd::InspectArgs),
 }
 
@@ -87,7 +95,11 @@ pub(crate) fn main() -> ExitCode {
     // The daemon tells what it does; the operator commands only what went wrong.
     let default_level = match cli.command {
         Command::Run(_) | Command::Standalone(_) => "info",
-        Command::Csi(_) | Command::Inspect(_) => "warn",
+        Command::Csi(_)
+        | Command::Ctl(_)
+        | Command::Inspect(_)
+        | Command::Completions(_)
+        | Command::Man(_) => "warn",
     };
     slrp_log::init(cli.log_format, default_level);
     let command = match cli.command {
@@ -95,6 +107,9 @@ pub(crate) fn main() -> ExitCode {
         Command::Run(args) => return run_cmd::run(&args),
         Command::Standalone(args) => return standalone::run(&args),
         Command::Csi(args) => OneShot::Csi(args),
+        Command::Ctl(args) => OneShot::Ctl(args),
+        Command::Completions(args) => return report(ctl::completions(Cli::command(), &args)),
+        Command::Man(args) => return report(ctl::man(Cli::command(), &args)),
         Command::Inspect(args) => OneShot::Inspect(args),
     };
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -110,15 +125,23 @@ pub(crate) fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match command {
             OneShot::Csi(args) => csi_cmd::run(*args).await,
+            OneShot::Ctl(args) => ctl::run(*args).await,
             OneShot::Inspect(args) => inspect_cmd::run(&args),
         }
     });
+    report(result)
+}
+
+/// The exit code of a command's result, its error printed with the cause chain.
+fn report(result: anyhow::Result<ExitCode>) -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
             let _ = writeln!(std::io::stderr(), "error: {e:#}");
             if e.downcast_ref::<UsageError>().is_some() {
                 ExitCode::from(EX_USAGE)
+            } else if let Some(code) = ctl::exit_code(&e) {
+                ExitCode::from(code)
             } else {
                 ExitCode::FAILURE
             }

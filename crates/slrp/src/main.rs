@@ -2,6 +2,7 @@
 
 mod cli;
 mod csi_cmd;
+mod ctl;
 mod daemon_common;
 mod inspect_cmd;
 mod run_cmd;

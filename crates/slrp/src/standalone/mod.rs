@@ -78,6 +78,10 @@ pub(crate) struct StandaloneArgs {
     /// (`<state dir>/config/profiles.json`).
     #[arg(long, value_name = "URI")]
     disk_profiles: Option<String>,
+    /// Where volumes are mounted: `DIR/csi/<plugin type>/<plugin name>/mounts/`
+    /// (default `<state dir>/work`).
+    #[arg(long, value_name = "DIR")]
+    work_dir: Option<PathBuf>,
     /// The admin socket (default `<state dir>/admin.sock`).
     #[arg(long, value_name = "PATH")]
     admin_socket: Option<PathBuf>,
@@ -93,6 +97,7 @@ impl StandaloneArgs {
             state_dir: self.state_dir.clone(),
             resource_provider_config_dir: self.resource_provider_config_dir.clone(),
             disk_profiles: self.disk_profiles.clone(),
+            work_dir: self.work_dir.clone(),
             admin_socket: self.admin_socket.clone(),
             plugins_on_exit: self.plugins_on_exit.clone(),
             ..Overrides::default()
