@@ -265,6 +265,34 @@ async fn root_ctl_drives_standalone() {
     let row = pool_row(&d.ctl_ok(&["resources"]).await, "mount");
     assert_eq!(row[1], "0B", "the pool is whole again: {row:?}");
 
+    // On a terminal, --wait shows what it waits for (then clears the line). `script`
+    // gives the command a pseudo-terminal and copies what is drawn on it.
+    let on_terminal = tokio::process::Command::new("script")
+        .arg("-qec")
+        .arg(format!(
+            "{} ctl --admin {} create-disk --profile mount --size 64MiB --wait",
+            env!("CARGO_BIN_EXE_slrp"),
+            d.admin().display()
+        ))
+        .arg("/dev/null")
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await;
+    match on_terminal {
+        Ok(out) => {
+            let drawn = String::from_utf8_lossy(&out.stdout);
+            assert!(out.status.success(), "{drawn}");
+            assert!(
+                drawn.contains("creating a mount disk of 64MiB from profile mount ("),
+                "the spinner's line: {drawn:?}"
+            );
+            assert!(drawn.contains("\x1b[2K"), "the line is cleared: {drawn:?}");
+            assert!(drawn.contains("created disk vol-"), "{drawn:?}");
+        }
+        Err(e) => eprintln!("not checking the spinner: `script` cannot run: {e}"),
+    }
+
     // No --type: the profile's own (BLOCK) is used.
     let out = d
         .ctl_ok(&[
