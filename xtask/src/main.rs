@@ -92,6 +92,42 @@ fn proto_files(proto_root: &Path) -> anyhow::Result<Vec<PathBuf>> {
     Ok(files)
 }
 
+/// Messages whose derived `Debug` would print a secret value: every message with a field
+/// `secrets`, `*_secrets` or `secret` holding strings or bytes, and the value of a Mesos
+/// `Secret`. Keep in step with `slrp_proto::redact::REDACTED` (a mismatch does not compile:
+/// a message then has no `Debug` or two).
+const REDACTED_DEBUG: &[&str] = &[
+    "csi.v0.ControllerPublishVolumeRequest",
+    "csi.v0.ControllerUnpublishVolumeRequest",
+    "csi.v0.CreateSnapshotRequest",
+    "csi.v0.CreateVolumeRequest",
+    "csi.v0.DeleteSnapshotRequest",
+    "csi.v0.DeleteVolumeRequest",
+    "csi.v0.NodePublishVolumeRequest",
+    "csi.v0.NodeStageVolumeRequest",
+    "csi.v1.ControllerExpandVolumeRequest",
+    "csi.v1.ControllerModifyVolumeRequest",
+    "csi.v1.ControllerPublishVolumeRequest",
+    "csi.v1.ControllerUnpublishVolumeRequest",
+    "csi.v1.CreateSnapshotRequest",
+    "csi.v1.CreateVolumeGroupSnapshotRequest",
+    "csi.v1.CreateVolumeRequest",
+    "csi.v1.DeleteSnapshotRequest",
+    "csi.v1.DeleteVolumeGroupSnapshotRequest",
+    "csi.v1.DeleteVolumeRequest",
+    "csi.v1.GetMetadataAllocatedRequest",
+    "csi.v1.GetMetadataDeltaRequest",
+    "csi.v1.GetSnapshotRequest",
+    "csi.v1.GetVolumeGroupSnapshotRequest",
+    "csi.v1.ListSnapshotsRequest",
+    "csi.v1.NodeExpandVolumeRequest",
+    "csi.v1.NodePublishVolumeRequest",
+    "csi.v1.NodeStageVolumeRequest",
+    "csi.v1.ValidateVolumeCapabilitiesRequest",
+    "mesos.v1.Credential",
+    "mesos.v1.Secret.Value",
+];
+
 fn codegen(root: &Path, out: &Path) -> anyhow::Result<()> {
     let proto_root = root.join("proto");
     let files = proto_files(&proto_root)?;
@@ -115,6 +151,9 @@ fn codegen(root: &Path, out: &Path) -> anyhow::Result<()> {
     let mut config = prost_build::Config::new();
     // `prost::Name` lets the codecs find a message's descriptor by its full name.
     config.enable_type_names();
+    // These messages carry secret values: slrp-proto implements their `Debug` itself, with
+    // the values redacted (its `redact` module; a test there checks this list is complete).
+    config.skip_debug(REDACTED_DEBUG.iter().map(|name| format!(".{name}")));
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)

@@ -60,6 +60,16 @@ pub struct Args {
     /// killed and the request fails with DEADLINE_EXCEEDED, e.g. `2m`, `90s` (default 2m).
     #[arg(long, env = "SLRP_CSI_LOCAL_TOOL_TIMEOUT")]
     pub tool_timeout: Option<String>,
+    /// Log format on standard error: `text` (colours only on a terminal) or `json` (one
+    /// object per line). The filter comes from `SLRP_LOG`, else `RUST_LOG` (default `info`).
+    #[arg(
+        long,
+        value_enum,
+        env = slrp_log::FORMAT_VAR,
+        default_value_t = slrp_log::LogFormat::Text,
+        value_name = "FORMAT"
+    )]
+    pub log_format: slrp_log::LogFormat,
 }
 
 /// Validated plugin configuration.

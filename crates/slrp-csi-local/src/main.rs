@@ -9,14 +9,9 @@ use slrp_csi_local::{Args, Config};
 const EX_USAGE: u8 = 64;
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
-    let config = match Config::try_from(Args::parse()) {
+    let args = Args::parse();
+    slrp_log::init(args.log_format, "info");
+    let config = match Config::try_from(args) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("slrp-csi-local: {:#}", anyhow::Error::from(e));

@@ -14,6 +14,9 @@
 //! - [`mesos::v1::resource_provider`]: the resource provider API `Call` and `Event`;
 //! - [`mesos::v1::agent`]: the agent operator API subset used for standalone containers.
 //!
+//! [`redact`] implements `Debug` for the messages that carry secrets, with the values
+//! redacted.
+//!
 //! [`descriptor_pool`] exposes the descriptors of all of the above for reflection
 //! (Mesos-style JSON, proto2 `required` checks, secret redaction).
 //!
@@ -89,6 +92,8 @@ pub mod mesos {
         }
     }
 }
+
+pub mod redact;
 
 /// The encoded `FileDescriptorSet` of every file above (including imported well-known types).
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!("generated/file_descriptor_set.bin");

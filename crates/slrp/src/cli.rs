@@ -3,9 +3,9 @@
 use std::io::Write;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory as _, Parser, Subcommand};
 
-use crate::{csi_cmd, inspect_cmd, run_cmd};
+use crate::{csi_cmd, ctl, inspect_cmd, run_cmd, standalone};
 
 /// `EX_USAGE` from sysexits.h: the command line was wrong.
 pub(crate) const EX_USAGE: u8 = 64;
@@ -14,24 +14,47 @@ pub(crate) const EX_USAGE: u8 = 64;
 #[derive(Debug, Parser)]
 #[command(name = "slrp", version, about)]
 struct Cli {
+    /// Log format on standard error: `text` for people (colours only on a terminal), `json`
+    /// for log collectors (one object per line). The filter comes from `SLRP_LOG` (else
+    /// `RUST_LOG`), e.g. `SLRP_LOG=debug` or `SLRP_LOG=info,slrp_csi=trace`.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        env = slrp_log::FORMAT_VAR,
+        default_value_t = slrp_log::LogFormat::Text,
+        value_name = "FORMAT"
+    )]
+    log_format: slrp_log::LogFormat,
     #[command(subcommand)]
     command: Command,
 }
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Print a shell completion script for slrp.
+    Completions(ctl::CompletionsArgs),
     /// Talk to a CSI plugin directly (an operator's CSI client).
     Csi(Box<csi_cmd::CsiArgs>),
+    /// Query and act on a running slrp through its admin API.
+    Ctl(Box<ctl::CtlArgs>),
     /// Print the provider's durable state, read-only (safe while the daemon runs).
     Inspect(inspect_cmd::InspectArgs),
+    /// Print slrp's man page, or write the pages of slrp and every subcommand into a
+    /// directory.
+    Man(ctl::ManArgs),
     /// Run the resource providers against a Mesos agent (or another manager), in the
     /// foreground, until SIGTERM or SIGINT.
     Run(Box<run_cmd::RunArgs>),
+    /// Run the embedded manager and the resource providers in one process, in the
+    /// foreground, until SIGTERM or SIGINT; with no flags, a working default (root needed).
+    Standalone(Box<standalone::StandaloneArgs>),
 }
 
 /// The commands that run once on a single-threaded runtime.
 enum OneShot {
     Csi(Box<csi_cmd::CsiArgs>),
+    Ctl(Box<ctl::CtlArgs>),
     Inspect(inspect_cmd::InspectArgs),
 }
 
@@ -71,21 +94,22 @@ pub(crate) fn main() -> ExitCode {
     };
     // The daemon tells what it does; the operator commands only what went wrong.
     let default_level = match cli.command {
-        Command::Run(_) => "info",
-        Command::Csi(_) | Command::Inspect(_) => "warn",
+        Command::Run(_) | Command::Standalone(_) => "info",
+        Command::Csi(_)
+        | Command::Ctl(_)
+        | Command::Inspect(_)
+        | Command::Completions(_)
+        | Command::Man(_) => "warn",
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("SLRP_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
-        )
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr)
-        .init();
+    slrp_log::init(cli.log_format, default_level);
     let command = match cli.command {
         // The daemon builds its own (multi-threaded) runtime, after reading its config.
         Command::Run(args) => return run_cmd::run(&args),
+        Command::Standalone(args) => return standalone::run(&args),
         Command::Csi(args) => OneShot::Csi(args),
+        Command::Ctl(args) => OneShot::Ctl(args),
+        Command::Completions(args) => return report(ctl::completions(Cli::command(), &args)),
+        Command::Man(args) => return report(ctl::man(Cli::command(), &args)),
         Command::Inspect(args) => OneShot::Inspect(args),
     };
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -101,15 +125,23 @@ pub(crate) fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match command {
             OneShot::Csi(args) => csi_cmd::run(*args).await,
+            OneShot::Ctl(args) => ctl::run(*args).await,
             OneShot::Inspect(args) => inspect_cmd::run(&args),
         }
     });
+    report(result)
+}
+
+/// The exit code of a command's result, its error printed with the cause chain.
+fn report(result: anyhow::Result<ExitCode>) -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
             let _ = writeln!(std::io::stderr(), "error: {e:#}");
             if e.downcast_ref::<UsageError>().is_some() {
                 ExitCode::from(EX_USAGE)
+            } else if let Some(code) = ctl::exit_code(&e) {
+                ExitCode::from(code)
             } else {
                 ExitCode::FAILURE
             }

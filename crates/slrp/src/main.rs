@@ -2,8 +2,11 @@
 
 mod cli;
 mod csi_cmd;
+mod ctl;
+mod daemon_common;
 mod inspect_cmd;
 mod run_cmd;
+mod standalone;
 
 use std::process::ExitCode;
 

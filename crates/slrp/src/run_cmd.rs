@@ -16,9 +16,7 @@ use slrp_types::DisplayChain;
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::EX_USAGE;
-
-/// `EX_CONFIG` from sysexits.h: a configuration error.
-pub(crate) const EX_CONFIG: u8 = 78;
+use crate::daemon_common::{EX_CONFIG, daemon_exit, daemon_runtime, handle_signals};
 
 #[derive(Debug, Args)]
 pub(crate) struct RunArgs {
@@ -88,47 +86,15 @@ fn configure(args: &RunArgs) -> Result<DaemonConfig, ExitCode> {
     })
 }
 
-/// Cancels `token` on the first SIGTERM or SIGINT; exits the process on the second.
-fn handle_signals(token: CancellationToken) -> std::io::Result<()> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    tokio::spawn(async move {
-        let mut seen = 0;
-        loop {
-            let name = tokio::select! {
-                _ = term.recv() => "SIGTERM",
-                _ = int.recv() => "SIGINT",
-            };
-            seen += 1;
-            if seen == 1 {
-                tracing::info!(signal = name, "stopping; a second signal forces the exit");
-                token.cancel();
-            } else {
-                eprintln!("error: {name} again: exiting without a clean stop");
-                std::process::exit(1);
-            }
-        }
-    });
-    Ok(())
-}
-
 /// Runs the daemon until a signal stops it.
 pub(crate) fn run(args: &RunArgs) -> ExitCode {
     let config = match configure(args) {
         Ok(config) => config,
         Err(code) => return code,
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("slrp")
-        .build()
-    {
+    let runtime = match daemon_runtime() {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: starting the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     let code = runtime.block_on(async {
         let shutdown = CancellationToken::new();
@@ -143,20 +109,7 @@ pub(crate) fn run(args: &RunArgs) -> ExitCode {
             work_dir = %config.work_dir.display(),
             "starting"
         );
-        match slrp_provider::daemon::run(config, shutdown).await {
-            Ok(()) => {
-                tracing::info!("stopped");
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("error: {}", DisplayChain(&e));
-                if e.is_config() {
-                    ExitCode::from(EX_CONFIG)
-                } else {
-                    ExitCode::FAILURE
-                }
-            }
-        }
+        daemon_exit(slrp_provider::daemon::run(config, shutdown).await)
     });
     // Whatever was abandoned after the shutdown grace must not hold the exit.
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));

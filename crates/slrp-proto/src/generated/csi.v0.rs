@@ -406,6 +406,7 @@ impl ::prost::Name for TopologyRequirement {
     }
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
+#[prost(skip_debug)]
 pub struct CreateVolumeRequest {
     #[prost(string, tag = "1")]
     pub name: ::prost::alloc::string::String,
@@ -454,6 +455,7 @@ impl ::prost::Name for CreateVolumeResponse {
     }
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
+#[prost(skip_debug)]
 pub struct DeleteVolumeRequest {
     #[prost(string, tag = "1")]
     pub volume_id: ::prost::alloc::string::String,
@@ -486,6 +488,7 @@ impl ::prost::Name for DeleteVolumeResponse {
     }
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
+#[prost(skip_debug)]
 pub struct ControllerPublishVolumeRequest {
     #[prost(string, tag = "1")]
     pub volume_id: ::prost::alloc::string::String,
@@ -535,6 +538,7 @@ impl ::prost::Name for ControllerPublishVolumeResponse {
     }
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
+#[prost(skip_debug)]
 pub struct ControllerUnpublishVolumeRequest {
     #[prost(string, tag = "1")]
     pub volume_id: ::prost::alloc::string::String,
@@ -903,6 +907,7 @@ impl ::prost::Name for SnapshotStatus {
     }
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
+#[prost(skip_debug)]
 pub struct CreateSnapshotRequest {
     #[prost(string, tag = "1")]
     pub source_volume_id: ::prost::alloc::string::String,
@@ -945,6 +950,7 @@ impl ::prost::Name for CreateSnapshotResponse {
     }
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
+#[prost(skip_debug)]
 pub struct DeleteSnapshotRequest {
     #[prost(string, tag = "1")]
     pub snapshot_id: ::prost::alloc::string::String,
@@ -1033,6 +1039,7 @@ impl ::prost::Name for ListSnapshotsResponse {
     }
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
+#[prost(skip_debug)]
 pub struct NodeStageVolumeRequest {
     #[prost(string, tag = "1")]
     pub volume_id: ::prost::alloc::string::String,
@@ -1108,6 +1115,7 @@ impl ::prost::Name for NodeUnstageVolumeResponse {
     }
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
+#[prost(skip_debug)]
 pub struct NodePublishVolumeRequest {
     #[prost(string, tag = "1")]
     pub volume_id: ::prost::alloc::string::String,

@@ -517,6 +517,7 @@ impl ::prost::Name for VolumeCondition {
     }
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
+#[prost(skip_debug)]
 pub struct CreateVolumeRequest {
     #[prost(string, tag = "1")]
     pub name: ::prost::alloc::string::String,
@@ -570,6 +571,7 @@ impl ::prost::Name for CreateVolumeResponse {
     }
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
+#[prost(skip_debug)]
 pub struct DeleteVolumeRequest {
     #[prost(string, tag = "1")]
     pub volume_id: ::prost::alloc::string::String,
@@ -602,6 +604,7 @@ impl ::prost::Name for DeleteVolumeResponse {
     }
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
+#[prost(skip_debug)]
 pub struct ControllerPublishVolumeRequest {
     #[prost(string, tag = "1")]
     pub volume_id: ::prost::alloc::string::String,
@@ -651,6 +654,7 @@ impl ::prost::Name for ControllerPublishVolumeResponse {
     }
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
+#[prost(skip_debug)]
 pub struct ControllerUnpublishVolumeRequest {
     #[prost(string, tag = "1")]
     pub volume_id: ::prost::alloc::string::String,
@@ -685,6 +689,7 @@ impl ::prost::Name for ControllerUnpublishVolumeResponse {
     }
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
+#[prost(skip_debug)]
 pub struct ValidateVolumeCapabilitiesRequest {
     #[prost(string, tag = "1")]
     pub volume_id: ::prost::alloc::string::String,
@@ -897,6 +902,7 @@ impl ::prost::Name for ControllerGetVolumeResponse {
     }
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
+#[prost(skip_debug)]
 pub struct ControllerModifyVolumeRequest {
     #[prost(string, tag = "1")]
     pub volume_id: ::prost::alloc::string::String,
@@ -1148,6 +1154,7 @@ impl ::prost::Name for Snapshot {
     }
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
+#[prost(skip_debug)]
 pub struct CreateSnapshotRequest {
     #[prost(string, tag = "1")]
     pub source_volume_id: ::prost::alloc::string::String,
@@ -1190,6 +1197,7 @@ impl ::prost::Name for CreateSnapshotResponse {
     }
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
+#[prost(skip_debug)]
 pub struct DeleteSnapshotRequest {
     #[prost(string, tag = "1")]
     pub snapshot_id: ::prost::alloc::string::String,
@@ -1222,6 +1230,7 @@ impl ::prost::Name for DeleteSnapshotResponse {
     }
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
+#[prost(skip_debug)]
 pub struct ListSnapshotsRequest {
     #[prost(int32, tag = "1")]
     pub max_entries: i32,
@@ -1283,6 +1292,7 @@ impl ::prost::Name for ListSnapshotsResponse {
     }
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
+#[prost(skip_debug)]
 pub struct GetSnapshotRequest {
     #[prost(string, tag = "1")]
     pub snapshot_id: ::prost::alloc::string::String,
@@ -1318,6 +1328,7 @@ impl ::prost::Name for GetSnapshotResponse {
     }
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
+#[prost(skip_debug)]
 pub struct ControllerExpandVolumeRequest {
     #[prost(string, tag = "1")]
     pub volume_id: ::prost::alloc::string::String,
@@ -1359,6 +1370,7 @@ impl ::prost::Name for ControllerExpandVolumeResponse {
     }
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
+#[prost(skip_debug)]
 pub struct NodeStageVolumeRequest {
     #[prost(string, tag = "1")]
     pub volume_id: ::prost::alloc::string::String,
@@ -1434,6 +1446,7 @@ impl ::prost::Name for NodeUnstageVolumeResponse {
     }
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
+#[prost(skip_debug)]
 pub struct NodePublishVolumeRequest {
     #[prost(string, tag = "1")]
     pub volume_id: ::prost::alloc::string::String,
@@ -1762,6 +1775,7 @@ impl ::prost::Name for NodeGetInfoResponse {
     }
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
+#[prost(skip_debug)]
 pub struct NodeExpandVolumeRequest {
     #[prost(string, tag = "1")]
     pub volume_id: ::prost::alloc::string::String,
@@ -1934,6 +1948,7 @@ impl ::prost::Name for VolumeGroupSnapshot {
     }
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
+#[prost(skip_debug)]
 pub struct CreateVolumeGroupSnapshotRequest {
     #[prost(string, tag = "1")]
     pub name: ::prost::alloc::string::String,
@@ -1976,6 +1991,7 @@ impl ::prost::Name for CreateVolumeGroupSnapshotResponse {
     }
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
+#[prost(skip_debug)]
 pub struct DeleteVolumeGroupSnapshotRequest {
     #[prost(string, tag = "1")]
     pub group_snapshot_id: ::prost::alloc::string::String,
@@ -2010,6 +2026,7 @@ impl ::prost::Name for DeleteVolumeGroupSnapshotResponse {
     }
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
+#[prost(skip_debug)]
 pub struct GetVolumeGroupSnapshotRequest {
     #[prost(string, tag = "1")]
     pub group_snapshot_id: ::prost::alloc::string::String,
@@ -2064,6 +2081,7 @@ impl ::prost::Name for BlockMetadata {
     }
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
+#[prost(skip_debug)]
 pub struct GetMetadataAllocatedRequest {
     #[prost(string, tag = "1")]
     pub snapshot_id: ::prost::alloc::string::String,
@@ -2107,6 +2125,7 @@ impl ::prost::Name for GetMetadataAllocatedResponse {
     }
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
+#[prost(skip_debug)]
 pub struct GetMetadataDeltaRequest {
     #[prost(string, tag = "1")]
     pub base_snapshot_id: ::prost::alloc::string::String,

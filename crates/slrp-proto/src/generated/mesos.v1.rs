@@ -290,6 +290,7 @@ impl ::prost::Name for Labels {
     }
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+#[prost(skip_debug)]
 pub struct Credential {
     #[prost(string, required, tag = "1")]
     pub principal: ::prost::alloc::string::String,
@@ -335,6 +336,7 @@ pub mod secret {
         }
     }
     #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+    #[prost(skip_debug)]
     pub struct Value {
         #[prost(bytes = "vec", required, tag = "1")]
         pub data: ::prost::alloc::vec::Vec<u8>,

@@ -259,6 +259,10 @@ pub struct DaemonOptions {
     /// Serve `profiles.json` over HTTP on loopback (`--disk-profiles http://…`), as Mesos's
     /// ProfileAppeared does, instead of naming the file.
     pub profiles_http: bool,
+    /// More arguments after `slrp run`'s (e.g. `--log-format json`).
+    pub extra_args: Vec<String>,
+    /// More environment for the daemon (e.g. `SLRP_LOG_FORMAT=json`).
+    pub env: Vec<(String, String)>,
 }
 
 impl DaemonOptions {
@@ -804,6 +808,8 @@ impl Cluster {
         if self.boot_id.is_some() {
             cmd.env("SLRP_BOOT_ID_FILE", self.path("boot_id"));
         }
+        cmd.args(&self.options.extra_args)
+            .envs(self.options.env.iter().map(|(k, v)| (k, v)));
         let child = cmd
             .env("SLRP_LOG", "info")
             .stdin(Stdio::null())

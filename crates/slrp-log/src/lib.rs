@@ -1,0 +1,245 @@
+//! Logging setup shared by slrp's binaries (`slrp` and the bundled plugin `slrp-csi-local`).
+//!
+//! # Design
+//! Both binaries log through `tracing` to standard error, in one of two [`LogFormat`]s:
+//! - `text` (the default): one human-readable line per event, with ANSI colours only when
+//!   standard error is a terminal and `NO_COLOR` is unset, so log files and journald never
+//!   receive escape codes (the supervisor appends a plugin's standard error to
+//!   `stderr.log`, which is how escape codes used to end up in files);
+//! - `json`: one JSON object per line (`timestamp`, `level`, `target`, `fields.message`
+//!   and the other fields, the current `span` and the `spans` list), for log collectors.
+//!
+//! The filter comes from `SLRP_LOG`, else `RUST_LOG`, else the binary's default (`info` for
+//! daemons). A variable that is set but does not parse is not silently ignored: the default
+//! is used and [`init`] returns a [`FilterWarning`] that the caller logs once the subscriber
+//! is installed.
+//!
+//! # Limitations
+//! The format is chosen once per process; there is no reload.
+
+use std::io::IsTerminal;
+use std::sync::{Arc, Mutex};
+
+use tracing_subscriber::EnvFilter;
+use tracing_subscriber::fmt::MakeWriter;
+
+/// The variables the filter is read from, in order of preference.
+pub const FILTER_VARS: [&str; 2] = ["SLRP_LOG", "RUST_LOG"];
+
+/// The environment variable that selects the format when no flag does.
+pub const FORMAT_VAR: &str = "SLRP_LOG_FORMAT";
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum LogFormat {
+    /// One human-readable line per event.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// A filter variable that is set but could not be used; the default filter was used instead.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FilterWarning {
+    /// The variable (`SLRP_LOG` or `RUST_LOG`).
+    pub var: &'static str,
+    /// Its value.
+    pub value: String,
+    /// Why it does not parse.
+    pub reason: String,
+}
+
+impl FilterWarning {
+    /// Logs the warning through the installed subscriber.
+    pub fn log(&self) {
+        tracing::warn!(
+            var = self.var,
+            value = %self.value,
+            reason = %self.reason,
+            "ignoring a log filter that does not parse; using the default"
+        );
+    }
+}
+
+/// The filter from the first of [`FILTER_VARS`] that `lookup` finds set and non-empty, or
+/// `default` (plus a warning when that variable does not parse).
+///
+/// `lookup` is the environment in the binaries (`std::env::var`); tests pass a map.
+pub fn filter_from(
+    lookup: impl Fn(&str) -> Option<String>,
+    default: &str,
+) -> (EnvFilter, Option<FilterWarning>) {
+    let Some((var, value)) = FILTER_VARS.iter().find_map(|&var| {
+        lookup(var)
+            .filter(|v| !v.trim().is_empty())
+            .map(|v| (var, v))
+    }) else {
+        return (EnvFilter::new(default), None);
+    };
+    match EnvFilter::try_new(&value) {
+        Ok(filter) => (filter, None),
+        Err(e) => (
+            EnvFilter::new(default),
+            Some(FilterWarning {
+                var,
+                value,
+                reason: e.to_string(),
+            }),
+        ),
+    }
+}
+
+/// Whether text logs may carry ANSI colours: standard error is a terminal and `NO_COLOR`
+/// (<https://no-color.org>) is unset or empty.
+pub fn stderr_wants_colour() -> bool {
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+}
+
+/// The subscriber for `format`, writing to `writer` with `filter`; colours only when `ansi`
+/// (and never in JSON).
+pub fn subscriber<W>(
+    format: LogFormat,
+    filter: EnvFilter,
+    ansi: bool,
+    writer: W,
+) -> Box<dyn tracing::Subscriber + Send + Sync>
+where
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(writer);
+    match format {
+        LogFormat::Text => Box::new(builder.with_ansi(ansi).finish()),
+        LogFormat::Json => Box::new(builder.with_ansi(false).json().finish()),
+    }
+}
+
+/// Installs the process-wide subscriber: `format` on standard error, the filter from the
+/// environment (see [`filter_from`]) or `default`. Call once, first thing in `main`; a
+/// second call leaves the first subscriber in place.
+///
+/// Returns the warning for a filter variable that did not parse, already logged.
+pub fn init(format: LogFormat, default: &str) -> Option<FilterWarning> {
+    let (filter, warning) = filter_from(|var| std::env::var(var).ok(), default);
+    let installed = tracing::subscriber::set_global_default(subscriber(
+        format,
+        filter,
+        stderr_wants_colour(),
+        std::io::stderr,
+    ))
+    .is_ok();
+    if installed && let Some(w) = &warning {
+        w.log();
+    }
+    warning
+}
+
+/// A writer that keeps every log line in memory, for tests that check what was logged
+/// (pass it to [`subscriber`] or to a `tracing_subscriber::fmt()` builder).
+#[derive(Debug, Clone, Default)]
+pub struct MemoryWriter(Arc<Mutex<Vec<u8>>>);
+
+impl MemoryWriter {
+    /// Everything written so far (invalid UTF-8 replaced).
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.lock()).into_owned()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<u8>> {
+        // A test that panicked while logging leaves whole lines behind: keep them.
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl std::io::Write for MemoryWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.lock().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'w> MakeWriter<'w> for MemoryWriter {
+    type Writer = Self;
+
+    fn make_writer(&'w self) -> Self {
+        self.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn capture(format: LogFormat, filter: &str, ansi: bool) -> String {
+        let buf = MemoryWriter::default();
+        let sub = subscriber(format, EnvFilter::new(filter), ansi, buf.clone());
+        tracing::subscriber::with_default(sub, || {
+            let span = tracing::info_span!("operation", operation_uuid = "u-1");
+            let _g = span.enter();
+            tracing::info!(volume_id = "v-1", "volume created");
+            tracing::debug!("filtered out at info");
+        });
+        buf.text()
+    }
+
+    #[test]
+    fn json_is_one_object_per_line_with_level_message_target_and_span() {
+        let out = capture(LogFormat::Json, "info", true);
+        let lines: Vec<_> = out.lines().collect();
+        assert_eq!(lines.len(), 1, "{out}");
+        let v: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
+        assert_eq!(v["level"], "INFO");
+        assert_eq!(v["fields"]["message"], "volume created");
+        assert_eq!(v["fields"]["volume_id"], "v-1");
+        assert_eq!(v["target"], module_path!());
+        assert_eq!(v["span"]["operation_uuid"], "u-1");
+        assert!(!out.contains('\x1b'), "{out}");
+    }
+
+    #[test]
+    fn text_has_escape_codes_only_when_asked() {
+        let plain = capture(LogFormat::Text, "info", false);
+        assert!(plain.contains("volume created"), "{plain}");
+        assert!(plain.contains("operation_uuid"), "{plain}");
+        assert!(!plain.contains('\x1b'), "{plain}");
+        let coloured = capture(LogFormat::Text, "info", true);
+        assert!(coloured.contains("\x1b["), "{coloured}");
+    }
+
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        move |k| map.get(k).cloned()
+    }
+
+    #[test]
+    fn filter_prefers_slrp_log_then_rust_log_then_the_default() {
+        let (f, w) = filter_from(env(&[("SLRP_LOG", "debug"), ("RUST_LOG", "error")]), "info");
+        assert_eq!((f.to_string(), w), ("debug".to_owned(), None));
+        let (f, w) = filter_from(env(&[("SLRP_LOG", " "), ("RUST_LOG", "error")]), "info");
+        assert_eq!((f.to_string(), w), ("error".to_owned(), None));
+        let (f, w) = filter_from(env(&[]), "warn");
+        assert_eq!((f.to_string(), w), ("warn".to_owned(), None));
+    }
+
+    #[test]
+    fn a_filter_that_does_not_parse_falls_back_with_a_warning() {
+        let (f, w) = filter_from(env(&[("SLRP_LOG", "slrp=loud")]), "info");
+        assert_eq!(f.to_string(), "info");
+        let w = w.expect("a warning");
+        assert_eq!((w.var, w.value.as_str()), ("SLRP_LOG", "slrp=loud"));
+        assert!(!w.reason.is_empty());
+    }
+}

@@ -1,0 +1,606 @@
+//! `slrp ctl`: the operator's client of the admin API (`docs/admin-api.md`), and `slrp
+//! completions` / `slrp man`, generated from the same clap definition.
+//!
+//! Human output is aligned tables; `--json` prints the API's bodies exactly as the daemon
+//! sent them (pretty-printed), for scripts. Every failure maps to one exit code of the
+//! FIXED contract (`docs/cli.md`): see [`client::CtlError::exit_code`].
+
+mod client;
+mod generate;
+mod resources;
+mod table;
+
+use std::io::IsTerminal as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Args, Subcommand, ValueEnum};
+use slrp_provider::admin::api::{
+    CreateDisk, DestroyDisk, OperationSummary, PluginHealth, ProfileSummary, Status, VolumeChanged,
+    VolumeRef, VolumeSummary,
+};
+use slrp_types::parse_size;
+
+use crate::cli::{UsageError, write_stdout};
+use client::{AdminClient, CtlError, Endpoint, Token};
+pub(crate) use generate::{CompletionsArgs, ManArgs, completions, man};
+use table::{Table, cells, or_dash, rendered, several, table};
+
+/// `<default state dir>/admin.sock` (slrp_provider's `DEFAULT_STATE_DIR`; a test checks
+/// that they agree).
+const DEFAULT_ADMIN: &str = "/var/lib/slrp/admin.sock";
+
+/// `slrp ctl` arguments.
+#[derive(Debug, Args)]
+pub(crate) struct CtlArgs {
+    /// The admin endpoint: the daemon's socket (a path or `unix:///path`), or
+    /// `http://host:port` for its TCP listener (with --token-file).
+    #[arg(long, env = "SLRP_ADMIN", default_value = DEFAULT_ADMIN, value_name = "SOCKET_OR_URL", global = true)]
+    admin: String,
+    /// The file holding the bearer token of a TCP endpoint (the token itself is never
+    /// taken on the command line).
+    #[arg(
+        long,
+        env = "SLRP_ADMIN_TOKEN_FILE",
+        value_name = "FILE",
+        global = true
+    )]
+    token_file: Option<PathBuf>,
+    /// Print the API's JSON bodies instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: CtlCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum CtlCommand {
+    /// The daemon's mode, version, agent id and each provider's state.
+    Status,
+    /// Each profile's storage pool (used, free, total) and the disks, from the providers'
+    /// Mesos resources.
+    Resources,
+    /// The volumes the providers' volume managers track: state, mounts, last error.
+    Volumes,
+    /// The operations the providers track (and, in standalone mode, the recent ones the
+    /// embedded manager saw end), with their status updates under --json.
+    Operations,
+    /// The disk profiles and their CSI parameters.
+    Profiles,
+    /// The CSI plugins: health, CSI version, restarts, last error.
+    Plugins,
+    /// Create a disk from a profile's pool (standalone mode).
+    CreateDisk {
+        /// The disk profile whose pool the disk comes from.
+        #[arg(long)]
+        profile: String,
+        /// The size, e.g. `64MiB`, `10GiB`, `1G` (rounded up to whole MiB).
+        #[arg(long)]
+        size: String,
+        /// `mount` or `block` (default: the profile's type).
+        #[arg(long = "type", value_enum, value_name = "TYPE")]
+        kind: Option<DiskType>,
+        #[command(flatten)]
+        wait: WaitArgs,
+        #[command(flatten)]
+        provider: ProviderArg,
+    },
+    /// Destroy a disk (standalone mode): its data is deleted.
+    DestroyDisk {
+        /// The volume id (`disk.source.id`).
+        id: String,
+        #[command(flatten)]
+        wait: WaitArgs,
+        #[command(flatten)]
+        provider: ProviderArg,
+    },
+    /// Publish a volume on this node, as before a task starts (standalone mode); the last
+    /// line of the output is the mount directory or the block device.
+    Publish {
+        /// The volume id.
+        id: String,
+        #[command(flatten)]
+        provider: ProviderArg,
+    },
+    /// Unpublish and unstage a volume without destroying it (make sure no task uses it).
+    Unpublish {
+        /// The volume id.
+        id: String,
+        #[command(flatten)]
+        provider: ProviderArg,
+    },
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum DiskType {
+    Mount,
+    Block,
+}
+
+impl DiskType {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Mount => "mount",
+            Self::Block => "block",
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+struct WaitArgs {
+    /// Wait until the operation ends (a spinner on a terminal); exit 1 if it did not
+    /// finish, 5 on timeout.
+    #[arg(long)]
+    wait: bool,
+    /// How long --wait waits, in seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 300,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    timeout: u64,
+}
+
+#[derive(Debug, Args)]
+struct ProviderArg {
+    /// The provider (`<type>.<name>`); needed only when the daemon runs several.
+    #[arg(long)]
+    provider: Option<String>,
+}
+
+/// The exit code an error of `slrp ctl` stands for, if it is one of ours.
+pub(crate) fn exit_code(e: &anyhow::Error) -> Option<u8> {
+    e.downcast_ref::<CtlError>().map(CtlError::exit_code)
+}
+
+/// Runs one `slrp ctl` command.
+pub(crate) async fn run(args: CtlArgs) -> anyhow::Result<ExitCode> {
+    let endpoint = Endpoint::parse(&args.admin)?;
+    let token = match (&endpoint, &args.token_file) {
+        (Endpoint::Tcp { .. }, Some(path)) => Some(Token::read(path)?),
+        _ => None,
+    };
+    let client = AdminClient::new(endpoint, token);
+    let json = args.json;
+    match args.command {
+        CtlCommand::Status => {
+            list(&client, json, "/status", |s: Status| status_text(&s)).await?;
+        }
+        CtlCommand::Resources => {
+            list(&client, json, "/resources", |r: Vec<serde_json::Value>| {
+                resources::render(&r)
+            })
+            .await?;
+        }
+        CtlCommand::Volumes => {
+            list(&client, json, "/volumes", |v: Vec<VolumeSummary>| {
+                volumes_text(&v)
+            })
+            .await?;
+        }
+        CtlCommand::Operations => {
+            list(&client, json, "/operations", |o: Vec<OperationSummary>| {
+                operations_text(&o)
+            })
+            .await?;
+        }
+        CtlCommand::Profiles => {
+            list(&client, json, "/profiles", |p: Vec<ProfileSummary>| {
+                profiles_text(&p)
+            })
+            .await?;
+        }
+        CtlCommand::Plugins => {
+            list(&client, json, "/plugins", |p: Vec<PluginHealth>| {
+                plugins_text(&p)
+            })
+            .await?;
+        }
+        CtlCommand::CreateDisk {
+            profile,
+            size,
+            kind,
+            wait,
+            provider,
+        } => {
+            let size_bytes = parse_size(&size).map_err(|e| UsageError(format!("--size: {e}")))?;
+            if size_bytes == 0 {
+                return Err(UsageError("--size: a disk needs more than 0 bytes".into()).into());
+            }
+            let kind = match kind {
+                Some(kind) => kind.as_str().to_owned(),
+                None => profile_type(&client, &profile).await?,
+            };
+            let request = CreateDisk {
+                provider: provider.provider,
+                profile: profile.clone(),
+                size_bytes,
+                r#type: Some(kind.clone()),
+                wait: wait.wait,
+                timeout_seconds: wait.wait.then_some(wait.timeout),
+            };
+            let what = format!(
+                "creating a {kind} disk of {} from profile {profile}",
+                resources::human_mb(bytes_to_mb(size_bytes))
+            );
+            let op = operation(&client, json, "/disks", &request, &wait, &what).await?;
+            if !json {
+                write_stdout(&match (&op.volume_id, wait.wait) {
+                    (Some(id), true) => format!("created disk {id} (profile {profile})\n"),
+                    _ => pending_text(&op),
+                })?;
+            }
+        }
+        CtlCommand::DestroyDisk { id, wait, provider } => {
+            let request = DestroyDisk {
+                provider: provider.provider,
+                volume_id: id.clone(),
+                wait: wait.wait,
+                timeout_seconds: wait.wait.then_some(wait.timeout),
+            };
+            let what = format!("destroying disk {id}");
+            let op = operation(&client, json, "/disks/destroy", &request, &wait, &what).await?;
+            if !json {
+                write_stdout(&if wait.wait {
+                    format!("destroyed disk {id}\n")
+                } else {
+                    pending_text(&op)
+                })?;
+            }
+        }
+        CtlCommand::Publish { id, provider } => {
+            let changed = volume_change(&client, json, "/volumes/publish", id, provider).await?;
+            if !json {
+                let mut text = format!("published {} ({})\n", changed.volume_id, changed.state);
+                if let Some(path) = &changed.path {
+                    text.push_str(path);
+                    text.push('\n');
+                }
+                write_stdout(&text)?;
+            }
+        }
+        CtlCommand::Unpublish { id, provider } => {
+            let changed = volume_change(&client, json, "/volumes/unpublish", id, provider).await?;
+            if !json {
+                write_stdout(&format!(
+                    "unpublished {} ({})\n",
+                    changed.volume_id, changed.state
+                ))?;
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `GET path`: the body as sent under `--json`, else `human` of the parsed body.
+async fn list<T: serde::de::DeserializeOwned>(
+    client: &AdminClient,
+    json: bool,
+    path: &str,
+    human: impl FnOnce(T) -> String,
+) -> anyhow::Result<()> {
+    let raw = client.get_raw(path).await?;
+    // Parsed in both modes: a body that is not what the API documents is an error, not
+    // something to pass on to a script.
+    let value: T = client.parse(&format!("GET {path}"), &raw)?;
+    if json {
+        print_json(client, path, &raw)
+    } else {
+        write_stdout(&human(value))
+    }
+}
+
+/// Pretty-prints a JSON body as the daemon sent it (fields this client does not know
+/// included).
+fn print_json(client: &AdminClient, path: &str, raw: &[u8]) -> anyhow::Result<()> {
+    let value: serde_json::Value = client.parse(path, raw)?;
+    let text = serde_json::to_string_pretty(&value).context("encoding JSON output")?;
+    write_stdout(&format!("{text}\n"))
+}
+
+/// The type of `profile`, so that `create-disk` of a BLOCK profile needs no `--type`.
+async fn profile_type(client: &AdminClient, profile: &str) -> Result<String, CtlError> {
+    let profiles: Vec<ProfileSummary> = client.get("/profiles").await?;
+    match profiles.iter().find(|p| p.name == profile) {
+        Some(p) => Ok(p.r#type.clone()),
+        None => {
+            let names: Vec<_> = profiles.iter().map(|p| p.name.as_str()).collect();
+            Err(CtlError::NotFound {
+                error: format!(
+                    "unknown profile '{profile}' (the daemon has: {})",
+                    if names.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        names.join(", ")
+                    }
+                ),
+            })
+        }
+    }
+}
+
+/// Starts an operation with `POST path`; with `--wait`, waits for its end (the daemon
+/// waits, the client shows a spinner meanwhile) and fails unless it FINISHED. Under
+/// `--json` the summary is printed whatever the outcome.
+async fn operation<B: serde::Serialize>(
+    client: &AdminClient,
+    json: bool,
+    path: &str,
+    request: &B,
+    wait: &WaitArgs,
+    what: &str,
+) -> anyhow::Result<OperationSummary> {
+    let limit = Duration::from_secs(wait.timeout);
+    let raw = if wait.wait {
+        let progress = Progress::start(std::io::stderr().is_terminal(), what);
+        // The daemon answers 504 when its wait ends; the margin lets that answer arrive
+        // rather than the client giving up first.
+        let answer = client
+            .post_raw(path, request, limit + Duration::from_secs(30))
+            .await;
+        progress.finish();
+        answer.map_err(|e| match e {
+            CtlError::Daemon { status: 504, .. } | CtlError::NoAnswer { .. } => {
+                CtlError::WaitTimedOut { after: limit }
+            }
+            e => e,
+        })?
+    } else {
+        client
+            .post_raw(path, request, client::REQUEST_TIMEOUT)
+            .await?
+    };
+    let op: OperationSummary = client.parse(&format!("POST {path}"), &raw)?;
+    if json {
+        print_json(client, path, &raw)?;
+    }
+    if wait.wait {
+        if !op.is_terminal() {
+            return Err(CtlError::WaitTimedOut { after: limit }.into());
+        }
+        if op.state != "OPERATION_FINISHED" {
+            return Err(CtlError::OperationEnded {
+                operation: op.operation_uuid.clone(),
+                kind: op.r#type.clone(),
+                state: op.state.clone(),
+                message: op.message.clone().unwrap_or_else(|| "no message".into()),
+            }
+            .into());
+        }
+    }
+    Ok(op)
+}
+
+/// `POST path` with a [`VolumeRef`]; prints the answer under `--json`.
+async fn volume_change(
+    client: &AdminClient,
+    json: bool,
+    path: &str,
+    volume_id: String,
+    provider: ProviderArg,
+) -> anyhow::Result<VolumeChanged> {
+    let request = VolumeRef {
+        provider: provider.provider,
+        volume_id,
+    };
+    let raw = client
+        .post_raw(path, &request, client::REQUEST_TIMEOUT)
+        .await?;
+    let changed: VolumeChanged = client.parse(&format!("POST {path}"), &raw)?;
+    if json {
+        print_json(client, path, &raw)?;
+    }
+    Ok(changed)
+}
+
+/// A spinner with the elapsed time on stderr while `--wait` waits, only on a terminal:
+/// piped or redirected output stays free of control characters.
+struct Progress(Option<indicatif::ProgressBar>);
+
+impl Progress {
+    fn start(on_terminal: bool, what: &str) -> Self {
+        if !on_terminal {
+            return Self(None);
+        }
+        let bar =
+            indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
+        if let Ok(style) = indicatif::ProgressStyle::with_template("{spinner} {msg} ({elapsed})") {
+            bar.set_style(style);
+        }
+        bar.set_message(what.to_owned());
+        bar.enable_steady_tick(Duration::from_millis(100));
+        Self(Some(bar))
+    }
+
+    fn finish(self) {
+        if let Some(bar) = self.0 {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+fn bytes_to_mb(bytes: u64) -> f64 {
+    #[allow(clippy::cast_precision_loss)]
+    let b = bytes as f64;
+    b / 1_048_576.0
+}
+
+fn yes_no(b: bool) -> String {
+    if b { "yes" } else { "no" }.to_owned()
+}
+
+fn status_text(s: &Status) -> String {
+    let mode = match s.mode {
+        slrp_provider::admin::api::Mode::Standalone => "standalone",
+        slrp_provider::admin::api::Mode::Run => "run",
+    };
+    let mut out = format!(
+        "mode:     {mode}\nversion:  {}\nagent id: {}\nready:    {}\n\n",
+        s.version,
+        or_dash(s.agent_id.as_deref()),
+        yes_no(s.ready)
+    );
+    let mut t = Table::new(&[
+        "PROVIDER",
+        "STATE",
+        "READY",
+        "VOLUMES",
+        "OPERATIONS",
+        "UNACKNOWLEDGED",
+        "ERROR",
+    ]);
+    for p in &s.providers {
+        t.row(vec![
+            p.provider.clone(),
+            p.state.clone(),
+            yes_no(p.ready),
+            p.volumes.map_or_else(|| "-".to_owned(), |v| v.to_string()),
+            p.operations.to_string(),
+            p.unacknowledged.to_string(),
+            or_dash(p.error.as_deref()),
+        ]);
+    }
+    out.push_str(&rendered(&t, "no providers"));
+    out
+}
+
+fn volumes_text(volumes: &[VolumeSummary]) -> String {
+    let with = several(volumes.iter().map(|v| v.provider.as_str()));
+    let mut t = table(
+        with,
+        &[
+            "VOLUME",
+            "STATE",
+            "TYPE",
+            "SIZE",
+            "PROFILE",
+            "PATH",
+            "LAST ERROR",
+        ],
+    );
+    for v in volumes {
+        t.row(cells(
+            with,
+            &v.provider,
+            vec![
+                v.volume_id.clone(),
+                v.state.clone(),
+                or_dash(v.r#type.as_deref()),
+                v.capacity_bytes
+                    .map_or_else(|| "-".to_owned(), |b| resources::human_mb(bytes_to_mb(b))),
+                or_dash(v.profile.as_deref()),
+                or_dash(v.target_path.as_deref().or(v.staging_path.as_deref())),
+                or_dash(v.last_error.as_deref()),
+            ],
+        ));
+    }
+    rendered(&t, "no volumes")
+}
+
+fn operations_text(ops: &[OperationSummary]) -> String {
+    let with = several(ops.iter().map(|o| o.provider.as_str()));
+    let mut t = table(with, &["OPERATION", "TYPE", "STATE", "VOLUME", "MESSAGE"]);
+    for o in ops {
+        t.row(cells(
+            with,
+            &o.provider,
+            vec![
+                o.operation_uuid.clone(),
+                o.r#type.clone(),
+                o.state.clone(),
+                or_dash(o.volume_id.as_deref()),
+                or_dash(o.message.as_deref()),
+            ],
+        ));
+    }
+    rendered(&t, "no operations")
+}
+
+fn profiles_text(profiles: &[ProfileSummary]) -> String {
+    let mut t = Table::new(&["PROFILE", "TYPE", "FS", "PARAMETERS"]);
+    for p in profiles {
+        let parameters: Vec<_> = p
+            .parameters
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        t.row(vec![
+            p.name.clone(),
+            p.r#type.clone(),
+            or_dash(p.fs_type.as_deref()),
+            or_dash(Some(&parameters.join(","))),
+        ]);
+    }
+    rendered(&t, "no profiles")
+}
+
+fn plugins_text(plugins: &[PluginHealth]) -> String {
+    let mut t = Table::new(&["PROVIDER", "PLUGIN", "CSI", "HEALTHY", "RESTARTS", "ERROR"]);
+    for p in plugins {
+        t.row(vec![
+            p.provider.clone(),
+            p.plugin.clone(),
+            or_dash(p.csi_version.as_deref()),
+            yes_no(p.healthy),
+            p.restarts.to_string(),
+            or_dash(p.error.as_deref()),
+        ]);
+    }
+    rendered(&t, "no plugins")
+}
+
+/// An operation that was started and not waited for.
+fn pending_text(op: &OperationSummary) -> String {
+    format!(
+        "operation {} ({}): {}\n",
+        op.operation_uuid, op.r#type, op.state
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_admin_socket_is_in_the_default_state_dir() {
+        assert_eq!(
+            std::path::Path::new(DEFAULT_ADMIN),
+            std::path::Path::new(slrp_provider::config::DEFAULT_STATE_DIR).join("admin.sock")
+        );
+    }
+
+    #[test]
+    fn no_spinner_off_a_terminal() {
+        let p = Progress::start(false, "x");
+        assert!(p.0.is_none());
+        p.finish();
+    }
+
+    fn volume(provider: &str, id: &str) -> VolumeSummary {
+        VolumeSummary {
+            provider: provider.into(),
+            volume_id: id.into(),
+            state: "PUBLISHED".into(),
+            r#type: Some("mount".into()),
+            capacity_bytes: Some(64 << 20),
+            profile: Some("mount".into()),
+            staging_path: Some("/s".into()),
+            target_path: Some("/t".into()),
+            last_error: None,
+        }
+    }
+
+    #[test]
+    fn a_provider_column_only_with_several_providers() {
+        let one = volumes_text(&[volume("a.b", "v1"), volume("a.b", "v2")]);
+        assert_eq!(
+            one,
+            "VOLUME  STATE      TYPE   SIZE   PROFILE  PATH  LAST ERROR\n\
+             v1      PUBLISHED  mount  64MiB  mount    /t    -\n\
+             v2      PUBLISHED  mount  64MiB  mount    /t    -\n"
+        );
+        let two = volumes_text(&[volume("a.b", "v1"), volume("a.c", "v2")]);
+        assert!(two.starts_with("PROVIDER  VOLUME"), "{two}");
+        assert!(two.contains("\na.c       v2"), "{two}");
+        assert_eq!(volumes_text(&[]), "no volumes\n");
+    }
+}

@@ -1,0 +1,688 @@
+//! The admin API's actions in standalone mode, over the embedded manager: an operator's
+//! create, destroy and publish go the way a framework's operations would, as
+//! CREATE_DISK / DESTROY_DISK applied through the manager (which validates them as a
+//! master does) and PUBLISH_RESOURCES as an agent sends it before a task starts.
+//!
+//! Resources are chosen from the manager's view of the provider's total
+//! (`ManagerHandle::agent_total`), the view a master offers from.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use prometheus_client::registry::Registry;
+use slrp_manager::{
+    ApplyRequest, ManagerError, ManagerHandle, OperationError, OperationView, ProviderView,
+    PublishError,
+};
+use slrp_proto::mesos::v1::resource::disk_info::source::Type as SourceType;
+use slrp_proto::mesos::v1::{OperationState, Resource, offer};
+use slrp_provider::admin::api::{
+    CreateDisk, DestroyDisk, OperationSummary, StatusSummary, VolumeRef,
+};
+use slrp_provider::admin::{ActionError, BoxFuture, ManagerActions};
+use slrp_provider::config::provider_key;
+use slrp_types::DisplayChain;
+
+/// How long an action waits for a terminal status when the request gives no timeout.
+const DEFAULT_WAIT: Duration = Duration::from_secs(300);
+/// Operations applied through the admin API that `operations()` still lists after the
+/// manager acknowledged (and forgot) them.
+const RECENT_KEPT: usize = 1024;
+/// Mesos counts disk space in MB of 2^20 bytes.
+const MIB: u64 = 1 << 20;
+
+/// One operation applied through the admin API.
+#[derive(Debug, Clone)]
+struct Recent {
+    uuid: uuid::Uuid,
+    provider: String,
+    /// Its terminal record, once seen (it never changes after that).
+    terminal: Option<OperationSummary>,
+}
+
+/// [`ManagerActions`] over the embedded manager.
+#[derive(Debug, Clone)]
+pub(crate) struct StandaloneActions {
+    manager: ManagerHandle,
+    recent: Arc<Mutex<VecDeque<Recent>>>,
+}
+
+impl StandaloneActions {
+    pub(crate) fn new(manager: ManagerHandle) -> Self {
+        Self {
+            manager,
+            recent: Arc::new(Mutex::new(VecDeque::new())),
+        }
+    }
+
+    fn recent(&self) -> std::sync::MutexGuard<'_, VecDeque<Recent>> {
+        self.recent
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn remember(&self, uuid: uuid::Uuid, provider: &str, terminal: Option<OperationSummary>) {
+        let mut recent = self.recent();
+        if let Some(entry) = recent.iter_mut().find(|r| r.uuid == uuid) {
+            if terminal.is_some() {
+                entry.terminal = terminal;
+            }
+            return;
+        }
+        if recent.len() == RECENT_KEPT {
+            recent.pop_front();
+        }
+        recent.push_back(Recent {
+            uuid,
+            provider: provider.to_owned(),
+            terminal,
+        });
+    }
+
+    async fn providers(&self) -> Result<Vec<ProviderView>, ActionError> {
+        self.manager.providers().await.map_err(manager_stopped)
+    }
+
+    /// The provider `key` names, or the only one.
+    async fn provider(&self, key: Option<&str>) -> Result<ProviderView, ActionError> {
+        let mut views = self.providers().await?;
+        let keys = || -> Vec<String> { views.iter().map(|v| provider_key(&v.info)).collect() };
+        match key {
+            Some(key) => match views.iter().position(|v| provider_key(&v.info) == key) {
+                Some(i) => Ok(views.swap_remove(i)),
+                None => Err(ActionError::field(
+                    StatusCode::NOT_FOUND,
+                    "provider",
+                    format!(
+                        "no resource provider '{key}' is subscribed (subscribed: {})",
+                        list(&keys())
+                    ),
+                )),
+            },
+            None => match views.len() {
+                0 => Err(not_subscribed()),
+                1 => Ok(views.swap_remove(0)),
+                _ => Err(ActionError::field(
+                    StatusCode::BAD_REQUEST,
+                    "provider",
+                    format!(
+                        "several resource providers run; say which: {}",
+                        list(&keys())
+                    ),
+                )),
+            },
+        }
+    }
+
+    /// The disk whose `disk.source.id` is `volume_id`, with its provider's key and id,
+    /// among the provider `key` names (or all of them).
+    async fn find_disk(
+        &self,
+        key: Option<&str>,
+        volume_id: &str,
+    ) -> Result<(String, String, Resource), ActionError> {
+        if volume_id.is_empty() {
+            return Err(ActionError::field(
+                StatusCode::BAD_REQUEST,
+                "volume_id",
+                "the volume id is empty",
+            ));
+        }
+        let views = match key {
+            Some(_) => vec![self.provider(key).await?],
+            None => self.providers().await?,
+        };
+        if views.is_empty() {
+            return Err(not_subscribed());
+        }
+        for view in views {
+            let id = provider_id(&view);
+            let total = self.agent_total(&id).await?;
+            if let Some(disk) = total.into_iter().find(|r| disk_id(r) == Some(volume_id)) {
+                return Ok((provider_key(&view.info), id, disk));
+            }
+        }
+        Err(ActionError::field(
+            StatusCode::NOT_FOUND,
+            "volume_id",
+            format!("no disk with id '{volume_id}' (see GET /resources)"),
+        ))
+    }
+
+    async fn agent_total(&self, provider_id: &str) -> Result<Vec<Resource>, ActionError> {
+        self.manager
+            .agent_total(provider_id)
+            .await
+            .map_err(|e| match e {
+                ManagerError::NotSubscribed { .. } => not_subscribed(),
+                other => manager_stopped(other),
+            })
+    }
+
+    /// Applies `operation` to the provider, remembers it, and answers PENDING or (with
+    /// `wait`) with its terminal record.
+    async fn apply(
+        &self,
+        provider: &str,
+        provider_id: &str,
+        operation: offer::Operation,
+        wait: Option<Duration>,
+    ) -> Result<OperationSummary, ActionError> {
+        let kind = operation_type(Some(&operation));
+        let uuid = self
+            .manager
+            .apply_operation(provider_id, ApplyRequest::new(operation))
+            .await
+            .map_err(refused)?;
+        tracing::info!(provider, operation_uuid = %uuid, r#type = kind, "operator operation applied through the embedded manager");
+        self.remember(uuid, provider, None);
+        let Some(timeout) = wait else {
+            return Ok(OperationSummary {
+                provider: provider.to_owned(),
+                operation_uuid: uuid.to_string(),
+                r#type: kind.to_owned(),
+                state: OperationState::OperationPending.as_str_name().to_owned(),
+                message: None,
+                framework_id: None,
+                volume_id: None,
+                converted_resources: Vec::new(),
+                statuses: Vec::new(),
+            });
+        };
+        let view = self
+            .manager
+            .wait_terminal(uuid, timeout)
+            .await
+            .map_err(|e| match e {
+                OperationError::Timeout { .. } => ActionError::new(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    format!(
+                        "operation {uuid} is not terminal after {}s; it goes on (GET /operations/{uuid})",
+                        timeout.as_secs()
+                    ),
+                ),
+                other => internal(&other),
+            })?;
+        let summary = summarize(provider, &view);
+        self.remember(uuid, provider, Some(summary.clone()));
+        Ok(summary)
+    }
+
+    async fn create(&self, request: CreateDisk) -> Result<OperationSummary, ActionError> {
+        let target = match request.r#type.as_deref() {
+            None | Some("mount") => SourceType::Mount,
+            Some("block") => SourceType::Block,
+            Some(other) => {
+                return Err(ActionError::field(
+                    StatusCode::BAD_REQUEST,
+                    "type",
+                    format!("'{other}' is not a disk type: mount or block"),
+                ));
+            }
+        };
+        if request.profile.is_empty() {
+            return Err(ActionError::field(
+                StatusCode::BAD_REQUEST,
+                "profile",
+                "the profile is empty",
+            ));
+        }
+        if request.size_bytes == 0 {
+            return Err(ActionError::field(
+                StatusCode::BAD_REQUEST,
+                "size_bytes",
+                "the size must be greater than zero",
+            ));
+        }
+        let mib = request.size_bytes.div_ceil(MIB);
+        let wait = wait_of(request.wait, request.timeout_seconds)?;
+        let view = self.provider(request.provider.as_deref()).await?;
+        let key = provider_key(&view.info);
+        let id = provider_id(&view);
+        let total = self.agent_total(&id).await?;
+        let source = choose_pool(&total, &request.profile, mib)?;
+        let operation = offer::Operation {
+            r#type: Some(offer::operation::Type::CreateDisk as i32),
+            create_disk: Some(offer::operation::CreateDisk {
+                source,
+                target_type: target as i32,
+                target_profile: None,
+            }),
+            ..offer::Operation::default()
+        };
+        Box::pin(self.apply(&key, &id, operation, wait)).await
+    }
+
+    async fn destroy(&self, request: DestroyDisk) -> Result<OperationSummary, ActionError> {
+        let wait = wait_of(request.wait, request.timeout_seconds)?;
+        let (key, id, disk) = self
+            .find_disk(request.provider.as_deref(), &request.volume_id)
+            .await?;
+        if disk.disk.as_ref().is_some_and(|d| d.persistence.is_some()) {
+            return Err(ActionError::field(
+                StatusCode::CONFLICT,
+                "volume_id",
+                format!(
+                    "disk '{}' holds a persistent volume: destroy the persistent volume first",
+                    request.volume_id
+                ),
+            ));
+        }
+        let operation = offer::Operation {
+            r#type: Some(offer::operation::Type::DestroyDisk as i32),
+            destroy_disk: Some(offer::operation::DestroyDisk { source: disk }),
+            ..offer::Operation::default()
+        };
+        Box::pin(self.apply(&key, &id, operation, wait)).await
+    }
+
+    async fn publish_disk(&self, request: VolumeRef) -> Result<(), ActionError> {
+        let (_, _, disk) = self
+            .find_disk(request.provider.as_deref(), &request.volume_id)
+            .await?;
+        self.manager.publish(vec![disk]).await.map_err(|e| match e {
+            PublishError::NotSubscribed { .. }
+            | PublishError::ConnectionClosed { .. }
+            | PublishError::Stopped => ActionError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                DisplayChain(&e).to_string(),
+            ),
+            PublishError::Failed { .. } => ActionError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!(
+                    "{}; the provider's log says why (GET /volumes/{} shows its last error)",
+                    DisplayChain(&e),
+                    request.volume_id
+                ),
+            ),
+        })
+    }
+
+    async fn list(&self) -> Vec<OperationSummary> {
+        let views = self.manager.providers().await.unwrap_or_default();
+        let mut out: Vec<OperationSummary> = views
+            .iter()
+            .flat_map(|v| {
+                let key = provider_key(&v.info);
+                v.operations
+                    .iter()
+                    .map(move |op| summarize(&key, op))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let listed: BTreeSet<String> = out.iter().map(|o| o.operation_uuid.clone()).collect();
+        let recent: Vec<Recent> = self.recent().iter().cloned().collect();
+        for entry in recent {
+            if listed.contains(&entry.uuid.to_string()) {
+                continue;
+            }
+            if let Some(done) = entry.terminal {
+                out.push(done);
+                continue;
+            }
+            // Not in the manager's table and not seen terminal: acknowledged and removed
+            // since, which the manager still answers for at once.
+            if let Ok(view) = self
+                .manager
+                .wait_terminal(entry.uuid, Duration::from_secs(1))
+                .await
+            {
+                let summary = summarize(&entry.provider, &view);
+                self.remember(entry.uuid, &entry.provider, Some(summary.clone()));
+                out.push(summary);
+            }
+        }
+        out
+    }
+}
+
+impl ManagerActions for StandaloneActions {
+    fn create_disk(
+        &self,
+        request: CreateDisk,
+    ) -> BoxFuture<'_, Result<OperationSummary, ActionError>> {
+        Box::pin(self.create(request))
+    }
+
+    fn destroy_disk(
+        &self,
+        request: DestroyDisk,
+    ) -> BoxFuture<'_, Result<OperationSummary, ActionError>> {
+        Box::pin(self.destroy(request))
+    }
+
+    fn publish(&self, request: VolumeRef) -> BoxFuture<'_, Result<(), ActionError>> {
+        Box::pin(self.publish_disk(request))
+    }
+
+    fn operations(&self) -> BoxFuture<'_, Vec<OperationSummary>> {
+        Box::pin(self.list())
+    }
+
+    fn snapshot(&self) -> BTreeMap<String, f64> {
+        self.manager
+            .metrics()
+            .snapshot()
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect()
+    }
+
+    fn register_metrics(&self, registry: &mut Registry) {
+        self.manager.metrics().register(registry);
+    }
+}
+
+fn list(items: &[String]) -> String {
+    if items.is_empty() {
+        "none".to_owned()
+    } else {
+        items.join(", ")
+    }
+}
+
+fn not_subscribed() -> ActionError {
+    ActionError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "no resource provider has subscribed to the embedded manager yet; retry when GET /ready answers 200",
+    )
+}
+
+fn manager_stopped(e: ManagerError) -> ActionError {
+    ActionError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        DisplayChain(&e).to_string(),
+    )
+}
+
+fn internal(e: &(dyn std::error::Error + 'static)) -> ActionError {
+    ActionError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        DisplayChain(e).to_string(),
+    )
+}
+
+/// The manager's refusal of an apply as the admin API's answer.
+fn refused(e: OperationError) -> ActionError {
+    match e {
+        OperationError::NotSubscribed { .. }
+        | OperationError::NoResourceVersion { .. }
+        | OperationError::Send(_)
+        | OperationError::Stopped => ActionError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            DisplayChain(&e).to_string(),
+        ),
+        // The view changed between the choice and the apply (another operation took the
+        // resources meanwhile): the operator may retry.
+        OperationError::Invalid { .. } => {
+            ActionError::new(StatusCode::CONFLICT, DisplayChain(&e).to_string())
+        }
+        other => internal(&other),
+    }
+}
+
+/// The wait of a request: `None` without `wait`, else its timeout (default 300 s).
+fn wait_of(wait: bool, timeout_seconds: Option<u64>) -> Result<Option<Duration>, ActionError> {
+    match (wait, timeout_seconds) {
+        (false, _) => Ok(None),
+        (true, None) => Ok(Some(DEFAULT_WAIT)),
+        (true, Some(0)) => Err(ActionError::field(
+            StatusCode::BAD_REQUEST,
+            "timeout_seconds",
+            "the timeout must be greater than zero",
+        )),
+        (true, Some(s)) => Ok(Some(Duration::from_secs(s))),
+    }
+}
+
+fn provider_id(view: &ProviderView) -> String {
+    view.info
+        .id
+        .as_ref()
+        .map(|id| id.value.clone())
+        .unwrap_or_default()
+}
+
+fn source(r: &Resource) -> Option<&slrp_proto::mesos::v1::resource::disk_info::Source> {
+    r.disk.as_ref().and_then(|d| d.source.as_ref())
+}
+
+/// `disk.source.id`, if any.
+fn disk_id(r: &Resource) -> Option<&str> {
+    source(r).and_then(|s| s.id.as_deref())
+}
+
+/// The profile of a storage pool (RAW, a profile, no id: Mesos's `isStoragePool`).
+fn pool_profile(r: &Resource) -> Option<&str> {
+    source(r)
+        .filter(|s| s.r#type == SourceType::Raw as i32 && s.id.is_none())
+        .and_then(|s| s.profile.as_deref())
+}
+
+fn scalar_mb(r: &Resource) -> f64 {
+    r.scalar.as_ref().map_or(0.0, |s| s.value)
+}
+
+/// A part of `mib` MB of a storage pool of `profile` with that much free, as a framework
+/// takes it from an offer (reservations and provider id kept).
+fn choose_pool(total: &[Resource], profile: &str, mib: u64) -> Result<Resource, ActionError> {
+    // Exact for any size a file system can hold: MB values up to 2^53.
+    #[allow(clippy::cast_precision_loss)]
+    let wanted = mib as f64;
+    let pools: Vec<&Resource> = total
+        .iter()
+        .filter(|r| pool_profile(r) == Some(profile))
+        .collect();
+    if pools.is_empty() {
+        let known: BTreeSet<String> = total
+            .iter()
+            .filter_map(|r| {
+                pool_profile(r).or_else(|| source(r).and_then(|s| s.profile.as_deref()))
+            })
+            .map(str::to_owned)
+            .collect();
+        return Err(ActionError::field(
+            StatusCode::NOT_FOUND,
+            "profile",
+            format!(
+                "no storage pool of profile '{profile}' (the provider's profiles: {}; a profile whose pool is full has none)",
+                list(&known.into_iter().collect::<Vec<_>>())
+            ),
+        ));
+    }
+    let Some(pool) = pools.iter().find(|r| scalar_mb(r) >= wanted) else {
+        let largest = pools.iter().map(|r| scalar_mb(r)).fold(0.0, f64::max);
+        return Err(ActionError::field(
+            StatusCode::CONFLICT,
+            "size_bytes",
+            format!(
+                "not enough free space in the pool of profile '{profile}': {mib} MiB asked, {largest} MiB free"
+            ),
+        ));
+    };
+    let mut part = (*pool).clone();
+    part.allocation_info = None;
+    if let Some(scalar) = &mut part.scalar {
+        scalar.value = wanted;
+    }
+    Ok(part)
+}
+
+/// `CREATE_DISK`, … of an operation; `UNKNOWN` when the manager does not know its info.
+fn operation_type(info: Option<&offer::Operation>) -> &'static str {
+    info.and_then(|i| i.r#type)
+        .and_then(|t| offer::operation::Type::try_from(t).ok())
+        .map_or("UNKNOWN", |t| t.as_str_name())
+}
+
+fn state_name(state: i32) -> String {
+    OperationState::try_from(state).map_or_else(
+        |_| format!("UNKNOWN({state})"),
+        |s| s.as_str_name().to_owned(),
+    )
+}
+
+fn uuid_text(bytes: &[u8]) -> Option<String> {
+    uuid::Uuid::from_slice(bytes).ok().map(|u| u.to_string())
+}
+
+/// The manager's record of an operation as the admin API shows it.
+fn summarize(provider: &str, view: &OperationView) -> OperationSummary {
+    let latest = &view.latest_status;
+    let finished = latest.state == OperationState::OperationFinished as i32;
+    let info = view.info.as_ref();
+    let volume_id = match info.and_then(|i| i.r#type) {
+        Some(t) if t == offer::operation::Type::CreateDisk as i32 => finished
+            .then(|| latest.converted_resources.iter().find_map(disk_id))
+            .flatten(),
+        Some(t) if t == offer::operation::Type::DestroyDisk as i32 => info
+            .and_then(|i| i.destroy_disk.as_ref())
+            .and_then(|d| disk_id(&d.source)),
+        _ => None,
+    }
+    .map(str::to_owned);
+    OperationSummary {
+        provider: provider.to_owned(),
+        operation_uuid: uuid_text(&view.operation_uuid.value)
+            .unwrap_or_else(|| format!("{:?}", view.operation_uuid.value)),
+        r#type: operation_type(info).to_owned(),
+        state: state_name(latest.state),
+        message: latest.message.clone(),
+        framework_id: view.framework_id.as_ref().map(|f| f.value.clone()),
+        volume_id,
+        converted_resources: latest
+            .converted_resources
+            .iter()
+            .filter_map(|r| slrp_wire::json::to_value(r).ok())
+            .collect(),
+        statuses: view
+            .statuses
+            .iter()
+            .map(|s| StatusSummary {
+                status_uuid: s.uuid.as_ref().and_then(|u| uuid_text(&u.value)),
+                state: state_name(s.state),
+                message: s.message.clone(),
+                acknowledged: None,
+            })
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use serde_json::json;
+
+    fn resource(v: serde_json::Value) -> Resource {
+        slrp_wire::json::from_value(v).unwrap()
+    }
+
+    fn pool(profile: &str, mb: f64) -> Resource {
+        resource(json!({
+            "name": "disk", "type": "SCALAR", "scalar": {"value": mb},
+            "provider_id": {"value": "rp"},
+            "reservations": [{"type": "DYNAMIC", "role": "storage"}],
+            "disk": {"source": {"type": "RAW", "vendor": "v", "profile": profile}},
+        }))
+    }
+
+    fn disk(id: &str, profile: &str) -> Resource {
+        resource(json!({
+            "name": "disk", "type": "SCALAR", "scalar": {"value": 10.0},
+            "provider_id": {"value": "rp"},
+            "disk": {"source": {"type": "MOUNT", "vendor": "v", "id": id, "profile": profile}},
+        }))
+    }
+
+    #[test]
+    fn a_pool_part_keeps_the_reservations_and_provider_and_takes_whole_mib() {
+        let total = vec![
+            pool("mount", 100.0),
+            pool("block", 5.0),
+            pool("block", 50.0),
+        ];
+        let part = choose_pool(&total, "block", 20).unwrap();
+        let v = slrp_wire::json::to_value(&part).unwrap();
+        assert_eq!(v["scalar"]["value"], 20.0);
+        assert_eq!(v["provider_id"]["value"], "rp");
+        assert_eq!(v["reservations"][0]["role"], "storage");
+        assert_eq!(v["disk"]["source"]["profile"], "block");
+    }
+
+    #[test]
+    fn too_large_a_disk_is_a_conflict_naming_the_free_space() {
+        let e = choose_pool(&[pool("mount", 100.0)], "mount", 101).unwrap_err();
+        assert_eq!(e.status, StatusCode::CONFLICT);
+        assert_eq!(e.body.field.as_deref(), Some("size_bytes"));
+        assert!(e.body.error.contains("100 MiB free"), "{}", e.body.error);
+    }
+
+    #[test]
+    fn an_unknown_profile_is_not_found_listing_the_known_ones() {
+        let total = vec![pool("mount", 100.0), disk("vol-1", "ext4")];
+        let e = choose_pool(&total, "fast", 1).unwrap_err();
+        assert_eq!(e.status, StatusCode::NOT_FOUND);
+        assert_eq!(e.body.field.as_deref(), Some("profile"));
+        assert!(e.body.error.contains("ext4, mount"), "{}", e.body.error);
+    }
+
+    #[test]
+    fn a_finished_create_names_its_volume_and_a_destroy_its_source() {
+        let uuid = uuid::Uuid::new_v4();
+        let created = disk("vol-7", "mount");
+        let view = OperationView {
+            operation_uuid: slrp_proto::mesos::v1::Uuid {
+                value: uuid.as_bytes().to_vec(),
+            },
+            framework_id: None,
+            info: Some(offer::Operation {
+                r#type: Some(offer::operation::Type::CreateDisk as i32),
+                ..offer::Operation::default()
+            }),
+            latest_status: slrp_proto::mesos::v1::OperationStatus {
+                state: OperationState::OperationFinished as i32,
+                converted_resources: vec![created.clone()],
+                ..Default::default()
+            },
+            statuses: vec![slrp_proto::mesos::v1::OperationStatus {
+                state: OperationState::OperationFinished as i32,
+                uuid: Some(slrp_proto::mesos::v1::Uuid {
+                    value: uuid.as_bytes().to_vec(),
+                }),
+                ..Default::default()
+            }],
+        };
+        let s = summarize("p", &view);
+        assert_eq!(s.operation_uuid, uuid.to_string());
+        assert_eq!(s.r#type, "CREATE_DISK");
+        assert_eq!(s.state, "OPERATION_FINISHED");
+        assert_eq!(s.volume_id.as_deref(), Some("vol-7"));
+        assert_eq!(s.statuses[0].status_uuid, Some(uuid.to_string()));
+        assert!(s.is_terminal());
+
+        let mut pending = view.clone();
+        pending.latest_status.state = OperationState::OperationPending as i32;
+        assert_eq!(summarize("p", &pending).volume_id, None);
+
+        let mut destroy = view;
+        destroy.info = Some(offer::Operation {
+            r#type: Some(offer::operation::Type::DestroyDisk as i32),
+            destroy_disk: Some(offer::operation::DestroyDisk { source: created }),
+            ..offer::Operation::default()
+        });
+        destroy.latest_status.converted_resources.clear();
+        assert_eq!(summarize("p", &destroy).volume_id.as_deref(), Some("vol-7"));
+    }
+
+    #[test]
+    fn a_wait_of_zero_seconds_is_refused() {
+        assert_eq!(wait_of(false, Some(0)).unwrap(), None);
+        assert_eq!(wait_of(true, None).unwrap(), Some(DEFAULT_WAIT));
+        let e = wait_of(true, Some(0)).unwrap_err();
+        assert_eq!(e.body.field.as_deref(), Some("timeout_seconds"));
+    }
+}

@@ -1,0 +1,262 @@
+//! `slrp ctl` as an operator runs it: the real binary against a real admin endpoint (a
+//! `slrp run` daemon beside the embedded manager), or against no daemon at all. The exit
+//! codes are the FIXED contract of docs/cli.md.
+
+#![allow(
+    clippy::tests_outside_test_module,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic
+)]
+
+mod support;
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::Path;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+use support::ops::{FRAMEWORK_ROLE, allocated, create_disk};
+use support::{Cluster, DaemonOptions, ProviderSpec, profiles, source};
+
+/// `slrp ctl --admin ADMIN ARGS…`, with no `SLRP_ADMIN*` from the test's environment.
+fn ctl(admin: &Path, args: &[&str]) -> Output {
+    ctl_command(admin, args).output().unwrap()
+}
+
+fn ctl_command(admin: &Path, args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_slrp"));
+    cmd.arg("ctl")
+        .arg("--admin")
+        .arg(admin)
+        .args(args)
+        .env_remove("SLRP_ADMIN")
+        .env_remove("SLRP_ADMIN_TOKEN_FILE")
+        .env_remove("SLRP_LOG");
+    cmd
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Asserts the exit code, showing both streams when it differs.
+fn assert_exit(out: &Output, code: i32) {
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "stdout: {}\nstderr: {}",
+        stdout(out),
+        stderr(out)
+    );
+}
+
+#[test]
+fn no_daemon_exits_2_and_says_how_to_start_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("admin.sock");
+    let out = ctl(&socket, &["status"]);
+    assert_exit(&out, 2);
+    assert_eq!(
+        stderr(&out),
+        format!(
+            "error: slrp is not running (no admin socket at {}); start it with `slrp standalone` or pass --admin\n",
+            socket.display()
+        )
+    );
+    assert!(out.stdout.is_empty());
+
+    // SLRP_ADMIN names the socket when --admin is not given; unix:// is accepted.
+    let out = Command::new(env!("CARGO_BIN_EXE_slrp"))
+        .args(["ctl", "volumes"])
+        .env("SLRP_ADMIN", format!("unix://{}", socket.display()))
+        .output()
+        .unwrap();
+    assert_exit(&out, 2);
+    assert!(
+        stderr(&out).contains(&socket.display().to_string()),
+        "{}",
+        stderr(&out)
+    );
+
+    // A socket file a dead daemon left behind: nothing listens.
+    let stale = dir.path().join("stale.sock");
+    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    let out = ctl(&stale, &["resources"]);
+    assert_exit(&out, 2);
+    assert!(
+        stderr(&out).contains("slrp is not running (nothing listens on"),
+        "{}",
+        stderr(&out)
+    );
+
+    // A closed TCP port.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let out = ctl(
+        Path::new(&format!("http://127.0.0.1:{port}")),
+        &["operations"],
+    );
+    assert_exit(&out, 2);
+}
+
+#[test]
+fn usage_errors_exit_64() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("admin.sock");
+    for args in [
+        &["create-disk", "--profile", "mount", "--size", "12 parsecs"][..],
+        &["create-disk", "--profile", "mount", "--size", "0"],
+        &["create-disk", "--profile", "mount"],
+        &["destroy-disk", "v", "--wait", "--timeout", "0"],
+        &["no-such-command"],
+    ] {
+        let out = ctl(&socket, args);
+        assert_exit(&out, 64);
+    }
+    let out = ctl(Path::new("https://127.0.0.1:1"), &["status"]);
+    assert_exit(&out, 64);
+    assert!(stderr(&out).contains("--admin"), "{}", stderr(&out));
+    // A TCP endpoint's token file that does not exist is a usage error, found before any
+    // connection.
+    let out = ctl(
+        Path::new("http://127.0.0.1:1"),
+        &["--token-file", "/nonexistent/token", "status"],
+    );
+    assert_exit(&out, 64);
+    assert!(
+        stderr(&out).contains("/nonexistent/token"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// The fixture with profile `test` and its pool, started.
+async fn started() -> (Cluster, Value) {
+    let mut spec = ProviderSpec::fixture();
+    spec.pools = vec!["default=4GiB".to_owned()];
+    let mut c = Cluster::new(vec![spec], DaemonOptions::with_profiles()).await;
+    c.set_profiles(&profiles(&["test"]));
+    c.start_daemon();
+    let pool = c.update_where(|u| u.pool("test").is_some()).await;
+    let pool = pool.pool("test").unwrap().clone();
+    c.admin_ok("/health").await;
+    (c, pool)
+}
+
+/// Runs `slrp ctl` on the daemon's admin socket off the test's runtime (the daemon and the
+/// manager run on it).
+async fn ctl_on(c: &Cluster, args: &[&str]) -> Output {
+    let socket = c.admin_socket();
+    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        ctl(&socket, &args)
+    })
+    .await
+    .unwrap()
+}
+
+/// An unknown volume is exit 4 with the daemon's text; a known one is unpublished (run
+/// mode's only action) and its target is no longer mounted.
+#[tokio::test]
+async fn root_unpublish_and_an_unknown_volume() {
+    if !slrp_test_support::require_root("root_unpublish_and_an_unknown_volume") {
+        return;
+    }
+    let (c, pool) = started().await;
+    let out = ctl_on(&c, &["unpublish", "no-such-volume"]).await;
+    assert_exit(&out, 4);
+    assert!(
+        stderr(&out).starts_with("error: ") && stderr(&out).contains("no-such-volume"),
+        "{}",
+        stderr(&out)
+    );
+
+    let from = allocated(&pool, FRAMEWORK_ROLE);
+    let disk = c.finished_one(create_disk(&from, "MOUNT", None)).await;
+    c.published(std::slice::from_ref(&disk)).await;
+    let target = c.volume_path(&disk);
+    assert!(support::mounts_under(c.dir.path()).contains(&target));
+    let id = source(&disk)["id"].as_str().unwrap().to_owned();
+
+    let out = ctl_on(&c, &["unpublish", &id]).await;
+    assert_exit(&out, 0);
+    assert_eq!(stdout(&out), format!("unpublished {id} (NODE_READY)\n"));
+    assert!(
+        !support::mounts_under(c.dir.path()).contains(&target),
+        "{} is no longer mounted",
+        target.display()
+    );
+    // --json prints the daemon's body.
+    let out = ctl_on(&c, &["--json", "unpublish", &id]).await;
+    assert_exit(&out, 0);
+    let body: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(body["volume_id"], id.as_str(), "{body}");
+    assert_eq!(body["state"], "NODE_READY", "{body}");
+    c.finish().await;
+}
+
+/// The daemon's socket is mode 0600: another user gets exit 3 and what to do, even with
+/// every directory on the way open to it.
+#[tokio::test]
+async fn root_the_socket_refuses_another_user() {
+    if !slrp_test_support::require_root("root_the_socket_refuses_another_user") {
+        return;
+    }
+    let (c, _pool) = started().await;
+    let socket = c.admin_socket();
+    let mode = std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "{}", socket.display());
+    for dir in socket.ancestors().skip(1) {
+        if dir == Path::new("/") || dir == std::env::temp_dir() {
+            break;
+        }
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let as_nobody = {
+        let socket = socket.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut cmd = Command::new("setpriv");
+            cmd.args([
+                "--reuid=nobody",
+                "--regid=nogroup",
+                "--clear-groups",
+                "--",
+                env!("CARGO_BIN_EXE_slrp"),
+                "ctl",
+                "--admin",
+            ])
+            .arg(&socket)
+            .arg("status")
+            .env_remove("SLRP_ADMIN");
+            cmd.output()
+        })
+        .await
+        .unwrap()
+    };
+    let out = match as_nobody {
+        Ok(out) => out,
+        Err(e) => {
+            eprintln!("skipping: setpriv cannot run: {e}");
+            c.finish().await;
+            return;
+        }
+    };
+    assert_exit(&out, 3);
+    assert_eq!(
+        stderr(&out),
+        format!(
+            "error: cannot open {}: permission denied; run as root or as the daemon's user\n",
+            socket.display()
+        )
+    );
+    c.finish().await;
+}

@@ -1,0 +1,143 @@
+//! `slrp`'s log on standard error as a service manager captures it (a file): `--log-format
+//! json` or `SLRP_LOG_FORMAT=json` gives one JSON object per line; the text format has no
+//! ANSI escape codes off a terminal; the bundled plugin's log file (`stderr.log`, appended
+//! by the supervisor) has none either.
+
+#![allow(
+    clippy::tests_outside_test_module,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic
+)]
+
+use std::path::{Path, PathBuf};
+
+mod support;
+
+use support::{Cluster, DaemonOptions, ProviderSpec};
+
+/// Runs the daemon to READY and stops it with SIGTERM; returns its log (without the
+/// harness's start banners) and the plugins' `stderr.log` files.
+async fn run_to_ready(options: DaemonOptions) -> (String, Vec<(PathBuf, String)>) {
+    let mut c = Cluster::new(vec![ProviderSpec::fixture()], options).await;
+    c.start_daemon();
+    c.admin_ok("/ready").await;
+    c.stop_daemon_cleanly().await;
+    let log: String = c
+        .daemon_log()
+        .lines()
+        .filter(|l| !l.starts_with("==== daemon start"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let mut plugin_logs = Vec::new();
+    find_files(&c.state_dir(), "stderr.log", &mut plugin_logs);
+    assert!(
+        !plugin_logs.is_empty(),
+        "no plugin stderr.log under the state dir"
+    );
+    let plugin_logs = plugin_logs
+        .into_iter()
+        .map(|p| {
+            let text = std::fs::read_to_string(&p).unwrap();
+            (p, text)
+        })
+        .collect();
+    (log, plugin_logs)
+}
+
+fn find_files(dir: &Path, name: &str, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            find_files(&path, name, out);
+        } else if path.file_name().is_some_and(|n| n == name) {
+            out.push(path);
+        }
+    }
+}
+
+fn assert_no_escape_codes(plugin_logs: &[(PathBuf, String)]) {
+    for (path, text) in plugin_logs {
+        assert!(
+            text.contains("serving CSI"),
+            "{} holds the plugin's log: {text}",
+            path.display()
+        );
+        assert!(
+            !text.contains("\x1b["),
+            "escape codes in {}: {text:?}",
+            path.display()
+        );
+    }
+}
+
+/// Every line is a JSON object with a level, a target and a message; the provider's
+/// transition to READY is among them, with its fields.
+fn assert_json_lines(log: &str) {
+    let mut ready = false;
+    for line in log.lines() {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line:?}"));
+        assert!(v["level"].is_string(), "{line}");
+        assert!(
+            v["target"].as_str().is_some_and(|t| !t.is_empty()),
+            "{line}"
+        );
+        assert!(v["fields"]["message"].is_string(), "{line}");
+        ready |= v["fields"]["to"] == "READY";
+    }
+    assert!(ready, "the READY transition is logged: {log}");
+    assert!(!log.contains('\x1b'), "{log:?}");
+}
+
+#[tokio::test]
+async fn log_format_json_gives_one_object_per_line() {
+    let (log, plugins) = run_to_ready(DaemonOptions {
+        extra_args: vec!["--log-format".into(), "json".into()],
+        ..DaemonOptions::default()
+    })
+    .await;
+    assert_json_lines(&log);
+    assert_no_escape_codes(&plugins);
+}
+
+#[tokio::test]
+async fn slrp_log_format_in_the_environment_selects_json() {
+    let (log, plugins) = run_to_ready(DaemonOptions {
+        env: vec![("SLRP_LOG_FORMAT".into(), "json".into())],
+        ..DaemonOptions::default()
+    })
+    .await;
+    assert_json_lines(&log);
+    assert_no_escape_codes(&plugins);
+}
+
+#[tokio::test]
+async fn the_text_log_in_a_file_has_no_escape_codes() {
+    let (log, plugins) = run_to_ready(DaemonOptions::default()).await;
+    assert!(log.contains("READY"), "{log}");
+    assert!(
+        !log.contains("\x1b["),
+        "escape codes in the log file: {log:?}"
+    );
+    assert!(
+        serde_json::from_str::<serde_json::Value>(log.lines().next().unwrap()).is_err(),
+        "text, not JSON: {log}"
+    );
+    assert_no_escape_codes(&plugins);
+}
+
+#[test]
+fn an_unknown_log_format_is_a_usage_error_naming_the_flag() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_slrp"))
+        .args(["inspect", "--state-dir", "/nonexistent"])
+        .env("SLRP_LOG_FORMAT", "xml")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--log-format") && err.contains("xml"), "{err}");
+}

@@ -1,0 +1,532 @@
+//! `slrp standalone` as a process, as an operator starts it: its defaults, its refusals
+//! (no root, no plugin binary, a state directory in use, an agent in the config), a
+//! restart after SIGKILL with the same agent id and provider id, and a clean SIGTERM.
+//!
+//! The bundled plugin must be found beside the `slrp` binary: `csi_local_bin()` builds
+//! `target/<profile>/slrp-csi-local` if `cargo nextest run --workspace` did not.
+
+#![allow(
+    clippy::tests_outside_test_module,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic
+)]
+
+mod support;
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::{Value, json};
+use support::{WAIT, http_get_unix, processes_mentioning, unmount_under};
+
+/// The default provider's key (the FIXED defaults of standalone mode).
+const DEFAULT_PROVIDER: &str = "org.apache.mesos.rp.local.storage.local";
+
+/// A `slrp standalone` on a temporary state directory; on drop its processes (and the
+/// plugins they started, found by the directory in their command line) are killed and
+/// their mounts removed.
+struct Standalone {
+    dir: tempfile::TempDir,
+    child: Option<tokio::process::Child>,
+    starts: usize,
+}
+
+impl Standalone {
+    fn new() -> Self {
+        // Built beside `slrp` if missing: the default configuration looks for it there.
+        slrp_test_support::csi_local_bin();
+        Self {
+            dir: tempfile::tempdir().unwrap(),
+            child: None,
+            starts: 0,
+        }
+    }
+
+    fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
+    fn admin_socket(&self) -> PathBuf {
+        self.state_dir().join("admin.sock")
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join("slrp.log")
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    fn fail(&self, what: &str) -> ! {
+        panic!("{what}\n---- slrp log ----\n{}---- end ----", self.log())
+    }
+
+    /// The command with the state directory and the test's log settings.
+    fn command(&self, binary: &Path, extra: &[&str]) -> tokio::process::Command {
+        let mut cmd = tokio::process::Command::new(binary);
+        cmd.arg("standalone")
+            .arg("--state-dir")
+            .arg(self.state_dir())
+            .args(extra)
+            .env("SLRP_LOG", "info")
+            .stdin(Stdio::null());
+        cmd
+    }
+
+    /// Starts the daemon with `extra` flags; its output is appended to the log.
+    fn start_with(&mut self, extra: &[&str]) {
+        assert!(self.child.is_none(), "already running");
+        self.starts += 1;
+        let mut log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .unwrap();
+        std::io::Write::write_all(
+            &mut log,
+            format!("==== start {} ====\n", self.starts).as_bytes(),
+        )
+        .unwrap();
+        let child = self
+            .command(Path::new(env!("CARGO_BIN_EXE_slrp")), extra)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+    }
+
+    fn start(&mut self) {
+        self.start_with(&[]);
+    }
+
+    /// Waits until `/ready` answers 200; returns how long that took and the body.
+    async fn ready(&mut self) -> (Duration, Value) {
+        let begin = Instant::now();
+        let deadline = begin + WAIT;
+        loop {
+            if let Some((200, body)) = http_get_unix(&self.admin_socket(), "/ready").await {
+                return (begin.elapsed(), serde_json::from_str(&body).unwrap());
+            }
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                self.fail(&format!("slrp standalone exited ({status}) before READY"));
+            }
+            if Instant::now() > deadline {
+                self.fail("not READY in time");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn pid(&self) -> Pid {
+        Pid::from_raw(i32::try_from(self.child.as_ref().unwrap().id().unwrap()).unwrap())
+    }
+
+    async fn signal(&mut self, signal: Signal) -> ExitStatus {
+        kill(self.pid(), signal).unwrap();
+        let mut child = self.child.take().unwrap();
+        match tokio::time::timeout(WAIT, child.wait()).await {
+            Ok(status) => status.unwrap(),
+            Err(_) => {
+                self.child = Some(child);
+                self.fail(&format!("no exit after {signal}"))
+            }
+        }
+    }
+
+    /// The embedded manager's registry: `(agent id, [(provider id, name)])`.
+    fn registry(&self) -> (String, Vec<(String, String)>) {
+        let path = self
+            .state_dir()
+            .join("manager")
+            .join("resource_provider_registry.json");
+        let v: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        let providers = v["providers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| {
+                (
+                    p["id"]["value"]
+                        .as_str()
+                        .or_else(|| p["id"].as_str())
+                        .unwrap()
+                        .to_owned(),
+                    p["name"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect();
+        (v["agent_id"].as_str().unwrap().to_owned(), providers)
+    }
+
+    /// The provider id the daemon's durable state holds for the default provider under
+    /// `agent_id` (`slrp inspect`, read-only).
+    fn durable_provider_id(&self, agent_id: &str) -> String {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_slrp"))
+            .arg("inspect")
+            .arg("--state-dir")
+            .arg(self.state_dir())
+            .arg("--json")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8_lossy(&out.stdout);
+        let v: Value = serde_json::from_str(&text).unwrap();
+        v["providers"][DEFAULT_PROVIDER]["records"]["provider"][agent_id]["provider_id"]
+            .as_str()
+            .map(str::to_owned)
+            .unwrap_or_else(|| panic!("no resource_provider_id in slrp inspect: {text}"))
+    }
+
+    async fn plugins_gone(&self) {
+        let dir = self.dir.path().to_owned();
+        let gone = tokio::time::timeout(WAIT, async {
+            while !processes_mentioning(&dir).is_empty() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        if gone.is_err() {
+            self.fail(&format!(
+                "plugin processes left: {:?}",
+                processes_mentioning(&dir)
+            ));
+        }
+    }
+}
+
+impl Drop for Standalone {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "---- slrp log at the failure ----\n{}---- end ----",
+                self.log()
+            );
+        }
+        if let Some(pid) = self.child.as_ref().and_then(tokio::process::Child::id) {
+            let _ = kill(Pid::from_raw(i32::try_from(pid).unwrap()), Signal::SIGKILL);
+        }
+        for pid in processes_mentioning(self.dir.path()) {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+        unmount_under(self.dir.path());
+    }
+}
+
+fn mode(path: &Path) -> u32 {
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+}
+
+/// Runs `cmd` to its end within the hang guard; `(status, stderr)`.
+async fn finish(mut cmd: tokio::process::Command) -> (ExitStatus, String) {
+    let out = tokio::time::timeout(
+        WAIT,
+        cmd.stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("slrp standalone did not exit")
+    .unwrap();
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn the_default_is_ready_in_seconds_and_survives_sigkill_with_its_identity() {
+    if !slrp_test_support::require_root(
+        "the_default_is_ready_in_seconds_and_survives_sigkill_with_its_identity",
+    ) {
+        return;
+    }
+    let mut s = Standalone::new();
+    s.start();
+    let (took, ready) = s.ready().await;
+    eprintln!("READY after {took:?}");
+    assert!(took < Duration::from_secs(30), "READY after {took:?}");
+    assert_eq!(
+        ready["providers"][0]["provider"], DEFAULT_PROVIDER,
+        "{ready}"
+    );
+
+    // What the default made: a private state directory, the admin socket 0600, the
+    // provider and profile files an operator can read.
+    assert_eq!(mode(&s.state_dir()), 0o700);
+    assert_eq!(mode(&s.admin_socket()), 0o600);
+    let info: Value = serde_json::from_slice(
+        &std::fs::read(s.state_dir().join("config/resource-providers/local.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(info["type"], "org.apache.mesos.rp.local.storage");
+    assert_eq!(info["name"], "local");
+    let command = &info["storage"]["plugin"]["containers"][0]["command"];
+    assert_eq!(
+        Path::new(command["value"].as_str().unwrap()),
+        Path::new(env!("CARGO_BIN_EXE_slrp"))
+            .parent()
+            .unwrap()
+            .join("slrp-csi-local"),
+        "the plugin beside slrp"
+    );
+    let args: Vec<&str> = command["arguments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    let root = s.state_dir().join("csi-local");
+    assert!(
+        args.windows(2)
+            .any(|w| w[0] == "--root" && Path::new(w[1]) == root),
+        "{args:?}"
+    );
+    for pool in ["dir=", "loop="] {
+        assert!(
+            args.windows(2)
+                .any(|w| w[0] == "--pool" && w[1].starts_with(pool)),
+            "{args:?}"
+        );
+    }
+    let profiles: Value =
+        serde_json::from_slice(&std::fs::read(s.state_dir().join("config/profiles.json")).unwrap())
+            .unwrap();
+    let matrix = &profiles["profile_matrix"];
+    assert_eq!(
+        matrix["mount"]["create_parameters"],
+        json!({"pool": "dir", "backend": "dir"})
+    );
+    assert_eq!(
+        matrix["block"]["create_parameters"],
+        json!({"pool": "loop", "backend": "loop"})
+    );
+    assert!(matrix["block"]["volume_capabilities"]["block"].is_object());
+    assert_eq!(
+        matrix["ext4"]["volume_capabilities"]["mount"]["fs_type"],
+        "ext4"
+    );
+
+    let (agent_id, providers) = s.registry();
+    assert_eq!(providers.len(), 1, "{providers:?}");
+    assert_eq!(providers[0].1, "local");
+    let provider_id = s.durable_provider_id(&agent_id);
+    assert_eq!(provider_id, providers[0].0);
+
+    // kill -9: nothing is lost; the next start is the same agent with the same provider.
+    let status = s.signal(Signal::SIGKILL).await;
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(9)
+    );
+    let written =
+        std::fs::read(s.state_dir().join("config/resource-providers/local.json")).unwrap();
+    s.start();
+    s.ready().await;
+    assert_eq!(s.registry(), (agent_id.clone(), providers.clone()));
+    assert_eq!(s.durable_provider_id(&agent_id), provider_id);
+    assert_eq!(
+        std::fs::read(s.state_dir().join("config/resource-providers/local.json")).unwrap(),
+        written,
+        "the generated file is kept"
+    );
+
+    // SIGTERM: exit 0, the plugin stopped, the admin socket removed.
+    let status = s.signal(Signal::SIGTERM).await;
+    assert!(status.success(), "{status}");
+    s.plugins_gone().await;
+    assert!(!s.admin_socket().exists());
+}
+
+#[tokio::test]
+async fn a_second_standalone_on_the_same_state_dir_is_refused_and_the_first_keeps_serving() {
+    if !slrp_test_support::require_root(
+        "a_second_standalone_on_the_same_state_dir_is_refused_and_the_first_keeps_serving",
+    ) {
+        return;
+    }
+    let mut s = Standalone::new();
+    s.start();
+    s.ready().await;
+    let first = s.pid();
+    let (status, stderr) = finish(s.command(Path::new(env!("CARGO_BIN_EXE_slrp")), &[])).await;
+    assert_eq!(status.code(), Some(78), "{stderr}");
+    assert!(stderr.contains("in use"), "{stderr}");
+    assert!(stderr.contains(&format!("pid {first}")), "{stderr}");
+    // The first one's sockets were not touched.
+    let (code, _) = http_get_unix(&s.admin_socket(), "/ready").await.unwrap();
+    assert_eq!(code, 200);
+    let (_, providers) = s.registry();
+    assert_eq!(providers.len(), 1);
+    assert!(s.signal(Signal::SIGTERM).await.success());
+}
+
+#[tokio::test]
+async fn without_root_it_says_what_it_needs_in_one_line_and_exits_77() {
+    let s = Standalone::new();
+    let binary = Path::new(env!("CARGO_BIN_EXE_slrp"));
+    let cmd = if slrp_test_support::is_root() {
+        // As `nobody`: setpriv changes the ids and execs slrp (no shell, no PAM).
+        let mut cmd = tokio::process::Command::new("setpriv");
+        cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(binary)
+            .arg("standalone")
+            .arg("--state-dir")
+            .arg(s.state_dir())
+            .stdin(Stdio::null());
+        cmd
+    } else {
+        s.command(binary, &[])
+    };
+    let (status, stderr) = finish(cmd).await;
+    assert_eq!(status.code(), Some(77), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr:?}");
+    assert!(stderr.contains("root"), "{stderr}");
+    assert!(
+        stderr.contains("mount") && stderr.contains("loop devices"),
+        "{stderr}"
+    );
+    assert!(
+        !s.state_dir().exists(),
+        "nothing is created before the check"
+    );
+}
+
+#[tokio::test]
+async fn without_the_plugin_binary_it_names_both_places_it_looked() {
+    if !slrp_test_support::require_root("without_the_plugin_binary_it_names_both_places_it_looked")
+    {
+        return;
+    }
+    let s = Standalone::new();
+    // A copy of slrp alone in a directory (a hard link where the file system allows:
+    // the binary is large), with a PATH that has no plugin either.
+    let lonely = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let binary = lonely.path().join("slrp");
+    if std::fs::hard_link(env!("CARGO_BIN_EXE_slrp"), &binary).is_err() {
+        std::fs::copy(env!("CARGO_BIN_EXE_slrp"), &binary).unwrap();
+    }
+    let empty_path = tempfile::tempdir().unwrap();
+    let mut cmd = s.command(&binary, &[]);
+    cmd.env("PATH", empty_path.path());
+    let (status, stderr) = finish(cmd).await;
+    assert_eq!(status.code(), Some(78), "{stderr}");
+    assert!(
+        stderr.contains(&lonely.path().join("slrp-csi-local").display().to_string()),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&empty_path.path().display().to_string()),
+        "{stderr}"
+    );
+    assert!(
+        !s.state_dir()
+            .join("config/resource-providers/local.json")
+            .exists()
+    );
+}
+
+#[tokio::test]
+async fn an_agent_url_in_the_config_file_is_refused() {
+    if !slrp_test_support::require_root("an_agent_url_in_the_config_file_is_refused") {
+        return;
+    }
+    let s = Standalone::new();
+    let config = s.dir.path().join("slrp.toml");
+    std::fs::write(&config, "[agent]\nurl = \"http://127.0.0.1:5051\"\n").unwrap();
+    let config = config.display().to_string();
+    let (status, stderr) = finish(s.command(
+        Path::new(env!("CARGO_BIN_EXE_slrp")),
+        &["--config", &config],
+    ))
+    .await;
+    assert_eq!(status.code(), Some(78), "{stderr}");
+    assert!(
+        stderr.contains("agent.url") && stderr.contains("slrp run"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn mesos_files_replace_the_generated_provider_and_profiles() {
+    if !slrp_test_support::require_root("mesos_files_replace_the_generated_provider_and_profiles") {
+        return;
+    }
+    let mut s = Standalone::new();
+    let rp = s.dir.path().join("rp");
+    std::fs::create_dir_all(&rp).unwrap();
+    let plugin_root = s.dir.path().join("plugin");
+    let info = json!({
+        "type": "org.apache.mesos.rp.local.storage",
+        "name": "mine",
+        "default_reservations": [{"type": "DYNAMIC", "role": "storage"}],
+        "storage": {
+            "plugin": {
+                "type": "org.apache.mesos.csi.test",
+                "name": "local",
+                "containers": [{
+                    "services": ["CONTROLLER_SERVICE", "NODE_SERVICE"],
+                    "command": {
+                        "shell": false,
+                        "value": slrp_test_support::csi_local_bin().display().to_string(),
+                        "arguments": [
+                            "slrp-csi-local",
+                            "--root", plugin_root.display().to_string(),
+                            "--pool", "fast=1GiB",
+                        ],
+                    },
+                }],
+            },
+            "reconciliation_interval_seconds": 0,
+        },
+    });
+    std::fs::write(rp.join("mine.json"), info.to_string()).unwrap();
+    let profiles = s.dir.path().join("profiles.json");
+    std::fs::write(
+        &profiles,
+        json!({"profile_matrix": {"gold": {
+            "csi_plugin_type_selector": {"plugin_type": "org.apache.mesos.csi.test"},
+            "volume_capabilities": {"mount": {}, "access_mode": {"mode": "SINGLE_NODE_WRITER"}},
+            "create_parameters": {"pool": "fast"},
+        }}})
+        .to_string(),
+    )
+    .unwrap();
+    let rp = rp.display().to_string();
+    let profiles = profiles.display().to_string();
+    s.start_with(&[
+        "--resource-provider-config-dir",
+        &rp,
+        "--disk-profiles",
+        &profiles,
+    ]);
+    let (_, ready) = s.ready().await;
+    let listed = ready["providers"].as_array().unwrap();
+    assert_eq!(listed.len(), 1, "{ready}");
+    assert_eq!(
+        listed[0]["provider"], "org.apache.mesos.rp.local.storage.mine",
+        "{ready}"
+    );
+    assert!(!s.state_dir().join("config/resource-providers").exists());
+    assert!(!s.state_dir().join("config/profiles.json").exists());
+    let (_, providers) = s.registry();
+    assert_eq!(
+        providers.iter().map(|p| p.1.as_str()).collect::<Vec<_>>(),
+        ["mine"]
+    );
+    assert!(s.signal(Signal::SIGTERM).await.success());
+}
