@@ -66,7 +66,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use crate::admin::api::{PluginHealth, ProfileSummary};
-use crate::admin::{AdminError, AdminListener, AdminState, BoxFuture, DaemonExtras, ProviderView};
+use crate::admin::{
+    AdminError, AdminListener, AdminState, AdminTcpListener, BoxFuture, DaemonExtras, ProviderView,
+};
 use crate::config::{AdminListen, DaemonConfig, ProviderConfig};
 use crate::metrics::{MetricsFamilies, ProviderMetrics};
 use crate::stack::{PluginStack, StackConfig, StackError, StopPlugins};
@@ -496,15 +498,25 @@ pub async fn run_with(
 
     let AdminListen::Unix(socket) = &config.admin;
     let listener = AdminListener::bind(socket).map_err(DaemonError::Admin)?;
+    let tcp = match &config.admin_tcp {
+        Some(tcp) => Some(
+            AdminTcpListener::bind(tcp.listen, tcp.token.clone())
+                .await
+                .map_err(DaemonError::Admin)?,
+        ),
+        None => None,
+    };
     tracing::info!(socket = %listener.path().display(), "admin endpoint listening");
     let views: Vec<Arc<dyn ProviderView>> = slots
         .iter()
         .map(|slot| Arc::clone(slot) as Arc<dyn ProviderView>)
         .collect();
-    background.spawn(listener.serve(
-        AdminState::with_extras(views, registry, extras),
-        services.child_token(),
-    ));
+    let admin_state = AdminState::with_extras(views, registry, extras);
+    if let Some(tcp) = tcp {
+        tracing::info!(addr = ?tcp.local_addr().ok(), "admin endpoint listening on TCP (bearer token required)");
+        background.spawn(tcp.serve(admin_state.clone(), services.child_token()));
+    }
+    background.spawn(listener.serve(admin_state, services.child_token()));
 
     let stop = CancellationToken::new();
     let plugins_on_exit = config.plugins_on_exit;

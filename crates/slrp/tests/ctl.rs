@@ -164,8 +164,10 @@ async fn ctl_on(c: &Cluster, args: &[&str]) -> Output {
     .unwrap()
 }
 
-/// An unknown volume is exit 4 with the daemon's text; a known one is unpublished (run
-/// mode's only action) and its target is no longer mounted.
+/// Under `slrp run`: the read commands show the daemon's view (`resources --json` is
+/// `/resources` as is), an action of standalone mode is refused (403, exit 1), an unknown
+/// volume is exit 4 with the daemon's text, and a known one is unpublished (run mode's
+/// only action): its target is no longer mounted.
 #[tokio::test]
 async fn root_unpublish_and_an_unknown_volume() {
     if !slrp_test_support::require_root("root_unpublish_and_an_unknown_volume") {
@@ -186,6 +188,48 @@ async fn root_unpublish_and_an_unknown_volume() {
     let target = c.volume_path(&disk);
     assert!(support::mounts_under(c.dir.path()).contains(&target));
     let id = source(&disk)["id"].as_str().unwrap().to_owned();
+
+    let out = ctl_on(&c, &["status"]).await;
+    assert_exit(&out, 0);
+    assert!(
+        stdout(&out).starts_with("mode:     run\n"),
+        "{}",
+        stdout(&out)
+    );
+    assert!(
+        stdout(&out).contains("org.apache.mesos.rp.local.storage.test  READY  yes"),
+        "{}",
+        stdout(&out)
+    );
+    let out = ctl_on(&c, &["volumes"]).await;
+    assert_exit(&out, 0);
+    assert!(
+        stdout(&out).contains(&format!("{id}  PUBLISHED")),
+        "{}",
+        stdout(&out)
+    );
+    assert!(
+        stdout(&out).contains(&format!("/mounts/{id}/target")),
+        "{}",
+        stdout(&out)
+    );
+    let out = ctl_on(&c, &["--json", "resources"]).await;
+    assert_exit(&out, 0);
+    let (status, body) = c.admin_get("/resources").await.unwrap();
+    assert_eq!(status, 200);
+    let printed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let served: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(printed, served, "--json prints /resources as is");
+    let out = ctl_on(&c, &["resources"]).await;
+    assert_exit(&out, 0);
+    assert!(
+        stdout(&out).contains(&format!("{id}  MOUNT  test")),
+        "{}",
+        stdout(&out)
+    );
+    let out = ctl_on(&c, &["publish", &id]).await;
+    assert_exit(&out, 1);
+    assert!(stderr(&out).contains("(HTTP 403)"), "{}", stderr(&out));
 
     let out = ctl_on(&c, &["unpublish", &id]).await;
     assert_exit(&out, 0);

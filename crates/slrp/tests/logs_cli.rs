@@ -130,6 +130,44 @@ async fn the_text_log_in_a_file_has_no_escape_codes() {
     assert_no_escape_codes(&plugins);
 }
 
+/// The agent's bearer token is sent on every call, yet with every crate logging at `trace`
+/// (hyper included) it appears neither in the daemon's log nor in the plugin's.
+#[tokio::test]
+async fn the_agent_token_never_reaches_a_log_at_trace_level() {
+    const TOKEN: &str = "agent-t0ken-4711";
+    let token_dir = tempfile::tempdir().unwrap();
+    let token_file = token_dir.path().join("agent.token");
+    std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+    let (log, plugins) = run_to_ready(DaemonOptions {
+        agent_settings: vec![format!(
+            "token_file = {:?}",
+            token_file.display().to_string()
+        )],
+        env: vec![("SLRP_LOG".into(), "trace".into())],
+        ..DaemonOptions::default()
+    })
+    .await;
+    assert!(
+        log.contains("TRACE"),
+        "logging was at its most verbose: {log}"
+    );
+    assert!(
+        log.contains("hyper") || log.contains("h2"),
+        "transport crates logged too"
+    );
+    assert!(
+        !log.contains(TOKEN),
+        "the agent token leaked into the daemon's log"
+    );
+    for (path, text) in &plugins {
+        assert!(
+            !text.contains(TOKEN),
+            "the agent token leaked into {}",
+            path.display()
+        );
+    }
+}
+
 #[test]
 fn an_unknown_log_format_is_a_usage_error_naming_the_flag() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_slrp"))

@@ -52,6 +52,8 @@ use slrp_proto::mesos::v1::Resource;
 use slrp_types::DisplayChain;
 use tokio_util::sync::CancellationToken;
 
+use crate::config::AdminToken;
+
 mod act;
 pub mod actions;
 pub mod api;
@@ -448,6 +450,15 @@ pub enum AdminError {
         /// The path.
         path: PathBuf,
     },
+    /// The TCP listener cannot be bound.
+    #[error("listening on TCP {addr}")]
+    BindTcp {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
     /// Creating, securing or placing the socket failed.
     #[error("creating the admin socket {path}")]
     Bind {
@@ -548,6 +559,92 @@ impl AdminListener {
             tracing::warn!(error = %DisplayChain(&e), socket = %path.display(), "removing the admin socket failed");
         }
     }
+}
+
+/// The admin endpoint's TCP listener, bound, not yet serving. Every request needs
+/// `Authorization: Bearer <token>`.
+#[derive(Debug)]
+pub struct AdminTcpListener {
+    listener: tokio::net::TcpListener,
+    token: AdminToken,
+}
+
+impl AdminTcpListener {
+    /// Binds `addr`; requests must carry `token`.
+    ///
+    /// # Errors
+    /// [`AdminError::BindTcp`].
+    pub async fn bind(addr: std::net::SocketAddr, token: AdminToken) -> Result<Self, AdminError> {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| AdminError::BindTcp { addr, source })?;
+        Ok(Self { listener, token })
+    }
+
+    /// The address bound (with the port the system chose for port 0).
+    ///
+    /// # Errors
+    /// The socket's error.
+    pub fn local_addr(&self) -> std::io::Result<std::net::SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Serves `state` until `cancel` fires, then lets requests in progress finish.
+    pub async fn serve(self, state: AdminState, cancel: CancellationToken) {
+        let addr = self.listener.local_addr().ok();
+        let app = router(state).layer(axum::middleware::from_fn_with_state(
+            self.token,
+            require_token,
+        ));
+        let served = axum::serve(self.listener, app)
+            .with_graceful_shutdown(cancel.cancelled_owned())
+            .await;
+        if let Err(e) = served {
+            tracing::error!(error = %DisplayChain(&e), addr = ?addr, "the admin TCP endpoint failed");
+        }
+    }
+}
+
+/// The token of an `Authorization` header value `Bearer <token>` (scheme in any case).
+fn bearer(value: &[u8]) -> Option<&[u8]> {
+    let space = value.iter().position(|b| *b == b' ')?;
+    let (scheme, rest) = value.split_at(space);
+    if !scheme.eq_ignore_ascii_case(b"bearer") {
+        return None;
+    }
+    Some(rest.trim_ascii())
+}
+
+/// Refuses a TCP request without the right bearer token: 401 with
+/// `WWW-Authenticate: Bearer`. Neither the expected nor the presented token is logged.
+async fn require_token(
+    State(token): State<AdminToken>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let presented = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .map(|v| bearer(v.as_bytes()));
+    let refused = match presented {
+        Some(Some(candidate)) if token.matches(candidate) => return next.run(request).await,
+        Some(Some(_)) => "the bearer token is wrong",
+        Some(None) => "the Authorization header is not 'Bearer <token>'",
+        None => "no 'Authorization: Bearer <token>' header",
+    };
+    tracing::warn!(method = %request.method(), path = %request.uri().path(), reason = refused, "refused an admin request on TCP");
+    let mut response = refusal(
+        StatusCode::UNAUTHORIZED,
+        format!(
+            "{refused}: the TCP admin endpoint needs the token of the daemon's 'admin.token_file'"
+        ),
+    )
+    .into_response();
+    response.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        axum::http::HeaderValue::from_static("Bearer"),
+    );
+    response
 }
 
 fn remove_if_present(path: &Path) -> std::io::Result<()> {

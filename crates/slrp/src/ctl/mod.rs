@@ -338,12 +338,7 @@ async fn operation<B: serde::Serialize>(
             .post_raw(path, request, limit + Duration::from_secs(30))
             .await;
         progress.finish();
-        answer.map_err(|e| match e {
-            CtlError::Daemon { status: 504, .. } | CtlError::NoAnswer { .. } => {
-                CtlError::WaitTimedOut { after: limit }
-            }
-            e => e,
-        })?
+        answer.map_err(|e| waited_error(e, limit))?
     } else {
         client
             .post_raw(path, request, client::REQUEST_TIMEOUT)
@@ -368,6 +363,17 @@ async fn operation<B: serde::Serialize>(
         }
     }
     Ok(op)
+}
+
+/// What a failed `--wait` request stands for: the daemon's 504 (its wait ended) and the
+/// client's own deadline are a timeout (exit 5), the operation going on.
+fn waited_error(e: CtlError, limit: Duration) -> CtlError {
+    match e {
+        CtlError::Daemon { status: 504, .. } | CtlError::NoAnswer { .. } => {
+            CtlError::WaitTimedOut { after: limit }
+        }
+        e => e,
+    }
 }
 
 /// `POST path` with a [`VolumeRef`]; prints the answer under `--json`.
@@ -566,6 +572,28 @@ mod tests {
             std::path::Path::new(DEFAULT_ADMIN),
             std::path::Path::new(slrp_provider::config::DEFAULT_STATE_DIR).join("admin.sock")
         );
+    }
+
+    #[test]
+    fn a_wait_the_daemon_or_the_client_gave_up_is_exit_5() {
+        let limit = Duration::from_secs(7);
+        let gateway = CtlError::Daemon {
+            status: 504,
+            error: "no terminal state within 7 s".into(),
+        };
+        let e = waited_error(gateway, limit);
+        assert_eq!(e.exit_code(), 5);
+        assert!(e.to_string().contains("within 7s"), "{e}");
+        let silent = CtlError::NoAnswer {
+            endpoint: "s".into(),
+            after: Duration::from_secs(37),
+        };
+        assert_eq!(waited_error(silent, limit).exit_code(), 5);
+        let conflict = CtlError::Daemon {
+            status: 409,
+            error: "not enough free space".into(),
+        };
+        assert_eq!(waited_error(conflict, limit).exit_code(), 1);
     }
 
     #[test]
