@@ -238,7 +238,9 @@ pub(crate) async fn run(args: CtlArgs) -> anyhow::Result<ExitCode> {
                 timeout_seconds: wait.wait.then_some(wait.timeout),
             };
             let what = format!("destroying disk {id}");
-            let op = operation(&client, json, "/disks/destroy", &request, &wait, &what).await?;
+            let op = operation(&client, json, "/disks/destroy", &request, &wait, &what)
+                .await
+                .map_err(volume_hint)?;
             if !json {
                 write_stdout(&if wait.wait {
                     format!("destroyed disk {id}\n")
@@ -248,7 +250,9 @@ pub(crate) async fn run(args: CtlArgs) -> anyhow::Result<ExitCode> {
             }
         }
         CtlCommand::Publish { id, provider } => {
-            let changed = volume_change(&client, json, "/volumes/publish", id, provider).await?;
+            let changed = volume_change(&client, json, "/volumes/publish", id, provider)
+                .await
+                .map_err(volume_hint)?;
             if !json {
                 let mut text = format!("published {} ({})\n", changed.volume_id, changed.state);
                 if let Some(path) = &changed.path {
@@ -259,7 +263,9 @@ pub(crate) async fn run(args: CtlArgs) -> anyhow::Result<ExitCode> {
             }
         }
         CtlCommand::Unpublish { id, provider } => {
-            let changed = volume_change(&client, json, "/volumes/unpublish", id, provider).await?;
+            let changed = volume_change(&client, json, "/volumes/unpublish", id, provider)
+                .await
+                .map_err(volume_hint)?;
             if !json {
                 write_stdout(&format!(
                     "unpublished {} ({})\n",
@@ -373,6 +379,19 @@ fn waited_error(e: CtlError, limit: Duration) -> CtlError {
             CtlError::WaitTimedOut { after: limit }
         }
         e => e,
+    }
+}
+
+/// An unknown volume's error, with where to find the known ones (the daemon's text speaks
+/// of the API).
+fn volume_hint(e: anyhow::Error) -> anyhow::Error {
+    match e.downcast::<CtlError>() {
+        Ok(CtlError::NotFound { error }) => CtlError::NotFound {
+            error: format!("{error}; `slrp ctl volumes` lists the volumes"),
+        }
+        .into(),
+        Ok(other) => other.into(),
+        Err(e) => e,
     }
 }
 
@@ -594,6 +613,29 @@ mod tests {
             error: "not enough free space".into(),
         };
         assert_eq!(waited_error(conflict, limit).exit_code(), 1);
+    }
+
+    #[test]
+    fn an_unknown_volume_says_where_the_volumes_are_listed() {
+        let e = volume_hint(
+            CtlError::NotFound {
+                error: "no disk with id 'v'".into(),
+            }
+            .into(),
+        );
+        assert_eq!(exit_code(&e), Some(4));
+        assert_eq!(
+            e.to_string(),
+            "no disk with id 'v'; `slrp ctl volumes` lists the volumes"
+        );
+        let other = volume_hint(
+            CtlError::Daemon {
+                status: 409,
+                error: "in use".into(),
+            }
+            .into(),
+        );
+        assert_eq!(other.to_string(), "in use (HTTP 409)");
     }
 
     #[test]
