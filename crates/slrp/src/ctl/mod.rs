@@ -32,8 +32,20 @@ use table::{Table, cells, or_dash, rendered, several, table};
 /// that they agree).
 const DEFAULT_ADMIN: &str = "/var/lib/slrp/admin.sock";
 
+/// The exit codes of the FIXED contract, in `slrp ctl --help` and its man page.
+const EXIT_CODES: &str = "\
+Exit codes:
+  0   done
+  1   the daemon refused or failed the request, or the operation did not finish
+  2   slrp is not running or cannot be reached
+  3   permission denied on the socket, or a missing or wrong token (TCP)
+  4   unknown volume, operation or profile
+  5   --wait timed out (the operation goes on)
+  64  usage error";
+
 /// `slrp ctl` arguments.
 #[derive(Debug, Args)]
+#[command(after_help = EXIT_CODES)]
 pub(crate) struct CtlArgs {
     /// The admin endpoint: the daemon's socket (a path or `unix:///path`), or
     /// `http://host:port` for its TCP listener (with --token-file).
