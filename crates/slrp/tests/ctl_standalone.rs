@@ -361,4 +361,8 @@ async fn root_ctl_drives_standalone() {
     assert!(err.contains("vol-nope"), "{err}");
     let (_, err) = d.ctl_exit(&["publish", "vol-nope"], 4).await;
     assert!(err.contains("vol-nope"), "{err}");
+    assert!(
+        err.contains("`slrp ctl volumes` lists the volumes"),
+        "{err}"
+    );
 }
