@@ -40,7 +40,9 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -272,9 +274,11 @@ pub enum ConfigError {
         #[source]
         source: SettingError,
     },
-    /// The token file cannot be read.
-    #[error("setting 'agent.token_file': reading {path}")]
+    /// A token file cannot be read.
+    #[error("setting '{field}': reading {path}")]
     TokenFile {
+        /// The setting (`agent.token_file`, `admin.token_file`).
+        field: &'static str,
         /// The file.
         path: PathBuf,
         /// Why.
@@ -381,6 +385,20 @@ pub enum SettingError {
     /// The token file is empty.
     #[error("the token file is empty")]
     EmptyToken,
+    /// `admin.listen` without a token: TCP is never served unauthenticated.
+    #[error(
+        "'admin.listen' needs a token file: the TCP endpoint is only served with a bearer token (give 'admin.token_file' or --admin-token-file)"
+    )]
+    TokenRequired,
+    /// A token file for a TCP endpoint that is not configured.
+    #[error("there is no TCP endpoint to protect: give 'admin.listen' (or --admin-listen) too")]
+    TokenWithoutListen,
+    /// Not a socket address.
+    #[error("{value:?} is not an address and port (e.g. 127.0.0.1:5051, [::1]:5051)")]
+    Address {
+        /// The value given.
+        value: String,
+    },
     /// The agent client refuses the setting.
     #[error("the agent client refuses it")]
     Agent(#[source] slrp_agent::ConfigError),
@@ -551,6 +569,48 @@ pub enum AdminListen {
     Unix(PathBuf),
 }
 
+/// The admin endpoint's optional TCP listener (`[admin] listen` + `token_file`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdminTcp {
+    /// Where to listen.
+    pub listen: SocketAddr,
+    /// What every TCP request must carry as `Authorization: Bearer <token>`.
+    pub token: AdminToken,
+}
+
+/// The admin endpoint's bearer token. Its `Debug` never shows it, so it cannot reach a
+/// log through a config dump.
+#[derive(Clone, PartialEq, Eq)]
+pub struct AdminToken(Arc<[u8]>);
+
+impl AdminToken {
+    /// A token of these bytes.
+    pub fn new(token: impl AsRef<[u8]>) -> Self {
+        Self(Arc::from(token.as_ref()))
+    }
+
+    /// Whether `candidate` is the token, in time that depends only on the lengths (not on
+    /// where the bytes differ), so the token cannot be guessed byte by byte.
+    pub fn matches(&self, candidate: &[u8]) -> bool {
+        let token: &[u8] = &self.0;
+        // The length is not secret enough to hide: tokens are long and random.
+        if candidate.len() != token.len() {
+            return false;
+        }
+        let diff = token
+            .iter()
+            .zip(candidate)
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b));
+        std::hint::black_box(diff) == 0
+    }
+}
+
+impl fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("AdminToken(<redacted>)")
+    }
+}
+
 /// What happens to the plugins when the daemon stops (`plugins_on_exit`, `--plugins-on-exit`):
 /// the plugin stack's own setting, `stop` (the default) or `leave` (the next slrp adopts
 /// them: no plugin restart across an upgrade).
@@ -584,6 +644,8 @@ pub struct DaemonConfig {
     pub profiles: Option<slrp_profiles::ProfilesConfig>,
     /// Where the admin endpoint listens.
     pub admin: AdminListen,
+    /// Where the admin endpoint also listens on TCP, with its bearer token.
+    pub admin_tcp: Option<AdminTcp>,
     /// Stop the plugins on exit, or leave them for the next slrp to adopt.
     pub plugins_on_exit: PluginsOnExit,
     /// Bound on the whole shutdown; what has not stopped by then is abandoned.
@@ -645,6 +707,10 @@ pub struct AgentFile {
 pub struct AdminFile {
     /// The unix socket's path (default `<state_dir>/admin.sock`).
     pub socket: Option<PathBuf>,
+    /// Also serve the API on TCP at `HOST:PORT` (only with `token_file`).
+    pub listen: Option<String>,
+    /// A file holding the bearer token TCP clients must send (never the token itself).
+    pub token_file: Option<PathBuf>,
 }
 
 /// The TOML config file, as written, with the flags merged in. Relative paths in the file
@@ -698,6 +764,10 @@ pub struct Overrides {
     pub disk_profiles: Option<String>,
     /// `--admin-socket`.
     pub admin_socket: Option<PathBuf>,
+    /// `--admin-listen`.
+    pub admin_listen: Option<String>,
+    /// `--admin-token-file`.
+    pub admin_token_file: Option<PathBuf>,
     /// `--plugins-on-exit`.
     pub plugins_on_exit: Option<String>,
 }
@@ -735,6 +805,7 @@ impl DaemonConfigFile {
         self.agent.token_file = relative_to(base, self.agent.token_file.take());
         self.agent.ca_file = relative_to(base, self.agent.ca_file.take());
         self.admin.socket = relative_to(base, self.admin.socket.take());
+        self.admin.token_file = relative_to(base, self.admin.token_file.take());
         if let Some(p) = &mut self.profiles {
             if let Some(uri) = &p.uri
                 && !uri.contains("://")
@@ -769,6 +840,12 @@ impl DaemonConfigFile {
         }
         if let Some(p) = here(flags.admin_socket) {
             self.admin.socket = Some(p);
+        }
+        if let Some(addr) = flags.admin_listen {
+            self.admin.listen = Some(addr);
+        }
+        if let Some(p) = here(flags.admin_token_file) {
+            self.admin.token_file = Some(p);
         }
         if let Some(v) = flags.plugins_on_exit {
             self.plugins_on_exit = Some(v);
@@ -827,6 +904,50 @@ fn non_empty(field: &'static str, path: Option<PathBuf>) -> Result<Option<PathBu
     }
 }
 
+/// The token in the file `path` of setting `field`, without the trailing newline editors
+/// and `echo` write; an empty one is refused.
+fn read_token(field: &'static str, path: &Path) -> Result<String, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::TokenFile {
+        field,
+        path: path.to_owned(),
+        source,
+    })?;
+    let token = text.trim_end_matches(['\n', '\r']);
+    if token.is_empty() {
+        return Err(setting(field, SettingError::EmptyToken));
+    }
+    Ok(token.to_owned())
+}
+
+/// The `[admin]` TCP listener, if `listen` is set: refused without a token.
+fn admin_tcp(file: &AdminFile) -> Result<Option<AdminTcp>, ConfigError> {
+    let token_file = non_empty("admin.token_file", file.token_file.clone())?;
+    let Some(listen) = &file.listen else {
+        return match token_file {
+            Some(_) => Err(setting(
+                "admin.token_file",
+                SettingError::TokenWithoutListen,
+            )),
+            None => Ok(None),
+        };
+    };
+    let addr: SocketAddr = listen.parse().map_err(|_| {
+        setting(
+            "admin.listen",
+            SettingError::Address {
+                value: listen.clone(),
+            },
+        )
+    })?;
+    let token_file =
+        token_file.ok_or_else(|| setting("admin.token_file", SettingError::TokenRequired))?;
+    let token = read_token("admin.token_file", &token_file)?;
+    Ok(Some(AdminTcp {
+        listen: addr,
+        token: AdminToken::new(token),
+    }))
+}
+
 fn agent_config(file: AgentFile) -> Result<AgentConfig, ConfigError> {
     let url = file.url.ok_or(ConfigError::NoAgent)?;
     let endpoint =
@@ -863,15 +984,7 @@ fn agent_config(file: AgentFile) -> Result<AgentConfig, ConfigError> {
         agent.backoff,
     )?;
     if let Some(path) = non_empty("agent.token_file", file.token_file)? {
-        let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::TokenFile {
-            path: path.clone(),
-            source,
-        })?;
-        // A trailing newline is how editors and `echo` write the file; it is not the token's.
-        let token = text.trim_end_matches(['\n', '\r']);
-        if token.is_empty() {
-            return Err(setting("agent.token_file", SettingError::EmptyToken));
-        }
+        let token = read_token("agent.token_file", &path)?;
         agent.token = Some(Token::new(token));
     }
     agent
@@ -892,6 +1005,7 @@ impl DaemonConfig {
             .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
         let work_dir =
             non_empty("work_dir", file.work_dir)?.unwrap_or_else(|| state_dir.join("work"));
+        let admin_tcp = admin_tcp(&file.admin)?;
         let admin = AdminListen::Unix(
             non_empty("admin.socket", file.admin.socket)?
                 .unwrap_or_else(|| state_dir.join(ADMIN_SOCKET_NAME)),
@@ -939,6 +1053,7 @@ impl DaemonConfig {
             providers,
             profiles,
             admin,
+            admin_tcp,
             plugins_on_exit,
             shutdown_grace,
             plugin_ready_timeout,

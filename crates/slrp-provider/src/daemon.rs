@@ -53,16 +53,22 @@ use std::sync::{Arc, Mutex};
 use prometheus_client::registry::Registry;
 use slrp_agent::AgentConfig;
 use slrp_core::provider::lifecycle::Lifecycle;
-use slrp_core::provider::operations::StatusRetry;
-use slrp_core::volume::VolumeManagerHandle;
+use slrp_core::provider::operations::{StatusRetry, TrackedOperation, load_operations};
+use slrp_core::provider::state::StateError;
+use slrp_core::volume::{MountPaths, VolumeManagerHandle};
+use slrp_profiles::ProviderKey;
 use slrp_store::Store;
+use slrp_supervisor::ContainerState;
 use slrp_types::{Backoff, DisplayChain, Jitter, JitterRng};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use crate::admin::{AdminError, AdminListener, AdminState, DaemonExtras, ProviderView};
+use crate::admin::api::{PluginHealth, ProfileSummary};
+use crate::admin::{
+    AdminError, AdminListener, AdminState, AdminTcpListener, BoxFuture, DaemonExtras, ProviderView,
+};
 use crate::config::{AdminListen, DaemonConfig, ProviderConfig};
 use crate::metrics::{MetricsFamilies, ProviderMetrics};
 use crate::stack::{PluginStack, StackConfig, StackError, StopPlugins};
@@ -155,17 +161,36 @@ enum Phase {
     StartingPlugin,
     /// The worker runs; its status says where the lifecycle is. The volume manager
     /// serves the admin API's volume routes.
-    Running(watch::Receiver<ProviderStatus>, VolumeManagerHandle),
+    Running(Box<Running>),
     /// Stopped on its own, with the cause chain.
     Failed(String),
     /// Shutting down.
     Stopping,
 }
 
+/// What the admin endpoint reads of a running provider.
+#[derive(Debug, Clone)]
+struct Running {
+    status: watch::Receiver<ProviderStatus>,
+    volumes: VolumeManagerHandle,
+    paths: MountPaths,
+    csi_version: &'static str,
+    /// Each supervised plugin container and its state.
+    containers: Vec<(String, watch::Receiver<ContainerState>)>,
+}
+
 /// One provider as the admin endpoint sees it.
 #[derive(Debug)]
 struct Slot {
     key: String,
+    /// `<type>.<name>` of the provider's CSI plugin.
+    plugin: String,
+    /// How the profile adaptor selects profiles for this provider.
+    profile_key: ProviderKey,
+    profiles: Option<slrp_profiles::ProfileAdaptorHandle>,
+    /// The provider's store: its operation records are read from it (safe while the
+    /// worker writes), so the admin routes never wait on the worker's loop.
+    store: Store,
     metrics: ProviderMetrics,
     phase: Mutex<Phase>,
 }
@@ -184,6 +209,19 @@ impl Slot {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
     }
+
+    fn running(&self) -> Option<Box<Running>> {
+        match self.phase() {
+            Phase::Running(running) => Some(running),
+            Phase::WaitingForAgent | Phase::StartingPlugin | Phase::Failed(_) | Phase::Stopping => {
+                None
+            }
+        }
+    }
+
+    fn status(&self) -> Option<ProviderStatus> {
+        self.running().map(|r| r.status.borrow().clone())
+    }
 }
 
 impl ProviderView for Slot {
@@ -195,14 +233,15 @@ impl ProviderView for Slot {
         match self.phase() {
             Phase::WaitingForAgent => "WAITING_FOR_AGENT".to_owned(),
             Phase::StartingPlugin => "STARTING_PLUGIN".to_owned(),
-            Phase::Running(status, _) => status.borrow().lifecycle.as_str().to_owned(),
+            Phase::Running(running) => running.status.borrow().lifecycle.as_str().to_owned(),
             Phase::Failed(_) => "FAILED".to_owned(),
             Phase::Stopping => "STOPPING".to_owned(),
         }
     }
 
     fn is_ready(&self) -> bool {
-        matches!(self.phase(), Phase::Running(status, _) if status.borrow().lifecycle == Lifecycle::Ready)
+        self.running()
+            .is_some_and(|r| r.status.borrow().lifecycle == Lifecycle::Ready)
     }
 
     fn snapshot(&self) -> BTreeMap<String, f64> {
@@ -212,19 +251,138 @@ impl ProviderView for Slot {
     fn error(&self) -> Option<String> {
         match self.phase() {
             Phase::Failed(error) => Some(error),
-            Phase::Running(status, _) => status.borrow().last_error.clone(),
+            Phase::Running(running) => running.status.borrow().last_error.clone(),
             Phase::WaitingForAgent | Phase::StartingPlugin | Phase::Stopping => None,
         }
     }
 
     fn volumes(&self) -> Option<VolumeManagerHandle> {
-        match self.phase() {
-            Phase::Running(_, volumes) => Some(volumes),
-            Phase::WaitingForAgent | Phase::StartingPlugin | Phase::Failed(_) | Phase::Stopping => {
-                None
+        self.running().map(|r| r.volumes)
+    }
+
+    fn mount_paths(&self) -> Option<MountPaths> {
+        self.running().map(|r| r.paths)
+    }
+
+    fn agent_id(&self) -> Option<String> {
+        self.status().map(|s| s.agent_id)
+    }
+
+    fn provider_id(&self) -> Option<String> {
+        self.status().and_then(|s| s.provider_id)
+    }
+
+    fn total(&self) -> Vec<slrp_proto::mesos::v1::Resource> {
+        self.running()
+            .map(|r| r.status.borrow().total.clone())
+            .unwrap_or_default()
+    }
+
+    fn operation_counts(&self) -> (usize, usize) {
+        self.running().map_or((0, 0), |r| {
+            let s = r.status.borrow();
+            (s.operations, s.unacknowledged)
+        })
+    }
+
+    fn operations(&self) -> BoxFuture<'_, Result<Vec<TrackedOperation>, StateError>> {
+        Box::pin(async move {
+            match self.agent_id() {
+                Some(agent_id) => load_operations(&self.store, &agent_id).await,
+                None => Ok(Vec::new()),
             }
+        })
+    }
+
+    fn profiles(&self) -> BoxFuture<'_, Vec<ProfileSummary>> {
+        Box::pin(async move {
+            let Some(handle) = &self.profiles else {
+                return Vec::new();
+            };
+            match handle.status().await {
+                Ok(status) => profile_summaries(&status, &self.profile_key),
+                Err(slrp_profiles::AdaptorStopped) => Vec::new(),
+            }
+        })
+    }
+
+    fn plugins(&self) -> Vec<PluginHealth> {
+        let supervisor = self.metrics.supervisor();
+        match self.phase() {
+            Phase::Running(running) if running.containers.is_empty() => vec![PluginHealth {
+                provider: self.key.clone(),
+                plugin: self.plugin.clone(),
+                csi_version: Some(running.csi_version.to_owned()),
+                healthy: true,
+                restarts: 0,
+                error: None,
+                container: None,
+            }],
+            Phase::Running(running) => running
+                .containers
+                .iter()
+                .map(|(container, state)| PluginHealth {
+                    provider: self.key.clone(),
+                    plugin: self.plugin.clone(),
+                    csi_version: Some(running.csi_version.to_owned()),
+                    healthy: matches!(*state.borrow(), ContainerState::Ready { .. }),
+                    restarts: supervisor.restarts(container),
+                    error: None,
+                    container: Some(container.clone()),
+                })
+                .collect(),
+            phase @ (Phase::WaitingForAgent
+            | Phase::StartingPlugin
+            | Phase::Failed(_)
+            | Phase::Stopping) => vec![PluginHealth {
+                provider: self.key.clone(),
+                plugin: self.plugin.clone(),
+                csi_version: None,
+                healthy: false,
+                restarts: 0,
+                error: match phase {
+                    Phase::Failed(error) => Some(error),
+                    _ => None,
+                },
+                container: None,
+            }],
         }
     }
+}
+
+/// The active profiles of `status` that apply to the provider `key`.
+fn profile_summaries(
+    status: &slrp_profiles::StatusSnapshot,
+    key: &ProviderKey,
+) -> Vec<ProfileSummary> {
+    status
+        .profiles
+        .iter()
+        .filter(|(_, p)| {
+            p.active
+                && slrp_profiles::Manifest {
+                    selector: p.selector.clone(),
+                    info: p.info.clone(),
+                }
+                .applies_to(key)
+        })
+        .map(|(name, p)| {
+            let capability = slrp_csi::VolumeCapability::from_mesos(&p.info.capability).ok();
+            let (kind, fs_type) = match capability.map(|c| c.access_type) {
+                Some(slrp_csi::AccessType::Block) => ("block", None),
+                Some(slrp_csi::AccessType::Mount { fs_type, .. }) => {
+                    ("mount", Some(fs_type).filter(|f| !f.is_empty()))
+                }
+                None => ("unknown", None),
+            };
+            ProfileSummary {
+                name: name.clone(),
+                r#type: kind.to_owned(),
+                fs_type,
+                parameters: p.info.parameters.clone(),
+            }
+        })
+        .collect()
 }
 
 /// What one provider's task needs.
@@ -302,19 +460,6 @@ pub async fn run_with(
     // Prometheus rejects.
     let families = MetricsFamilies::default();
     families.register(&mut registry);
-    let slots: Vec<Arc<Slot>> = config
-        .providers
-        .iter()
-        .map(|p| {
-            let metrics = families.provider(&p.info.r#type, &p.info.name);
-            Arc::new(Slot {
-                key: p.key(),
-                metrics,
-                phase: Mutex::new(Phase::WaitingForAgent),
-            })
-        })
-        .collect();
-
     let services = CancellationToken::new();
     let mut background = JoinSet::new();
     let profiles = config.profiles.clone().map(|profiles| {
@@ -328,17 +473,50 @@ pub async fn run_with(
         handle
     });
 
+    let slots: Vec<Arc<Slot>> = config
+        .providers
+        .iter()
+        .zip(&stores)
+        .map(|(p, store)| {
+            let metrics = families.provider(&p.info.r#type, &p.info.name);
+            let (plugin_type, plugin_name) = p.plugin();
+            Arc::new(Slot {
+                key: p.key(),
+                plugin: format!("{plugin_type}.{plugin_name}"),
+                profile_key: ProviderKey::new(
+                    p.info.r#type.clone(),
+                    p.info.name.clone(),
+                    Some(plugin_type),
+                ),
+                profiles: profiles.clone(),
+                store: store.clone(),
+                metrics,
+                phase: Mutex::new(Phase::WaitingForAgent),
+            })
+        })
+        .collect();
+
     let AdminListen::Unix(socket) = &config.admin;
     let listener = AdminListener::bind(socket).map_err(DaemonError::Admin)?;
+    let tcp = match &config.admin_tcp {
+        Some(tcp) => Some(
+            AdminTcpListener::bind(tcp.listen, tcp.token.clone())
+                .await
+                .map_err(DaemonError::Admin)?,
+        ),
+        None => None,
+    };
     tracing::info!(socket = %listener.path().display(), "admin endpoint listening");
     let views: Vec<Arc<dyn ProviderView>> = slots
         .iter()
         .map(|slot| Arc::clone(slot) as Arc<dyn ProviderView>)
         .collect();
-    background.spawn(listener.serve(
-        AdminState::with_extras(views, registry, extras),
-        services.child_token(),
-    ));
+    let admin_state = AdminState::with_extras(views, registry, extras);
+    if let Some(tcp) = tcp {
+        tracing::info!(addr = ?tcp.local_addr().ok(), "admin endpoint listening on TCP (bearer token required)");
+        background.spawn(tcp.serve(admin_state.clone(), services.child_token()));
+    }
+    background.spawn(listener.serve(admin_state, services.child_token()));
 
     let stop = CancellationToken::new();
     let plugins_on_exit = config.plugins_on_exit;
@@ -549,7 +727,13 @@ async fn run_provider_inner(
             return Err(ProviderRunError::Spawn(e));
         }
     };
-    slot.set(Phase::Running(handle.status(), stack.volumes().clone()));
+    slot.set(Phase::Running(Box::new(Running {
+        status: handle.status(),
+        volumes: stack.volumes().clone(),
+        paths: stack.paths().clone(),
+        csi_version: stack.prepared().version.as_str(),
+        containers: stack.plugin_states(),
+    })));
     tracing::info!("resource provider started");
     let mut worker_done = false;
     let ended = tokio::select! {

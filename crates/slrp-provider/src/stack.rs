@@ -421,6 +421,27 @@ impl PluginStack {
         &self.recovery
     }
 
+    /// Each supervised plugin container's id and a receiver of its state, for the admin
+    /// endpoint's plugin health; empty for a plugin slrp does not run.
+    pub fn plugin_states(
+        &self,
+    ) -> Vec<(
+        String,
+        tokio::sync::watch::Receiver<slrp_supervisor::ContainerState>,
+    )> {
+        let Plugin::Managed(supervisor) = &self.plugin else {
+            return Vec::new();
+        };
+        supervisor
+            .containers()
+            .into_iter()
+            .filter_map(|(id, services)| {
+                let service = *services.first()?;
+                supervisor.watch(service).ok().map(|rx| (id, rx))
+            })
+            .collect()
+    }
+
     /// The plugin's routed CSI clients (counting into the provider's metrics).
     pub fn services(&self) -> &CsiServices {
         &self.services

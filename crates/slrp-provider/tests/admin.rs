@@ -2,6 +2,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod http;
+
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
@@ -11,7 +13,6 @@ use std::time::Duration;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 use slrp_provider::admin::{AdminError, AdminListener, AdminState, ProviderView};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio_util::sync::CancellationToken;
 
 struct Fake {
@@ -42,23 +43,10 @@ impl ProviderView for Fake {
     }
 }
 
-/// `GET path` with HTTP/1.1 and `Connection: close`: (status, headers, body).
+/// `GET path`: (status, headers, body).
 async fn get(socket: &Path, path: &str) -> (u16, String, String) {
-    let mut stream = tokio::net::UnixStream::connect(socket).await.unwrap();
-    stream
-        .write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: slrp\r\nConnection: close\r\n\r\n").as_bytes(),
-        )
-        .await
-        .unwrap();
-    let mut raw = String::new();
-    tokio::time::timeout(Duration::from_secs(10), stream.read_to_string(&mut raw))
-        .await
-        .expect("the admin endpoint answers")
-        .unwrap();
-    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
-    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-    (status, head.to_owned(), body.to_owned())
+    let answer = http::unix(socket, "GET", path, None).await;
+    (answer.status, answer.head, answer.body)
 }
 
 struct Running {
@@ -158,8 +146,8 @@ async fn health_ready_and_metrics_answer_over_a_0600_socket() {
         7.0
     );
 
-    let (status, _, _) = get(&r.socket, "/volumes").await;
-    assert_eq!(status, 404, "the rest of the admin API is issue #12");
+    let (status, _, body) = get(&r.socket, "/no-such-route").await;
+    assert_eq!(status, 404, "{body}");
 
     r.cancel.cancel();
     tokio::time::timeout(Duration::from_secs(10), r.task)

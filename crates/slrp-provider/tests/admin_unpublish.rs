@@ -3,10 +3,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod http;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use prometheus_client::registry::Registry;
 use slrp_core::volume::{StateName, VolumeManagerHandle};
@@ -14,7 +15,6 @@ use slrp_csi::{Code, CsiRpc, VolumeId};
 use slrp_provider::admin::{AdminListener, AdminState, ProviderView};
 use slrp_test_support::fake_csi::FakeCsi;
 use slrp_test_support::harness::{Harness, create_req};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio_util::sync::CancellationToken;
 
 /// A provider whose volume manager is `volumes` (`None`: not running).
@@ -51,21 +51,8 @@ const B: &str = "org.apache.mesos.rp.local.storage.b";
 
 /// `POST path` with a JSON body: (status, body as JSON).
 async fn post(socket: &Path, path: &str, body: &str) -> (u16, serde_json::Value) {
-    let mut stream = tokio::net::UnixStream::connect(socket).await.unwrap();
-    let request = format!(
-        "POST {path} HTTP/1.1\r\nHost: slrp\r\nConnection: close\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut raw = String::new();
-    tokio::time::timeout(Duration::from_secs(30), stream.read_to_string(&mut raw))
-        .await
-        .expect("the admin endpoint answers")
-        .unwrap();
-    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
-    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-    (status, serde_json::from_str(body).expect("a JSON body"))
+    let answer = http::unix(socket, "POST", path, Some(body)).await;
+    (answer.status, answer.json())
 }
 
 /// `POST /volumes/unpublish` of `volume_id`, naming `provider` if given.

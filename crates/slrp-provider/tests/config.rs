@@ -11,7 +11,7 @@ use slrp_provider::config::{
     AdminListen, ConfigError, DaemonConfig, DaemonConfigFile, Overrides, PluginsOnExit,
     load_provider_dir, load_provider_file,
 };
-use slrp_types::Backoff;
+use slrp_types::{Backoff, DisplayChain};
 use slrp_wire::ContentType;
 
 fn valid() -> Value {
@@ -558,4 +558,83 @@ fn the_examples_are_valid() {
     );
     let profiles = std::fs::read(examples.join("profiles.json")).unwrap();
     slrp_profiles::document::ProfileMapping::parse(&profiles).unwrap();
+}
+
+#[test]
+fn the_admin_tcp_endpoint_needs_a_token_file() {
+    let s = Setup::new();
+    let base = "resource_provider_config_dir = \"rp\"\n[agent]\nurl = \"http://127.0.0.1:5051\"\n";
+    std::fs::write(s.dir.path().join("admin-token"), "t0ken-value\n").unwrap();
+    std::fs::write(s.dir.path().join("empty-token"), "\n").unwrap();
+    let refused = [
+        (
+            "[admin]\nlisten = \"127.0.0.1:5052\"\n",
+            "setting 'admin.token_file'",
+            "needs a token file",
+        ),
+        (
+            "[admin]\nlisten = \"127.0.0.1:5052\"\ntoken_file = \"empty-token\"\n",
+            "setting 'admin.token_file'",
+            "the token file is empty",
+        ),
+        (
+            "[admin]\nlisten = \"127.0.0.1:5052\"\ntoken_file = \"missing\"\n",
+            "setting 'admin.token_file': reading",
+            "No such file",
+        ),
+        (
+            "[admin]\nlisten = \"localhost\"\ntoken_file = \"admin-token\"\n",
+            "setting 'admin.listen'",
+            "is not an address and port",
+        ),
+        (
+            "[admin]\ntoken_file = \"admin-token\"\n",
+            "setting 'admin.token_file'",
+            "give 'admin.listen'",
+        ),
+    ];
+    for (admin, top, cause) in refused {
+        let e = s
+            .resolve(&format!("{base}{admin}"), Overrides::default())
+            .unwrap_err();
+        let chain = DisplayChain(&e).to_string();
+        assert!(e.to_string().starts_with(top), "{admin}: {chain}");
+        assert!(chain.contains(cause), "{admin}: {chain}");
+    }
+    let config = s
+        .resolve(
+            &format!("{base}[admin]\nlisten = \"127.0.0.1:5052\"\ntoken_file = \"admin-token\"\n"),
+            Overrides::default(),
+        )
+        .unwrap();
+    let tcp = config.admin_tcp.clone().unwrap();
+    assert_eq!(tcp.listen, "127.0.0.1:5052".parse().unwrap());
+    assert!(
+        tcp.token.matches(b"t0ken-value"),
+        "the newline is not the token's"
+    );
+    assert!(
+        !format!("{config:?}").contains("t0ken"),
+        "the token never shows"
+    );
+
+    // The flags set the same, relative to the working directory.
+    let token = s.dir.path().join("admin-token");
+    let config = s
+        .resolve(
+            base,
+            Overrides {
+                admin_listen: Some("[::1]:0".into()),
+                admin_token_file: Some(token),
+                ..Overrides::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(config.admin_tcp.unwrap().listen, "[::1]:0".parse().unwrap());
+    assert!(
+        s.resolve(base, Overrides::default())
+            .unwrap()
+            .admin_tcp
+            .is_none()
+    );
 }

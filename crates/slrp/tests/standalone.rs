@@ -24,7 +24,7 @@ use tokio::time::Instant;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
-use support::{WAIT, http_get_unix, processes_mentioning, unmount_under};
+use support::{WAIT, http_get_unix, http_unix, processes_mentioning, unmount_under};
 
 /// The default provider's key (the FIXED defaults of standalone mode).
 const DEFAULT_PROVIDER: &str = "org.apache.mesos.rp.local.storage.local";
@@ -191,6 +191,64 @@ impl Standalone {
             .unwrap_or_else(|| panic!("no resource_provider_id in slrp inspect: {text}"))
     }
 
+    /// `GET path` on the admin socket: `(status, JSON body)`.
+    async fn get(&self, path: &str) -> (u16, Value) {
+        match http_get_unix(&self.admin_socket(), path).await {
+            Some((status, body)) => (status, json_of(&body)),
+            None => self.fail(&format!("GET {path}: no answer")),
+        }
+    }
+
+    /// `POST path` with a JSON body on the admin socket: `(status, JSON body)`.
+    async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        match http_unix(&self.admin_socket(), "POST", path, Some(body)).await {
+            Some((status, text)) => (status, json_of(&text)),
+            None => self.fail(&format!("POST {path}: no answer")),
+        }
+    }
+
+    /// The free MB of the storage pool of `profile` (`None` if not reported).
+    async fn pool_mb(&self, profile: &str) -> Option<f64> {
+        let (status, resources) = self.get("/resources").await;
+        assert_eq!(status, 200, "{resources}");
+        resources.as_array().unwrap().iter().find_map(|r| {
+            let source = &r["disk"]["source"];
+            (source["type"] == "RAW" && source["id"].is_null() && source["profile"] == profile)
+                .then(|| r["scalar"]["value"].as_f64().unwrap())
+        })
+    }
+
+    /// Polls until the pool of `profile` is reported (READY comes before the first
+    /// GetCapacity answers); its free MB.
+    async fn pool_reported(&self, profile: &str) -> f64 {
+        let found = tokio::time::timeout(WAIT, async {
+            loop {
+                if let Some(mb) = self.pool_mb(profile).await {
+                    return mb;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await;
+        found.unwrap_or_else(|_| self.fail(&format!("no {profile} pool reported")))
+    }
+
+    /// Polls until the pool of `profile` has `mb` free (the total reaches the admin API a
+    /// little after the operation's status; a shared pool's other profile waits for the
+    /// next reconciliation).
+    async fn pool_is(&self, profile: &str, mb: f64) {
+        let reached = tokio::time::timeout(WAIT, async {
+            while self.pool_mb(profile).await != Some(mb) {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await;
+        if reached.is_err() {
+            let now = self.pool_mb(profile).await;
+            self.fail(&format!("the {profile} pool is {now:?} MB, not {mb}"));
+        }
+    }
+
     async fn plugins_gone(&self) {
         let dir = self.dir.path().to_owned();
         let gone = tokio::time::timeout(WAIT, async {
@@ -224,6 +282,10 @@ impl Drop for Standalone {
         }
         unmount_under(self.dir.path());
     }
+}
+
+fn json_of(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_owned()))
 }
 
 fn mode(path: &Path) -> u32 {
@@ -528,5 +590,147 @@ async fn mesos_files_replace_the_generated_provider_and_profiles() {
         providers.iter().map(|p| p.1.as_str()).collect::<Vec<_>>(),
         ["mine"]
     );
+    assert!(s.signal(Signal::SIGTERM).await.success());
+}
+
+#[tokio::test]
+async fn disks_are_created_published_and_destroyed_through_the_embedded_manager() {
+    if !slrp_test_support::require_root(
+        "disks_are_created_published_and_destroyed_through_the_embedded_manager",
+    ) {
+        return;
+    }
+    let mut s = Standalone::new();
+    s.start();
+    s.ready().await;
+    let mount_free = s.pool_reported("mount").await;
+    let block_free = s.pool_reported("block").await;
+    assert_eq!(s.pool_reported("ext4").await, block_free, "one loop pool");
+
+    // Refusals name the field: an unknown profile lists the known ones, too large a
+    // disk names the pool's free space.
+    let (status, e) = s
+        .post("/disks", &json!({"profile": "gold", "size_bytes": 1 << 20}))
+        .await;
+    assert_eq!(status, 404, "{e}");
+    assert_eq!(e["field"], "profile", "{e}");
+    assert!(
+        e["error"].as_str().unwrap().contains("block, ext4, mount"),
+        "{e}"
+    );
+    let (status, e) = s
+        .post(
+            "/disks",
+            &json!({"profile": "mount", "size_bytes": (mount_free as u64 + 1) << 20}),
+        )
+        .await;
+    assert_eq!(status, 409, "{e}");
+    assert_eq!(e["field"], "size_bytes", "{e}");
+    assert!(
+        e["error"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("{mount_free} MiB free")),
+        "{e}"
+    );
+
+    // A MOUNT disk of 100 MiB and one byte is a disk of 101 MiB (Mesos counts whole MB).
+    let (status, op) = s
+        .post(
+            "/disks",
+            &json!({"profile": "mount", "size_bytes": (100 << 20) + 1, "wait": true}),
+        )
+        .await;
+    assert_eq!(status, 200, "{op}");
+    assert_eq!(op["type"], "CREATE_DISK", "{op}");
+    assert_eq!(op["state"], "OPERATION_FINISHED", "{op}");
+    let id = op["volume_id"].as_str().expect("volume_id").to_owned();
+    let disk = &op["converted_resources"][0];
+    assert_eq!(disk["disk"]["source"]["id"], id.as_str(), "{op}");
+    assert_eq!(disk["disk"]["source"]["type"], "MOUNT", "{op}");
+    assert_eq!(disk["scalar"]["value"], 101.0, "{op}");
+    s.pool_is("mount", mount_free - 101.0).await;
+
+    // Published through the manager: the path is a mount under the work directory.
+    let (status, published) = s.post("/volumes/publish", &json!({"volume_id": id})).await;
+    assert_eq!(status, 200, "{published}");
+    let path = PathBuf::from(published["path"].as_str().expect("a path"));
+    assert!(
+        path.starts_with(
+            s.state_dir()
+                .join("work/csi/io.slrp.csi.local/local/mounts")
+        ),
+        "{published}"
+    );
+    std::fs::write(path.join("data"), "kept").unwrap();
+
+    // A BLOCK disk from the shared loop pool, without waiting: PENDING at once (202),
+    // then listed terminal by /operations after the manager forgot it.
+    let (status, pending) = s
+        .post(
+            "/disks",
+            &json!({"profile": "block", "size_bytes": 16 << 20, "type": "block"}),
+        )
+        .await;
+    assert_eq!(status, 202, "{pending}");
+    assert_eq!(pending["state"], "OPERATION_PENDING", "{pending}");
+    let uuid = pending["operation_uuid"].as_str().unwrap().to_owned();
+    let finished =
+        tokio::time::timeout(WAIT, async {
+            loop {
+                let (_, ops) = s.get("/operations").await;
+                if let Some(op) = ops.as_array().into_iter().flatten().find(|o| {
+                    o["operation_uuid"] == uuid.as_str() && o["state"] != "OPERATION_PENDING"
+                }) {
+                    return op.clone();
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| s.fail("the BLOCK disk's operation is not listed terminal"));
+    assert_eq!(finished["state"], "OPERATION_FINISHED", "{finished}");
+    let block_id = finished["volume_id"].as_str().unwrap().to_owned();
+    s.pool_is("block", block_free - 16.0).await;
+    // The ext4 profile shares the loop pool: its free space follows at the next
+    // reconciliation (2 s).
+    s.pool_is("ext4", block_free - 16.0).await;
+
+    // The manager's metrics are on the admin endpoint.
+    let (_, snapshot) = s.get("/metrics/snapshot").await;
+    assert_eq!(
+        snapshot["resource_provider_manager/subscribed"], 1.0,
+        "{snapshot}"
+    );
+
+    // kill -9 and a new start: the data and the disks are still there.
+    s.signal(Signal::SIGKILL).await;
+    s.start();
+    s.ready().await;
+    assert_eq!(std::fs::read_to_string(path.join("data")).unwrap(), "kept");
+    s.pool_is("mount", mount_free - 101.0).await;
+
+    // Destroy: an unknown id is 404; the disks go and the pools are whole again.
+    let (status, e) = s
+        .post(
+            "/disks/destroy",
+            &json!({"volume_id": "vol-nope", "wait": true}),
+        )
+        .await;
+    assert_eq!(status, 404, "{e}");
+    assert_eq!(e["field"], "volume_id", "{e}");
+    for (volume, profile, free) in [(&id, "mount", mount_free), (&block_id, "block", block_free)] {
+        let (status, op) = s
+            .post(
+                "/disks/destroy",
+                &json!({"volume_id": volume, "wait": true}),
+            )
+            .await;
+        assert_eq!(status, 200, "{op}");
+        assert_eq!(op["type"], "DESTROY_DISK", "{op}");
+        assert_eq!(op["state"], "OPERATION_FINISHED", "{op}");
+        assert_eq!(op["volume_id"], volume.as_str(), "{op}");
+        s.pool_is(profile, free).await;
+    }
     assert!(s.signal(Signal::SIGTERM).await.success());
 }

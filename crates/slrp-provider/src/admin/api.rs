@@ -7,6 +7,8 @@
 //! `serde_json::Value`s made by `slrp_wire::json`.
 
 use serde::{Deserialize, Serialize};
+use slrp_core::provider::operations::TrackedOperation;
+use slrp_proto::mesos::v1::{Operation, OperationState, OperationStatus, Resource, offer};
 
 /// How the daemon runs: which actions the admin API offers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -91,6 +93,10 @@ pub struct PluginHealth {
     /// The last probe or launch error, with its cause chain.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The supervised container (a plugin may run controller and node apart); absent
+    /// for a plugin slrp does not run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<String>,
 }
 
 /// One volume in `GET /volumes` and `GET /volumes/{id}`.
@@ -256,6 +262,131 @@ pub struct ProfileSummary {
     /// The CSI parameters the profile passes to the plugin.
     #[serde(default)]
     pub parameters: std::collections::BTreeMap<String, String>,
+}
+
+/// The parts of an operation [`operation_summary`] reads: what a provider tracks
+/// (`TrackedOperation`) and what a manager records (`mesos.v1.Operation`) both give them.
+#[derive(Debug, Clone, Copy)]
+pub struct OperationParts<'a> {
+    /// `<type>.<name>` of the provider.
+    pub provider: &'a str,
+    /// The operation uuid.
+    pub uuid: uuid::Uuid,
+    /// The framework that asked for it, if any.
+    pub framework_id: Option<&'a str>,
+    /// What was asked.
+    pub info: &'a offer::Operation,
+    /// The newest status.
+    pub latest: &'a OperationStatus,
+    /// The status stream, oldest first.
+    pub statuses: &'a [OperationStatus],
+    /// How many of `statuses` (a prefix) are acknowledged; `None` where unknown.
+    pub acknowledged: Option<usize>,
+}
+
+/// The admin API's summary of an operation: Mesos's enum names (`CREATE_DISK`,
+/// `OPERATION_FINISHED`), canonical hyphenated uuids, resources in Mesos's JSON form.
+#[must_use]
+pub fn operation_summary(parts: OperationParts<'_>) -> OperationSummary {
+    let OperationParts {
+        provider,
+        uuid,
+        framework_id,
+        info,
+        latest,
+        statuses,
+        acknowledged,
+    } = parts;
+    let r#type = info
+        .r#type
+        .and_then(|t| offer::operation::Type::try_from(t).ok())
+        .unwrap_or(offer::operation::Type::Unknown)
+        .as_str_name()
+        .to_owned();
+    OperationSummary {
+        provider: provider.to_owned(),
+        operation_uuid: uuid.hyphenated().to_string(),
+        r#type,
+        state: state_name(latest.state),
+        message: latest.message.clone(),
+        framework_id: framework_id.map(str::to_owned),
+        volume_id: operation_volume(info, latest),
+        converted_resources: latest
+            .converted_resources
+            .iter()
+            .filter_map(|r| slrp_wire::json::to_value(r).ok())
+            .collect(),
+        statuses: statuses
+            .iter()
+            .enumerate()
+            .map(|(i, s)| StatusSummary {
+                status_uuid: s
+                    .uuid
+                    .as_ref()
+                    .and_then(|u| uuid::Uuid::from_slice(&u.value).ok())
+                    .map(|u| u.hyphenated().to_string()),
+                state: state_name(s.state),
+                message: s.message.clone(),
+                acknowledged: acknowledged.map(|acked| i < acked),
+            })
+            .collect(),
+    }
+}
+
+/// [`operation_summary`] of a manager's `mesos.v1.Operation` (its `statuses` are the
+/// stream; acknowledgements unknown). `None` if its uuid is not 16 bytes.
+#[must_use]
+pub fn summary_of_operation(provider: &str, op: &Operation) -> Option<OperationSummary> {
+    let uuid = uuid::Uuid::from_slice(&op.uuid.value).ok()?;
+    Some(operation_summary(OperationParts {
+        provider,
+        uuid,
+        framework_id: op.framework_id.as_ref().map(|f| f.value.as_str()),
+        info: &op.info,
+        latest: &op.latest_status,
+        statuses: &op.statuses,
+        acknowledged: None,
+    }))
+}
+
+/// [`operation_summary`] of an operation a provider tracks (its stream, with the
+/// acknowledged prefix).
+#[must_use]
+pub fn tracked_summary(provider: &str, op: &TrackedOperation) -> OperationSummary {
+    operation_summary(OperationParts {
+        provider,
+        uuid: op.uuid,
+        framework_id: op.framework_id.as_ref().map(|f| f.value.as_str()),
+        info: &op.info,
+        latest: &op.latest_status,
+        statuses: &op.stream,
+        acknowledged: Some(op.acked),
+    })
+}
+
+/// `OPERATION_PENDING`, …; the number for a state this build does not know.
+fn state_name(state: i32) -> String {
+    OperationState::try_from(state)
+        .map_or_else(|_| state.to_string(), |s| s.as_str_name().to_owned())
+}
+
+/// The volume an operation created (CREATE_DISK, from its converted resources) or
+/// consumed (the source of DESTROY_DISK and the disk operations).
+fn operation_volume(info: &offer::Operation, latest: &OperationStatus) -> Option<String> {
+    let id_of = |r: &Resource| {
+        r.disk
+            .as_ref()
+            .and_then(|d| d.source.as_ref())
+            .and_then(|s| s.id.clone())
+    };
+    latest
+        .converted_resources
+        .iter()
+        .find_map(id_of)
+        .or_else(|| info.destroy_disk.as_ref().and_then(|d| id_of(&d.source)))
+        .or_else(|| info.create_disk.as_ref().and_then(|d| id_of(&d.source)))
+        .or_else(|| info.grow_volume.as_ref().and_then(|d| id_of(&d.volume)))
+        .or_else(|| info.shrink_volume.as_ref().and_then(|d| id_of(&d.volume)))
 }
 
 #[cfg(test)]

@@ -21,8 +21,10 @@
 //!   the unpublish fails (conflict, failure, plugin unavailable). The operator makes sure
 //!   no task uses the volume: the agent is not asked.
 //!
-//! The rest of the admin API (status, volumes, operations, disks) is specified in
-//! `docs/admin-api.md`; its bodies are in [`api`].
+//! The rest of the admin API (status, resources, volumes, operations, profiles, plugins,
+//! disks, publish) is specified in `docs/admin-api.md`: the read routes are in `read`,
+//! the actions in `act`, their bodies in [`api`]. Every refusal is an
+//! [`api::ErrorBody`] naming the request field that was wrong, when one was.
 //!
 //! # The socket
 //!
@@ -42,14 +44,20 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use prometheus_client::registry::Registry;
-use serde::Deserialize;
-use slrp_core::volume::{VolumeErrorKind, VolumeManagerHandle};
+use slrp_core::provider::operations::TrackedOperation;
+use slrp_core::provider::state::StateError;
+use slrp_core::volume::{MountPaths, VolumeErrorKind, VolumeManagerHandle};
 use slrp_csi::VolumeId;
+use slrp_proto::mesos::v1::Resource;
 use slrp_types::DisplayChain;
 use tokio_util::sync::CancellationToken;
 
+use crate::config::AdminToken;
+
+mod act;
 pub mod actions;
 pub mod api;
+mod read;
 
 pub use actions::{ActionError, BoxFuture, ManagerActions};
 
@@ -73,6 +81,39 @@ pub trait ProviderView: Send + Sync + 'static {
     /// started and once it stops): the operator's volume routes go through it.
     fn volumes(&self) -> Option<VolumeManagerHandle> {
         None
+    }
+    /// Where the volume manager stages and publishes volumes, while it runs.
+    fn mount_paths(&self) -> Option<MountPaths> {
+        None
+    }
+    /// The agent id the provider serves, once learnt.
+    fn agent_id(&self) -> Option<String> {
+        None
+    }
+    /// The resource provider id, once the manager assigned one.
+    fn provider_id(&self) -> Option<String> {
+        None
+    }
+    /// The provider's total resources as last computed (empty before it runs).
+    fn total(&self) -> Vec<Resource> {
+        Vec::new()
+    }
+    /// Operations tracked, and those with a status update not yet acknowledged.
+    fn operation_counts(&self) -> (usize, usize) {
+        (0, 0)
+    }
+    /// The operations the provider tracks (pending, and terminal until acknowledged), as
+    /// last committed.
+    fn operations(&self) -> BoxFuture<'_, Result<Vec<TrackedOperation>, StateError>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+    /// The disk profiles that apply to the provider (the profile adaptor's view).
+    fn profiles(&self) -> BoxFuture<'_, Vec<api::ProfileSummary>> {
+        Box::pin(async { Vec::new() })
+    }
+    /// The health of the provider's plugin (one entry per plugin container).
+    fn plugins(&self) -> Vec<api::PluginHealth> {
+        Vec::new()
     }
 }
 
@@ -201,10 +242,34 @@ pub fn router(state: AdminState) -> axum::Router {
     axum::Router::new()
         .route("/health", get(|| async { "OK\n" }))
         .route("/ready", get(ready))
+        .route("/status", get(read::status))
+        .route("/resources", get(read::resources))
+        .route("/volumes", get(read::volumes))
+        .route("/volumes/{id}", get(read::volume))
+        .route("/operations", get(read::operations))
+        .route("/operations/{uuid}", get(read::operation))
+        .route("/profiles", get(read::profiles))
+        .route("/plugins", get(read::plugins))
         .route("/metrics", get(metrics))
         .route("/metrics/snapshot", get(snapshot))
-        .route("/volumes/unpublish", post(unpublish))
+        .route("/disks", post(act::create_disk))
+        .route("/disks/destroy", post(act::destroy_disk))
+        .route("/volumes/publish", post(act::publish))
+        .route("/volumes/unpublish", post(act::unpublish))
+        .fallback(unknown_route)
+        .method_not_allowed_fallback(wrong_method)
         .with_state(state)
+}
+
+async fn unknown_route(uri: axum::http::Uri) -> Refusal {
+    refusal(StatusCode::NOT_FOUND, format!("no route {}", uri.path()))
+}
+
+async fn wrong_method(method: axum::http::Method, uri: axum::http::Uri) -> Refusal {
+    refusal(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("{method} is not served on {}", uri.path()),
+    )
 }
 
 async fn ready(State(state): State<AdminState>) -> Response {
@@ -216,33 +281,47 @@ async fn snapshot(State(state): State<AdminState>) -> Response {
     axum::Json(state.snapshot()).into_response()
 }
 
-/// The body of `POST /volumes/unpublish`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct UnpublishRequest {
-    /// `<type>.<name>`; may be left out when there is one provider.
-    provider: Option<String>,
-    volume_id: String,
-}
-
-/// A refused or failed admin request: the status and `{"error": "…"}`.
+/// A refused or failed admin request: the status and an [`api::ErrorBody`].
 #[derive(Debug)]
-struct Refusal {
+pub(crate) struct Refusal {
     status: StatusCode,
-    error: String,
+    body: api::ErrorBody,
 }
 
 impl IntoResponse for Refusal {
     fn into_response(self) -> Response {
-        let body = axum::Json(serde_json::json!({"error": self.error}));
-        (self.status, body).into_response()
+        (self.status, axum::Json(self.body)).into_response()
     }
 }
 
-fn error_response(status: StatusCode, error: impl Into<String>) -> Refusal {
+impl From<ActionError> for Refusal {
+    fn from(e: ActionError) -> Self {
+        Self {
+            status: e.status,
+            body: e.body,
+        }
+    }
+}
+
+/// A refusal without a field.
+pub(crate) fn refusal(status: StatusCode, error: impl Into<String>) -> Refusal {
     Refusal {
         status,
-        error: error.into(),
+        body: api::ErrorBody {
+            error: error.into(),
+            field: None,
+        },
+    }
+}
+
+/// A 400 naming the request field that was wrong.
+pub(crate) fn bad_field(field: &str, error: impl Into<String>) -> Refusal {
+    Refusal {
+        status: StatusCode::BAD_REQUEST,
+        body: api::ErrorBody {
+            error: error.into(),
+            field: Some(field.to_owned()),
+        },
     }
 }
 
@@ -255,12 +334,14 @@ impl AdminState {
                 .iter()
                 .find(|p| p.key() == key)
                 .ok_or_else(|| {
-                    error_response(StatusCode::NOT_FOUND, format!("unknown provider '{key}'"))
+                    let mut r = refusal(StatusCode::NOT_FOUND, format!("unknown provider '{key}'"));
+                    r.body.field = Some("provider".to_owned());
+                    r
                 }),
             None => match self.providers.as_slice() {
                 [only] => Ok(only),
-                all => Err(error_response(
-                    StatusCode::BAD_REQUEST,
+                all => Err(bad_field(
+                    "provider",
                     format!(
                         "'provider' is required with {} providers (one of: {})",
                         all.len(),
@@ -270,95 +351,67 @@ impl AdminState {
             },
         }
     }
-}
 
-async fn unpublish(
-    State(state): State<AdminState>,
-    body: axum::body::Bytes,
-) -> Result<Response, Refusal> {
-    let request: UnpublishRequest = match serde_json::from_slice(&body) {
-        Ok(request) => request,
-        Err(e) => {
-            return Err(error_response(
-                StatusCode::BAD_REQUEST,
+    /// The running volume manager of `provider`, or 503.
+    fn volume_manager(provider: &Arc<dyn ProviderView>) -> Result<VolumeManagerHandle, Refusal> {
+        provider.volumes().ok_or_else(|| {
+            refusal(
+                StatusCode::SERVICE_UNAVAILABLE,
                 format!(
-                    "the body must be {{\"provider\": \"<type>.<name>\", \"volume_id\": \"<id>\"}}: {e}"
+                    "provider '{}' has no running volume manager (state {})",
+                    provider.key(),
+                    provider.state()
                 ),
-            ));
-        }
-    };
-    if request.volume_id.is_empty() {
-        return Err(error_response(
-            StatusCode::BAD_REQUEST,
-            "'volume_id' is empty",
-        ));
-    }
-    let provider = state.provider(request.provider.as_deref())?;
-    let key = provider.key();
-    let Some(volumes) = provider.volumes() else {
-        return Err(error_response(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!(
-                "provider '{key}' has no running volume manager (state {})",
-                provider.state()
-            ),
-        ));
-    };
-    let id = VolumeId::new(request.volume_id);
-    if volume_state(&volumes, &id).await?.is_none() {
-        return Err(unknown_volume(&key, &id));
-    }
-    if let Err(e) = volumes.unpublish(&id).await {
-        let status = match e.kind() {
-            VolumeErrorKind::Conflict => StatusCode::CONFLICT,
-            VolumeErrorKind::Unavailable | VolumeErrorKind::NotReady | VolumeErrorKind::Stopped => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
-            VolumeErrorKind::Invalid
-            | VolumeErrorKind::PluginMisbehaved
-            | VolumeErrorKind::Rejected
-            | VolumeErrorKind::Local
-            | VolumeErrorKind::Internal
-            | VolumeErrorKind::Fatal => StatusCode::INTERNAL_SERVER_ERROR,
-        };
-        let error = DisplayChain(&e).to_string();
-        tracing::warn!(provider = %key, volume_id = %id, %error, "the operator's unpublish failed");
-        return Err(error_response(status, error));
-    }
-    match volume_state(&volumes, &id).await? {
-        Some(after) => {
-            tracing::info!(provider = %key, volume_id = %id, state = after, "volume unpublished by the operator");
-            Ok(
-                axum::Json(serde_json::json!({"volume_id": id.as_str(), "state": after}))
-                    .into_response(),
             )
-        }
-        // Destroyed meanwhile (DESTROY_DISK unpublishes too).
-        None => Err(unknown_volume(&key, &id)),
+        })
     }
 }
 
-fn unknown_volume(key: &str, id: &VolumeId) -> Refusal {
-    error_response(
+/// The 404 of a volume no provider tracks.
+pub(crate) fn unknown_volume(key: &str, id: &VolumeId) -> Refusal {
+    refusal(
         StatusCode::NOT_FOUND,
         format!("provider '{key}' tracks no volume '{id}'"),
     )
 }
 
+/// The volume manager's records, or 503 when it stopped meanwhile.
+pub(crate) async fn volume_records(
+    volumes: &VolumeManagerHandle,
+) -> Result<Vec<slrp_core::volume::VolumeRecord>, Refusal> {
+    volumes.volumes().await.map_err(|e| {
+        refusal(
+            StatusCode::SERVICE_UNAVAILABLE,
+            DisplayChain(&e).to_string(),
+        )
+    })
+}
+
 /// The Mesos name of the state of volume `id`, if the volume manager tracks it.
-async fn volume_state(
+pub(crate) async fn volume_state(
     volumes: &VolumeManagerHandle,
     id: &VolumeId,
 ) -> Result<Option<&'static str>, Refusal> {
-    match volumes.volumes().await {
-        Ok(records) => Ok(records
-            .iter()
-            .find(|r| r.id == *id)
-            .map(|r| r.state.name().as_str())),
-        Err(e) => Err(error_response(
-            StatusCode::SERVICE_UNAVAILABLE,
-            DisplayChain(&e).to_string(),
-        )),
+    Ok(volume_records(volumes)
+        .await?
+        .iter()
+        .find(|r| r.id == *id)
+        .map(|r| r.state.name().as_str()))
+}
+
+/// The HTTP status of a failed volume manager request.
+pub(crate) fn volume_error_status(kind: VolumeErrorKind) -> StatusCode {
+    match kind {
+        VolumeErrorKind::Conflict => StatusCode::CONFLICT,
+        VolumeErrorKind::Unavailable | VolumeErrorKind::NotReady | VolumeErrorKind::Stopped => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
+        VolumeErrorKind::Invalid
+        | VolumeErrorKind::PluginMisbehaved
+        | VolumeErrorKind::Rejected
+        | VolumeErrorKind::Local
+        | VolumeErrorKind::Internal
+        | VolumeErrorKind::Fatal => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 
@@ -396,6 +449,15 @@ pub enum AdminError {
     NotASocket {
         /// The path.
         path: PathBuf,
+    },
+    /// The TCP listener cannot be bound.
+    #[error("listening on TCP {addr}")]
+    BindTcp {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
     },
     /// Creating, securing or placing the socket failed.
     #[error("creating the admin socket {path}")]
@@ -497,6 +559,92 @@ impl AdminListener {
             tracing::warn!(error = %DisplayChain(&e), socket = %path.display(), "removing the admin socket failed");
         }
     }
+}
+
+/// The admin endpoint's TCP listener, bound, not yet serving. Every request needs
+/// `Authorization: Bearer <token>`.
+#[derive(Debug)]
+pub struct AdminTcpListener {
+    listener: tokio::net::TcpListener,
+    token: AdminToken,
+}
+
+impl AdminTcpListener {
+    /// Binds `addr`; requests must carry `token`.
+    ///
+    /// # Errors
+    /// [`AdminError::BindTcp`].
+    pub async fn bind(addr: std::net::SocketAddr, token: AdminToken) -> Result<Self, AdminError> {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| AdminError::BindTcp { addr, source })?;
+        Ok(Self { listener, token })
+    }
+
+    /// The address bound (with the port the system chose for port 0).
+    ///
+    /// # Errors
+    /// The socket's error.
+    pub fn local_addr(&self) -> std::io::Result<std::net::SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Serves `state` until `cancel` fires, then lets requests in progress finish.
+    pub async fn serve(self, state: AdminState, cancel: CancellationToken) {
+        let addr = self.listener.local_addr().ok();
+        let app = router(state).layer(axum::middleware::from_fn_with_state(
+            self.token,
+            require_token,
+        ));
+        let served = axum::serve(self.listener, app)
+            .with_graceful_shutdown(cancel.cancelled_owned())
+            .await;
+        if let Err(e) = served {
+            tracing::error!(error = %DisplayChain(&e), addr = ?addr, "the admin TCP endpoint failed");
+        }
+    }
+}
+
+/// The token of an `Authorization` header value `Bearer <token>` (scheme in any case).
+fn bearer(value: &[u8]) -> Option<&[u8]> {
+    let space = value.iter().position(|b| *b == b' ')?;
+    let (scheme, rest) = value.split_at(space);
+    if !scheme.eq_ignore_ascii_case(b"bearer") {
+        return None;
+    }
+    Some(rest.trim_ascii())
+}
+
+/// Refuses a TCP request without the right bearer token: 401 with
+/// `WWW-Authenticate: Bearer`. Neither the expected nor the presented token is logged.
+async fn require_token(
+    State(token): State<AdminToken>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let presented = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .map(|v| bearer(v.as_bytes()));
+    let refused = match presented {
+        Some(Some(candidate)) if token.matches(candidate) => return next.run(request).await,
+        Some(Some(_)) => "the bearer token is wrong",
+        Some(None) => "the Authorization header is not 'Bearer <token>'",
+        None => "no 'Authorization: Bearer <token>' header",
+    };
+    tracing::warn!(method = %request.method(), path = %request.uri().path(), reason = refused, "refused an admin request on TCP");
+    let mut response = refusal(
+        StatusCode::UNAUTHORIZED,
+        format!(
+            "{refused}: the TCP admin endpoint needs the token of the daemon's 'admin.token_file'"
+        ),
+    )
+    .into_response();
+    response.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        axum::http::HeaderValue::from_static("Bearer"),
+    );
+    response
 }
 
 fn remove_if_present(path: &Path) -> std::io::Result<()> {

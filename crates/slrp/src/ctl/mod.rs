@@ -32,8 +32,20 @@ use table::{Table, cells, or_dash, rendered, several, table};
 /// that they agree).
 const DEFAULT_ADMIN: &str = "/var/lib/slrp/admin.sock";
 
+/// The exit codes of the FIXED contract, in `slrp ctl --help` and its man page.
+const EXIT_CODES: &str = "\
+Exit codes:
+  0   done
+  1   the daemon refused or failed the request, or the operation did not finish
+  2   slrp is not running or cannot be reached
+  3   permission denied on the socket, or a missing or wrong token (TCP)
+  4   unknown volume, operation or profile
+  5   --wait timed out (the operation goes on)
+  64  usage error";
+
 /// `slrp ctl` arguments.
 #[derive(Debug, Args)]
+#[command(after_help = EXIT_CODES)]
 pub(crate) struct CtlArgs {
     /// The admin endpoint: the daemon's socket (a path or `unix:///path`), or
     /// `http://host:port` for its TCP listener (with --token-file).
@@ -238,7 +250,9 @@ pub(crate) async fn run(args: CtlArgs) -> anyhow::Result<ExitCode> {
                 timeout_seconds: wait.wait.then_some(wait.timeout),
             };
             let what = format!("destroying disk {id}");
-            let op = operation(&client, json, "/disks/destroy", &request, &wait, &what).await?;
+            let op = operation(&client, json, "/disks/destroy", &request, &wait, &what)
+                .await
+                .map_err(volume_hint)?;
             if !json {
                 write_stdout(&if wait.wait {
                     format!("destroyed disk {id}\n")
@@ -248,7 +262,9 @@ pub(crate) async fn run(args: CtlArgs) -> anyhow::Result<ExitCode> {
             }
         }
         CtlCommand::Publish { id, provider } => {
-            let changed = volume_change(&client, json, "/volumes/publish", id, provider).await?;
+            let changed = volume_change(&client, json, "/volumes/publish", id, provider)
+                .await
+                .map_err(volume_hint)?;
             if !json {
                 let mut text = format!("published {} ({})\n", changed.volume_id, changed.state);
                 if let Some(path) = &changed.path {
@@ -259,7 +275,9 @@ pub(crate) async fn run(args: CtlArgs) -> anyhow::Result<ExitCode> {
             }
         }
         CtlCommand::Unpublish { id, provider } => {
-            let changed = volume_change(&client, json, "/volumes/unpublish", id, provider).await?;
+            let changed = volume_change(&client, json, "/volumes/unpublish", id, provider)
+                .await
+                .map_err(volume_hint)?;
             if !json {
                 write_stdout(&format!(
                     "unpublished {} ({})\n",
@@ -338,12 +356,7 @@ async fn operation<B: serde::Serialize>(
             .post_raw(path, request, limit + Duration::from_secs(30))
             .await;
         progress.finish();
-        answer.map_err(|e| match e {
-            CtlError::Daemon { status: 504, .. } | CtlError::NoAnswer { .. } => {
-                CtlError::WaitTimedOut { after: limit }
-            }
-            e => e,
-        })?
+        answer.map_err(|e| waited_error(e, limit))?
     } else {
         client
             .post_raw(path, request, client::REQUEST_TIMEOUT)
@@ -368,6 +381,30 @@ async fn operation<B: serde::Serialize>(
         }
     }
     Ok(op)
+}
+
+/// What a failed `--wait` request stands for: the daemon's 504 (its wait ended) and the
+/// client's own deadline are a timeout (exit 5), the operation going on.
+fn waited_error(e: CtlError, limit: Duration) -> CtlError {
+    match e {
+        CtlError::Daemon { status: 504, .. } | CtlError::NoAnswer { .. } => {
+            CtlError::WaitTimedOut { after: limit }
+        }
+        e => e,
+    }
+}
+
+/// An unknown volume's error, with where to find the known ones (the daemon's text speaks
+/// of the API).
+fn volume_hint(e: anyhow::Error) -> anyhow::Error {
+    match e.downcast::<CtlError>() {
+        Ok(CtlError::NotFound { error }) => CtlError::NotFound {
+            error: format!("{error}; `slrp ctl volumes` lists the volumes"),
+        }
+        .into(),
+        Ok(other) => other.into(),
+        Err(e) => e,
+    }
 }
 
 /// `POST path` with a [`VolumeRef`]; prints the answer under `--json`.
@@ -566,6 +603,51 @@ mod tests {
             std::path::Path::new(DEFAULT_ADMIN),
             std::path::Path::new(slrp_provider::config::DEFAULT_STATE_DIR).join("admin.sock")
         );
+    }
+
+    #[test]
+    fn a_wait_the_daemon_or_the_client_gave_up_is_exit_5() {
+        let limit = Duration::from_secs(7);
+        let gateway = CtlError::Daemon {
+            status: 504,
+            error: "no terminal state within 7 s".into(),
+        };
+        let e = waited_error(gateway, limit);
+        assert_eq!(e.exit_code(), 5);
+        assert!(e.to_string().contains("within 7s"), "{e}");
+        let silent = CtlError::NoAnswer {
+            endpoint: "s".into(),
+            after: Duration::from_secs(37),
+        };
+        assert_eq!(waited_error(silent, limit).exit_code(), 5);
+        let conflict = CtlError::Daemon {
+            status: 409,
+            error: "not enough free space".into(),
+        };
+        assert_eq!(waited_error(conflict, limit).exit_code(), 1);
+    }
+
+    #[test]
+    fn an_unknown_volume_says_where_the_volumes_are_listed() {
+        let e = volume_hint(
+            CtlError::NotFound {
+                error: "no disk with id 'v'".into(),
+            }
+            .into(),
+        );
+        assert_eq!(exit_code(&e), Some(4));
+        assert_eq!(
+            e.to_string(),
+            "no disk with id 'v'; `slrp ctl volumes` lists the volumes"
+        );
+        let other = volume_hint(
+            CtlError::Daemon {
+                status: 409,
+                error: "in use".into(),
+            }
+            .into(),
+        );
+        assert_eq!(other.to_string(), "in use (HTTP 409)");
     }
 
     #[test]

@@ -19,7 +19,7 @@ use slrp_manager::{
 use slrp_proto::mesos::v1::resource::disk_info::source::Type as SourceType;
 use slrp_proto::mesos::v1::{OperationState, Resource, offer};
 use slrp_provider::admin::api::{
-    CreateDisk, DestroyDisk, OperationSummary, StatusSummary, VolumeRef,
+    CreateDisk, DestroyDisk, OperationParts, OperationSummary, VolumeRef, operation_summary,
 };
 use slrp_provider::admin::{ActionError, BoxFuture, ManagerActions};
 use slrp_provider::config::provider_key;
@@ -205,7 +205,7 @@ impl StandaloneActions {
                 ),
                 other => internal(&other),
             })?;
-        let summary = summarize(provider, &view);
+        let summary = summarize(provider, uuid, &view);
         self.remember(uuid, provider, Some(summary.clone()));
         Ok(summary)
     }
@@ -308,7 +308,7 @@ impl StandaloneActions {
                 let key = provider_key(&v.info);
                 v.operations
                     .iter()
-                    .map(move |op| summarize(&key, op))
+                    .filter_map(move |op| summarize_listed(&key, op))
                     .collect::<Vec<_>>()
             })
             .collect();
@@ -329,7 +329,7 @@ impl StandaloneActions {
                 .wait_terminal(entry.uuid, Duration::from_secs(1))
                 .await
             {
-                let summary = summarize(&entry.provider, &view);
+                let summary = summarize(&entry.provider, entry.uuid, &view);
                 self.remember(entry.uuid, &entry.provider, Some(summary.clone()));
                 out.push(summary);
             }
@@ -517,57 +517,26 @@ fn operation_type(info: Option<&offer::Operation>) -> &'static str {
         .map_or("UNKNOWN", |t| t.as_str_name())
 }
 
-fn state_name(state: i32) -> String {
-    OperationState::try_from(state).map_or_else(
-        |_| format!("UNKNOWN({state})"),
-        |s| s.as_str_name().to_owned(),
-    )
+/// The manager's record of operation `uuid` as the admin API shows it (the admin API's
+/// own conversion, so both modes show operations alike).
+fn summarize(provider: &str, uuid: uuid::Uuid, view: &OperationView) -> OperationSummary {
+    let unknown = offer::Operation::default();
+    operation_summary(OperationParts {
+        provider,
+        uuid,
+        framework_id: view.framework_id.as_ref().map(|f| f.value.as_str()),
+        info: view.info.as_ref().unwrap_or(&unknown),
+        latest: &view.latest_status,
+        statuses: &view.statuses,
+        acknowledged: None,
+    })
 }
 
-fn uuid_text(bytes: &[u8]) -> Option<String> {
-    uuid::Uuid::from_slice(bytes).ok().map(|u| u.to_string())
-}
-
-/// The manager's record of an operation as the admin API shows it.
-fn summarize(provider: &str, view: &OperationView) -> OperationSummary {
-    let latest = &view.latest_status;
-    let finished = latest.state == OperationState::OperationFinished as i32;
-    let info = view.info.as_ref();
-    let volume_id = match info.and_then(|i| i.r#type) {
-        Some(t) if t == offer::operation::Type::CreateDisk as i32 => finished
-            .then(|| latest.converted_resources.iter().find_map(disk_id))
-            .flatten(),
-        Some(t) if t == offer::operation::Type::DestroyDisk as i32 => info
-            .and_then(|i| i.destroy_disk.as_ref())
-            .and_then(|d| disk_id(&d.source)),
-        _ => None,
-    }
-    .map(str::to_owned);
-    OperationSummary {
-        provider: provider.to_owned(),
-        operation_uuid: uuid_text(&view.operation_uuid.value)
-            .unwrap_or_else(|| format!("{:?}", view.operation_uuid.value)),
-        r#type: operation_type(info).to_owned(),
-        state: state_name(latest.state),
-        message: latest.message.clone(),
-        framework_id: view.framework_id.as_ref().map(|f| f.value.clone()),
-        volume_id,
-        converted_resources: latest
-            .converted_resources
-            .iter()
-            .filter_map(|r| slrp_wire::json::to_value(r).ok())
-            .collect(),
-        statuses: view
-            .statuses
-            .iter()
-            .map(|s| StatusSummary {
-                status_uuid: s.uuid.as_ref().and_then(|u| uuid_text(&u.value)),
-                state: state_name(s.state),
-                message: s.message.clone(),
-                acknowledged: None,
-            })
-            .collect(),
-    }
+/// [`summarize`] of a record of the manager's table (`None` for a uuid that is not 16
+/// bytes, which no provider of this process sends).
+fn summarize_listed(provider: &str, view: &OperationView) -> Option<OperationSummary> {
+    let uuid = uuid::Uuid::from_slice(&view.operation_uuid.value).ok()?;
+    Some(summarize(provider, uuid, view))
 }
 
 #[cfg(test)]
@@ -656,7 +625,7 @@ mod tests {
                 ..Default::default()
             }],
         };
-        let s = summarize("p", &view);
+        let s = summarize_listed("p", &view).unwrap();
         assert_eq!(s.operation_uuid, uuid.to_string());
         assert_eq!(s.r#type, "CREATE_DISK");
         assert_eq!(s.state, "OPERATION_FINISHED");
@@ -666,7 +635,8 @@ mod tests {
 
         let mut pending = view.clone();
         pending.latest_status.state = OperationState::OperationPending as i32;
-        assert_eq!(summarize("p", &pending).volume_id, None);
+        pending.latest_status.converted_resources.clear();
+        assert_eq!(summarize("p", uuid, &pending).volume_id, None);
 
         let mut destroy = view;
         destroy.info = Some(offer::Operation {
@@ -675,7 +645,13 @@ mod tests {
             ..offer::Operation::default()
         });
         destroy.latest_status.converted_resources.clear();
-        assert_eq!(summarize("p", &destroy).volume_id.as_deref(), Some("vol-7"));
+        assert_eq!(
+            summarize("p", uuid, &destroy).volume_id.as_deref(),
+            Some("vol-7")
+        );
+        let mut short = destroy;
+        short.operation_uuid.value.truncate(3);
+        assert_eq!(summarize_listed("p", &short), None);
     }
 
     #[test]

@@ -123,6 +123,17 @@ pub(crate) enum DefaultsError {
         /// What the pools need at least.
         need_mib: u64,
     },
+    /// The generated provider file names a plugin binary that is not there (slrp was
+    /// moved or reinstalled elsewhere since the file was written).
+    #[error(
+        "{file} runs the plugin {plugin}, which does not exist; delete {file} to have it written again with the plugin found now"
+    )]
+    PluginGone {
+        /// The provider file.
+        file: PathBuf,
+        /// The plugin it names.
+        plugin: PathBuf,
+    },
     /// A generated file cannot be written.
     #[error("writing {path}")]
     Write {
@@ -270,6 +281,36 @@ pub(crate) fn ensure_provider_file(layout: &Layout) -> Result<(), DefaultsError>
     write_new(&path, &info)
 }
 
+/// Checks that the plugin of the default provider's file (as generated, or as the
+/// operator edited it) exists, so that a moved `slrp` fails at once with what to do
+/// rather than with a provider whose plugin cannot start. A file that is not valid, or a
+/// command run through a shell, is left to the daemon's own checks.
+///
+/// # Errors
+/// [`DefaultsError::PluginGone`].
+pub(crate) fn check_provider_file(layout: &Layout) -> Result<(), DefaultsError> {
+    let file = layout.provider_file();
+    let Ok(text) = std::fs::read(&file) else {
+        return Ok(());
+    };
+    let Ok(info) = serde_json::from_slice::<Value>(&text) else {
+        return Ok(());
+    };
+    let containers = info["storage"]["plugin"]["containers"].as_array();
+    for command in containers.into_iter().flatten().map(|c| &c["command"]) {
+        if command["shell"] != Value::Bool(false) {
+            continue;
+        }
+        let Some(plugin) = command["value"].as_str().map(PathBuf::from) else {
+            continue;
+        };
+        if plugin.is_absolute() && !plugin.exists() {
+            return Err(DefaultsError::PluginGone { file, plugin });
+        }
+    }
+    Ok(())
+}
+
 /// Writes the default profile document unless it exists.
 ///
 /// # Errors
@@ -396,6 +437,23 @@ mod tests {
         let mut file = slrp_provider::config::DaemonConfigFile::load(&config).unwrap();
         file.resource_provider_config_dir = Some(layout.provider_dir());
         slrp_provider::config::DaemonConfig::resolve(file).unwrap();
+    }
+
+    #[test]
+    fn a_generated_file_whose_plugin_is_gone_says_to_delete_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let layout = Layout::new(dir.path().to_owned());
+        let plugin = dir.path().join(PLUGIN_BINARY);
+        write_new(
+            &layout.provider_file(),
+            &provider_info(&plugin, &layout.plugin_root(), 1 << 30),
+        )
+        .unwrap();
+        let e = check_provider_file(&layout).unwrap_err().to_string();
+        assert!(e.contains(&plugin.display().to_string()), "{e}");
+        assert!(e.contains("delete"), "{e}");
+        executable(&plugin);
+        check_provider_file(&layout).unwrap();
     }
 
     #[test]

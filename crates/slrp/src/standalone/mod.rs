@@ -219,7 +219,9 @@ fn prepare(args: &StandaloneArgs) -> Result<Prepared, StandaloneError> {
     let layout = Layout::new(state_dir.clone());
     let lock = lock_state_dir(&layout, &state_dir)?;
     if file.resource_provider_config_dir.is_none() {
-        defaults::ensure_provider_file(&layout).map_err(StandaloneError::Defaults)?;
+        defaults::ensure_provider_file(&layout)
+            .and_then(|()| defaults::check_provider_file(&layout))
+            .map_err(StandaloneError::Defaults)?;
         file.resource_provider_config_dir = Some(layout.provider_dir());
     }
     let profiles = match file.profiles.take() {

@@ -808,10 +808,11 @@ impl Cluster {
         if self.boot_id.is_some() {
             cmd.env("SLRP_BOOT_ID_FILE", self.path("boot_id"));
         }
-        cmd.args(&self.options.extra_args)
+        // The options' environment comes last, so that it can override `SLRP_LOG`.
+        cmd.env("SLRP_LOG", "info")
+            .args(&self.options.extra_args)
             .envs(self.options.env.iter().map(|(k, v)| (k, v)));
         let child = cmd
-            .env("SLRP_LOG", "info")
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)

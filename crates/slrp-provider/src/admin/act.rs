@@ -1,0 +1,219 @@
+//! The action routes of `docs/admin-api.md`: create-disk, destroy-disk and publish
+//! through the embedded manager (standalone mode), unpublish through the volume manager
+//! (both modes).
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::de::DeserializeOwned;
+use slrp_csi::VolumeId;
+use slrp_types::DisplayChain;
+
+use super::api::{CreateDisk, DestroyDisk, OperationSummary, VolumeChanged, VolumeRef};
+use super::{
+    AdminState, ManagerActions, ProviderView, Refusal, bad_field, refusal, unknown_volume,
+    volume_error_status, volume_records, volume_state,
+};
+
+/// The field a JSON error is about: the path where it stopped, or the field a
+/// "missing field `x`" / "unknown field `x`" message names.
+fn error_field(path: &str, error: &serde_json::Error) -> Option<String> {
+    if path != "." && !path.is_empty() {
+        return Some(path.to_owned());
+    }
+    let text = error.to_string();
+    ["missing field `", "unknown field `"]
+        .iter()
+        .find_map(|lead| {
+            let rest = text.split_once(lead)?.1;
+            Some(rest.split_once('`')?.0.to_owned())
+        })
+}
+
+/// Decodes a request body as `T` (`shape` says what it should look like): 400 naming
+/// the field for malformed JSON, a wrong type, a missing or an unknown field.
+pub(super) fn parse_body<T: DeserializeOwned>(body: &[u8], shape: &str) -> Result<T, Refusal> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let parsed = serde_path_to_error::deserialize::<_, T>(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        (error_field(&path, &inner), inner)
+    });
+    let parsed = parsed.and_then(|v| de.end().map(|()| v).map_err(|e| (None, e)));
+    parsed.map_err(|(field, e)| {
+        let error = format!("the body must be {shape}: {e}");
+        match field {
+            Some(field) => bad_field(&field, error),
+            None => refusal(StatusCode::BAD_REQUEST, error),
+        }
+    })
+}
+
+/// The embedded manager, or 403 under `slrp run`.
+fn manager<'a>(state: &'a AdminState, what: &str) -> Result<&'a Arc<dyn ManagerActions>, Refusal> {
+    state.extras.actions.as_ref().ok_or_else(|| {
+        refusal(
+            StatusCode::FORBIDDEN,
+            format!(
+                "{what} is offered only by 'slrp standalone': under 'slrp run' the Mesos master and agent own the operations (only POST /volumes/unpublish is served)"
+            ),
+        )
+    })
+}
+
+fn non_empty(field: &str, value: &str) -> Result<(), Refusal> {
+    if value.is_empty() {
+        return Err(bad_field(field, format!("'{field}' is empty")));
+    }
+    Ok(())
+}
+
+fn positive_timeout(timeout: Option<u64>) -> Result<(), Refusal> {
+    if timeout == Some(0) {
+        return Err(bad_field(
+            "timeout_seconds",
+            "'timeout_seconds' must be greater than zero",
+        ));
+    }
+    Ok(())
+}
+
+/// 202 with the PENDING operation, or 200 with the terminal one after a wait.
+fn operation_answer(wait: bool, op: OperationSummary) -> Response {
+    let status = if wait {
+        StatusCode::OK
+    } else {
+        StatusCode::ACCEPTED
+    };
+    (status, Json(op)).into_response()
+}
+
+pub(super) async fn create_disk(
+    State(state): State<AdminState>,
+    body: Bytes,
+) -> Result<Response, Refusal> {
+    let request: CreateDisk = parse_body(
+        &body,
+        r#"{"profile": "<name>", "size_bytes": <bytes>, "type": "mount"|"block", "wait": <bool>, "timeout_seconds": <seconds>}"#,
+    )?;
+    non_empty("profile", &request.profile)?;
+    if request.size_bytes == 0 {
+        return Err(bad_field(
+            "size_bytes",
+            "'size_bytes' must be greater than zero",
+        ));
+    }
+    if let Some(kind) = &request.r#type
+        && kind != "mount"
+        && kind != "block"
+    {
+        return Err(bad_field(
+            "type",
+            format!("'type' is {kind:?}, not one of \"mount\", \"block\""),
+        ));
+    }
+    positive_timeout(request.timeout_seconds)?;
+    state.provider(request.provider.as_deref())?;
+    let actions = manager(&state, "POST /disks")?;
+    let wait = request.wait;
+    let op = actions.create_disk(request).await?;
+    Ok(operation_answer(wait, op))
+}
+
+pub(super) async fn destroy_disk(
+    State(state): State<AdminState>,
+    body: Bytes,
+) -> Result<Response, Refusal> {
+    let request: DestroyDisk = parse_body(
+        &body,
+        r#"{"volume_id": "<id>", "wait": <bool>, "timeout_seconds": <seconds>}"#,
+    )?;
+    non_empty("volume_id", &request.volume_id)?;
+    positive_timeout(request.timeout_seconds)?;
+    state.provider(request.provider.as_deref())?;
+    let actions = manager(&state, "POST /disks/destroy")?;
+    let wait = request.wait;
+    let op = actions.destroy_disk(request).await?;
+    Ok(operation_answer(wait, op))
+}
+
+const VOLUME_REF: &str = r#"{"provider": "<type>.<name>", "volume_id": "<id>"}"#;
+
+/// The provider and volume a [`VolumeRef`] names, with the provider's running volume
+/// manager; 404 if the volume is not tracked.
+async fn volume_of<'a>(
+    state: &'a AdminState,
+    request: &VolumeRef,
+) -> Result<
+    (
+        &'a Arc<dyn ProviderView>,
+        slrp_core::volume::VolumeManagerHandle,
+        VolumeId,
+    ),
+    Refusal,
+> {
+    non_empty("volume_id", &request.volume_id)?;
+    let provider = state.provider(request.provider.as_deref())?;
+    let volumes = AdminState::volume_manager(provider)?;
+    let id = VolumeId::new(request.volume_id.clone());
+    if volume_state(&volumes, &id).await?.is_none() {
+        return Err(unknown_volume(&provider.key(), &id));
+    }
+    Ok((provider, volumes, id))
+}
+
+pub(super) async fn publish(
+    State(state): State<AdminState>,
+    body: Bytes,
+) -> Result<Json<VolumeChanged>, Refusal> {
+    let request: VolumeRef = parse_body(&body, VOLUME_REF)?;
+    let actions = manager(&state, "POST /volumes/publish")?;
+    let (provider, volumes, id) = volume_of(&state, &request).await?;
+    actions.publish(request).await?;
+    let key = provider.key();
+    let record = volume_records(&volumes)
+        .await?
+        .into_iter()
+        .find(|r| r.id == id)
+        .ok_or_else(|| unknown_volume(&key, &id))?;
+    let path = provider
+        .mount_paths()
+        .and_then(|p| p.target(&id).ok())
+        .map(|p| p.to_string_lossy().into_owned());
+    tracing::info!(provider = %key, volume_id = %id, path = ?path, "volume published by the operator");
+    Ok(Json(VolumeChanged {
+        volume_id: id.as_str().to_owned(),
+        state: record.state.name().as_str().to_owned(),
+        path,
+    }))
+}
+
+pub(super) async fn unpublish(
+    State(state): State<AdminState>,
+    body: Bytes,
+) -> Result<Json<VolumeChanged>, Refusal> {
+    let request: VolumeRef = parse_body(&body, VOLUME_REF)?;
+    let (provider, volumes, id) = volume_of(&state, &request).await?;
+    let key = provider.key();
+    if let Err(e) = volumes.unpublish(&id).await {
+        let error = DisplayChain(&e).to_string();
+        tracing::warn!(provider = %key, volume_id = %id, %error, "the operator's unpublish failed");
+        return Err(refusal(volume_error_status(e.kind()), error));
+    }
+    match volume_state(&volumes, &id).await? {
+        Some(after) => {
+            tracing::info!(provider = %key, volume_id = %id, state = after, "volume unpublished by the operator");
+            Ok(Json(VolumeChanged {
+                volume_id: id.as_str().to_owned(),
+                state: after.to_owned(),
+                path: None,
+            }))
+        }
+        // Destroyed meanwhile (DESTROY_DISK unpublishes too).
+        None => Err(unknown_volume(&key, &id)),
+    }
+}
