@@ -94,16 +94,7 @@ pub struct ProviderView {
 const COMPLETED_KEPT: usize = 4096;
 
 /// Mesos `protobuf::isTerminalState`.
-pub(crate) fn is_terminal(state: i32) -> bool {
-    matches!(
-        OperationState::try_from(state),
-        Ok(OperationState::OperationFinished
-            | OperationState::OperationFailed
-            | OperationState::OperationError
-            | OperationState::OperationDropped
-            | OperationState::OperationGoneByOperator)
-    )
-}
+pub(crate) use slrp_types::is_terminal_state as is_terminal;
 
 /// The master's acknowledgement policy, shared with the handle so that
 /// [`crate::ManagerHandle::set_ack_policy`] needs no round trip.

@@ -32,7 +32,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use futures_util::future::{BoxFuture, OptionFuture, join_all};
+use futures_util::future::{BoxFuture, FutureExt as _, OptionFuture, join_all};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use slrp_agent::operator::OperatorError;
 use slrp_agent::{AgentClient, AgentConfig, AgentError, AgentHandle, SessionEvent};
@@ -65,6 +65,9 @@ use crate::metrics::ProviderMetrics;
 /// it (the status is for observers; the manager hears of changes through operation
 /// statuses and UPDATE_STATE, which are not delayed).
 pub const STATUS_TOTAL_INTERVAL: Duration = Duration::from_millis(50);
+
+/// Most ready events one turn of the worker loop handles before committing them together.
+const MAX_TURN: usize = 256;
 
 /// Mesos's `DEFAULT_STORAGE_RECONCILIATION_INTERVAL`.
 pub const DEFAULT_RECONCILIATION_INTERVAL: Duration = Duration::from_secs(10);
@@ -412,6 +415,7 @@ impl Provider {
             state,
             pending_events: PendingEvents::new(params.pending_events),
             ops: ops::OpFlow::new(tracked),
+            batch: ops::Batch::default(),
             resource_version: uuid::Uuid::new_v4(),
             jobs: Jobs::default(),
             job: None,
@@ -584,6 +588,8 @@ struct Worker {
     pending_events: PendingEvents,
     /// Tracked operations, running disk operations, deferred ones, the status timer.
     ops: ops::OpFlow,
+    /// This turn's uncommitted changes and what waits for them; empty between turns.
+    batch: ops::Batch,
     /// The resource version (spec §6.6): changed with every change of the total the
     /// agent does not learn from an operation status, and sent in UPDATE_STATE.
     resource_version: uuid::Uuid,
@@ -678,7 +684,31 @@ impl Worker {
                 Some(()) = self.replies.next(), if !self.replies.is_empty() => {}
                 Some(()) = self.ops.publishes.next(), if !self.ops.publishes.is_empty() => {}
             }
+            Box::pin(self.drain_ready()).await?;
+            Box::pin(self.flush()).await?;
         }
+    }
+
+    /// Handles the disk operation results and manager events that are ready now in the
+    /// same turn, so that their commits become one (group commit): with every commit
+    /// awaited on its own, 64 concurrent operations ran no faster than one. Their
+    /// effects still leave only after the commit (`flush`), so what the manager and the
+    /// plugin see is what a commit per event would have shown.
+    async fn drain_ready(&mut self) -> Result<(), ProviderError> {
+        for _ in 0..MAX_TURN {
+            if !self.ops.running.is_empty()
+                && let Some(Some(done)) = self.ops.running.next().now_or_never()
+            {
+                Box::pin(self.on_disk_done(done)).await?;
+                continue;
+            }
+            match self.sessions.try_recv() {
+                Ok(session) => Box::pin(self.on_session(session)).await?,
+                // Empty, or closed: the loop's `recv` sees the end.
+                Err(_) => break,
+            }
+        }
+        Ok(())
     }
 
     fn publish_status(&mut self) {
@@ -850,6 +880,8 @@ impl Worker {
     }
 
     async fn checkpoint(&mut self) -> Result<(), ProviderError> {
+        // What the turn staged first: the store applies commits in order.
+        self.flush().await?;
         // Pools that outlived their profile (converted ones, §12 item 11) keep the profile
         // they were checkpointed with.
         let mut known = self.live_profiles.clone();
@@ -1033,6 +1065,9 @@ impl Worker {
         if self.job.is_none() && !self.jobs.waiting(self.lifecycle) {
             self.start_deferred().await?;
         }
+        // Before a job (it waits for the disk operations, which start here) and before an
+        // UPDATE_STATE (it must show only what is durable).
+        self.flush().await?;
         // A job waiting out its retry backoff does not hold up the others (a resubscription
         // must not wait for a failed periodic reconciliation's next attempt). A job waits
         // for the disk operations that run (Mesos's provider-wide sequence).

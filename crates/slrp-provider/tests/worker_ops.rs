@@ -191,6 +191,21 @@ impl Env {
         op
     }
 
+    /// CREATE_DISK of `mb` from `pool` through the manager; its first status update.
+    async fn create_disk_through_manager(
+        &mut self,
+        id: &str,
+        pool: &Resource,
+        mb: f64,
+    ) -> (uuid::Uuid, call::UpdateOperationStatus) {
+        let op = self
+            .manager()
+            .apply_operation(id, ApplyRequest::new(create_disk(sized(pool, mb))))
+            .await
+            .unwrap();
+        (op, self.next_status(op).await)
+    }
+
     async fn send(&self, id: &str, event: Event) {
         self.manager().send_event(id, event).await.unwrap();
     }
@@ -283,7 +298,60 @@ async fn create_disk_then_destroy_disk() {
     provider.stop().await;
 }
 
-/// Durable before applied (spec §5.10, §12 items 7 and 8): the worker stops while the
+/// Every formatted log line.
+#[derive(Clone, Default)]
+struct Logs(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Every log line about an operation is in its span, which names its uuid and type: the
+/// acceptance, the completion after the disk task and the acknowledgement (the logs item
+/// of #12: an operator greps one uuid).
+// A current-thread runtime: the worker runs on this thread, where the capturing
+// subscriber is the default.
+#[tokio::test(flavor = "current_thread")]
+async fn every_log_line_of_an_operation_is_in_its_span() {
+    let logs = Logs::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::DEBUG)
+        .finish();
+    let _default = tracing::subscriber::set_default(subscriber);
+    let mut env = Env::new(FakeCsi::full()).await;
+    let Pool { provider, id, pool } = env.with_pool(env.ops_params(None)).await;
+    let (op, update) = env.create_disk_through_manager(&id, &pool, 64.0).await;
+    assert_eq!(state_of(&update.status), OperationState::OperationFinished);
+    let status_uuid = update.status.uuid.clone().expect("a reliable status");
+    env.send(&id, ack_event(op.as_bytes(), &status_uuid)).await;
+    status_until(&provider.handle, "forgotten", |s| s.operations == 0).await;
+    provider.stop().await;
+
+    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let span = format!("operation{{operation_uuid={op} operation=CreateDisk}}");
+    for message in [
+        "accepted operation",
+        "operation finished",
+        "the operation's terminal status was acknowledged",
+    ] {
+        let line = text
+            .lines()
+            .find(|line| line.contains(message))
+            .unwrap_or_else(|| panic!("no line {message:?} in:\n{text}"));
+        assert!(line.contains(&span), "not in the operation's span: {line}");
+    }
+}
+
 /// plugin holds the CreateVolume answer; the restarted worker finds the operation PENDING,
 /// applies it again (CreateVolume by the same name) and reports exactly one terminal
 /// status, with exactly one volume made.
@@ -707,12 +775,7 @@ async fn destroying_a_disk_of_a_vanished_profile_reconciles_the_pools() {
     let mut env = Env::new(FakeCsi::full()).await;
     let file = env.with_profiles(&profile_doc(&["test"]));
     let Pool { provider, id, pool } = env.with_pool(env.ops_params(None)).await;
-    let op = env
-        .manager()
-        .apply_operation(&id, ApplyRequest::new(create_disk(sized(&pool, 64.0))))
-        .await
-        .unwrap();
-    env.next_status(op).await;
+    env.create_disk_through_manager(&id, &pool, 64.0).await;
 
     std::fs::write(&file, profile_doc(&[]).to_string()).unwrap();
     env.profiles.as_ref().unwrap().poll_now().await.unwrap();

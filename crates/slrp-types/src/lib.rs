@@ -16,6 +16,7 @@
 //! - [`backoff`]: [`Backoff`], [`Jitter`], [`JitterRng`] (full-jitter exponential).
 //! - [`provider`]: [`ProviderKey`], what profile selectors match.
 //! - [`id`]: [`validate_id`], Mesos's rules for IDs that name directories.
+//! - [`operation`]: [`is_terminal_state`], Mesos's terminal operation states.
 //! - [`capability`]: [`VolumeCapability`] and its Mesos / CSI v0 / CSI v1 conversions.
 //!
 //! # Invariants
@@ -35,6 +36,7 @@ pub mod capability;
 pub mod chain;
 pub mod grpc;
 pub mod id;
+pub mod operation;
 pub mod provider;
 pub mod size;
 
@@ -46,6 +48,7 @@ pub use capability::{AccessMode, AccessType, CapabilityError, CapabilityForm, Vo
 pub use chain::DisplayChain;
 pub use grpc::parse_code;
 pub use id::{IdError, validate_id};
+pub use operation::is_terminal_state;
 pub use provider::ProviderKey;
 pub use size::{SizeError, format_size, parse_size};
 

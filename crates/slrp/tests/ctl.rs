@@ -304,3 +304,96 @@ async fn root_the_socket_refuses_another_user() {
     );
     c.finish().await;
 }
+
+/// Runs `slrp ctl ARGS` (no `--admin` added) with `env`, off the test's runtime.
+async fn ctl_env(args: Vec<String>, env: Vec<(&'static str, String)>) -> Output {
+    tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_slrp"))
+            .arg("ctl")
+            .args(&args)
+            .env_remove("SLRP_ADMIN")
+            .env_remove("SLRP_ADMIN_TOKEN_FILE")
+            .env_remove("SLRP_LOG")
+            .envs(env)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap()
+}
+
+/// The admin API on TCP (`slrp run --admin-listen` with a token file): `slrp ctl` sends
+/// the token read from `--token-file` or `SLRP_ADMIN_TOKEN_FILE`; without it, or with a
+/// wrong one, the daemon's 401 is exit 3 saying which flag to pass. The token never
+/// shows in the output.
+#[tokio::test]
+async fn tcp_needs_the_token_file() {
+    const TOKEN: &str = "ctl-test-token-5d1c";
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut spec = ProviderSpec::fixture();
+    spec.pools = vec!["default=4GiB".to_owned()];
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+    let wrong_file = dir.path().join("wrong");
+    std::fs::write(&wrong_file, "not-the-token\n").unwrap();
+    let mut options = DaemonOptions::with_profiles();
+    options.extra_args = vec![
+        "--admin-listen".to_owned(),
+        format!("127.0.0.1:{port}"),
+        "--admin-token-file".to_owned(),
+        token_file.display().to_string(),
+    ];
+    let mut c = Cluster::new(vec![spec], options).await;
+    c.set_profiles(&profiles(&["test"]));
+    c.start_daemon();
+    c.update_where(|u| u.pool("test").is_some()).await;
+    c.admin_ok("/health").await;
+
+    let url = format!("http://127.0.0.1:{port}");
+    let with = |extra: &[&str]| -> Vec<String> {
+        let mut args = vec!["--admin".to_owned(), url.clone()];
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
+        args
+    };
+    let token_arg = token_file.display().to_string();
+    let out = ctl_env(
+        with(&["--token-file", &token_arg, "--json", "status"]),
+        vec![],
+    )
+    .await;
+    assert_exit(&out, 0);
+    let status: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(status["mode"], "run", "{status}");
+
+    let out = ctl_env(
+        with(&["status"]),
+        vec![("SLRP_ADMIN_TOKEN_FILE", token_arg.clone())],
+    )
+    .await;
+    assert_exit(&out, 0);
+    // SLRP_ADMIN names the TCP endpoint as well.
+    let out = ctl_env(
+        vec!["volumes".to_owned()],
+        vec![
+            ("SLRP_ADMIN", url.clone()),
+            ("SLRP_ADMIN_TOKEN_FILE", token_arg.clone()),
+        ],
+    )
+    .await;
+    assert_exit(&out, 0);
+
+    let out = ctl_env(with(&["status"]), vec![]).await;
+    assert_exit(&out, 3);
+    assert!(stderr(&out).contains("--token-file"), "{}", stderr(&out));
+    let wrong_arg = wrong_file.display().to_string();
+    let out = ctl_env(with(&["--token-file", &wrong_arg, "resources"]), vec![]).await;
+    assert_exit(&out, 3);
+    assert!(!stdout(&out).contains(TOKEN) && !stderr(&out).contains(TOKEN));
+    assert!(!stderr(&out).contains("not-the-token"), "{}", stderr(&out));
+    c.finish().await;
+}

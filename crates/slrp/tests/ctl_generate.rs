@@ -62,6 +62,18 @@ fn completions_name_the_ctl_commands() {
 }
 
 #[test]
+fn ctl_help_lists_the_exit_codes() {
+    let help = String::from_utf8(slrp(&["ctl", "--help"]).stdout).unwrap();
+    for code in [
+        "  2   slrp is not running",
+        "  5   --wait timed out",
+        "  64  usage error",
+    ] {
+        assert!(help.contains(code), "{code} in\n{help}");
+    }
+}
+
+#[test]
 fn the_man_page_renders_with_the_subcommands() {
     let page = String::from_utf8(slrp(&["man"]).stdout).unwrap();
     assert!(page.contains(".TH slrp 1"), "roff title: {page}");
@@ -98,6 +110,9 @@ fn the_man_page_renders_with_the_subcommands() {
         "no page for `help`: {files:?}"
     );
     assert_eq!(listed.lines().count(), files.len(), "{listed}");
+    let ctl = std::fs::read_to_string(out_dir.join("slrp-ctl.1")).unwrap();
+    assert!(ctl.contains("Exit codes:"), "{ctl}");
+    assert!(ctl.contains("\\-\\-wait timed out"), "{ctl}");
     let create = std::fs::read_to_string(out_dir.join("slrp-ctl-create-disk.1")).unwrap();
     assert!(create.contains("\\-\\-profile"), "{create}");
     assert!(create.contains("\\-\\-wait"), "{create}");

@@ -35,17 +35,9 @@ use tokio::time::Instant;
 
 use super::state::StateError;
 
-/// Mesos `protobuf::isTerminalState(OperationState)`: nothing leaves these states.
-pub fn is_terminal_state(state: i32) -> bool {
-    matches!(
-        OperationState::try_from(state),
-        Ok(OperationState::OperationFinished
-            | OperationState::OperationFailed
-            | OperationState::OperationError
-            | OperationState::OperationDropped
-            | OperationState::OperationGoneByOperator)
-    )
-}
+/// Mesos `protobuf::isTerminalState(OperationState)` (its home is `slrp-types`, shared
+/// with the embedded manager).
+pub use slrp_types::is_terminal_state;
 
 /// The status uuid of `status`, if it has a well-formed one.
 pub fn status_uuid(status: &OperationStatus) -> Option<uuid::Uuid> {

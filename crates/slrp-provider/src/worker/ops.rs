@@ -39,8 +39,10 @@ use slrp_core::provider::state::StateError;
 use slrp_core::volume::{MountPaths, VolumeError, VolumeInfo};
 use slrp_proto::mesos::v1::resource_provider::{Call, call, event};
 use slrp_proto::mesos::v1::{AgentId, OperationState, Resource, Uuid};
+use slrp_store::Transaction;
 use slrp_types::DisplayChain;
 use tokio::time::{Instant, Sleep};
+use tracing::Instrument as _;
 
 use super::{JobKind, ProviderError, Worker, uuid_text};
 use crate::publish::{publish_all, publish_targets};
@@ -139,6 +141,24 @@ enum DiskOutcome {
     },
 }
 
+/// What the current turn of the worker loop changed but has not committed yet, and what
+/// must wait for that commit: status updates and volume manager calls leave the process
+/// only once the records they follow are durable (spec §5.10). Every operation handled in
+/// one turn shares the turn's one commit (one fsync), so concurrent operations no longer
+/// wait for each other's commits one by one.
+#[derive(Default)]
+pub(super) struct Batch {
+    /// The turn's changes, in the order they were staged.
+    txn: Option<Transaction>,
+    /// Status updates to send once `txn` is durable, in order.
+    sends: Vec<call::UpdateOperationStatus>,
+    /// Volume manager calls of accepted disk operations, started once their PENDING
+    /// record is durable.
+    disk: Vec<BoxFuture<'static, DiskDone>>,
+    /// The operation counts of the status changed.
+    counts: bool,
+}
+
 /// Which `provider_resource` records a commit rewrites.
 pub(super) enum Touched<'a> {
     /// None (and not the provider record either).
@@ -198,6 +218,12 @@ fn has_io(info: &slrp_proto::mesos::v1::offer::Operation) -> bool {
     OperationKind::of(info) == OperationKind::Destroy
 }
 
+/// The span of everything the worker does for one operation (its acceptance, its disk
+/// task, its completion, its acknowledgement), so every log line of it names it.
+fn operation_span(uuid: &uuid::Uuid, kind: OperationKind) -> tracing::Span {
+    tracing::info_span!("operation", operation_uuid = %uuid, operation = ?kind)
+}
+
 fn parse_uuid(uuid: &Uuid) -> Option<uuid::Uuid> {
     uuid::Uuid::from_slice(&uuid.value).ok()
 }
@@ -253,27 +279,58 @@ impl Worker {
     }
 
     /// Commits the records of `ops` (put), `removed` (delete) and the resource records of
-    /// `touched`, in one transaction.
+    /// `touched` with everything else staged in this turn, and waits until it is durable.
     pub(super) async fn commit_ops(
         &mut self,
         ops: &[uuid::Uuid],
         removed: &[uuid::Uuid],
         touched: Touched<'_>,
     ) -> Result<(), ProviderError> {
-        let agent_id = self.params.agent_id.clone();
-        let store = self.deps.store.clone();
-        let checkpoint = |source: StateError| ProviderError::Checkpoint {
+        self.stage_ops(ops, removed, touched)?;
+        self.flush().await
+    }
+
+    fn checkpoint_error(&self, source: StateError) -> ProviderError {
+        ProviderError::Checkpoint {
             provider: self.label.clone(),
             source: Box::new(source),
+        }
+    }
+
+    /// Stages the records of `ops` (put), `removed` (delete) and the resource records of
+    /// `touched` into this turn's transaction (written as they are now, in this order);
+    /// [`Self::flush`] commits it.
+    pub(super) fn stage_ops(
+        &mut self,
+        ops: &[uuid::Uuid],
+        removed: &[uuid::Uuid],
+        touched: Touched<'_>,
+    ) -> Result<(), ProviderError> {
+        let agent_id = self.params.agent_id.clone();
+        let mut txn = match self.batch.txn.take() {
+            Some(txn) => txn,
+            None => self.deps.store.transaction(),
         };
-        let mut txn = store.transaction();
+        let staged = self.stage_into(&mut txn, &agent_id, ops, removed, touched);
+        self.batch.txn = Some(txn);
+        staged.map_err(|source| self.checkpoint_error(source))
+    }
+
+    fn stage_into(
+        &mut self,
+        txn: &mut Transaction,
+        agent_id: &str,
+        ops: &[uuid::Uuid],
+        removed: &[uuid::Uuid],
+        touched: Touched<'_>,
+    ) -> Result<(), StateError> {
         for uuid in ops {
             if let Some(op) = self.ops.tracked.get(uuid) {
-                stage_operation(&mut txn, &agent_id, op).map_err(checkpoint)?;
+                stage_operation(txn, agent_id, op)?;
             }
         }
         for uuid in removed {
-            stage_operation_removal(&mut txn, &agent_id, uuid).map_err(checkpoint)?;
+            stage_operation_removal(txn, agent_id, uuid)?;
         }
         if let Touched::Some(resources) = touched {
             // The pool profiles checkpointed follow the total (§8.2).
@@ -285,16 +342,29 @@ impl Worker {
                 .into_iter()
                 .filter_map(|name| known.get(&name).map(|def| (name, def.clone())))
                 .collect();
-            self.state
-                .stage(&mut txn, &agent_id, Some(resources))
-                .map_err(checkpoint)?;
+            self.state.stage(txn, agent_id, Some(resources))?;
         }
-        txn.commit().await.map_err(|source| {
-            checkpoint(StateError::Store {
-                store: store.path().to_owned(),
-                source,
-            })
-        })
+        Ok(())
+    }
+
+    /// Commits what this turn staged (one fsync for all of it), then lets out what waited
+    /// for it: the status updates, in order, and the volume manager calls.
+    pub(super) async fn flush(&mut self) -> Result<(), ProviderError> {
+        let batch = std::mem::take(&mut self.batch);
+        if let Some(txn) = batch.txn {
+            let store = self.deps.store.path().to_owned();
+            txn.commit()
+                .await
+                .map_err(|source| self.checkpoint_error(StateError::Store { store, source }))?;
+        }
+        self.dispatch_updates(batch.sends);
+        for disk in batch.disk {
+            self.ops.running.push(disk);
+        }
+        if batch.counts {
+            self.publish_counts();
+        }
+        Ok(())
     }
 
     /// The agent applied an operation the provider did not (dropped or failed): a new
@@ -307,9 +377,14 @@ impl Worker {
         }
     }
 
-    /// Sends status updates (reliable ones come from the status update manager, which
-    /// keeps them until acknowledged; a failed send is only logged: the retry resends).
+    /// Sends status updates once this turn's changes are durable (reliable ones come from
+    /// the status update manager, which keeps them until acknowledged; a failed send is
+    /// only logged: the retry resends).
     fn send_updates(&mut self, updates: impl IntoIterator<Item = call::UpdateOperationStatus>) {
+        self.batch.sends.extend(updates);
+    }
+
+    fn dispatch_updates(&mut self, updates: Vec<call::UpdateOperationStatus>) {
         let Some(id) = self.state.provider_id.clone() else {
             return;
         };
@@ -330,14 +405,21 @@ impl Worker {
         }
     }
 
-    /// Arms the status timer and publishes the counts.
+    /// Arms the status timer; the counts reach the status with the turn's commit.
     pub(super) fn after_ops_change(&mut self) {
         self.ops.arm();
+        self.batch.counts = true;
+    }
+
+    /// Publishes the operation counts: what an observer sees tracked is durable.
+    fn publish_counts(&mut self) {
         let (operations, unacknowledged) =
             (self.ops.tracked.len(), self.ops.tracked.unacknowledged());
-        self.status.send_modify(|s| {
+        self.status.send_if_modified(|s| {
+            let changed = (s.operations, s.unacknowledged) != (operations, unacknowledged);
             s.operations = operations;
             s.unacknowledged = unacknowledged;
+            changed
         });
     }
 
@@ -365,6 +447,18 @@ impl Worker {
     /// APPLY_OPERATION. `refused` is the reason it cannot be applied in this state (before
     /// READY): it is then DROPPED as Mesos does (tracked, reliable status).
     pub(super) async fn on_apply(
+        &mut self,
+        apply: event::ApplyOperation,
+        refused: Option<String>,
+    ) -> Result<(), ProviderError> {
+        let span = match parse_uuid(&apply.operation_uuid) {
+            Some(uuid) => operation_span(&uuid, OperationKind::of(&apply.info)),
+            None => tracing::Span::none(),
+        };
+        Box::pin(self.apply_event(apply, refused).instrument(span)).await
+    }
+
+    async fn apply_event(
         &mut self,
         apply: event::ApplyOperation,
         refused: Option<String>,
@@ -417,7 +511,7 @@ impl Worker {
                         return Ok(());
                     }
                 };
-                self.commit_ops(&[uuid], &[], Touched::Nothing).await?;
+                self.stage_ops(&[uuid], &[], Touched::Nothing)?;
                 self.deps.metrics.operations().dropped(kind);
                 self.send_updates(send);
                 if resync {
@@ -438,7 +532,8 @@ impl Worker {
                     // Its completion commit is the first: nothing to replay before it.
                     self.apply_operation(uuid).await?;
                 } else {
-                    self.commit_ops(&[uuid], &[], Touched::Nothing).await?;
+                    // A disk operation's call starts only once this is durable (`flush`).
+                    self.stage_ops(&[uuid], &[], Touched::Nothing)?;
                     if immediate {
                         self.apply_operation(uuid).await?;
                     } else {
@@ -498,9 +593,16 @@ impl Worker {
                     // Checked before DESTROY removes any data: a stale DESTROY must not
                     // delete a volume's contents and then fail.
                     Ok(conversions) => match self.check_speculative(&uuid, &info, &conversions) {
-                        Ok(()) => remove_persistent(self.params.mount_paths.clone(), &info)
-                            .await
-                            .map(|()| conversions),
+                        Ok(()) => {
+                            if has_io(&info) {
+                                // Data is removed only once the PENDING record is durable:
+                                // a crash during the removal replays the operation.
+                                self.flush().await?;
+                            }
+                            remove_persistent(self.params.mount_paths.clone(), &info)
+                                .await
+                                .map(|()| conversions)
+                        }
                         Err(message) => Err(message),
                     },
                     Err(message) => Err(message),
@@ -512,7 +614,7 @@ impl Worker {
                     Err(message) => self.complete(uuid, Err(message)).await,
                     Ok(plan) => {
                         let volumes = self.deps.volumes.clone();
-                        self.ops.running.push(Box::pin(async move {
+                        let call = async move {
                             let result = match &plan.request {
                                 DiskRequest::Create(req) => volumes.create(req.clone()).await,
                                 DiskRequest::Import(req) => volumes.validate(req.clone()).await,
@@ -525,7 +627,11 @@ impl Worker {
                                     result,
                                 },
                             }
-                        }));
+                        };
+                        // In the operation's span, like everything else done for it.
+                        self.batch
+                            .disk
+                            .push(Box::pin(call.instrument(tracing::Span::current())));
                         Ok(())
                     }
                 }
@@ -534,7 +640,7 @@ impl Worker {
                 Err(message) => self.complete(uuid, Err(message)).await,
                 Ok((id, source)) => {
                     let volumes = self.deps.volumes.clone();
-                    self.ops.running.push(Box::pin(async move {
+                    let call = async move {
                         let result = volumes.delete(&id).await;
                         DiskDone {
                             uuid,
@@ -544,7 +650,10 @@ impl Worker {
                                 result,
                             },
                         }
-                    }));
+                    };
+                    self.batch
+                        .disk
+                        .push(Box::pin(call.instrument(tracing::Span::current())));
                     Ok(())
                 }
             },
@@ -607,6 +716,19 @@ async fn remove_persistent(
 impl Worker {
     /// A disk operation's volume manager call ended.
     pub(super) async fn on_disk_done(&mut self, done: DiskDone) -> Result<(), ProviderError> {
+        let span = self.tracked_span(&done.uuid);
+        self.disk_done(done).instrument(span).await
+    }
+
+    /// The span of a tracked operation (none for an unknown uuid).
+    fn tracked_span(&self, uuid: &uuid::Uuid) -> tracing::Span {
+        match self.ops.tracked.get(uuid) {
+            Some(op) => operation_span(uuid, OperationKind::of(&op.info)),
+            None => tracing::Span::none(),
+        }
+    }
+
+    async fn disk_done(&mut self, done: DiskDone) -> Result<(), ProviderError> {
         let DiskDone {
             uuid,
             identity,
@@ -708,11 +830,8 @@ impl Worker {
         };
         let changed = applied.is_some();
         match applied {
-            Some(touched) => {
-                self.commit_ops(&[uuid], &[], Touched::Some(&touched))
-                    .await?;
-            }
-            None => self.commit_ops(&[uuid], &[], Touched::Nothing).await?,
+            Some(touched) => self.stage_ops(&[uuid], &[], Touched::Some(&touched))?,
+            None => self.stage_ops(&[uuid], &[], Touched::Nothing)?,
         }
         let metrics = self.deps.metrics.operations();
         metrics.pending(kind, -1);
@@ -735,7 +854,8 @@ impl Worker {
     /// Applies the operations deferred during a reconciliation, in arrival order.
     pub(super) async fn start_deferred(&mut self) -> Result<(), ProviderError> {
         while let Some(uuid) = self.ops.deferred.pop_front() {
-            self.apply_operation(uuid).await?;
+            let span = self.tracked_span(&uuid);
+            self.apply_operation(uuid).instrument(span).await?;
         }
         self.after_ops_change();
         Ok(())
@@ -745,8 +865,13 @@ impl Worker {
     /// resources are reconciled (§3.4 step 7, §5.10); once per process and identity.
     pub(super) async fn start_replay(&mut self) -> Result<(), ProviderError> {
         for uuid in std::mem::take(&mut self.ops.replay) {
-            tracing::info!(operation_uuid = %uuid, "re-applying a pending operation");
-            self.apply_operation(uuid).await?;
+            let span = self.tracked_span(&uuid);
+            async {
+                tracing::info!(operation_uuid = %uuid, "re-applying a pending operation");
+                self.apply_operation(uuid).await
+            }
+            .instrument(span)
+            .await?;
         }
         self.after_ops_change();
         Ok(())
@@ -754,6 +879,17 @@ impl Worker {
 
     /// ACKNOWLEDGE_OPERATION_STATUS (§5.11): errors are logged, never fatal.
     pub(super) async fn on_acknowledge(
+        &mut self,
+        ack: event::AcknowledgeOperationStatus,
+    ) -> Result<(), ProviderError> {
+        let span = match parse_uuid(&ack.operation_uuid) {
+            Some(uuid) => self.tracked_span(&uuid),
+            None => tracing::Span::none(),
+        };
+        self.acknowledge(ack).instrument(span).await
+    }
+
+    async fn acknowledge(
         &mut self,
         ack: event::AcknowledgeOperationStatus,
     ) -> Result<(), ProviderError> {
@@ -773,12 +909,12 @@ impl Worker {
                 tracing::error!(operation_uuid = %op, status_uuid = %status, error = %DisplayChain(&error), "Failed to acknowledge operation status");
             }
             Ok(Acked::Pending { send }) => {
-                self.commit_ops(&[op], &[], Touched::Nothing).await?;
+                self.stage_ops(&[op], &[], Touched::Nothing)?;
                 self.send_updates(send);
             }
             Ok(Acked::Terminated(_)) => {
                 tracing::debug!(operation_uuid = %op, "the operation's terminal status was acknowledged; forgetting it");
-                self.commit_ops(&[], &[op], Touched::Nothing).await?;
+                self.stage_ops(&[], &[op], Touched::Nothing)?;
             }
         }
         self.after_ops_change();

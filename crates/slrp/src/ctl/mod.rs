@@ -32,8 +32,20 @@ use table::{Table, cells, or_dash, rendered, several, table};
 /// that they agree).
 const DEFAULT_ADMIN: &str = "/var/lib/slrp/admin.sock";
 
+/// The exit codes of the FIXED contract, in `slrp ctl --help` and its man page.
+const EXIT_CODES: &str = "\
+Exit codes:
+  0   done
+  1   the daemon refused or failed the request, or the operation did not finish
+  2   slrp is not running or cannot be reached
+  3   permission denied on the socket, or a missing or wrong token (TCP)
+  4   unknown volume, operation or profile
+  5   --wait timed out (the operation goes on)
+  64  usage error";
+
 /// `slrp ctl` arguments.
 #[derive(Debug, Args)]
+#[command(after_help = EXIT_CODES)]
 pub(crate) struct CtlArgs {
     /// The admin endpoint: the daemon's socket (a path or `unix:///path`), or
     /// `http://host:port` for its TCP listener (with --token-file).
@@ -63,10 +75,16 @@ enum CtlCommand {
     /// Mesos resources.
     Resources,
     /// The volumes the providers' volume managers track: state, mounts, last error.
-    Volumes,
+    Volumes {
+        /// Show only this volume, in detail.
+        id: Option<String>,
+    },
     /// The operations the providers track (and, in standalone mode, the recent ones the
     /// embedded manager saw end), with their status updates under --json.
-    Operations,
+    Operations {
+        /// Show only this operation, with its status updates.
+        uuid: Option<String>,
+    },
     /// The disk profiles and their CSI parameters.
     Profiles,
     /// The CSI plugins: health, CSI version, restarts, last error.
@@ -171,15 +189,28 @@ pub(crate) async fn run(args: CtlArgs) -> anyhow::Result<ExitCode> {
             })
             .await?;
         }
-        CtlCommand::Volumes => {
+        CtlCommand::Volumes { id: None } => {
             list(&client, json, "/volumes", |v: Vec<VolumeSummary>| {
                 volumes_text(&v)
             })
             .await?;
         }
-        CtlCommand::Operations => {
+        CtlCommand::Volumes { id: Some(id) } => {
+            let path = format!("/volumes/{}", percent_encode(&id));
+            list(&client, json, &path, |v: VolumeSummary| volume_text(&v))
+                .await
+                .map_err(volume_hint)?;
+        }
+        CtlCommand::Operations { uuid: None } => {
             list(&client, json, "/operations", |o: Vec<OperationSummary>| {
                 operations_text(&o)
+            })
+            .await?;
+        }
+        CtlCommand::Operations { uuid: Some(uuid) } => {
+            let path = format!("/operations/{}", percent_encode(&uuid));
+            list(&client, json, &path, |o: OperationSummary| {
+                operation_text(&o)
             })
             .await?;
         }
@@ -238,7 +269,9 @@ pub(crate) async fn run(args: CtlArgs) -> anyhow::Result<ExitCode> {
                 timeout_seconds: wait.wait.then_some(wait.timeout),
             };
             let what = format!("destroying disk {id}");
-            let op = operation(&client, json, "/disks/destroy", &request, &wait, &what).await?;
+            let op = operation(&client, json, "/disks/destroy", &request, &wait, &what)
+                .await
+                .map_err(volume_hint)?;
             if !json {
                 write_stdout(&if wait.wait {
                     format!("destroyed disk {id}\n")
@@ -248,7 +281,9 @@ pub(crate) async fn run(args: CtlArgs) -> anyhow::Result<ExitCode> {
             }
         }
         CtlCommand::Publish { id, provider } => {
-            let changed = volume_change(&client, json, "/volumes/publish", id, provider).await?;
+            let changed = volume_change(&client, json, "/volumes/publish", id, provider)
+                .await
+                .map_err(volume_hint)?;
             if !json {
                 let mut text = format!("published {} ({})\n", changed.volume_id, changed.state);
                 if let Some(path) = &changed.path {
@@ -259,7 +294,9 @@ pub(crate) async fn run(args: CtlArgs) -> anyhow::Result<ExitCode> {
             }
         }
         CtlCommand::Unpublish { id, provider } => {
-            let changed = volume_change(&client, json, "/volumes/unpublish", id, provider).await?;
+            let changed = volume_change(&client, json, "/volumes/unpublish", id, provider)
+                .await
+                .map_err(volume_hint)?;
             if !json {
                 write_stdout(&format!(
                     "unpublished {} ({})\n",
@@ -373,6 +410,19 @@ fn waited_error(e: CtlError, limit: Duration) -> CtlError {
             CtlError::WaitTimedOut { after: limit }
         }
         e => e,
+    }
+}
+
+/// An unknown volume's error, with where to find the known ones (the daemon's text speaks
+/// of the API).
+fn volume_hint(e: anyhow::Error) -> anyhow::Error {
+    match e.downcast::<CtlError>() {
+        Ok(CtlError::NotFound { error }) => CtlError::NotFound {
+            error: format!("{error}; `slrp ctl volumes` lists the volumes"),
+        }
+        .into(),
+        Ok(other) => other.into(),
+        Err(e) => e,
     }
 }
 
@@ -502,6 +552,76 @@ fn volumes_text(volumes: &[VolumeSummary]) -> String {
     rendered(&t, "no volumes")
 }
 
+/// `key: value` lines, the values aligned.
+fn fields(pairs: &[(&str, String)]) -> String {
+    let width = pairs.iter().map(|(k, _)| k.len()).max().unwrap_or(0) + 1;
+    pairs
+        .iter()
+        .map(|(k, v)| format!("{:<width$} {v}\n", format!("{k}:")))
+        .collect()
+}
+
+fn volume_text(v: &VolumeSummary) -> String {
+    fields(&[
+        ("volume", v.volume_id.clone()),
+        ("provider", v.provider.clone()),
+        ("state", v.state.clone()),
+        ("type", or_dash(v.r#type.as_deref())),
+        (
+            "size",
+            v.capacity_bytes
+                .map_or_else(|| "-".to_owned(), |b| resources::human_mb(bytes_to_mb(b))),
+        ),
+        ("profile", or_dash(v.profile.as_deref())),
+        ("staging path", or_dash(v.staging_path.as_deref())),
+        ("target path", or_dash(v.target_path.as_deref())),
+        ("last error", or_dash(v.last_error.as_deref())),
+    ])
+}
+
+fn operation_text(o: &OperationSummary) -> String {
+    let mut out = fields(&[
+        ("operation", o.operation_uuid.clone()),
+        ("provider", o.provider.clone()),
+        ("type", o.r#type.clone()),
+        ("state", o.state.clone()),
+        ("message", or_dash(o.message.as_deref())),
+        ("framework", or_dash(o.framework_id.as_deref())),
+        ("volume", or_dash(o.volume_id.as_deref())),
+    ]);
+    out.push('\n');
+    let mut t = Table::new(&["STATUS", "STATE", "ACKNOWLEDGED", "MESSAGE"]);
+    for st in &o.statuses {
+        t.row(vec![
+            or_dash(st.status_uuid.as_deref()),
+            st.state.clone(),
+            st.acknowledged.map_or_else(|| "-".to_owned(), yes_no),
+            or_dash(st.message.as_deref()),
+        ]);
+    }
+    out.push_str(&rendered(&t, "no status updates"));
+    out
+}
+
+/// `text` as one path segment: unreserved characters kept, every other byte `%XX`, so an
+/// id can neither leave its route (`/`, `..`) nor break the request line.
+fn percent_encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    // `.` and `..` alone are unreserved but name a directory step.
+    match out.as_str() {
+        "." => "%2E".to_owned(),
+        ".." => "%2E%2E".to_owned(),
+        _ => out,
+    }
+}
+
 fn operations_text(ops: &[OperationSummary]) -> String {
     let with = several(ops.iter().map(|o| o.provider.as_str()));
     let mut t = table(with, &["OPERATION", "TYPE", "STATE", "VOLUME", "MESSAGE"]);
@@ -594,6 +714,53 @@ mod tests {
             error: "not enough free space".into(),
         };
         assert_eq!(waited_error(conflict, limit).exit_code(), 1);
+    }
+
+    #[test]
+    fn an_unknown_volume_says_where_the_volumes_are_listed() {
+        let e = volume_hint(
+            CtlError::NotFound {
+                error: "no disk with id 'v'".into(),
+            }
+            .into(),
+        );
+        assert_eq!(exit_code(&e), Some(4));
+        assert_eq!(
+            e.to_string(),
+            "no disk with id 'v'; `slrp ctl volumes` lists the volumes"
+        );
+        let other = volume_hint(
+            CtlError::Daemon {
+                status: 409,
+                error: "in use".into(),
+            }
+            .into(),
+        );
+        assert_eq!(other.to_string(), "in use (HTTP 409)");
+    }
+
+    #[test]
+    fn ids_stay_one_path_segment() {
+        assert_eq!(percent_encode("vol-1_a.b~"), "vol-1_a.b~");
+        assert_eq!(percent_encode("a/../b c"), "a%2F..%2Fb%20c");
+        assert_eq!(percent_encode(".."), "%2E%2E");
+        assert_eq!(percent_encode("é"), "%C3%A9");
+    }
+
+    #[test]
+    fn one_volume_in_detail() {
+        assert_eq!(
+            volume_text(&volume("a.b", "v1")),
+            "volume:       v1\n\
+             provider:     a.b\n\
+             state:        PUBLISHED\n\
+             type:         mount\n\
+             size:         64MiB\n\
+             profile:      mount\n\
+             staging path: /s\n\
+             target path:  /t\n\
+             last error:   -\n"
+        );
     }
 
     #[test]
