@@ -306,6 +306,15 @@ impl ProviderView for Slot {
         })
     }
 
+    fn refresh_metrics(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            self.metrics
+                .volumes()
+                .refresh(self.volumes().as_ref())
+                .await;
+        })
+    }
+
     fn plugins(&self) -> Vec<PluginHealth> {
         let supervisor = self.metrics.supervisor();
         match self.phase() {

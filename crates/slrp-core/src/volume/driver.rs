@@ -323,8 +323,27 @@ impl<C: CsiVolumes> Ctx<C> {
             .await
     }
 
-    /// [`Ctx::call`] under `policy` (`None`: one attempt).
+    /// [`Ctx::call`] under `policy` (`None`: one attempt), reported to the configured
+    /// [`CallObserver`](super::CallObserver).
     pub(super) async fn call_with<T, F, Fut>(
+        &self,
+        rpc: CsiRpc,
+        policy: Option<&RetryPolicy>,
+        attempt: F,
+    ) -> Result<T, CsiError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, CsiError>>,
+    {
+        let started = tokio::time::Instant::now();
+        let result = self.retrying(rpc, policy, attempt).await;
+        if let Some(observer) = &self.cfg.observer {
+            observer.call_ended(rpc, started.elapsed(), result.is_ok());
+        }
+        result
+    }
+
+    async fn retrying<T, F, Fut>(
         &self,
         rpc: CsiRpc,
         policy: Option<&RetryPolicy>,
