@@ -70,11 +70,9 @@ fn public_slrp(dir: &Path) -> PathBuf {
 
 #[tokio::test]
 async fn another_user_is_refused_by_the_socket_mode() {
-    if !e2e_support::require_root() {
+    let Some(mut d) = Standalone::ready_as_root().await else {
         return;
-    }
-    let mut d = Standalone::new();
-    d.start_ready().await;
+    };
     let socket = d.admin_socket();
     let meta = std::fs::symlink_metadata(&socket).unwrap();
     assert_eq!(
@@ -283,11 +281,9 @@ async fn tcp_without_a_token_is_refused_at_start() {
 
 #[tokio::test]
 async fn malformed_requests_get_400_naming_the_field() {
-    if !e2e_support::require_root() {
+    let Some(mut d) = Standalone::ready_as_root().await else {
         return;
-    }
-    let mut d = Standalone::new();
-    d.start_ready().await;
+    };
     let cases: &[(&str, &str, Option<&str>)] = &[
         ("/disks", r#"{"profile": "mount", "size_bytes": "#, None),
         ("/disks", "not json at all", None),
@@ -341,11 +337,9 @@ async fn malformed_requests_get_400_naming_the_field() {
 
 #[tokio::test]
 async fn unknown_names_are_404_and_ctl_exits_4() {
-    if !e2e_support::require_root() {
+    let Some(mut d) = Standalone::ready_as_root().await else {
         return;
-    }
-    let mut d = Standalone::new();
-    d.start_ready().await;
+    };
     let missing = "no-such-volume";
     for (method, path, body) in [
         ("GET", format!("/volumes/{missing}"), None),

@@ -203,11 +203,9 @@ fn read(path: &Path) -> String {
 
 #[tokio::test]
 async fn mount_disk_survives_kill_9_and_is_destroyed_with_its_pool_restored() {
-    if !e2e_support::require_root() {
+    let Some(mut d) = Standalone::ready_as_root().await else {
         return;
-    }
-    let mut d = Standalone::new();
-    d.start_ready().await;
+    };
     let status = d.ctl_json(&["status"]).await;
     assert_eq!(status["mode"], "standalone", "{status:#}");
     let provider_id = status["providers"][0]["resource_provider_id"].clone();
@@ -289,11 +287,9 @@ async fn mount_disk_survives_kill_9_and_is_destroyed_with_its_pool_restored() {
 
 #[tokio::test]
 async fn block_disk_device_appears_on_publish_and_goes_on_unpublish() {
-    if !e2e_support::require_root() {
+    let Some(mut d) = Standalone::ready_as_root().await else {
         return;
-    }
-    let mut d = Standalone::new();
-    d.start_ready().await;
+    };
     let before = resources(&d).await;
     let pool_before = pool_mb(&before, "block")
         .unwrap_or_else(|| d.fail(&format!("no block pool in {before:#}")));

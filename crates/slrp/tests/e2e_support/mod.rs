@@ -161,6 +161,17 @@ impl Standalone {
         self.wait_ready().await;
     }
 
+    /// A READY daemon with the defaults, or `None` where the test may not run (no root,
+    /// outside CI: [`require_root`]).
+    pub async fn ready_as_root() -> Option<Self> {
+        if !require_root() {
+            return None;
+        }
+        let mut d = Self::new();
+        d.start_ready().await;
+        Some(d)
+    }
+
     fn pid(&self) -> Option<Pid> {
         self.child
             .as_ref()
