@@ -333,3 +333,49 @@ async fn block_disk_device_appears_on_publish_and_goes_on_unpublish() {
     snapshot_count(&d, "destroy_disk").await;
     d.stop_cleanly().await;
 }
+
+/// The file system type of the mount at `path` (from `/proc/self/mountinfo`).
+fn fs_type(path: &Path) -> Option<String> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    info.lines().find_map(|l| {
+        let (left, right) = l.split_once(" - ")?;
+        (left.split(' ').nth(4) == path.to_str())
+            .then(|| right.split(' ').next().map(str::to_owned))
+            .flatten()
+    })
+}
+
+#[tokio::test]
+async fn ext4_disk_is_an_ext4_mount_that_keeps_its_file_across_publishes() {
+    if !slrp_test_support::require_tool(&slrp_test_support::current_test(), "mkfs.ext4") {
+        return;
+    }
+    let Some(mut d) = Standalone::ready_as_root().await else {
+        return;
+    };
+    let id = create_disk(&d, "ext4", &[]).await;
+    let listed = disk_listed(&d, &id).await;
+    assert_eq!(e2e_support::source(&listed)["type"], "MOUNT", "{listed:#}");
+
+    let path = publish(&d, &id).await;
+    assert_eq!(
+        fs_type(&path).as_deref(),
+        Some("ext4"),
+        "{}",
+        path.display()
+    );
+    std::fs::write(path.join("kept.txt"), "on ext4\n").unwrap();
+    std::fs::File::open(path.join("kept.txt"))
+        .unwrap()
+        .sync_all()
+        .unwrap();
+    unpublish(&d, &id).await;
+    assert!(!is_mount_point(&path), "{} still mounted", path.display());
+
+    // Published again, the same file system with the file.
+    let again = publish(&d, &id).await;
+    assert_eq!(read(&again.join("kept.txt")), "on ext4\n");
+    unpublish(&d, &id).await;
+    destroy_disk(&d, &id).await;
+    d.stop_cleanly().await;
+}
