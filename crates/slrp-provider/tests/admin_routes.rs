@@ -661,6 +661,27 @@ async fn standalone_actions_go_through_the_manager() {
     assert_eq!(json["path"], target.to_str().unwrap(), "{json}");
     assert!(s.h.fake.volume(&s.id).unwrap().published.is_some());
 
+    // A published volume is not destroyed under its user: 409, and the manager is not
+    // asked.
+    let (status, json) = post_json(
+        &s.socket,
+        "/disks/destroy",
+        &format!(r#"{{"volume_id": "{id}"}}"#),
+    )
+    .await;
+    assert_eq!(
+        (status, json["field"].as_str()),
+        (409, Some("volume_id")),
+        "{json}"
+    );
+    let error = json["error"].as_str().unwrap();
+    assert!(
+        error.contains(&format!("published at {}", target.display()))
+            && error.contains(&format!("slrp ctl unpublish {id}")),
+        "{json}"
+    );
+    assert!(s.h.fake.volume(&s.id).unwrap().published.is_some());
+
     // An unknown volume never reaches the manager.
     let (status, json) = post_json(&s.socket, "/volumes/publish", r#"{"volume_id": "nope"}"#).await;
     assert_eq!(status, 404, "{json}");

@@ -117,11 +117,40 @@ pub(super) async fn create_disk(
         ));
     }
     positive_timeout(request.timeout_seconds)?;
-    state.provider(request.provider.as_deref())?;
+    let provider = state.provider(request.provider.as_deref())?;
     let actions = manager(&state, "POST /disks")?;
     let wait = request.wait;
-    let op = actions.create_disk(request).await?;
-    Ok(operation_answer(wait, op))
+    let profiles = provider.profiles().await;
+    let known = profiles.iter().find(|p| p.name == request.profile);
+    let mut request = request;
+    // Without a type the disk is what its profile says (the profile adaptor's view).
+    if request.r#type.is_none() {
+        request.r#type = known.map(|p| p.r#type.clone());
+    }
+    let (profile, mib) = (
+        request.profile.clone(),
+        request.size_bytes.div_ceil(1 << 20),
+    );
+    match actions.create_disk(request).await {
+        Ok(op) => Ok(operation_answer(wait, op)),
+        // A pool that is exactly full has no RAW resource left, so the manager's view
+        // knows no pool of the profile; the provider does: that is no space, not 404.
+        Err(e)
+            if known.is_some()
+                && e.status == StatusCode::NOT_FOUND
+                && e.body.field.as_deref() == Some("profile") =>
+        {
+            let mut r = refusal(
+                StatusCode::CONFLICT,
+                format!(
+                    "not enough free space in the pool of profile '{profile}': {mib} MiB asked, 0 MiB free"
+                ),
+            );
+            r.body.field = Some("size_bytes".to_owned());
+            Err(r)
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 pub(super) async fn destroy_disk(
@@ -134,11 +163,58 @@ pub(super) async fn destroy_disk(
     )?;
     non_empty("volume_id", &request.volume_id)?;
     positive_timeout(request.timeout_seconds)?;
-    state.provider(request.provider.as_deref())?;
+    let provider = state.provider(request.provider.as_deref())?;
     let actions = manager(&state, "POST /disks/destroy")?;
+    refuse_in_use(provider, &request.volume_id).await?;
     let wait = request.wait;
     let op = actions.destroy_disk(request).await?;
     Ok(operation_answer(wait, op))
+}
+
+/// 409 while volume `volume_id` is staged or published: DESTROY_DISK would unmount it
+/// under whoever writes through it and delete the data. A Mesos master refuses to
+/// destroy under a running task; in standalone mode the operator's publish stands in
+/// for that task. A volume the volume manager does not track is the actions' 404.
+async fn refuse_in_use(provider: &Arc<dyn ProviderView>, volume_id: &str) -> Result<(), Refusal> {
+    use slrp_core::volume::StateName;
+    let volumes = AdminState::volume_manager(provider)?;
+    let id = VolumeId::new(volume_id.to_owned());
+    let Some(record) = volume_records(&volumes)
+        .await?
+        .into_iter()
+        .find(|r| r.id == id)
+    else {
+        return Ok(());
+    };
+    let name = record.state.name();
+    // A deletion under way already unpublishes on its own: asking again is harmless.
+    if record.deleting
+        || matches!(
+            name,
+            StateName::Created
+                | StateName::NodeReady
+                | StateName::ControllerPublish
+                | StateName::ControllerUnpublish
+        )
+    {
+        return Ok(());
+    }
+    let place = match name {
+        StateName::Published | StateName::NodePublish | StateName::NodeUnpublish => provider
+            .mount_paths()
+            .and_then(|p| p.target(&id).ok())
+            .map_or_else(
+                || format!("is published ({name})"),
+                |p| format!("is published at {}", p.display()),
+            ),
+        _ => format!("is staged ({name})"),
+    };
+    let mut r = refusal(
+        StatusCode::CONFLICT,
+        format!("volume {id} {place}: unpublish it first (`slrp ctl unpublish {id}`)"),
+    );
+    r.body.field = Some("volume_id".to_owned());
+    Err(r)
 }
 
 const VOLUME_REF: &str = r#"{"provider": "<type>.<name>", "volume_id": "<id>"}"#;
