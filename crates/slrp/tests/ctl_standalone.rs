@@ -392,3 +392,45 @@ async fn root_ctl_drives_standalone() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn root_destroy_of_a_published_disk_is_refused_and_keeps_the_data() {
+    if !slrp_test_support::require_root(
+        "root_destroy_of_a_published_disk_is_refused_and_keeps_the_data",
+    ) {
+        return;
+    }
+    let d = Daemon::start().await;
+    let op = d
+        .ctl_json(&[
+            "create-disk",
+            "--profile",
+            "mount",
+            "--size",
+            "8MiB",
+            "--wait",
+        ])
+        .await;
+    let id = op["volume_id"].as_str().unwrap().to_owned();
+    let out = d.ctl_ok(&["publish", &id]).await;
+    let path = PathBuf::from(out.lines().last().unwrap());
+    std::fs::write(path.join("data"), "in use").unwrap();
+
+    // Published: the operator's publish stands in for a task, so no destroy under it.
+    let (_, err) = d.ctl_exit(&["destroy-disk", &id, "--wait"], 1).await;
+    assert!(
+        err.contains(&format!("published at {}", path.display()))
+            && err.contains(&format!("slrp ctl unpublish {id}")),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(path.join("data")).unwrap(),
+        "in use"
+    );
+    let one = d.ctl_ok(&["volumes", &id]).await;
+    assert!(one.contains("state:        PUBLISHED\n"), "{one}");
+
+    d.ctl_ok(&["unpublish", &id]).await;
+    let out = d.ctl_ok(&["destroy-disk", &id, "--wait"]).await;
+    assert_eq!(out, format!("destroyed disk {id}\n"));
+}

@@ -719,6 +719,20 @@ async fn disks_are_created_published_and_destroyed_through_the_embedded_manager(
         .await;
     assert_eq!(status, 404, "{e}");
     assert_eq!(e["field"], "volume_id", "{e}");
+    // Published again at the restart: not destroyed under its user until unpublished.
+    let (status, e) = s
+        .post("/disks/destroy", &json!({"volume_id": id, "wait": true}))
+        .await;
+    assert_eq!(
+        (status, e["field"].as_str()),
+        (409, Some("volume_id")),
+        "{e}"
+    );
+    assert_eq!(std::fs::read_to_string(path.join("data")).unwrap(), "kept");
+    let (status, e) = s
+        .post("/volumes/unpublish", &json!({"volume_id": id}))
+        .await;
+    assert_eq!(status, 200, "{e}");
     for (volume, profile, free) in [(&id, "mount", mount_free), (&block_id, "block", block_free)] {
         let (status, op) = s
             .post(
@@ -799,4 +813,89 @@ async fn the_admin_api_is_also_served_on_tcp_with_a_token_and_refused_without_on
     .await;
     assert_eq!(status.code(), Some(78), "{stderr}");
     assert!(stderr.contains("admin.listen"), "{stderr}");
+}
+
+#[tokio::test]
+async fn concurrent_creates_all_succeed_and_a_full_pool_is_409_not_404() {
+    if !slrp_test_support::require_root(
+        "concurrent_creates_all_succeed_and_a_full_pool_is_409_not_404",
+    ) {
+        return;
+    }
+    let mut s = Standalone::new();
+    s.start();
+    s.ready().await;
+    let mount_free = s.pool_reported("mount").await;
+    let block_free = s.pool_reported("block").await;
+
+    // Four creates at once, with room for all: each is chosen from what the ones before
+    // it left, so none is refused.
+    let body = json!({"profile": "mount", "size_bytes": 4 << 20, "wait": true});
+    let create = || s.post("/disks", &body);
+    let answers = [create(), create(), create(), create()];
+    let answers = futures_join(answers).await;
+    let mut ids = Vec::new();
+    for (status, op) in answers {
+        assert_eq!(
+            (status, op["state"].as_str()),
+            (200, Some("OPERATION_FINISHED")),
+            "{op}"
+        );
+        ids.push(op["volume_id"].as_str().unwrap().to_owned());
+    }
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 4, "four disks: {ids:?}");
+    s.pool_is("mount", mount_free - 16.0).await;
+
+    // Without a type, a disk of a BLOCK profile is a BLOCK disk.
+    let (status, op) = s
+        .post(
+            "/disks",
+            &json!({"profile": "block", "size_bytes": 8 << 20, "wait": true}),
+        )
+        .await;
+    assert_eq!(status, 200, "{op}");
+    assert_eq!(
+        op["converted_resources"][0]["disk"]["source"]["type"], "BLOCK",
+        "{op}"
+    );
+    s.pool_is("block", block_free - 8.0).await;
+
+    // The rest of the mount pool in one disk: the pool is exactly full, and the next
+    // create is refused for space (409), not as an unknown profile (404).
+    let rest = mount_free - 16.0;
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let rest_bytes = (rest as u64) << 20;
+    let (status, op) = s
+        .post(
+            "/disks",
+            &json!({"profile": "mount", "size_bytes": rest_bytes, "wait": true}),
+        )
+        .await;
+    assert_eq!(status, 200, "{op}");
+    let (status, e) = s
+        .post(
+            "/disks",
+            &json!({"profile": "mount", "size_bytes": 1 << 20}),
+        )
+        .await;
+    assert_eq!(status, 409, "{e}");
+    assert_eq!(e["field"], "size_bytes", "{e}");
+    assert!(e["error"].as_str().unwrap().contains("0 MiB free"), "{e}");
+    // A name no provider knows is still 404.
+    let (status, e) = s
+        .post("/disks", &json!({"profile": "gold", "size_bytes": 1 << 20}))
+        .await;
+    assert_eq!((status, e["field"].as_str()), (404, Some("profile")), "{e}");
+    assert!(s.signal(Signal::SIGTERM).await.success());
+}
+
+/// Runs the requests concurrently on this task; their answers in order.
+async fn futures_join<F: std::future::Future<Output = (u16, Value)>>(
+    requests: [F; 4],
+) -> [(u16, Value); 4] {
+    let [a, b, c, d] = requests;
+    let (a, b, c, d) = tokio::join!(a, b, c, d);
+    [a, b, c, d]
 }

@@ -4,17 +4,22 @@
 //! master does) and PUBLISH_RESOURCES as an agent sends it before a task starts.
 //!
 //! Resources are chosen from the manager's view of the provider's total
-//! (`ManagerHandle::agent_total`), the view a master offers from.
+//! (`ManagerHandle::agent_total`), the view a master offers from. The choice and the
+//! apply are serialised per provider: the manager's total holds an applied operation's
+//! consumption at once (speculatively), so the next choice sees what is left.
+//!
+//! The admin routes validate the requests (fields, provider names) before they get
+//! here; what is checked here is what only the manager's view knows.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::http::StatusCode;
 use prometheus_client::registry::Registry;
 use slrp_manager::{
-    ApplyRequest, ManagerError, ManagerHandle, OperationError, OperationView, ProviderView,
-    PublishError,
+    AckPolicy, ApplyRequest, ManagerError, ManagerHandle, OperationError, OperationView,
+    ProviderView, PublishError,
 };
 use slrp_proto::mesos::v1::resource::disk_info::source::Type as SourceType;
 use slrp_proto::mesos::v1::{OperationState, Resource, offer};
@@ -32,6 +37,10 @@ const DEFAULT_WAIT: Duration = Duration::from_secs(300);
 const RECENT_KEPT: usize = 1024;
 /// Mesos counts disk space in MB of 2^20 bytes.
 const MIB: u64 = 1 << 20;
+/// How long `operations()` waits, in all, for the manager's records of remembered
+/// operations it no longer lists (it answers for acknowledged ones at once; a pending
+/// one of a disconnected provider would otherwise hold the listing).
+const LOOKUP_BOUND: Duration = Duration::from_millis(250);
 
 /// One operation applied through the admin API.
 #[derive(Debug, Clone)]
@@ -47,14 +56,31 @@ struct Recent {
 pub(crate) struct StandaloneActions {
     manager: ManagerHandle,
     recent: Arc<Mutex<VecDeque<Recent>>>,
+    /// Per provider id: held from reading the manager's total until the chosen
+    /// operation is applied, so that concurrent creates do not pick the same space.
+    choosing: Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
+    /// Whether the manager acknowledges every status as it arrives
+    /// ([`AckPolicy::Auto`]), so that every status it holds is acknowledged.
+    acks_all: bool,
 }
 
 impl StandaloneActions {
-    pub(crate) fn new(manager: ManagerHandle) -> Self {
+    pub(crate) fn new(manager: ManagerHandle, ack_policy: AckPolicy) -> Self {
         Self {
             manager,
             recent: Arc::new(Mutex::new(VecDeque::new())),
+            choosing: Arc::new(Mutex::new(HashMap::new())),
+            acks_all: ack_policy == AckPolicy::Auto,
         }
+    }
+
+    /// The lock that serialises choose+apply on provider `provider_id`.
+    fn choice_lock(&self, provider_id: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self
+            .choosing
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        Arc::clone(locks.entry(provider_id.to_owned()).or_default())
     }
 
     fn recent(&self) -> std::sync::MutexGuard<'_, VecDeque<Recent>> {
@@ -85,35 +111,15 @@ impl StandaloneActions {
         self.manager.providers().await.map_err(manager_stopped)
     }
 
-    /// The provider `key` names, or the only one.
+    /// The provider `key` names, or the only one: the route checked the name (and that
+    /// there is only one when none is given), so what is left is the manager's side, a
+    /// provider that has not subscribed (yet, or again).
     async fn provider(&self, key: Option<&str>) -> Result<ProviderView, ActionError> {
-        let mut views = self.providers().await?;
-        let keys = || -> Vec<String> { views.iter().map(|v| provider_key(&v.info)).collect() };
-        match key {
-            Some(key) => match views.iter().position(|v| provider_key(&v.info) == key) {
-                Some(i) => Ok(views.swap_remove(i)),
-                None => Err(ActionError::field(
-                    StatusCode::NOT_FOUND,
-                    "provider",
-                    format!(
-                        "no resource provider '{key}' is subscribed (subscribed: {})",
-                        list(&keys())
-                    ),
-                )),
-            },
-            None => match views.len() {
-                0 => Err(not_subscribed()),
-                1 => Ok(views.swap_remove(0)),
-                _ => Err(ActionError::field(
-                    StatusCode::BAD_REQUEST,
-                    "provider",
-                    format!(
-                        "several resource providers run; say which: {}",
-                        list(&keys())
-                    ),
-                )),
-            },
-        }
+        self.providers()
+            .await?
+            .into_iter()
+            .find(|v| key.is_none_or(|key| provider_key(&v.info) == key))
+            .ok_or_else(not_subscribed)
     }
 
     /// The disk whose `disk.source.id` is `volume_id`, with its provider's key and id,
@@ -123,13 +129,6 @@ impl StandaloneActions {
         key: Option<&str>,
         volume_id: &str,
     ) -> Result<(String, String, Resource), ActionError> {
-        if volume_id.is_empty() {
-            return Err(ActionError::field(
-                StatusCode::BAD_REQUEST,
-                "volume_id",
-                "the volume id is empty",
-            ));
-        }
         let views = match key {
             Some(_) => vec![self.provider(key).await?],
             None => self.providers().await?,
@@ -161,15 +160,13 @@ impl StandaloneActions {
             })
     }
 
-    /// Applies `operation` to the provider, remembers it, and answers PENDING or (with
-    /// `wait`) with its terminal record.
-    async fn apply(
+    /// Applies `operation` to the provider and remembers it.
+    async fn submit(
         &self,
         provider: &str,
         provider_id: &str,
         operation: offer::Operation,
-        wait: Option<Duration>,
-    ) -> Result<OperationSummary, ActionError> {
+    ) -> Result<uuid::Uuid, ActionError> {
         let kind = operation_type(Some(&operation));
         let uuid = self
             .manager
@@ -178,6 +175,17 @@ impl StandaloneActions {
             .map_err(refused)?;
         tracing::info!(provider, operation_uuid = %uuid, r#type = kind, "operator operation applied through the embedded manager");
         self.remember(uuid, provider, None);
+        Ok(uuid)
+    }
+
+    /// The answer to an applied operation: PENDING, or (with `wait`) its terminal record.
+    async fn answer(
+        &self,
+        provider: &str,
+        uuid: uuid::Uuid,
+        kind: &str,
+        wait: Option<Duration>,
+    ) -> Result<OperationSummary, ActionError> {
         let Some(timeout) = wait else {
             return Ok(OperationSummary {
                 provider: provider.to_owned(),
@@ -205,58 +213,57 @@ impl StandaloneActions {
                 ),
                 other => internal(&other),
             })?;
-        let summary = summarize(provider, uuid, &view);
+        let summary = self.summarize(provider, uuid, &view);
         self.remember(uuid, provider, Some(summary.clone()));
         Ok(summary)
     }
 
+    /// Chooses an operation from the manager's total of the provider (under the
+    /// provider's choice lock, until it is applied) and answers as [`Self::answer`].
+    async fn choose_and_apply(
+        &self,
+        provider: &str,
+        provider_id: &str,
+        wait: Option<Duration>,
+        choose: impl FnOnce(Vec<Resource>) -> Result<offer::Operation, ActionError>,
+    ) -> Result<OperationSummary, ActionError> {
+        let lock = self.choice_lock(provider_id);
+        let guard = lock.lock().await;
+        let operation = choose(self.agent_total(provider_id).await?)?;
+        let kind = operation_type(Some(&operation));
+        let uuid = Box::pin(self.submit(provider, provider_id, operation)).await?;
+        drop(guard);
+        Box::pin(self.answer(provider, uuid, kind, wait)).await
+    }
+
     async fn create(&self, request: CreateDisk) -> Result<OperationSummary, ActionError> {
+        // The route accepts only "mount" and "block".
         let target = match request.r#type.as_deref() {
-            None | Some("mount") => SourceType::Mount,
             Some("block") => SourceType::Block,
-            Some(other) => {
-                return Err(ActionError::field(
-                    StatusCode::BAD_REQUEST,
-                    "type",
-                    format!("'{other}' is not a disk type: mount or block"),
-                ));
-            }
+            _ => SourceType::Mount,
         };
-        if request.profile.is_empty() {
-            return Err(ActionError::field(
-                StatusCode::BAD_REQUEST,
-                "profile",
-                "the profile is empty",
-            ));
-        }
-        if request.size_bytes == 0 {
-            return Err(ActionError::field(
-                StatusCode::BAD_REQUEST,
-                "size_bytes",
-                "the size must be greater than zero",
-            ));
-        }
         let mib = request.size_bytes.div_ceil(MIB);
-        let wait = wait_of(request.wait, request.timeout_seconds)?;
         let view = self.provider(request.provider.as_deref()).await?;
         let key = provider_key(&view.info);
         let id = provider_id(&view);
-        let total = self.agent_total(&id).await?;
-        let source = choose_pool(&total, &request.profile, mib)?;
-        let operation = offer::Operation {
-            r#type: Some(offer::operation::Type::CreateDisk as i32),
-            create_disk: Some(offer::operation::CreateDisk {
-                source,
-                target_type: target as i32,
-                target_profile: None,
-            }),
-            ..offer::Operation::default()
-        };
-        Box::pin(self.apply(&key, &id, operation, wait)).await
+        let wait = wait_of(request.wait, request.timeout_seconds);
+        Box::pin(self.choose_and_apply(&key, &id, wait, |total| {
+            let source = choose_pool(&total, &request.profile, mib)?;
+            Ok(offer::Operation {
+                r#type: Some(offer::operation::Type::CreateDisk as i32),
+                create_disk: Some(offer::operation::CreateDisk {
+                    source,
+                    target_type: target as i32,
+                    target_profile: None,
+                }),
+                ..offer::Operation::default()
+            })
+        }))
+        .await
     }
 
     async fn destroy(&self, request: DestroyDisk) -> Result<OperationSummary, ActionError> {
-        let wait = wait_of(request.wait, request.timeout_seconds)?;
+        let wait = wait_of(request.wait, request.timeout_seconds);
         let (key, id, disk) = self
             .find_disk(request.provider.as_deref(), &request.volume_id)
             .await?;
@@ -275,7 +282,9 @@ impl StandaloneActions {
             destroy_disk: Some(offer::operation::DestroyDisk { source: disk }),
             ..offer::Operation::default()
         };
-        Box::pin(self.apply(&key, &id, operation, wait)).await
+        let kind = operation_type(Some(&operation));
+        let uuid = Box::pin(self.submit(&key, &id, operation)).await?;
+        Box::pin(self.answer(&key, uuid, kind, wait)).await
     }
 
     async fn publish_disk(&self, request: VolumeRef) -> Result<(), ActionError> {
@@ -300,7 +309,9 @@ impl StandaloneActions {
         })
     }
 
-    async fn list(&self) -> Vec<OperationSummary> {
+    /// The operations of `GET /operations`: the manager's tables, then the operations
+    /// applied here that it no longer lists.
+    async fn operations_list(&self) -> Vec<OperationSummary> {
         let views = self.manager.providers().await.unwrap_or_default();
         let mut out: Vec<OperationSummary> = views
             .iter()
@@ -308,29 +319,40 @@ impl StandaloneActions {
                 let key = provider_key(&v.info);
                 v.operations
                     .iter()
-                    .filter_map(move |op| summarize_listed(&key, op))
+                    .filter_map(move |op| self.summarize_listed(&key, op))
                     .collect::<Vec<_>>()
             })
             .collect();
         let listed: BTreeSet<String> = out.iter().map(|o| o.operation_uuid.clone()).collect();
         let recent: Vec<Recent> = self.recent().iter().cloned().collect();
+        let mut unseen = Vec::new();
         for entry in recent {
             if listed.contains(&entry.uuid.to_string()) {
                 continue;
             }
-            if let Some(done) = entry.terminal {
-                out.push(done);
-                continue;
+            match entry.terminal {
+                Some(done) => out.push(done),
+                None => unseen.push(entry),
             }
-            // Not in the manager's table and not seen terminal: acknowledged and removed
-            // since, which the manager still answers for at once.
-            match self
-                .manager
-                .wait_terminal(entry.uuid, Duration::from_secs(1))
-                .await
-            {
+        }
+        // Not in the manager's table and not seen terminal: acknowledged and removed
+        // since (the manager answers for those at once), or pending on a provider that
+        // is not subscribed right now. Asked all at once, under one short bound.
+        let mut lookups = tokio::task::JoinSet::new();
+        for entry in unseen {
+            let manager = self.manager.clone();
+            lookups.spawn(async move {
+                let answer = manager.wait_terminal(entry.uuid, LOOKUP_BOUND).await;
+                (entry, answer)
+            });
+        }
+        while let Some(joined) = lookups.join_next().await {
+            let Ok((entry, answer)) = joined else {
+                continue;
+            };
+            match answer {
                 Ok(view) => {
-                    let summary = summarize(&entry.provider, entry.uuid, &view);
+                    let summary = self.summarize(&entry.provider, entry.uuid, &view);
                     self.remember(entry.uuid, &entry.provider, Some(summary.clone()));
                     out.push(summary);
                 }
@@ -343,6 +365,21 @@ impl StandaloneActions {
             }
         }
         out
+    }
+
+    /// The manager's record of operation `uuid` as the admin API shows it (the admin
+    /// API's own conversion, so both modes show operations alike).
+    fn summarize(
+        &self,
+        provider: &str,
+        uuid: uuid::Uuid,
+        view: &OperationView,
+    ) -> OperationSummary {
+        summarize(provider, uuid, view, self.acks_all)
+    }
+
+    fn summarize_listed(&self, provider: &str, view: &OperationView) -> Option<OperationSummary> {
+        summarize_listed(provider, view, self.acks_all)
     }
 }
 
@@ -366,7 +403,7 @@ impl ManagerActions for StandaloneActions {
     }
 
     fn operations(&self) -> BoxFuture<'_, Vec<OperationSummary>> {
-        Box::pin(self.list())
+        Box::pin(self.operations_list())
     }
 
     fn snapshot(&self) -> BTreeMap<String, f64> {
@@ -383,7 +420,8 @@ impl ManagerActions for StandaloneActions {
     }
 }
 
-fn list(items: &[String]) -> String {
+/// `a, b` or `none`.
+fn joined_or_none(items: &[String]) -> String {
     if items.is_empty() {
         "none".to_owned()
     } else {
@@ -431,18 +469,10 @@ fn refused(e: OperationError) -> ActionError {
     }
 }
 
-/// The wait of a request: `None` without `wait`, else its timeout (default 300 s).
-fn wait_of(wait: bool, timeout_seconds: Option<u64>) -> Result<Option<Duration>, ActionError> {
-    match (wait, timeout_seconds) {
-        (false, _) => Ok(None),
-        (true, None) => Ok(Some(DEFAULT_WAIT)),
-        (true, Some(0)) => Err(ActionError::field(
-            StatusCode::BAD_REQUEST,
-            "timeout_seconds",
-            "the timeout must be greater than zero",
-        )),
-        (true, Some(s)) => Ok(Some(Duration::from_secs(s))),
-    }
+/// The wait of a request: `None` without `wait`, else its timeout (default 300 s; the
+/// route refuses 0).
+fn wait_of(wait: bool, timeout_seconds: Option<u64>) -> Option<Duration> {
+    wait.then(|| timeout_seconds.map_or(DEFAULT_WAIT, Duration::from_secs))
 }
 
 fn provider_id(view: &ProviderView) -> String {
@@ -496,7 +526,7 @@ fn choose_pool(total: &[Resource], profile: &str, mib: u64) -> Result<Resource, 
             "profile",
             format!(
                 "no storage pool of profile '{profile}' (the provider's profiles: {}; a profile whose pool is full has none)",
-                list(&known.into_iter().collect::<Vec<_>>())
+                joined_or_none(&known.into_iter().collect::<Vec<_>>())
             ),
         ));
     }
@@ -525,9 +555,14 @@ fn operation_type(info: Option<&offer::Operation>) -> &'static str {
         .map_or("UNKNOWN", |t| t.as_str_name())
 }
 
-/// The manager's record of operation `uuid` as the admin API shows it (the admin API's
-/// own conversion, so both modes show operations alike).
-fn summarize(provider: &str, uuid: uuid::Uuid, view: &OperationView) -> OperationSummary {
+/// The manager's record of operation `uuid` in the admin API's form; `acks_all` when the
+/// manager acknowledges every status it holds.
+fn summarize(
+    provider: &str,
+    uuid: uuid::Uuid,
+    view: &OperationView,
+    acks_all: bool,
+) -> OperationSummary {
     let unknown = offer::Operation::default();
     operation_summary(OperationParts {
         provider,
@@ -536,15 +571,19 @@ fn summarize(provider: &str, uuid: uuid::Uuid, view: &OperationView) -> Operatio
         info: view.info.as_ref().unwrap_or(&unknown),
         latest: &view.latest_status,
         statuses: &view.statuses,
-        acknowledged: None,
+        acknowledged: acks_all.then_some(view.statuses.len()),
     })
 }
 
 /// [`summarize`] of a record of the manager's table (`None` for a uuid that is not 16
 /// bytes, which no provider of this process sends).
-fn summarize_listed(provider: &str, view: &OperationView) -> Option<OperationSummary> {
+fn summarize_listed(
+    provider: &str,
+    view: &OperationView,
+    acks_all: bool,
+) -> Option<OperationSummary> {
     let uuid = uuid::Uuid::from_slice(&view.operation_uuid.value).ok()?;
-    Some(summarize(provider, uuid, view))
+    Some(summarize(provider, uuid, view, acks_all))
 }
 
 #[cfg(test)]
@@ -633,18 +672,21 @@ mod tests {
                 ..Default::default()
             }],
         };
-        let s = summarize_listed("p", &view).unwrap();
+        let s = summarize_listed("p", &view, true).unwrap();
         assert_eq!(s.operation_uuid, uuid.to_string());
         assert_eq!(s.r#type, "CREATE_DISK");
         assert_eq!(s.state, "OPERATION_FINISHED");
         assert_eq!(s.volume_id.as_deref(), Some("vol-7"));
         assert_eq!(s.statuses[0].status_uuid, Some(uuid.to_string()));
+        assert_eq!(s.statuses[0].acknowledged, Some(true));
+        let unknown = summarize_listed("p", &view, false).unwrap();
+        assert_eq!(unknown.statuses[0].acknowledged, None);
         assert!(s.is_terminal());
 
         let mut pending = view.clone();
         pending.latest_status.state = OperationState::OperationPending as i32;
         pending.latest_status.converted_resources.clear();
-        assert_eq!(summarize("p", uuid, &pending).volume_id, None);
+        assert_eq!(summarize("p", uuid, &pending, true).volume_id, None);
 
         let mut destroy = view;
         destroy.info = Some(offer::Operation {
@@ -654,19 +696,18 @@ mod tests {
         });
         destroy.latest_status.converted_resources.clear();
         assert_eq!(
-            summarize("p", uuid, &destroy).volume_id.as_deref(),
+            summarize("p", uuid, &destroy, true).volume_id.as_deref(),
             Some("vol-7")
         );
         let mut short = destroy;
         short.operation_uuid.value.truncate(3);
-        assert_eq!(summarize_listed("p", &short), None);
+        assert_eq!(summarize_listed("p", &short, true), None);
     }
 
     #[test]
-    fn a_wait_of_zero_seconds_is_refused() {
-        assert_eq!(wait_of(false, Some(0)).unwrap(), None);
-        assert_eq!(wait_of(true, None).unwrap(), Some(DEFAULT_WAIT));
-        let e = wait_of(true, Some(0)).unwrap_err();
-        assert_eq!(e.body.field.as_deref(), Some("timeout_seconds"));
+    fn a_wait_defaults_to_five_minutes_and_none_without_wait() {
+        assert_eq!(wait_of(false, Some(7)), None);
+        assert_eq!(wait_of(true, None), Some(DEFAULT_WAIT));
+        assert_eq!(wait_of(true, Some(7)), Some(Duration::from_secs(7)));
     }
 }

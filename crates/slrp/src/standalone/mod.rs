@@ -304,6 +304,7 @@ async fn serve(config: DaemonConfig, layout: &Layout) -> ExitCode {
     let mut manager_config = ManagerConfig::new(Listen::Unix(layout.manager_socket()));
     manager_config.state_dir = Some(layout.manager_dir());
     manager_config.ack_policy = AckPolicy::Auto;
+    let ack_policy = manager_config.ack_policy;
     // Its own token: the manager must outlive the daemon's shutdown, so that the
     // providers' last calls are answered.
     let (manager, guard) =
@@ -323,7 +324,9 @@ async fn serve(config: DaemonConfig, layout: &Layout) -> ExitCode {
     );
     let extras = DaemonExtras {
         mode: Mode::Standalone,
-        actions: Some(Arc::new(actions::StandaloneActions::new(manager))),
+        actions: Some(Arc::new(actions::StandaloneActions::new(
+            manager, ack_policy,
+        ))),
     };
     let result = slrp_provider::daemon::run_with(config, extras, shutdown).await;
     if tokio::time::timeout(MANAGER_STOP, guard.shutdown())
