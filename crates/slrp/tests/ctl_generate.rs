@@ -64,7 +64,11 @@ fn completions_name_the_ctl_commands() {
 #[test]
 fn ctl_help_lists_the_exit_codes() {
     let help = String::from_utf8(slrp(&["ctl", "--help"]).stdout).unwrap();
-    for code in ["  2   slrp is not running", "  5   --wait timed out", "  64  usage error"] {
+    for code in [
+        "  2   slrp is not running",
+        "  5   --wait timed out",
+        "  64  usage error",
+    ] {
         assert!(help.contains(code), "{code} in\n{help}");
     }
 }
