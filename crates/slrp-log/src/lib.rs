@@ -14,11 +14,15 @@
 //! is used and [`init`] returns a [`FilterWarning`] that the caller logs once the subscriber
 //! is installed.
 //!
+//! Child processes: [`installed_format`] tells the plugin supervisor which format to pass
+//! to the plugins it launches (as `SLRP_LOG_FORMAT`, unless the plugin's own command sets
+//! it), so one flag makes a whole service log alike.
+//!
 //! # Limitations
 //! The format is chosen once per process; there is no reload.
 
 use std::io::IsTerminal;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::fmt::MakeWriter;
@@ -37,6 +41,30 @@ pub enum LogFormat {
     Text,
     /// One JSON object per line.
     Json,
+}
+
+impl LogFormat {
+    /// The name `--log-format` and [`FORMAT_VAR`] take.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Text => "text",
+            Self::Json => "json",
+        }
+    }
+}
+
+/// The format [`init`] installed for this process, if it did.
+///
+/// Logging is process-wide by nature (one global subscriber); this records the one fact
+/// about it that child processes need: the plugin supervisor passes it to the plugins it
+/// launches as [`FORMAT_VAR`], so that `slrp --log-format json` makes the bundled plugin's
+/// log JSON too, as `SLRP_LOG_FORMAT=json` in slrp's environment already did.
+static INSTALLED: OnceLock<LogFormat> = OnceLock::new();
+
+/// The format of this process's logs when [`init`] installed them (`None` otherwise,
+/// e.g. in tests and in programs that set up their own subscriber).
+pub fn installed_format() -> Option<LogFormat> {
+    INSTALLED.get().copied()
 }
 
 /// A filter variable that is set but could not be used; the default filter was used instead.
@@ -130,8 +158,11 @@ pub fn init(format: LogFormat, default: &str) -> Option<FilterWarning> {
         std::io::stderr,
     ))
     .is_ok();
-    if installed && let Some(w) = &warning {
-        w.log();
+    if installed {
+        let _ = INSTALLED.set(format);
+        if let Some(w) = &warning {
+            w.log();
+        }
     }
     warning
 }

@@ -306,6 +306,19 @@ impl ProviderView for Slot {
         })
     }
 
+    fn volume_error(&self, id: &slrp_csi::VolumeId) -> Option<String> {
+        self.metrics.volumes().last_error(id.as_str())
+    }
+
+    fn refresh_metrics(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            self.metrics
+                .volumes()
+                .refresh(self.volumes().as_ref())
+                .await;
+        })
+    }
+
     fn plugins(&self) -> Vec<PluginHealth> {
         let supervisor = self.metrics.supervisor();
         match self.phase() {

@@ -33,13 +33,16 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::Registry;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
 use slrp_core::provider::apply::OperationKind;
-use slrp_csi::CsiMetrics;
+use slrp_core::volume::{CallObserver, StateName, VolumeManagerHandle};
+use slrp_csi::{CsiMetrics, CsiRpc, VolumeId};
 use slrp_supervisor::SupervisorMetrics;
 
 /// The label that tells providers apart in an OpenMetrics registry.
@@ -54,6 +57,7 @@ pub struct MetricsFamilies {
     supervisor: SupervisorMetrics,
     agent: slrp_agent::MetricFamilies,
     operations: OperationFamilies,
+    volumes: VolumeFamilies,
 }
 
 impl MetricsFamilies {
@@ -71,6 +75,7 @@ impl MetricsFamilies {
                 supervisor: self.supervisor.with_label(PROVIDER_LABEL, &id),
                 agent: self.agent.with_label(PROVIDER_LABEL, &id),
                 operations: self.operations.provider(&id),
+                volumes: self.volumes.provider(&id),
                 families: self.clone(),
                 id,
             }),
@@ -88,6 +93,7 @@ impl MetricsFamilies {
         self.supervisor.register_in(registry);
         self.agent.register(registry);
         self.operations.register(registry);
+        self.volumes.register(registry);
     }
 }
 
@@ -106,6 +112,7 @@ struct Inner {
     supervisor: SupervisorMetrics,
     agent: slrp_agent::Metrics,
     operations: OperationMetrics,
+    volumes: VolumeMetrics,
     /// What the handles above count into.
     families: MetricsFamilies,
 }
@@ -152,6 +159,12 @@ impl ProviderMetrics {
         &self.inner.operations
     }
 
+    /// What the volume manager reports into (its gauges are refreshed by
+    /// [`VolumeMetrics::refresh`], its call latencies observed as they happen).
+    pub fn volumes(&self) -> &VolumeMetrics {
+        &self.inner.volumes
+    }
+
     /// The Mesos names and their current values, e.g.
     /// `resource_providers/org.apache.mesos.rp.local.storage.test/csi_plugin/rpcs_finished`.
     pub fn snapshot(&self) -> BTreeMap<String, f64> {
@@ -177,6 +190,7 @@ impl ProviderMetrics {
                 self.inner
                     .operations
                     .snapshot()
+                    .chain(self.inner.volumes.snapshot())
                     .map(|(name, v)| (format!("{prefix}{name}"), v)),
             )
             .collect()
@@ -349,6 +363,209 @@ impl OperationMetrics {
     }
 }
 
+/// The label of the volume families that names a volume state (`CREATED`, …).
+pub const STATE_LABEL: &str = "state";
+/// The label of the volume call histogram that names the call (`create`, `stage`, …).
+pub const CALL_LABEL: &str = "call";
+/// The label of the volume call histogram that says how the call ended (`ok`, `failed`).
+pub const OUTCOME_LABEL: &str = "outcome";
+
+/// Every volume state, in Mesos's checkpoint order: each gets a series, zero or not.
+const VOLUME_STATES: [StateName; 10] = [
+    StateName::Created,
+    StateName::NodeReady,
+    StateName::Published,
+    StateName::ControllerPublish,
+    StateName::ControllerUnpublish,
+    StateName::NodePublish,
+    StateName::NodeUnpublish,
+    StateName::VolReady,
+    StateName::NodeStage,
+    StateName::NodeUnstage,
+];
+
+/// The kinds of [`JobCounts`] exported, by the name of the `state` label.
+const JOB_STATES: [&str; 4] = ["running", "queued", "parked", "deferred"];
+
+/// The volume manager's CSI calls as the latency histogram names them; `None` for the
+/// calls that are not a volume's stage (ListVolumes, GetCapacity).
+fn call_name(rpc: CsiRpc) -> Option<&'static str> {
+    Some(match rpc {
+        CsiRpc::CreateVolume => "create",
+        CsiRpc::ValidateVolumeCapabilities => "validate",
+        CsiRpc::ControllerPublishVolume => "controller_publish",
+        CsiRpc::NodeStageVolume => "stage",
+        CsiRpc::NodePublishVolume => "publish",
+        CsiRpc::NodeUnpublishVolume => "unpublish",
+        CsiRpc::NodeUnstageVolume => "unstage",
+        CsiRpc::ControllerUnpublishVolume => "controller_unpublish",
+        CsiRpc::DeleteVolume => "delete",
+        _ => return None,
+    })
+}
+
+fn call_histogram() -> Histogram {
+    // 1 ms to about 9 min: a local plugin answers in milliseconds, a call retried through
+    // Mesos's backoff takes minutes.
+    Histogram::new(exponential_buckets(0.001, 2.0, 20))
+}
+
+type HistogramFamily = Family<OperationLabels, Histogram, fn() -> Histogram>;
+
+/// The volume manager families every provider of a process counts into.
+#[derive(Clone, Debug)]
+struct VolumeFamilies {
+    volumes: Family<OperationLabels, Gauge>,
+    jobs: Family<OperationLabels, Gauge>,
+    calls: HistogramFamily,
+}
+
+impl Default for VolumeFamilies {
+    fn default() -> Self {
+        Self {
+            volumes: Family::default(),
+            jobs: Family::default(),
+            calls: Family::new_with_constructor(call_histogram as fn() -> Histogram),
+        }
+    }
+}
+
+impl VolumeFamilies {
+    fn provider(&self, id: &str) -> VolumeMetrics {
+        let provider: Arc<str> = Arc::from(id);
+        let labelled = |family: &Family<OperationLabels, Gauge>, state: &str| {
+            family.get_or_create_owned(&vec![
+                (PROVIDER_LABEL, provider.clone()),
+                (STATE_LABEL, Arc::from(state)),
+            ])
+        };
+        VolumeMetrics {
+            states: VOLUME_STATES.map(|s| (s, labelled(&self.volumes, s.as_str()))),
+            jobs: JOB_STATES.map(|j| (j, labelled(&self.jobs, j))),
+            calls: self.calls.clone(),
+            errors: Arc::default(),
+            provider,
+        }
+    }
+
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "volumes",
+            "Volumes the volume manager tracks, by state (refreshed on each scrape; 0 while \
+             the volume manager is not running)",
+            self.volumes.clone(),
+        );
+        registry.register(
+            "volume_jobs",
+            "The volume manager's jobs: running, queued behind another job of their volume, \
+             parked at the create gate, deferred until recovery ends (refreshed on each scrape)",
+            self.jobs.clone(),
+        );
+        registry.register_with_unit(
+            "volume_call_duration",
+            "Duration of the volume manager's CSI calls per stage, retries and their \
+             backoffs included",
+            Unit::Seconds,
+            self.calls.clone(),
+        );
+    }
+}
+
+/// One provider's volume manager metrics; cheap to clone. It is the volume manager's
+/// [`CallObserver`].
+#[derive(Clone, Debug)]
+pub struct VolumeMetrics {
+    provider: Arc<str>,
+    /// The last failed transition call of each volume still in flight after it.
+    errors: Arc<std::sync::Mutex<BTreeMap<String, String>>>,
+    states: [(StateName, Gauge); 10],
+    jobs: [(&'static str, Gauge); 4],
+    calls: HistogramFamily,
+}
+
+impl VolumeMetrics {
+    /// Sets the gauges from the volume manager's records and job counts; to zero while
+    /// it is not running (`None`, or stopped meanwhile).
+    pub async fn refresh(&self, volumes: Option<&VolumeManagerHandle>) {
+        let (records, jobs) = match volumes {
+            Some(handle) => (handle.volumes().await.ok(), handle.jobs().await.ok()),
+            None => (None, None),
+        };
+        let records = records.unwrap_or_default();
+        for (state, gauge) in &self.states {
+            let n = records.iter().filter(|r| r.state.name() == *state).count();
+            gauge.set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+        let jobs = jobs.unwrap_or_default();
+        for (kind, gauge) in &self.jobs {
+            let n = match *kind {
+                "running" => jobs.running,
+                "queued" => jobs.queued,
+                "parked" => jobs.parked,
+                _ => jobs.deferred,
+            };
+            gauge.set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// The last failed transition call of volume `id` (the RPC and its cause chain),
+    /// until the volume completes a transition.
+    pub fn last_error(&self, id: &str) -> Option<String> {
+        self.errors().get(id).cloned()
+    }
+
+    fn errors(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, String>> {
+        self.errors
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// `volume_manager/volumes/<STATE>` and `volume_manager/jobs/<kind>` (slrp's own
+    /// names; Mesos has none for them), as last refreshed.
+    // Counts stay far below 2^53, so the f64 is exact.
+    #[allow(clippy::cast_precision_loss)]
+    fn snapshot(&self) -> impl Iterator<Item = (String, f64)> + '_ {
+        let states = self.states.iter().map(|(state, g)| {
+            (
+                format!("volume_manager/volumes/{}", state.as_str()),
+                g.get() as f64,
+            )
+        });
+        let jobs = self
+            .jobs
+            .iter()
+            .map(|(kind, g)| (format!("volume_manager/jobs/{kind}"), g.get() as f64));
+        states.chain(jobs)
+    }
+}
+
+impl CallObserver for VolumeMetrics {
+    fn call_ended(&self, rpc: CsiRpc, elapsed: Duration, ok: bool) {
+        let Some(call) = call_name(rpc) else {
+            return;
+        };
+        self.calls
+            .get_or_create(&vec![
+                (PROVIDER_LABEL, self.provider.clone()),
+                (CALL_LABEL, Arc::from(call)),
+                (OUTCOME_LABEL, Arc::from(if ok { "ok" } else { "failed" })),
+            ])
+            .observe(elapsed.as_secs_f64());
+    }
+
+    fn volume_call_failed(&self, id: &VolumeId, error: &str) {
+        self.errors()
+            .insert(id.as_str().to_owned(), error.to_owned());
+    }
+
+    fn volume_moved(&self, id: &VolumeId) {
+        let mut errors = self.errors();
+        if !errors.is_empty() {
+            errors.remove(id.as_str());
+        }
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -382,6 +599,13 @@ mod tests {
             for what in ["pending", "finished", "failed", "dropped"] {
                 expected.push(format!("operations/{kind}/{what}"));
             }
+        }
+        // slrp's own volume manager names, beside Mesos's.
+        for kind in ["running", "queued", "parked", "deferred"] {
+            expected.push(format!("volume_manager/jobs/{kind}"));
+        }
+        for state in VOLUME_STATES {
+            expected.push(format!("volume_manager/volumes/{}", state.as_str()));
         }
         expected.sort();
         assert_eq!(names, expected);

@@ -374,6 +374,7 @@ impl PluginStack {
             &cfg,
             &plugin_info,
             &services,
+            metrics,
             &cancel,
         ));
         match part.await {
@@ -516,6 +517,7 @@ async fn volume_manager(
     cfg: &StackConfig,
     plugin_info: &mesos::CsiPluginInfo,
     services: &CsiServices,
+    metrics: &ProviderMetrics,
     cancel: &CancellationToken,
 ) -> Result<VolumePart, StackError> {
     let plugin_type = plugin_info.r#type.as_str();
@@ -562,7 +564,8 @@ async fn volume_manager(
     )
     .plugin(plugin_type, plugin_name, prepared.version)
     .shutdown_grace(cfg.volume_shutdown_grace)
-    .retry(cfg.volume_retry.clone());
+    .retry(cfg.volume_retry.clone())
+    .observer(Arc::new(metrics.volumes().clone()));
 
     let volume_cancel = cancel.child_token();
     let (volumes, guard) = VolumeManager::spawn(

@@ -978,6 +978,19 @@ impl Worker {
         {
             env.push(("MESOS_AGENT_ID".to_owned(), agent.clone()));
         }
+        // slrp's own log format (its flag, or the variable it inherited), so that plugins
+        // reading the variable (the bundled one does) log alike; a value in the plugin's own
+        // command wins, as the operator wrote it there.
+        if let Some(format) = slrp_log::installed_format()
+            && !self
+                .spec
+                .command
+                .env
+                .iter()
+                .any(|(name, _)| name == slrp_log::FORMAT_VAR)
+        {
+            env.push((slrp_log::FORMAT_VAR.to_owned(), format.as_str().to_owned()));
+        }
         let p = PluginProcess::spawn(
             &self.spec.command,
             &env,

@@ -254,6 +254,25 @@ async fn root_ctl_drives_standalone() {
         "{volumes}"
     );
     assert!(volumes.contains(&path.display().to_string()), "{volumes}");
+    let one = d.ctl_ok(&["volumes", &id]).await;
+    assert!(one.starts_with(&format!("volume:       {id}\n")), "{one}");
+    assert!(one.contains("state:        PUBLISHED\n"), "{one}");
+    assert!(
+        one.contains(&format!("target path:  {}\n", path.display())),
+        "{one}"
+    );
+    let one = d.ctl_json(&["volumes", &id]).await;
+    assert_eq!(one["volume_id"], id.as_str(), "{one}");
+    let uuid = op["operation_uuid"].as_str().unwrap();
+    let detail = d.ctl_ok(&["operations", uuid]).await;
+    assert!(
+        detail.contains("state:     OPERATION_FINISHED\n"),
+        "{detail}"
+    );
+    assert!(
+        detail.contains("STATUS") && detail.contains("  OPERATION_FINISHED"),
+        "the status updates: {detail}"
+    );
     let out = d.ctl_ok(&["unpublish", &id]).await;
     assert_eq!(out, format!("unpublished {id} (NODE_READY)\n"));
     assert!(!mounts_under(d.dir.path()).contains(&path));
@@ -359,6 +378,13 @@ async fn root_ctl_drives_standalone() {
     assert!(err.contains("(HTTP 409)"), "{err}");
     let (_, err) = d.ctl_exit(&["destroy-disk", "vol-nope", "--wait"], 4).await;
     assert!(err.contains("vol-nope"), "{err}");
+    let (_, err) = d.ctl_exit(&["volumes", "vol-nope"], 4).await;
+    assert!(
+        err.contains("`slrp ctl volumes` lists the volumes"),
+        "{err}"
+    );
+    d.ctl_exit(&["operations", "5f276ecb-d3fe-410e-a8d5-0c881e04279a"], 4)
+        .await;
     let (_, err) = d.ctl_exit(&["publish", "vol-nope"], 4).await;
     assert!(err.contains("vol-nope"), "{err}");
     assert!(

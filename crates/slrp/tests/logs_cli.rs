@@ -1,7 +1,7 @@
 //! `slrp`'s log on standard error as a service manager captures it (a file): `--log-format
 //! json` or `SLRP_LOG_FORMAT=json` gives one JSON object per line; the text format has no
 //! ANSI escape codes off a terminal; the bundled plugin's log file (`stderr.log`, appended
-//! by the supervisor) has none either.
+//! by the supervisor) has none either, and follows the daemon's format.
 
 #![allow(
     clippy::tests_outside_test_module,
@@ -19,7 +19,16 @@ use support::{Cluster, DaemonOptions, ProviderSpec};
 /// Runs the daemon to READY and stops it with SIGTERM; returns its log (without the
 /// harness's start banners) and the plugins' `stderr.log` files.
 async fn run_to_ready(options: DaemonOptions) -> (String, Vec<(PathBuf, String)>) {
+    run_prepared_to_ready(options, |_| ()).await
+}
+
+/// [`run_to_ready`], with `prepare` changing the cluster's files before the start.
+async fn run_prepared_to_ready(
+    options: DaemonOptions,
+    prepare: impl FnOnce(&Cluster),
+) -> (String, Vec<(PathBuf, String)>) {
     let mut c = Cluster::new(vec![ProviderSpec::fixture()], options).await;
+    prepare(&c);
     c.start_daemon();
     c.admin_ok("/ready").await;
     c.stop_daemon_cleanly().await;
@@ -55,6 +64,17 @@ fn find_files(dir: &Path, name: &str, out: &mut Vec<PathBuf>) {
             find_files(&path, name, out);
         } else if path.file_name().is_some_and(|n| n == name) {
             out.push(path);
+        }
+    }
+}
+
+/// The plugins logged JSON lines too (the supervisor passed slrp's format on).
+fn assert_plugin_json(plugin_logs: &[(PathBuf, String)]) {
+    for (path, text) in plugin_logs {
+        for line in text.lines() {
+            let v: serde_json::Value = serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("{} is not JSON ({e}): {line:?}", path.display()));
+            assert!(v["fields"]["message"].is_string(), "{line}");
         }
     }
 }
@@ -102,6 +122,7 @@ async fn log_format_json_gives_one_object_per_line() {
     .await;
     assert_json_lines(&log);
     assert_no_escape_codes(&plugins);
+    assert_plugin_json(&plugins);
 }
 
 #[tokio::test]
@@ -113,6 +134,7 @@ async fn slrp_log_format_in_the_environment_selects_json() {
     .await;
     assert_json_lines(&log);
     assert_no_escape_codes(&plugins);
+    assert_plugin_json(&plugins);
 }
 
 #[tokio::test]
@@ -128,6 +150,37 @@ async fn the_text_log_in_a_file_has_no_escape_codes() {
         "text, not JSON: {log}"
     );
     assert_no_escape_codes(&plugins);
+}
+
+/// A log format in the plugin's own command (its ResourceProviderInfo) wins over the one
+/// the supervisor passes on.
+#[tokio::test]
+async fn the_plugins_own_log_format_wins() {
+    let (log, plugins) = run_prepared_to_ready(
+        DaemonOptions {
+            extra_args: vec!["--log-format".into(), "json".into()],
+            ..DaemonOptions::default()
+        },
+        |c| {
+            let file = c.path("rp/test.json");
+            let mut info: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+            info["storage"]["plugin"]["containers"][0]["command"]["environment"] = serde_json::json!({
+                "variables": [{"name": "SLRP_LOG_FORMAT", "type": "VALUE", "value": "text"}]
+            });
+            std::fs::write(&file, serde_json::to_vec(&info).unwrap()).unwrap();
+        },
+    )
+    .await;
+    assert_json_lines(&log);
+    for (path, text) in &plugins {
+        let first = text.lines().next().unwrap_or_default();
+        assert!(
+            serde_json::from_str::<serde_json::Value>(first).is_err() && first.contains("INFO"),
+            "{} is text: {text}",
+            path.display()
+        );
+    }
 }
 
 /// The agent's bearer token is sent on every call, yet with every crate logging at `trace`

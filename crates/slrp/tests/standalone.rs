@@ -734,3 +734,69 @@ async fn disks_are_created_published_and_destroyed_through_the_embedded_manager(
     }
     assert!(s.signal(Signal::SIGTERM).await.success());
 }
+
+/// A minimal HTTP/1.0 GET on TCP with optional headers: `(status, body)`.
+async fn http_get_tcp(addr: &str, path: &str, headers: &[&str]) -> (u16, String) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut req = format!("GET {path} HTTP/1.0\r\nHost: localhost\r\nConnection: close\r\n");
+    for h in headers {
+        req.push_str(h);
+        req.push_str("\r\n");
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    tokio::time::timeout(WAIT, s.read_to_end(&mut raw))
+        .await
+        .unwrap()
+        .unwrap();
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    (
+        head.split_whitespace().nth(1).unwrap().parse().unwrap(),
+        body.to_owned(),
+    )
+}
+
+#[tokio::test]
+async fn the_admin_api_is_also_served_on_tcp_with_a_token_and_refused_without_one() {
+    if !slrp_test_support::require_root(
+        "the_admin_api_is_also_served_on_tcp_with_a_token_and_refused_without_one",
+    ) {
+        return;
+    }
+    let mut s = Standalone::new();
+    let token_file = s.dir.path().join("admin.token");
+    std::fs::write(&token_file, "s3cret-token\n").unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let token_path = token_file.display().to_string();
+    s.start_with(&["--admin-listen", &addr, "--admin-token-file", &token_path]);
+    s.ready().await;
+    let (status, body) =
+        http_get_tcp(&addr, "/status", &["Authorization: Bearer s3cret-token"]).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(json_of(&body)["mode"], "standalone", "{body}");
+    let (status, body) = http_get_tcp(&addr, "/status", &[]).await;
+    assert_eq!(status, 401, "{body}");
+    assert!(s.signal(Signal::SIGTERM).await.success());
+    assert!(
+        !s.log().contains("s3cret-token"),
+        "the token is never logged"
+    );
+
+    // A TCP endpoint without a token is refused before anything runs.
+    let alone = Standalone::new();
+    let (status, stderr) = finish(alone.command(
+        Path::new(env!("CARGO_BIN_EXE_slrp")),
+        &["--admin-listen", &addr],
+    ))
+    .await;
+    assert_eq!(status.code(), Some(78), "{stderr}");
+    assert!(stderr.contains("admin.listen"), "{stderr}");
+}

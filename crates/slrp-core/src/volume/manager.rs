@@ -164,6 +164,27 @@ pub struct VolumeManagerConfig {
     pub mounts: Arc<dyn MountTable>,
     /// Resolves the secret references of stage and publish requests.
     pub secrets: Arc<dyn SecretResolver>,
+    /// Told how long each of the manager's CSI calls took (metrics); `None` by default.
+    pub observer: Option<Arc<dyn CallObserver>>,
+}
+
+/// What the volume manager reports about its CSI calls, for metrics. Kept to one method so
+/// that the manager knows nothing of how they are exported.
+pub trait CallObserver: Send + Sync + std::fmt::Debug {
+    /// The call `rpc` for one volume (or name) ended after `elapsed`, retries and their
+    /// backoffs included, successfully or not.
+    fn call_ended(&self, rpc: slrp_csi::CsiRpc, elapsed: Duration, ok: bool);
+
+    /// A transition call of volume `id` failed (the volume stays in flight), with the
+    /// error's cause chain: what operators see as the volume's last error.
+    fn volume_call_failed(&self, id: &slrp_csi::VolumeId, error: &str) {
+        let _ = (id, error);
+    }
+
+    /// Volume `id` completed a transition: its last error, if any, is over.
+    fn volume_moved(&self, id: &slrp_csi::VolumeId) {
+        let _ = id;
+    }
 }
 
 /// Who creates the target path of NodePublishVolume, and so what the manager checks
@@ -219,7 +240,15 @@ impl VolumeManagerConfig {
             retry: RetryConfig::default(),
             mounts: Arc::new(ProcMountTable),
             secrets: Arc::new(NoSecrets),
+            observer: None,
         }
+    }
+
+    /// Reports the duration of every CSI call to `observer`.
+    #[must_use]
+    pub fn observer(mut self, observer: Arc<dyn CallObserver>) -> Self {
+        self.observer = Some(observer);
+        self
     }
 
     /// Sets the concurrency limit (at least 1; [`Self::validate`]).

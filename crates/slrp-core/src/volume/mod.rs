@@ -38,7 +38,9 @@ pub use handle::{CreateVolume, ValidateVolume, VolumeInfo, VolumeManagerHandle};
 pub use host::{
     MountTable, NoSecrets, ProcMountTable, SecretResolver, StaticSecrets, read_boot_id,
 };
-pub use manager::{TargetPath, VolumeManager, VolumeManagerConfig, VolumeManagerGuard};
+pub use manager::{
+    CallObserver, TargetPath, VolumeManager, VolumeManagerConfig, VolumeManagerGuard,
+};
 pub use paths::{MountPaths, PathError, decode_volume_id, encode_volume_id};
 pub use plan::{MountMismatch, PlannedJob, RecoveryGoal, RecoveryPlan, plan_recovery};
 pub use recovery::RecoveryReport;

@@ -115,6 +115,17 @@ pub trait ProviderView: Send + Sync + 'static {
     fn plugins(&self) -> Vec<api::PluginHealth> {
         Vec::new()
     }
+    /// The last error of a CSI call on volume `id` that left it in flight, until it
+    /// completes a transition.
+    fn volume_error(&self, id: &VolumeId) -> Option<String> {
+        let _ = id;
+        None
+    }
+    /// Brings the gauges that are read rather than counted (volumes per state, jobs) up
+    /// to date; called before every `/metrics` and `/metrics/snapshot` answer.
+    fn refresh_metrics(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
 }
 
 /// What the daemon adds to the admin endpoint beyond its providers: how it runs and, in
@@ -226,6 +237,13 @@ impl AdminState {
         (status, body)
     }
 
+    /// Refreshes every provider's read-on-scrape gauges ([`ProviderView::refresh_metrics`]).
+    pub async fn refresh_metrics(&self) {
+        for p in self.providers.iter() {
+            p.refresh_metrics().await;
+        }
+    }
+
     /// The `/metrics/snapshot` object.
     pub fn snapshot(&self) -> BTreeMap<String, f64> {
         let mut all: BTreeMap<String, f64> =
@@ -278,6 +296,7 @@ async fn ready(State(state): State<AdminState>) -> Response {
 }
 
 async fn snapshot(State(state): State<AdminState>) -> Response {
+    state.refresh_metrics().await;
     axum::Json(state.snapshot()).into_response()
 }
 
@@ -416,6 +435,7 @@ pub(crate) fn volume_error_status(kind: VolumeErrorKind) -> StatusCode {
 }
 
 async fn metrics(State(state): State<AdminState>) -> Response {
+    state.refresh_metrics().await;
     let mut text = String::new();
     match prometheus_client::encoding::text::encode(&mut text, &state.registry) {
         Ok(()) => (

@@ -75,10 +75,16 @@ enum CtlCommand {
     /// Mesos resources.
     Resources,
     /// The volumes the providers' volume managers track: state, mounts, last error.
-    Volumes,
+    Volumes {
+        /// Show only this volume, in detail.
+        id: Option<String>,
+    },
     /// The operations the providers track (and, in standalone mode, the recent ones the
     /// embedded manager saw end), with their status updates under --json.
-    Operations,
+    Operations {
+        /// Show only this operation, with its status updates.
+        uuid: Option<String>,
+    },
     /// The disk profiles and their CSI parameters.
     Profiles,
     /// The CSI plugins: health, CSI version, restarts, last error.
@@ -183,15 +189,28 @@ pub(crate) async fn run(args: CtlArgs) -> anyhow::Result<ExitCode> {
             })
             .await?;
         }
-        CtlCommand::Volumes => {
+        CtlCommand::Volumes { id: None } => {
             list(&client, json, "/volumes", |v: Vec<VolumeSummary>| {
                 volumes_text(&v)
             })
             .await?;
         }
-        CtlCommand::Operations => {
+        CtlCommand::Volumes { id: Some(id) } => {
+            let path = format!("/volumes/{}", percent_encode(&id));
+            list(&client, json, &path, |v: VolumeSummary| volume_text(&v))
+                .await
+                .map_err(volume_hint)?;
+        }
+        CtlCommand::Operations { uuid: None } => {
             list(&client, json, "/operations", |o: Vec<OperationSummary>| {
                 operations_text(&o)
+            })
+            .await?;
+        }
+        CtlCommand::Operations { uuid: Some(uuid) } => {
+            let path = format!("/operations/{}", percent_encode(&uuid));
+            list(&client, json, &path, |o: OperationSummary| {
+                operation_text(&o)
             })
             .await?;
         }
@@ -533,6 +552,76 @@ fn volumes_text(volumes: &[VolumeSummary]) -> String {
     rendered(&t, "no volumes")
 }
 
+/// `key: value` lines, the values aligned.
+fn fields(pairs: &[(&str, String)]) -> String {
+    let width = pairs.iter().map(|(k, _)| k.len()).max().unwrap_or(0) + 1;
+    pairs
+        .iter()
+        .map(|(k, v)| format!("{:<width$} {v}\n", format!("{k}:")))
+        .collect()
+}
+
+fn volume_text(v: &VolumeSummary) -> String {
+    fields(&[
+        ("volume", v.volume_id.clone()),
+        ("provider", v.provider.clone()),
+        ("state", v.state.clone()),
+        ("type", or_dash(v.r#type.as_deref())),
+        (
+            "size",
+            v.capacity_bytes
+                .map_or_else(|| "-".to_owned(), |b| resources::human_mb(bytes_to_mb(b))),
+        ),
+        ("profile", or_dash(v.profile.as_deref())),
+        ("staging path", or_dash(v.staging_path.as_deref())),
+        ("target path", or_dash(v.target_path.as_deref())),
+        ("last error", or_dash(v.last_error.as_deref())),
+    ])
+}
+
+fn operation_text(o: &OperationSummary) -> String {
+    let mut out = fields(&[
+        ("operation", o.operation_uuid.clone()),
+        ("provider", o.provider.clone()),
+        ("type", o.r#type.clone()),
+        ("state", o.state.clone()),
+        ("message", or_dash(o.message.as_deref())),
+        ("framework", or_dash(o.framework_id.as_deref())),
+        ("volume", or_dash(o.volume_id.as_deref())),
+    ]);
+    out.push('\n');
+    let mut t = Table::new(&["STATUS", "STATE", "ACKNOWLEDGED", "MESSAGE"]);
+    for st in &o.statuses {
+        t.row(vec![
+            or_dash(st.status_uuid.as_deref()),
+            st.state.clone(),
+            st.acknowledged.map_or_else(|| "-".to_owned(), yes_no),
+            or_dash(st.message.as_deref()),
+        ]);
+    }
+    out.push_str(&rendered(&t, "no status updates"));
+    out
+}
+
+/// `text` as one path segment: unreserved characters kept, every other byte `%XX`, so an
+/// id can neither leave its route (`/`, `..`) nor break the request line.
+fn percent_encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    // `.` and `..` alone are unreserved but name a directory step.
+    match out.as_str() {
+        "." => "%2E".to_owned(),
+        ".." => "%2E%2E".to_owned(),
+        _ => out,
+    }
+}
+
 fn operations_text(ops: &[OperationSummary]) -> String {
     let with = several(ops.iter().map(|o| o.provider.as_str()));
     let mut t = table(with, &["OPERATION", "TYPE", "STATE", "VOLUME", "MESSAGE"]);
@@ -648,6 +737,30 @@ mod tests {
             .into(),
         );
         assert_eq!(other.to_string(), "in use (HTTP 409)");
+    }
+
+    #[test]
+    fn ids_stay_one_path_segment() {
+        assert_eq!(percent_encode("vol-1_a.b~"), "vol-1_a.b~");
+        assert_eq!(percent_encode("a/../b c"), "a%2F..%2Fb%20c");
+        assert_eq!(percent_encode(".."), "%2E%2E");
+        assert_eq!(percent_encode("é"), "%C3%A9");
+    }
+
+    #[test]
+    fn one_volume_in_detail() {
+        assert_eq!(
+            volume_text(&volume("a.b", "v1")),
+            "volume:       v1\n\
+             provider:     a.b\n\
+             state:        PUBLISHED\n\
+             type:         mount\n\
+             size:         64MiB\n\
+             profile:      mount\n\
+             staging path: /s\n\
+             target path:  /t\n\
+             last error:   -\n"
+        );
     }
 
     #[test]

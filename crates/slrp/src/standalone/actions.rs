@@ -324,14 +324,22 @@ impl StandaloneActions {
             }
             // Not in the manager's table and not seen terminal: acknowledged and removed
             // since, which the manager still answers for at once.
-            if let Ok(view) = self
+            match self
                 .manager
                 .wait_terminal(entry.uuid, Duration::from_secs(1))
                 .await
             {
-                let summary = summarize(&entry.provider, entry.uuid, &view);
-                self.remember(entry.uuid, &entry.provider, Some(summary.clone()));
-                out.push(summary);
+                Ok(view) => {
+                    let summary = summarize(&entry.provider, entry.uuid, &view);
+                    self.remember(entry.uuid, &entry.provider, Some(summary.clone()));
+                    out.push(summary);
+                }
+                // Dropped without a terminal status, or beyond what the manager
+                // remembers: nothing will ever be known of it, so it is not asked again.
+                Err(OperationError::Forgotten { .. } | OperationError::Unknown { .. }) => {
+                    self.recent().retain(|r| r.uuid != entry.uuid);
+                }
+                Err(_) => {}
             }
         }
         out

@@ -85,6 +85,13 @@ pub(crate) struct StandaloneArgs {
     /// The admin socket (default `<state dir>/admin.sock`).
     #[arg(long, value_name = "PATH")]
     admin_socket: Option<PathBuf>,
+    /// Also serve the admin API on TCP at `HOST:PORT` (needs `--admin-token-file`).
+    #[arg(long, value_name = "ADDR")]
+    admin_listen: Option<String>,
+    /// A file holding the bearer token TCP clients of the admin API must send (never the
+    /// token itself).
+    #[arg(long, value_name = "FILE")]
+    admin_token_file: Option<PathBuf>,
     /// What happens to the plugins when slrp stops: `stop` them (default) or `leave` them
     /// running for the next slrp to adopt.
     #[arg(long, value_name = "stop|leave")]
@@ -99,6 +106,8 @@ impl StandaloneArgs {
             disk_profiles: self.disk_profiles.clone(),
             work_dir: self.work_dir.clone(),
             admin_socket: self.admin_socket.clone(),
+            admin_listen: self.admin_listen.clone(),
+            admin_token_file: self.admin_token_file.clone(),
             plugins_on_exit: self.plugins_on_exit.clone(),
             ..Overrides::default()
         }
@@ -108,8 +117,9 @@ impl StandaloneArgs {
 /// Why standalone mode cannot start (before the daemon runs).
 #[derive(Debug, thiserror::Error)]
 enum StandaloneError {
-    #[error("reading the config file")]
-    Config(#[source] slrp_provider::config::ConfigError),
+    /// The file's own error names it already.
+    #[error(transparent)]
+    Config(slrp_provider::config::ConfigError),
     #[error(
         "config file {path}: 'agent.url' is for slrp run; slrp standalone serves its own manager (remove the setting)"
     )]
