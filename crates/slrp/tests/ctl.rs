@@ -338,7 +338,9 @@ async fn tcp_needs_the_token_file() {
     spec.pools = vec!["default=4GiB".to_owned()];
     let dir = tempfile::tempdir().unwrap();
     let token_file = dir.path().join("token");
-    std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+    // The daemon and ctl read the same file the same way, even when it ends in a stray
+    // space and tab (an `echo "$T " >` slip), not only in the newline.
+    std::fs::write(&token_file, format!("{TOKEN} \t\n")).unwrap();
     let wrong_file = dir.path().join("wrong");
     std::fs::write(&wrong_file, "not-the-token\n").unwrap();
     let mut options = DaemonOptions::with_profiles();
