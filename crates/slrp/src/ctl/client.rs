@@ -184,6 +184,16 @@ pub(crate) enum CtlError {
         /// The daemon's error text, with the field it names.
         error: String,
     },
+    /// A publish answer without the path (the provider's mount paths went away meanwhile).
+    #[error(
+        "the daemon did not say where {volume_id} is published (state {state}); `slrp ctl volumes {volume_id}` shows its paths"
+    )]
+    NoPublishedPath {
+        /// The volume.
+        volume_id: String,
+        /// Its state in the answer.
+        state: String,
+    },
     /// A `--wait` that the daemon (504) or the client gave up on: the operation goes on.
     #[error(
         "the operation did not end within {}s (it goes on: follow it with `slrp ctl operations`)",
@@ -254,9 +264,10 @@ impl CtlError {
             Self::TokenFile { .. } | Self::EmptyToken { .. } | Self::BadToken { .. } => EX_USAGE,
             Self::NotFound { .. } => EXIT_NOT_FOUND,
             Self::WaitTimedOut { .. } => EXIT_TIMED_OUT,
-            Self::Daemon { .. } | Self::OperationEnded { .. } | Self::BadAnswer { .. } => {
-                EXIT_FAILED
-            }
+            Self::Daemon { .. }
+            | Self::OperationEnded { .. }
+            | Self::BadAnswer { .. }
+            | Self::NoPublishedPath { .. } => EXIT_FAILED,
         }
     }
 }
