@@ -71,8 +71,8 @@ pub(crate) struct CtlArgs {
 enum CtlCommand {
     /// The daemon's mode, version, agent id and each provider's state.
     Status,
-    /// Each profile's storage pool (used, free, total) and the disks, from the providers'
-    /// Mesos resources.
+    /// Each CSI storage pool with the profiles drawing on it (used, free, total) and the
+    /// disks, from the providers' Mesos resources.
     Resources,
     /// The volumes the providers' volume managers track: state, mounts, last error.
     Volumes {
@@ -184,8 +184,14 @@ pub(crate) async fn run(args: CtlArgs) -> anyhow::Result<ExitCode> {
             list(&client, json, "/status", |s: Status| status_text(&s)).await?;
         }
         CtlCommand::Resources => {
+            // The profiles say which share a CSI pool; --json prints /resources alone.
+            let profiles: Vec<ProfileSummary> = if json {
+                Vec::new()
+            } else {
+                client.get("/profiles").await?
+            };
             list(&client, json, "/resources", |r: Vec<serde_json::Value>| {
-                resources::render(&r)
+                resources::render(&r, &profiles)
             })
             .await?;
         }
