@@ -118,7 +118,15 @@ fn usage_errors_exit_64() {
         &["destroy-disk", "v", "--wait", "--timeout", "0"],
         // --timeout bounds --wait only: alone it would be ignored.
         &["destroy-disk", "v", "--timeout", "10"],
-        &["create-disk", "--profile", "mount", "--size", "64MiB", "--timeout", "10"],
+        &[
+            "create-disk",
+            "--profile",
+            "mount",
+            "--size",
+            "64MiB",
+            "--timeout",
+            "10",
+        ],
         &["no-such-command"],
     ] {
         let out = ctl(&socket, args);

@@ -496,7 +496,7 @@ impl Progress {
 /// MiB (`1G` is a 954MiB disk), in GiB or TiB only when that is exact.
 fn disk_size_text(size_bytes: u64) -> String {
     let mib = size_bytes.div_ceil(1 << 20);
-    if mib % 1024 == 0 {
+    if mib.is_multiple_of(1024) {
         #[allow(clippy::cast_precision_loss)]
         resources::human_mb(mib as f64)
     } else {
