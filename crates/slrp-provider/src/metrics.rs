@@ -42,7 +42,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 use slrp_core::provider::apply::OperationKind;
 use slrp_core::volume::{CallObserver, StateName, VolumeManagerHandle};
-use slrp_csi::{CsiMetrics, CsiRpc};
+use slrp_csi::{CsiMetrics, CsiRpc, VolumeId};
 use slrp_supervisor::SupervisorMetrics;
 
 /// The label that tells providers apart in an OpenMetrics registry.
@@ -443,6 +443,7 @@ impl VolumeFamilies {
             states: VOLUME_STATES.map(|s| (s, labelled(&self.volumes, s.as_str()))),
             jobs: JOB_STATES.map(|j| (j, labelled(&self.jobs, j))),
             calls: self.calls.clone(),
+            errors: Arc::default(),
             provider,
         }
     }
@@ -475,6 +476,8 @@ impl VolumeFamilies {
 #[derive(Clone, Debug)]
 pub struct VolumeMetrics {
     provider: Arc<str>,
+    /// The last failed transition call of each volume still in flight after it.
+    errors: Arc<std::sync::Mutex<BTreeMap<String, String>>>,
     states: [(StateName, Gauge); 10],
     jobs: [(&'static str, Gauge); 4],
     calls: HistogramFamily,
@@ -503,6 +506,18 @@ impl VolumeMetrics {
             };
             gauge.set(i64::try_from(n).unwrap_or(i64::MAX));
         }
+    }
+
+    /// The last failed transition call of volume `id` (the RPC and its cause chain),
+    /// until the volume completes a transition.
+    pub fn last_error(&self, id: &str) -> Option<String> {
+        self.errors().get(id).cloned()
+    }
+
+    fn errors(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, String>> {
+        self.errors
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// `volume_manager/volumes/<STATE>` and `volume_manager/jobs/<kind>` (slrp's own
@@ -536,6 +551,18 @@ impl CallObserver for VolumeMetrics {
                 (OUTCOME_LABEL, Arc::from(if ok { "ok" } else { "failed" })),
             ])
             .observe(elapsed.as_secs_f64());
+    }
+
+    fn volume_call_failed(&self, id: &VolumeId, error: &str) {
+        self.errors()
+            .insert(id.as_str().to_owned(), error.to_owned());
+    }
+
+    fn volume_moved(&self, id: &VolumeId) {
+        let mut errors = self.errors();
+        if !errors.is_empty() {
+            errors.remove(id.as_str());
+        }
     }
 }
 

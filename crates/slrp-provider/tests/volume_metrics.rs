@@ -42,6 +42,9 @@ impl ProviderView for View {
     fn volumes(&self) -> Option<VolumeManagerHandle> {
         self.volumes.clone()
     }
+    fn volume_error(&self, id: &slrp_csi::VolumeId) -> Option<String> {
+        self.metrics.volumes().last_error(id.as_str())
+    }
     fn refresh_metrics(&self) -> BoxFuture<'_, ()> {
         Box::pin(self.metrics.volumes().refresh(self.volumes.as_ref()))
     }
@@ -145,6 +148,16 @@ async fn volumes_jobs_and_stage_latency_reach_both_formats() {
         "{snapshot}"
     );
     assert_eq!(snapshot[format!("{prefix}/jobs/queued")], 0.0, "{snapshot}");
+
+    // The failed call is the volume's last error until the volume moves again.
+    let path = format!("/volumes/{}", created.as_str());
+    let volume = http::unix(&socket, "GET", &path, None).await.json();
+    let error = volume["last_error"].as_str().unwrap_or_default();
+    assert!(error.starts_with("NodeStageVolume: "), "{volume}");
+    m.handle.publish(&created).await.unwrap();
+    let volume = http::unix(&socket, "GET", &path, None).await.json();
+    assert_eq!(volume["state"], "PUBLISHED", "{volume}");
+    assert!(volume.get("last_error").is_none(), "{volume}");
 
     // Refreshed, not remembered: once the volume manager stops, the gauges read 0.
     m.stop().await.unwrap();

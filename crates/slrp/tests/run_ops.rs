@@ -837,3 +837,101 @@ async fn disk_operations_during_a_reconciliation_are_deferred(csi: &'static str)
     c.finish().await;
 }
 csi_versions!(disk_operations_during_a_reconciliation_are_deferred);
+
+/// `GET path` on the daemon's admin socket: a 200 with a JSON body.
+async fn admin_json(c: &Cluster, path: &str) -> Value {
+    let (status, body) = c.admin_get(path).await.unwrap();
+    assert_eq!(status, 200, "{path}: {body}");
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"))
+}
+
+/// No Mesos counterpart: the admin API's read routes (docs/admin-api.md) against the
+/// running daemon, as its providers' status, volume manager, store, supervisor and
+/// profile adaptor know them, and the volume manager's metrics.
+async fn admin_reads_the_running_daemon(csi: &'static str) {
+    let (c, pool) = with_pool(csi).await;
+    let disk = create_reserved_disk(&c, &pool).await;
+    let vol = id(&disk);
+
+    let status = admin_json(&c, "/status").await;
+    assert_eq!(
+        (&status["mode"], &status["ready"]),
+        (&json!("run"), &json!(true)),
+        "{status}"
+    );
+    assert!(status["agent_id"].is_string(), "{status}");
+    let p = &status["providers"][0];
+    assert_eq!(
+        (&p["state"], &p["volumes"]),
+        (&json!("READY"), &json!(1)),
+        "{status}"
+    );
+    assert!(p["resource_provider_id"].is_string(), "{status}");
+
+    // The status carries the total within 50 ms of an operation's end: poll for it, as
+    // `GET /resources` documents.
+    c.within("the disk in GET /resources", async {
+        loop {
+            let resources = admin_json(&c, "/resources").await;
+            if resources
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|r| source(r)["id"] == json!(vol))
+            {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+
+    let volumes = admin_json(&c, "/volumes").await;
+    assert_eq!(volumes.as_array().unwrap().len(), 1, "{volumes}");
+    let v = &volumes[0];
+    assert_eq!(v["volume_id"], json!(vol), "{volumes}");
+    assert_eq!(
+        (&v["profile"], &v["type"]),
+        (&json!("test"), &json!("mount")),
+        "{volumes}"
+    );
+    assert_eq!(v["capacity_bytes"], json!(4096u64 << 20), "{volumes}");
+    let state = v["state"].as_str().unwrap().to_owned();
+    assert_eq!(admin_json(&c, &format!("/volumes/{vol}")).await, *v);
+
+    let plugins = admin_json(&c, "/plugins").await;
+    let plugin = &plugins[0];
+    assert_eq!(
+        (&plugin["healthy"], &plugin["csi_version"]),
+        (&json!(true), &json!(csi)),
+        "{plugins}"
+    );
+    assert!(plugin["container"].is_string(), "{plugins}");
+
+    let profiles = admin_json(&c, "/profiles").await;
+    assert_eq!(profiles[0]["name"], "test", "{profiles}");
+    assert!(admin_json(&c, "/operations").await.is_array());
+
+    let (_, metrics) = c.admin_get("/metrics").await.unwrap();
+    let has = |family: &str, labels: &[&str], value: &str| {
+        metrics.lines().any(|l| {
+            l.starts_with(&format!("{family}{{"))
+                && labels.iter().all(|want| l.contains(want))
+                && l.ends_with(&format!(" {value}"))
+        })
+    };
+    assert!(
+        has("volumes", &[&format!("state=\"{state}\"")], "1"),
+        "{metrics}"
+    );
+    assert!(
+        has(
+            "volume_call_duration_seconds_count",
+            &["call=\"create\"", "outcome=\"ok\""],
+            "1"
+        ),
+        "{metrics}"
+    );
+    c.finish().await;
+}
+csi_versions!(admin_reads_the_running_daemon);

@@ -115,6 +115,12 @@ pub trait ProviderView: Send + Sync + 'static {
     fn plugins(&self) -> Vec<api::PluginHealth> {
         Vec::new()
     }
+    /// The last error of a CSI call on volume `id` that left it in flight, until it
+    /// completes a transition.
+    fn volume_error(&self, id: &VolumeId) -> Option<String> {
+        let _ = id;
+        None
+    }
     /// Brings the gauges that are read rather than counted (volumes per state, jobs) up
     /// to date; called before every `/metrics` and `/metrics/snapshot` answer.
     fn refresh_metrics(&self) -> BoxFuture<'_, ()> {

@@ -117,8 +117,9 @@ impl StandaloneArgs {
 /// Why standalone mode cannot start (before the daemon runs).
 #[derive(Debug, thiserror::Error)]
 enum StandaloneError {
-    #[error("reading the config file")]
-    Config(#[source] slrp_provider::config::ConfigError),
+    /// The file's own error names it already.
+    #[error(transparent)]
+    Config(slrp_provider::config::ConfigError),
     #[error(
         "config file {path}: 'agent.url' is for slrp run; slrp standalone serves its own manager (remove the setting)"
     )]
