@@ -154,12 +154,62 @@ struct AgentProvider {
 #[derive(Default)]
 struct Completed {
     order: VecDeque<Vec<u8>>,
-    views: HashMap<Vec<u8>, OperationView>,
+    views: HashMap<Vec<u8>, CompactView>,
+}
+
+/// An [`OperationView`] kept protobuf-encoded: a view holds an `offer::Operation` inline
+/// (about 7.5 KB however little it contains) and statuses with their resources, so the
+/// 4,096 kept views took about 60 MB; encoded, a few hundred bytes each.
+struct CompactView {
+    operation_uuid: ProtoUuid,
+    framework_id: Option<FrameworkId>,
+    info: Option<Vec<u8>>,
+    latest_status: Vec<u8>,
+    statuses: Vec<Vec<u8>>,
+}
+
+impl CompactView {
+    fn new(view: &OperationView) -> Self {
+        use prost::Message as _;
+        Self {
+            operation_uuid: view.operation_uuid.clone(),
+            framework_id: view.framework_id.clone(),
+            info: view.info.as_ref().map(|info| info.encode_to_vec()),
+            latest_status: view.latest_status.encode_to_vec(),
+            statuses: view.statuses.iter().map(|s| s.encode_to_vec()).collect(),
+        }
+    }
+
+    /// The view again; `None` only if the encoding did not decode (it always does: it is
+    /// prost's own).
+    fn view(&self) -> Option<OperationView> {
+        use prost::Message as _;
+        let info = match &self.info {
+            Some(bytes) => Some(offer::Operation::decode(bytes.as_slice()).ok()?),
+            None => None,
+        };
+        let statuses = self
+            .statuses
+            .iter()
+            .map(|bytes| OperationStatus::decode(bytes.as_slice()).ok())
+            .collect::<Option<Vec<_>>>()?;
+        Some(OperationView {
+            operation_uuid: self.operation_uuid.clone(),
+            framework_id: self.framework_id.clone(),
+            info,
+            latest_status: OperationStatus::decode(self.latest_status.as_slice()).ok()?,
+            statuses,
+        })
+    }
 }
 
 impl Completed {
-    fn insert(&mut self, key: Vec<u8>, view: OperationView) {
-        if self.views.insert(key.clone(), view).is_none() {
+    fn insert(&mut self, key: Vec<u8>, view: &OperationView) {
+        if self
+            .views
+            .insert(key.clone(), CompactView::new(view))
+            .is_none()
+        {
             self.order.push_back(key);
         }
         while self.order.len() > COMPLETED_KEPT {
@@ -730,7 +780,7 @@ impl Worker {
                 .and_then(|record| record.statuses.last())
                 .is_some_and(|status| is_terminal(status.state));
             if terminal && let Some(view) = agent.operations.remove(key) {
-                self.completed.insert(key.clone(), view);
+                self.completed.insert(key.clone(), &view);
             }
         }
         sent
@@ -855,7 +905,7 @@ impl Worker {
                     self.completed
                         .views
                         .get(&key)
-                        .cloned()
+                        .and_then(CompactView::view)
                         .ok_or(OperationError::Unknown { uuid: operation }),
                 );
             }
@@ -1137,5 +1187,66 @@ fn push_dedup(statuses: &mut Vec<OperationStatus>, status: &OperationStatus) {
     let seen = status.uuid.is_some() && statuses.iter().any(|known| known.uuid == status.uuid);
     if !seen {
         statuses.push(status.clone());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_completed_view_is_kept_encoded_and_answered_as_it_was() {
+        let status = OperationStatus {
+            state: OperationState::OperationFinished as i32,
+            message: Some("done".to_owned()),
+            converted_resources: vec![Resource {
+                name: "disk".to_owned(),
+                ..Resource::default()
+            }],
+            uuid: Some(proto_uuid(Uuid::new_v4())),
+            ..OperationStatus::default()
+        };
+        let view = OperationView {
+            operation_uuid: proto_uuid(Uuid::new_v4()),
+            framework_id: Some(FrameworkId {
+                value: "framework".to_owned(),
+            }),
+            info: Some(offer::Operation {
+                r#type: Some(offer::operation::Type::CreateDisk as i32),
+                ..offer::Operation::default()
+            }),
+            latest_status: status.clone(),
+            statuses: vec![status],
+        };
+        let mut completed = Completed::default();
+        let key = view.operation_uuid.value.clone();
+        completed.insert(key.clone(), &view);
+        assert_eq!(completed.views[&key].view(), Some(view.clone()));
+        let without_info = OperationView { info: None, ..view };
+        assert_eq!(CompactView::new(&without_info).view(), Some(without_info));
+    }
+
+    #[test]
+    fn completed_views_are_bounded_oldest_first() {
+        let mut completed = Completed::default();
+        let view = |n: usize| OperationView {
+            operation_uuid: ProtoUuid {
+                value: n.to_be_bytes().to_vec(),
+            },
+            framework_id: None,
+            info: None,
+            latest_status: OperationStatus::default(),
+            statuses: Vec::new(),
+        };
+        for n in 0..=COMPLETED_KEPT {
+            let v = view(n);
+            completed.insert(v.operation_uuid.value.clone(), &v);
+        }
+        assert_eq!(completed.views.len(), COMPLETED_KEPT);
+        assert!(
+            !completed
+                .views
+                .contains_key(0usize.to_be_bytes().as_slice())
+        );
     }
 }

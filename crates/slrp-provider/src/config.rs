@@ -904,19 +904,18 @@ fn non_empty(field: &'static str, path: Option<PathBuf>) -> Result<Option<PathBu
     }
 }
 
-/// The token in the file `path` of setting `field`, without the trailing newline editors
-/// and `echo` write; an empty one is refused.
+/// The token in the file `path` of setting `field`, read as `slrp ctl` reads it
+/// ([`slrp_types::read_token_file`]: ASCII whitespace at both ends dropped); an empty one
+/// is refused.
 fn read_token(field: &'static str, path: &Path) -> Result<String, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::TokenFile {
-        field,
-        path: path.to_owned(),
-        source,
-    })?;
-    let token = text.trim_end_matches(['\n', '\r']);
-    if token.is_empty() {
-        return Err(setting(field, SettingError::EmptyToken));
-    }
-    Ok(token.to_owned())
+    slrp_types::read_token_file(path).map_err(|e| match e {
+        slrp_types::TokenFileError::Read { path, source } => ConfigError::TokenFile {
+            field,
+            path,
+            source,
+        },
+        slrp_types::TokenFileError::Empty { .. } => setting(field, SettingError::EmptyToken),
+    })
 }
 
 /// The `[admin]` TCP listener, if `listen` is set: refused without a token.

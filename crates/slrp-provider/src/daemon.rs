@@ -306,6 +306,10 @@ impl ProviderView for Slot {
         })
     }
 
+    fn volume_error(&self, id: &slrp_csi::VolumeId) -> Option<String> {
+        self.metrics.volumes().last_error(id.as_str())
+    }
+
     fn refresh_metrics(&self) -> BoxFuture<'_, ()> {
         Box::pin(async move {
             self.metrics

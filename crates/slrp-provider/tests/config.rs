@@ -564,7 +564,7 @@ fn the_examples_are_valid() {
 fn the_admin_tcp_endpoint_needs_a_token_file() {
     let s = Setup::new();
     let base = "resource_provider_config_dir = \"rp\"\n[agent]\nurl = \"http://127.0.0.1:5051\"\n";
-    std::fs::write(s.dir.path().join("admin-token"), "t0ken-value\n").unwrap();
+    std::fs::write(s.dir.path().join("admin-token"), "t0ken-value \t\n").unwrap();
     std::fs::write(s.dir.path().join("empty-token"), "\n").unwrap();
     let refused = [
         (
@@ -611,7 +611,7 @@ fn the_admin_tcp_endpoint_needs_a_token_file() {
     assert_eq!(tcp.listen, "127.0.0.1:5052".parse().unwrap());
     assert!(
         tcp.token.matches(b"t0ken-value"),
-        "the newline is not the token's"
+        "the whitespace at the end is not the token's (as for slrp ctl)"
     );
     assert!(
         !format!("{config:?}").contains("t0ken"),

@@ -42,6 +42,9 @@ impl ProviderView for View {
     fn volumes(&self) -> Option<VolumeManagerHandle> {
         self.volumes.clone()
     }
+    fn volume_error(&self, id: &slrp_csi::VolumeId) -> Option<String> {
+        self.metrics.volumes().last_error(id.as_str())
+    }
     fn refresh_metrics(&self) -> BoxFuture<'_, ()> {
         Box::pin(self.metrics.volumes().refresh(self.volumes.as_ref()))
     }
@@ -146,12 +149,42 @@ async fn volumes_jobs_and_stage_latency_reach_both_formats() {
     );
     assert_eq!(snapshot[format!("{prefix}/jobs/queued")], 0.0, "{snapshot}");
 
-    // Refreshed, not remembered: once the volume manager stops, the gauges read 0.
-    m.stop().await.unwrap();
+    // The failed call is the volume's last error until the volume moves again.
+    let path = format!("/volumes/{}", created.as_str());
+    let volume = http::unix(&socket, "GET", &path, None).await.json();
+    let error = volume["last_error"].as_str().unwrap_or_default();
+    assert!(error.starts_with("NodeStageVolume: "), "{volume}");
+    m.handle.publish(&created).await.unwrap();
+    let volume = http::unix(&socket, "GET", &path, None).await.json();
+    assert_eq!(volume["state"], "PUBLISHED", "{volume}");
+    assert!(volume.get("last_error").is_none(), "{volume}");
+
     let text = http::unix(&socket, "GET", "/metrics", None).await.body;
     assert!(
-        samples(&text, "volumes").contains(&"volumes{state=\"PUBLISHED\"} 0".to_owned()),
+        samples(&text, "volumes").contains(&"volumes{state=\"PUBLISHED\"} 2".to_owned()),
         "{text}"
+    );
+
+    // A stopped volume manager (a plugin restart) does not read as every volume gone:
+    // the gauges keep the last values, in both formats.
+    m.stop().await.unwrap();
+    let text = http::unix(&socket, "GET", "/metrics", None).await.body;
+    let volumes = samples(&text, "volumes");
+    assert!(
+        volumes.contains(&"volumes{state=\"PUBLISHED\"} 2".to_owned()),
+        "{volumes:?}"
+    );
+    assert!(
+        volumes.contains(&"volumes{state=\"NODE_STAGE\"} 0".to_owned()),
+        "{volumes:?}"
+    );
+    let snapshot = http::unix(&socket, "GET", "/metrics/snapshot", None)
+        .await
+        .json();
+    assert_eq!(
+        snapshot[format!("{prefix}/volumes/PUBLISHED")],
+        2.0,
+        "{snapshot}"
     );
     cancel.cancel();
     task.await.unwrap();

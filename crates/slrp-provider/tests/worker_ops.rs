@@ -803,7 +803,7 @@ async fn destroying_a_disk_of_a_vanished_profile_reconciles_the_pools() {
         update.status.message
     );
     assert!(update.status.converted_resources.is_empty());
-    // The status shows a total changed by operations within STATUS_TOTAL_INTERVAL.
+    // The status shows a total changed by operations within `status_total_delay`.
     let status = status_until(&provider.handle, "pools reconciled, nothing left", |s| {
         s.reconciliations > before && s.total.is_empty()
     })

@@ -18,10 +18,12 @@
 //! - [`id`]: [`validate_id`], Mesos's rules for IDs that name directories.
 //! - [`operation`]: [`is_terminal_state`], Mesos's terminal operation states.
 //! - [`capability`]: [`VolumeCapability`] and its Mesos / CSI v0 / CSI v1 conversions.
+//! - [`token`]: [`read_token_file`], the one reader of bearer token files.
 //!
 //! # Invariants
 //! - No tokio and no async: nothing here waits. The only I/O is reading the boot id, one
-//!   small file under `/proc`, done synchronously because it happens once at start-up.
+//!   small file under `/proc`, and a token file, done synchronously because each happens
+//!   once at start-up (or once per `slrp ctl` run).
 //! - Wire types come from `slrp-proto` (which links tonic, and so tokio, into the graph:
 //!   accepted, since every user of this crate already links both; this crate's own code
 //!   uses neither runtime). `tonic` is used only for its `Code` enum.
@@ -39,6 +41,7 @@ pub mod id;
 pub mod operation;
 pub mod provider;
 pub mod size;
+pub mod token;
 
 pub use backoff::{
     Backoff, BackoffError, Jitter, JitterRng, MESOS_BACKOFF_BASE, MESOS_BACKOFF_MAX,
@@ -51,6 +54,7 @@ pub use id::{IdError, validate_id};
 pub use operation::is_terminal_state;
 pub use provider::ProviderKey;
 pub use size::{SizeError, format_size, parse_size};
+pub use token::{TokenFileError, read_token_file};
 
 #[cfg(test)]
 mod tests {

@@ -25,11 +25,11 @@ pub struct MissingField {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FieldPath(Vec<String>);
 
-impl FieldPath {
-    fn child(&self, segment: impl Into<String>) -> Self {
-        let mut next = self.0.clone();
-        next.push(segment.into());
-        Self(next)
+impl MissingField {
+    /// The same field seen from the message that holds this one under `segment`.
+    fn under(mut self, segment: String) -> Self {
+        self.path.0.insert(0, segment);
+        self
     }
 }
 
@@ -52,40 +52,46 @@ impl fmt::Display for FieldPath {
 /// # Errors
 /// The first missing field found, in field-number order, depth first.
 pub fn check_required(message: &DynamicMessage) -> Result<(), MissingField> {
-    check(message, &FieldPath::default())
+    check(message)
 }
 
-fn check(message: &DynamicMessage, path: &FieldPath) -> Result<(), MissingField> {
+/// The path is built only on the way back from a missing field: building it on the way
+/// down cost an allocation per field of every message, millions for an UPDATE_STATE with
+/// 10,000 resources.
+fn check(message: &DynamicMessage) -> Result<(), MissingField> {
     let descriptor = message.descriptor();
     for field in descriptor.fields() {
-        let field_path = path.child(field.name());
         if field.cardinality() == Cardinality::Required && !message.has_field(&field) {
             return Err(MissingField {
                 message: descriptor.full_name().to_owned(),
                 field: field.name().to_owned(),
-                path: field_path,
+                path: FieldPath(vec![field.name().to_owned()]),
             });
         }
         if !matches!(field.kind(), Kind::Message(_)) || !message.has_field(&field) {
             continue;
         }
         match &*message.get_field(&field) {
-            Value::Message(inner) => check(inner, &field_path)?,
+            Value::Message(inner) => {
+                check(inner).map_err(|e| e.under(field.name().to_owned()))?;
+            }
             Value::List(items) => {
                 for (i, item) in items.iter().enumerate() {
                     if let Value::Message(inner) = item {
-                        check(inner, &path.child(format!("{}[{i}]", field.name())))?;
+                        check(inner).map_err(|e| e.under(format!("{}[{i}]", field.name())))?;
                     }
                 }
             }
             Value::Map(entries) => {
                 for (key, value) in entries {
                     if let Value::Message(inner) = value {
-                        let key = match key {
-                            MapKey::String(s) => format!("{s:?}"),
-                            other => format!("{other:?}"),
-                        };
-                        check(inner, &path.child(format!("{}[{key}]", field.name())))?;
+                        check(inner).map_err(|e| {
+                            let key = match key {
+                                MapKey::String(s) => format!("{s:?}"),
+                                other => format!("{other:?}"),
+                            };
+                            e.under(format!("{}[{key}]", field.name()))
+                        })?;
                     }
                 }
             }

@@ -14,18 +14,22 @@ pub(crate) const EX_USAGE: u8 = 64;
 #[derive(Debug, Parser)]
 #[command(name = "slrp", version, about)]
 struct Cli {
-    /// Log format on standard error: `text` for people (colours only on a terminal), `json`
-    /// for log collectors (one object per line). The filter comes from `SLRP_LOG` (else
-    /// `RUST_LOG`), e.g. `SLRP_LOG=debug` or `SLRP_LOG=info,slrp_csi=trace`.
+    /// Log format on standard error: `text` (the default) for people (colours only on a
+    /// terminal), `json` for log collectors (one object per line); any case. Without the
+    /// flag, `SLRP_LOG_FORMAT` sets it (a value there that is neither warns and falls back
+    /// to text). The filter comes from `SLRP_LOG` (else `RUST_LOG`), e.g. `SLRP_LOG=debug`
+    /// or `SLRP_LOG=info,slrp_csi=trace`.
+    // Not `env = ...`: clap would refuse a bad environment value with exit 64 for every
+    // command (`slrp ctl status` included), where a typo in a service file should only cost
+    // the format, as a bad `SLRP_LOG` only costs the filter.
     #[arg(
         long,
         global = true,
         value_enum,
-        env = slrp_log::FORMAT_VAR,
-        default_value_t = slrp_log::LogFormat::Text,
+        ignore_case = true,
         value_name = "FORMAT"
     )]
-    log_format: slrp_log::LogFormat,
+    log_format: Option<slrp_log::LogFormat>,
     #[command(subcommand)]
     command: Command,
 }
@@ -101,7 +105,16 @@ pub(crate) fn main() -> ExitCode {
         | Command::Completions(_)
         | Command::Man(_) => "warn",
     };
-    slrp_log::init(cli.log_format, default_level);
+    let (log_format, bad_format) =
+        log_format(cli.log_format, std::env::var(slrp_log::FORMAT_VAR).ok());
+    slrp_log::init(log_format, default_level);
+    if let Some(value) = bad_format {
+        tracing::warn!(
+            var = slrp_log::FORMAT_VAR,
+            %value,
+            "ignoring a log format that is neither `text` nor `json`; using text"
+        );
+    }
     let command = match cli.command {
         // The daemon builds its own (multi-threaded) runtime, after reading its config.
         Command::Run(args) => return run_cmd::run(&args),
@@ -132,6 +145,25 @@ pub(crate) fn main() -> ExitCode {
     report(result)
 }
 
+/// The log format: the flag, else the environment's value (any case; empty is unset), else
+/// text. Also returns the environment's value when it was used but named no format.
+fn log_format(
+    flag: Option<slrp_log::LogFormat>,
+    env: Option<String>,
+) -> (slrp_log::LogFormat, Option<String>) {
+    use clap::ValueEnum as _;
+    if let Some(format) = flag {
+        return (format, None);
+    }
+    match env.filter(|v| !v.trim().is_empty()) {
+        None => (slrp_log::LogFormat::Text, None),
+        Some(value) => match slrp_log::LogFormat::from_str(value.trim(), true) {
+            Ok(format) => (format, None),
+            Err(_) => (slrp_log::LogFormat::Text, Some(value)),
+        },
+    }
+}
+
 /// The exit code of a command's result, its error printed with the cause chain.
 fn report(result: anyhow::Result<ExitCode>) -> ExitCode {
     match result {
@@ -146,5 +178,45 @@ fn report(result: anyhow::Result<ExitCode>) -> ExitCode {
                 ExitCode::FAILURE
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use slrp_log::LogFormat;
+
+    use super::*;
+
+    #[test]
+    fn the_log_format_flag_takes_any_case_and_a_bad_one_is_a_usage_error() {
+        for arg in ["json", "JSON", "Json"] {
+            let cli = Cli::try_parse_from(["slrp", "--log-format", arg, "man"]).unwrap();
+            assert_eq!(cli.log_format, Some(LogFormat::Json), "{arg}");
+        }
+        let err = Cli::try_parse_from(["slrp", "--log-format", "yaml", "man"]).unwrap_err();
+        assert!(err.use_stderr(), "{err}");
+    }
+
+    #[test]
+    fn the_environment_sets_the_format_and_a_bad_value_falls_back_to_text() {
+        let env = |v: &str| Some(v.to_owned());
+        assert_eq!(log_format(None, None), (LogFormat::Text, None));
+        assert_eq!(log_format(None, env("")), (LogFormat::Text, None));
+        assert_eq!(log_format(None, env("JSON")), (LogFormat::Json, None));
+        assert_eq!(log_format(None, env(" json\n")), (LogFormat::Json, None));
+        assert_eq!(log_format(None, env("text")), (LogFormat::Text, None));
+        assert_eq!(
+            log_format(None, env("jsno")),
+            (LogFormat::Text, Some("jsno".to_owned()))
+        );
+        // The flag wins, and then the environment is not looked at.
+        assert_eq!(
+            log_format(Some(LogFormat::Text), env("json")),
+            (LogFormat::Text, None)
+        );
+        assert_eq!(
+            log_format(Some(LogFormat::Json), env("jsno")),
+            (LogFormat::Json, None)
+        );
     }
 }

@@ -60,6 +60,8 @@ struct Seen {
     terminal: BTreeMap<uuid::Uuid, BTreeSet<uuid::Uuid>>,
     /// Operations answered "Unknown operation" (unreliable DROPPED).
     unknown: BTreeSet<uuid::Uuid>,
+    /// Every resource version an UPDATE_STATE announced.
+    versions: BTreeSet<String>,
 }
 
 fn collect(c: &Cluster) -> Arc<Mutex<Seen>> {
@@ -83,6 +85,13 @@ fn collect(c: &Cluster) -> Arc<Mutex<Seen>> {
                         }
                         _ => {}
                     }
+                }
+                Ok(ManagerMessage::UpdateState {
+                    resource_version_uuid,
+                    ..
+                }) => {
+                    let version = uuid::Uuid::from_slice(&resource_version_uuid.value).unwrap();
+                    sink.lock().unwrap().versions.insert(version.to_string());
                 }
                 Ok(_) => {}
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
@@ -166,6 +175,17 @@ fn operation(step: Step, r: &Value, n: &str) -> slrp_proto::mesos::v1::offer::Op
     ops::with_id(op, &format!("op{n}"))
 }
 
+/// The version a DROPPED "Mismatched resource version X (expected: Y)" expected (Y).
+fn mismatch_expected(status: &slrp_proto::mesos::v1::OperationStatus) -> Option<String> {
+    if ops::state_name(status) != "OPERATION_DROPPED" {
+        return None;
+    }
+    let message = status.message.as_deref()?;
+    let rest = message.strip_prefix("Mismatched resource version ")?;
+    let (_, expected) = rest.split_once("(expected: ")?;
+    Some(expected.strip_suffix(')')?.to_owned())
+}
+
 /// Restarts a SIGKILLed daemon and waits until it reported its state again.
 async fn restart_after_kill(c: &mut Cluster) {
     c.drain_messages();
@@ -201,6 +221,9 @@ async fn storm(seed: u64, csi: &'static str) {
 
     let mut accepted: Vec<uuid::Uuid> = Vec::new();
     let mut lost: Vec<uuid::Uuid> = Vec::new();
+    // Operations dropped for a resource version the provider had just left, with the
+    // version it expected.
+    let mut mismatched: Vec<(uuid::Uuid, String)> = Vec::new();
     let mut kills = 0;
     let mut publishes = 0;
     let mut batches = 0;
@@ -272,6 +295,15 @@ async fn storm(seed: u64, csi: &'static str) {
             match c.manager().wait_terminal(uuid, c.wait).await {
                 Ok(view) => {
                     let state = ops::state_name(&view.latest_status);
+                    // Legal (spec §5.2): the provider changed its total after READY (e.g.
+                    // the profile update's reconciliation after a restart found the pools
+                    // changed) and the master sent this with the version before its
+                    // UPDATE_STATE arrived. Mesos drops it the same way; the framework
+                    // retries. Checked below: the expected version was announced.
+                    if let Some(expected) = mismatch_expected(&view.latest_status) {
+                        mismatched.push((uuid, expected));
+                        continue;
+                    }
                     if state != "OPERATION_FINISHED" {
                         c.fail(&format!(
                             "{context}: {state}: {}",
@@ -293,9 +325,10 @@ async fn storm(seed: u64, csi: &'static str) {
         }
     }
     eprintln!(
-        "crash storm: seed {seed}: {} accepted, {} lost with a kill, {kills} kills, {publishes} publishes, {batches} steps of several operations",
+        "crash storm: seed {seed}: {} accepted, {} lost with a kill, {} dropped for a resource version just changed, {kills} kills, {publishes} publishes, {batches} steps of several operations",
         accepted.len(),
-        lost.len()
+        lost.len(),
+        mismatched.len()
     );
 
     // A lost operation is unknown to the provider, as the master's reconciliation learns.
@@ -372,8 +405,16 @@ async fn storm(seed: u64, csi: &'static str) {
         }
     }
 
+    let versions = seen.lock().unwrap().versions.clone();
+    for (op, expected) in &mismatched {
+        if !versions.contains(expected) {
+            c.fail(&format!(
+                "seed {seed}: operation {op} was dropped for resource version {expected}, which no UPDATE_STATE announced"
+            ));
+        }
+    }
     let terminal = std::mem::take(&mut seen.lock().unwrap().terminal);
-    for op in &accepted {
+    for op in accepted.iter().chain(mismatched.iter().map(|(op, _)| op)) {
         match terminal.get(op).map(BTreeSet::len) {
             Some(1) => {}
             other => c.fail(&format!(

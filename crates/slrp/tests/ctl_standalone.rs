@@ -1,7 +1,13 @@
 //! `slrp ctl`'s actions against a real `slrp standalone` with its defaults (profiles
-//! `mount`, `block`, `ext4`): the tables, `--json`, `--wait` without a spinner when piped,
-//! `--type` taken from the profile, the path on publish's last line, and the exit codes of
-//! the daemon's refusals.
+//! `mount` on pool `dir`, `block` and `ext4` on pool `loop`): the tables, `--json`,
+//! `--wait` without a spinner when piped and with one on a terminal, `--type` taken from
+//! the profile, the path on publish's last line (a mounted directory, or a block device
+//! that goes on unpublish), and the exit codes of the daemon's refusals. One daemon per
+//! test, so that a failure in one story does not hide the others.
+//!
+//! Disks are [`DISK`] (64 MiB): the default pools are a quarter of the free space under
+//! the state directory, so a small CI disk still has room; [`Daemon::start`] fails with
+//! what it found when it has not.
 //!
 //! The bundled plugin must be found beside the `slrp` binary (`csi_local_bin()` builds it
 //! if missing). Root is needed (standalone refuses to run without it).
@@ -15,7 +21,8 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::os::unix::fs::FileTypeExt as _;
+use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
@@ -25,6 +32,10 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
 use support::{WAIT, mounts_under, processes_mentioning, unmount_under};
+
+/// The size of the disks the tests create, and its MB (2^20 bytes).
+const DISK: &str = "64MiB";
+const DISK_MB: f64 = 64.0;
 
 /// `slrp standalone` on a temporary state directory; on drop it and its plugins are
 /// killed and their mounts removed.
@@ -56,6 +67,7 @@ impl Daemon {
             if out.status.success() {
                 let status: Value = serde_json::from_slice(&out.stdout).unwrap();
                 if status["ready"] == true {
+                    daemon.check_room().await;
                     return daemon;
                 }
             }
@@ -67,6 +79,20 @@ impl Daemon {
             }
             // Polling a separate process's readiness, bounded by the deadline above.
             tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Fails, saying why, unless each pool has room for the disks a test creates (three).
+    async fn check_room(&self) {
+        let resources = self.ctl_json(&["resources"]).await;
+        for profile in ["mount", "block"] {
+            let free = free_mb(&resources, profile);
+            assert!(
+                free >= 3.0 * DISK_MB,
+                "profile {profile}'s pool has {free} MB free, less than three {DISK} disks: \
+                 the default pools are a quarter of the free space under {}",
+                self.dir.path().display()
+            );
         }
     }
 
@@ -153,13 +179,14 @@ impl Drop for Daemon {
     }
 }
 
-/// The `resources` row of `profile`, split into cells.
-fn pool_row(resources: &str, profile: &str) -> Vec<String> {
+/// The `resources` row of CSI pool `pool`, split into cells: POOL PROFILES USED FREE
+/// TOTAL DISKS USAGE.
+fn pool_row(resources: &str, pool: &str) -> Vec<String> {
     resources
         .lines()
         .map(|l| l.split_whitespace().map(str::to_owned).collect::<Vec<_>>())
-        .find(|cells| cells.first().map(String::as_str) == Some(profile))
-        .unwrap_or_else(|| panic!("no row for {profile}:\n{resources}"))
+        .find(|cells| cells.first().map(String::as_str) == Some(pool))
+        .unwrap_or_else(|| panic!("no row for {pool}:\n{resources}"))
 }
 
 /// Free MB of `profile`'s pool in `/resources` (the RAW resource with no id).
@@ -183,9 +210,17 @@ fn has_disk(resources: &Value, id: &str) -> bool {
         .any(|r| r["disk"]["source"]["id"] == id)
 }
 
+/// The id in `created disk ID (profile P)`.
+fn created_id(out: &str, profile: &str) -> String {
+    out.strip_prefix("created disk ")
+        .and_then(|s| s.strip_suffix(&format!(" (profile {profile})\n")))
+        .unwrap_or_else(|| panic!("{out}"))
+        .to_owned()
+}
+
 #[tokio::test]
-async fn root_ctl_drives_standalone() {
-    if !slrp_test_support::require_root("root_ctl_drives_standalone") {
+async fn root_ctl_shows_status_profiles_and_pools() {
+    if !slrp_test_support::require_root("root_ctl_shows_status_profiles_and_pools") {
         return;
     }
     let d = Daemon::start().await;
@@ -199,22 +234,40 @@ async fn root_ctl_drives_standalone() {
     for row in ["block    block", "ext4     mount  ext4", "mount    mount"] {
         assert!(profiles.contains(row), "{row} in\n{profiles}");
     }
+    // One row per CSI pool: `block` and `ext4` share `loop`, whose free space shows once.
+    let table = d.ctl_ok(&["resources"]).await;
+    let dir = pool_row(&table, "dir");
+    assert_eq!(dir[1], "mount", "{table}");
+    assert_eq!(dir[2], "0B", "nothing used yet: {table}");
+    assert_eq!(dir[3], dir[4], "free is the total: {table}");
+    assert_eq!(dir[5], "0", "{table}");
+    assert_eq!(dir[6], format!("[{}]", ".".repeat(20)), "{table}");
+    let loop_row = pool_row(&table, "loop");
+    assert_eq!(loop_row[1], "block,ext4", "{table}");
+    assert_eq!(
+        table.lines().filter(|l| l.contains("block")).count(),
+        1,
+        "no separate row for a profile of a shared pool: {table}"
+    );
+}
 
+/// A MOUNT disk's whole life through `slrp ctl`: create (waited for, piped: no spinner),
+/// the pool's row, publish (the last line is mounted), the volume and operation details,
+/// unpublish, destroy (the pool whole again).
+#[tokio::test]
+async fn root_ctl_mount_disk_create_publish_destroy() {
+    if !slrp_test_support::require_root("root_ctl_mount_disk_create_publish_destroy") {
+        return;
+    }
+    let d = Daemon::start().await;
     let before = d.ctl_json(&["resources"]).await;
-    let row = pool_row(&d.ctl_ok(&["resources"]).await, "mount");
-    assert_eq!(row[1], "0B", "nothing used yet: {row:?}");
-    assert_eq!(row[2], row[3], "free is the total: {row:?}");
-    assert_eq!(row[4], "0");
-    assert_eq!(row[5], format!("[{}]", ".".repeat(20)));
-
-    // A MOUNT disk, waited for: piped, --wait draws no spinner (stderr stays empty).
     let op = d
         .ctl_json(&[
             "create-disk",
             "--profile",
             "mount",
             "--size",
-            "1GiB",
+            DISK,
             "--wait",
         ])
         .await;
@@ -223,20 +276,19 @@ async fn root_ctl_drives_standalone() {
     let id = op["volume_id"].as_str().unwrap().to_owned();
     let after = d.resources_until("the disk", |r| has_disk(r, &id)).await;
     let table = d.ctl_ok(&["resources"]).await;
-    let row = pool_row(&table, "mount");
-    assert_eq!(row[1], "1GiB", "{table}");
-    assert_eq!(row[4], "1", "{table}");
-    assert!(row[5].contains('#'), "{table}");
+    let row = pool_row(&table, "dir");
+    assert_eq!(row[2], DISK, "{table}");
+    assert_eq!(row[5], "1", "{table}");
+    assert!(row[6].contains('#'), "{table}");
     assert!(
-        (free_mb(&before, "mount") - free_mb(&after, "mount") - 1024.0).abs() < 0.5,
+        (free_mb(&before, "mount") - free_mb(&after, "mount") - DISK_MB).abs() < 0.5,
         "the pool shrank by the disk: {before} → {after}"
     );
     assert!(
-        table.contains(&format!("{id}  MOUNT  mount    1GiB")),
+        table.contains(&format!("{id}  MOUNT  mount    {DISK}")),
         "{table}"
     );
 
-    // Publish: the last line is the mount directory, which is mounted.
     let out = d.ctl_ok(&["publish", &id]).await;
     let path = PathBuf::from(out.lines().last().unwrap());
     assert!(
@@ -250,7 +302,7 @@ async fn root_ctl_drives_standalone() {
     );
     let volumes = d.ctl_ok(&["volumes"]).await;
     assert!(
-        volumes.contains(&format!("{id}  PUBLISHED  mount  1GiB")),
+        volumes.contains(&format!("{id}  PUBLISHED  mount  {DISK}")),
         "{volumes}"
     );
     assert!(volumes.contains(&path.display().to_string()), "{volumes}");
@@ -281,53 +333,29 @@ async fn root_ctl_drives_standalone() {
     assert_eq!(out, format!("destroyed disk {id}\n"));
     d.resources_until("the disk gone", |r| !has_disk(r, &id))
         .await;
-    let row = pool_row(&d.ctl_ok(&["resources"]).await, "mount");
-    assert_eq!(row[1], "0B", "the pool is whole again: {row:?}");
+    let row = pool_row(&d.ctl_ok(&["resources"]).await, "dir");
+    assert_eq!(row[2], "0B", "the pool is whole again: {row:?}");
+}
 
-    // On a terminal, --wait shows what it waits for (then clears the line). `script`
-    // gives the command a pseudo-terminal and copies what is drawn on it.
-    let on_terminal = tokio::process::Command::new("script")
-        .arg("-qec")
-        .arg(format!(
-            "{} ctl --admin {} create-disk --profile mount --size 64MiB --wait",
-            env!("CARGO_BIN_EXE_slrp"),
-            d.admin().display()
-        ))
-        .arg("/dev/null")
-        .stdin(Stdio::null())
-        .kill_on_drop(true)
-        .output()
-        .await;
-    match on_terminal {
-        Ok(out) => {
-            let drawn = String::from_utf8_lossy(&out.stdout);
-            assert!(out.status.success(), "{drawn}");
-            assert!(
-                drawn.contains("creating a mount disk of 64MiB from profile mount ("),
-                "the spinner's line: {drawn:?}"
-            );
-            assert!(drawn.contains("\x1b[2K"), "the line is cleared: {drawn:?}");
-            assert!(drawn.contains("created disk vol-"), "{drawn:?}");
-        }
-        Err(e) => eprintln!("not checking the spinner: `script` cannot run: {e}"),
+/// No --type: the `block` profile's own type. Publish gives a block device, which goes
+/// on unpublish; the disk shows in the row of pool `loop` (shared with `ext4`).
+#[tokio::test]
+async fn root_ctl_block_disk_device_appears_and_goes() {
+    if !slrp_test_support::require_root("root_ctl_block_disk_device_appears_and_goes") {
+        return;
     }
-
-    // No --type: the profile's own (BLOCK) is used.
+    let d = Daemon::start().await;
     let out = d
         .ctl_ok(&[
             "create-disk",
             "--profile",
             "block",
             "--size",
-            "64MiB",
+            DISK,
             "--wait",
         ])
         .await;
-    let block = out
-        .strip_prefix("created disk ")
-        .and_then(|s| s.strip_suffix(" (profile block)\n"))
-        .unwrap_or_else(|| panic!("{out}"))
-        .to_owned();
+    let block = created_id(&out, "block");
     let volumes = d.ctl_json(&["volumes"]).await;
     let v = volumes
         .as_array()
@@ -336,27 +364,82 @@ async fn root_ctl_drives_standalone() {
         .find(|v| v["volume_id"] == block.as_str())
         .unwrap_or_else(|| panic!("{block} in {volumes}"));
     assert_eq!(v["type"], "block", "{v}");
+    d.resources_until("the disk", |r| has_disk(r, &block)).await;
+    let table = d.ctl_ok(&["resources"]).await;
+    let row = pool_row(&table, "loop");
+    assert_eq!((row[2].as_str(), row[5].as_str()), (DISK, "1"), "{table}");
+
     let out = d.ctl_ok(&["publish", &block]).await;
-    let device = Path::new(out.lines().last().unwrap());
+    let device = PathBuf::from(out.lines().last().unwrap());
+    let meta = std::fs::metadata(&device)
+        .unwrap_or_else(|e| panic!("{} once published: {e}\n{out}", device.display()));
     assert!(
-        device.exists(),
-        "{} exists once published",
+        meta.file_type().is_block_device(),
+        "{} is a block device once published: {meta:?}",
         device.display()
     );
     d.ctl_ok(&["unpublish", &block]).await;
+    match std::fs::metadata(&device) {
+        Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::NotFound, "{e}"),
+        Ok(meta) => assert!(
+            !meta.file_type().is_block_device(),
+            "{} is no block device once unpublished",
+            device.display()
+        ),
+    }
+}
 
-    // Without --wait: the PENDING operation, at once.
+/// On a terminal, --wait shows what it waits for, with the size the daemon makes (`100M`
+/// is 95.4 MiB, rounded up to 96 MiB), then clears the line. `script` gives the command a
+/// pseudo-terminal and copies what is drawn on it.
+#[tokio::test]
+async fn root_ctl_wait_on_a_terminal_draws_a_spinner() {
+    const TEST: &str = "root_ctl_wait_on_a_terminal_draws_a_spinner";
+    if !slrp_test_support::require_root(TEST) || !slrp_test_support::require_tool(TEST, "script") {
+        return;
+    }
+    let d = Daemon::start().await;
+    let out = tokio::process::Command::new("script")
+        .arg("-qec")
+        .arg(format!(
+            "{} ctl --admin {} create-disk --profile mount --size 100M --wait",
+            env!("CARGO_BIN_EXE_slrp"),
+            d.admin().display()
+        ))
+        .arg("/dev/null")
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("running script");
+    let drawn = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{drawn}");
+    assert!(
+        drawn.contains("creating a mount disk of 96MiB from profile mount ("),
+        "the spinner's line: {drawn:?}"
+    );
+    assert!(drawn.contains("\x1b[2K"), "the line is cleared: {drawn:?}");
+    assert!(drawn.contains("created disk vol-"), "{drawn:?}");
+}
+
+/// Without --wait the PENDING operation comes at once; the daemon's refusals keep their
+/// exit codes.
+#[tokio::test]
+async fn root_ctl_pending_and_refusals() {
+    if !slrp_test_support::require_root("root_ctl_pending_and_refusals") {
+        return;
+    }
+    let d = Daemon::start().await;
     let out = d
-        .ctl_ok(&["create-disk", "--profile", "mount", "--size", "64MiB"])
+        .ctl_ok(&["create-disk", "--profile", "mount", "--size", DISK])
         .await;
     assert!(
         out.starts_with("operation ") && out.ends_with(" (CREATE_DISK): OPERATION_PENDING\n"),
         "{out}"
     );
 
-    // The daemon's refusals.
     let (_, err) = d
-        .ctl_exit(&["create-disk", "--profile", "nope", "--size", "1G"], 4)
+        .ctl_exit(&["create-disk", "--profile", "nope", "--size", DISK], 4)
         .await;
     assert!(
         err.contains("unknown profile 'nope'") && err.contains("mount"),

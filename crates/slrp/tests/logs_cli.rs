@@ -224,11 +224,50 @@ async fn the_agent_token_never_reaches_a_log_at_trace_level() {
 #[test]
 fn an_unknown_log_format_is_a_usage_error_naming_the_flag() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_slrp"))
-        .args(["inspect", "--state-dir", "/nonexistent"])
-        .env("SLRP_LOG_FORMAT", "xml")
+        .args([
+            "--log-format",
+            "xml",
+            "inspect",
+            "--state-dir",
+            "/nonexistent",
+        ])
+        .env_remove("SLRP_LOG_FORMAT")
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(64), "{out:?}");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--log-format") && err.contains("xml"), "{err}");
+}
+
+/// A bad `SLRP_LOG_FORMAT` (a typo in a service file) costs only the format: one warning,
+/// text logs, and the command runs; any case of a good value works.
+#[test]
+fn a_bad_log_format_in_the_environment_warns_and_logs_text() {
+    let inspect = |format: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_slrp"))
+            .args(["inspect", "--state-dir", "/nonexistent"])
+            .env("SLRP_LOG_FORMAT", format)
+            .env_remove("SLRP_LOG")
+            .output()
+            .unwrap()
+    };
+    let out = inspect("xml");
+    assert_ne!(out.status.code(), Some(64), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    let warning = err
+        .lines()
+        .find(|l| l.contains("SLRP_LOG_FORMAT"))
+        .unwrap_or_else(|| panic!("no warning naming SLRP_LOG_FORMAT: {err}"));
+    assert!(
+        warning.contains("WARN") && warning.contains("xml") && !warning.starts_with('{'),
+        "{warning}"
+    );
+    // The command itself ran: its own error is about the state dir.
+    assert!(err.contains("/nonexistent"), "{err}");
+    let out = inspect("JSON");
+    assert_ne!(out.status.code(), Some(64), "{out:?}");
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("SLRP_LOG_FORMAT"),
+        "{out:?}"
+    );
 }

@@ -97,6 +97,10 @@ impl<C: CsiVolumes> Ctx<C> {
                 Err(source) => {
                     tracing::warn!(volume = %rec.id, rpc = %call, error = %DisplayChain(&source),
                         "CSI call failed; the volume stays in flight");
+                    if let Some(observer) = &self.cfg.observer {
+                        let error = format!("{call}: {}", DisplayChain(&source));
+                        observer.volume_call_failed(&rec.id, &error);
+                    }
                     return Err(VolumeError::Csi {
                         rpc: call.rpc(),
                         subject: Subject::Volume(rec.id.clone()),
@@ -117,6 +121,9 @@ impl<C: CsiVolumes> Ctx<C> {
                     })?;
             self.persist(&done).await?;
             tracing::debug!(volume = %done.id, state = %done.state.name(), "volume moved");
+            if let Some(observer) = &self.cfg.observer {
+                observer.volume_moved(&done.id);
+            }
             *rec = done;
         }
         Err(VolumeError::Internal {

@@ -174,6 +174,17 @@ pub trait CallObserver: Send + Sync + std::fmt::Debug {
     /// The call `rpc` for one volume (or name) ended after `elapsed`, retries and their
     /// backoffs included, successfully or not.
     fn call_ended(&self, rpc: slrp_csi::CsiRpc, elapsed: Duration, ok: bool);
+
+    /// A transition call of volume `id` failed (the volume stays in flight), with the
+    /// error's cause chain: what operators see as the volume's last error.
+    fn volume_call_failed(&self, id: &slrp_csi::VolumeId, error: &str) {
+        let _ = (id, error);
+    }
+
+    /// Volume `id` completed a transition: its last error, if any, is over.
+    fn volume_moved(&self, id: &slrp_csi::VolumeId) {
+        let _ = id;
+    }
 }
 
 /// Who creates the target path of NodePublishVolume, and so what the manager checks

@@ -30,8 +30,11 @@
 //!
 //! [`AdminListener::bind`] refuses a socket a live daemon answers on, replaces the stale
 //! socket of a dead one, and refuses to delete anything that is not a socket. The socket is
-//! created under a temporary name, made mode 0600, then renamed into place, so there is no
-//! moment in which others could connect. [`AdminListener::serve`] removes it when it stops,
+//! bound inside a fresh mode-0700 directory beside the target (so the process umask does
+//! not matter and nobody else can reach it while it is still group- or world-accessible),
+//! made mode 0600 there, then renamed into place: there is no moment in which others could
+//! connect. The umask is not changed for this: it is process-wide, and other threads
+//! create files meanwhile. [`AdminListener::serve`] removes the socket when it stops,
 //! unless another daemon has replaced it meanwhile.
 
 use std::collections::BTreeMap;
@@ -114,6 +117,12 @@ pub trait ProviderView: Send + Sync + 'static {
     /// The health of the provider's plugin (one entry per plugin container).
     fn plugins(&self) -> Vec<api::PluginHealth> {
         Vec::new()
+    }
+    /// The last error of a CSI call on volume `id` that left it in flight, until it
+    /// completes a transition.
+    fn volume_error(&self, id: &VolumeId) -> Option<String> {
+        let _ = id;
+        None
     }
     /// Brings the gauges that are read rather than counted (volumes per state, jobs) up
     /// to date; called before every `/metrics` and `/metrics/snapshot` answer.
@@ -524,24 +533,12 @@ impl AdminListener {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(bind_error(e)),
         }
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).map_err(bind_error)?;
-        }
-        let mut staging = path.as_os_str().to_owned();
-        staging.push(format!(".{}.tmp", std::process::id()));
-        let staging = PathBuf::from(staging);
-        remove_if_present(&staging).map_err(bind_error)?;
-        let listener = tokio::net::UnixListener::bind(&staging).map_err(bind_error)?;
-        let placed = std::fs::set_permissions(&staging, std::fs::Permissions::from_mode(0o600))
-            .and_then(|()| std::fs::rename(&staging, path))
-            .and_then(|()| std::fs::symlink_metadata(path));
-        let meta = match placed {
-            Ok(meta) => meta,
-            Err(e) => {
-                let _ = std::fs::remove_file(&staging);
-                return Err(bind_error(e));
-            }
+        let parent = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
         };
+        std::fs::create_dir_all(parent).map_err(bind_error)?;
+        let (listener, meta) = bind_privately(path, parent, |_| {}).map_err(bind_error)?;
         Ok(Self {
             listener,
             path: path.to_owned(),
@@ -573,6 +570,33 @@ impl AdminListener {
             tracing::warn!(error = %DisplayChain(&e), socket = %path.display(), "removing the admin socket failed");
         }
     }
+}
+
+/// Binds a socket in a fresh 0700 directory in `parent`, makes it 0600 and renames it to
+/// `path`; `staged` sees the socket before the rename (tests check where it was made).
+/// Returns the listener and the placed socket's metadata.
+fn bind_privately(
+    path: &Path,
+    parent: &Path,
+    staged: impl FnOnce(&Path),
+) -> std::io::Result<(tokio::net::UnixListener, std::fs::Metadata)> {
+    // A random name, created with mode 0700 (mkdtemp): no other user can enter it, so
+    // the socket in it is unreachable whatever mode the umask gives it.
+    let dir = tempfile::Builder::new()
+        .prefix(".slrp-admin-")
+        .permissions(std::fs::Permissions::from_mode(0o700))
+        .tempdir_in(parent)?;
+    let staging = dir.path().join("admin.sock");
+    let listener = tokio::net::UnixListener::bind(&staging)?;
+    std::fs::set_permissions(&staging, std::fs::Permissions::from_mode(0o600))?;
+    staged(&staging);
+    std::fs::rename(&staging, path)?;
+    let meta = std::fs::symlink_metadata(path)?;
+    // Dropping `dir` removes the now empty directory; a leftover is harmless, but say so.
+    if let Err(e) = dir.close() {
+        tracing::warn!(error = %DisplayChain(&e), "removing the admin socket's staging directory failed");
+    }
+    Ok((listener, meta))
 }
 
 /// The admin endpoint's TCP listener, bound, not yet serving. Every request needs
@@ -665,5 +689,50 @@ fn remove_if_present(path: &Path) -> std::io::Result<()> {
     match std::fs::remove_file(path) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
         Ok(()) | Err(_) => Ok(()),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// Before it is renamed into a shared directory, the socket exists only in a
+    /// directory no other user can enter, so nobody can connect to it before it is 0600.
+    #[tokio::test]
+    async fn the_socket_is_made_in_a_private_directory_and_leaves_none_behind() {
+        let shared = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(shared.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let target = shared.path().join("admin.sock");
+        let mut seen = None;
+        let (_listener, meta) = bind_privately(&target, shared.path(), |staging| {
+            let dir = staging.parent().unwrap();
+            let dir_meta = std::fs::symlink_metadata(dir).unwrap();
+            let socket_mode = std::fs::symlink_metadata(staging).unwrap().mode() & 0o777;
+            seen = Some((
+                dir.to_owned(),
+                dir_meta.is_dir(),
+                dir_meta.mode() & 0o777,
+                socket_mode,
+            ));
+        })
+        .unwrap();
+        let (dir, is_dir, dir_mode, socket_mode) = seen.unwrap();
+        assert_ne!(
+            dir,
+            shared.path(),
+            "the socket was made in the shared directory"
+        );
+        assert!(dir.starts_with(shared.path()), "{}", dir.display());
+        assert!(is_dir);
+        assert_eq!(dir_mode, 0o700, "the staging directory is open to others");
+        assert_eq!(socket_mode, 0o600);
+        assert!(meta.file_type().is_socket());
+        assert_eq!(meta.mode() & 0o777, 0o600);
+        let left: Vec<_> = std::fs::read_dir(shared.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left, vec![std::ffi::OsString::from("admin.sock")]);
     }
 }

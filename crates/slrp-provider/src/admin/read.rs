@@ -67,7 +67,7 @@ fn source_id(r: &Resource) -> Option<&str> {
 /// One volume manager record as the admin API shows it; the profile comes from the
 /// provider's resources (the record does not keep it).
 fn summary(
-    provider: &str,
+    provider: &dyn ProviderView,
     record: &VolumeRecord,
     total: &[Resource],
     paths: Option<&MountPaths>,
@@ -93,7 +93,7 @@ fn summary(
         .filter(|r| source_id(r) == Some(record.id.as_str()))
         .find_map(|r| r.disk.as_ref()?.source.as_ref()?.profile.clone());
     VolumeSummary {
-        provider: provider.to_owned(),
+        provider: provider.key(),
         volume_id: record.id.as_str().to_owned(),
         state: state.as_str().to_owned(),
         r#type: Some(
@@ -115,7 +115,11 @@ fn summary(
         } else {
             None
         },
-        last_error: record.delete_failed.clone(),
+        // A failed deletion says more (the volume is no longer being deleted).
+        last_error: record
+            .delete_failed
+            .clone()
+            .or_else(|| provider.volume_error(&record.id)),
     }
 }
 
@@ -129,10 +133,9 @@ pub(super) async fn provider_volumes(
     let records = volume_records(&handle).await?;
     let total = p.total();
     let paths = p.mount_paths();
-    let key = p.key();
     Ok(records
         .iter()
-        .map(|r| summary(&key, r, &total, paths.as_ref()))
+        .map(|r| summary(p.as_ref(), r, &total, paths.as_ref()))
         .collect())
 }
 

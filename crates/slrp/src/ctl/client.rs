@@ -94,19 +94,16 @@ impl std::fmt::Debug for Token {
 }
 
 impl Token {
-    /// Reads the token from `path` (surrounding whitespace, such as the final newline an
-    /// editor adds, is not part of it).
+    /// Reads the token from `path` as the daemon reads its `token_file`
+    /// ([`slrp_types::read_token_file`]: ASCII whitespace at both ends, such as the final
+    /// newline an editor adds, is not part of it).
     pub(crate) fn read(path: &Path) -> Result<Self, CtlError> {
-        let text = std::fs::read_to_string(path).map_err(|source| CtlError::TokenFile {
-            path: path.to_owned(),
-            source,
+        let token = slrp_types::read_token_file(path).map_err(|e| match e {
+            slrp_types::TokenFileError::Read { path, source } => {
+                CtlError::TokenFile { path, source }
+            }
+            slrp_types::TokenFileError::Empty { path } => CtlError::EmptyToken { path },
         })?;
-        let token = text.trim();
-        if token.is_empty() {
-            return Err(CtlError::EmptyToken {
-                path: path.to_owned(),
-            });
-        }
         let mut value =
             HeaderValue::try_from(format!("Bearer {token}")).map_err(|_| CtlError::BadToken {
                 path: path.to_owned(),
@@ -187,6 +184,16 @@ pub(crate) enum CtlError {
         /// The daemon's error text, with the field it names.
         error: String,
     },
+    /// A publish answer without the path (the provider's mount paths went away meanwhile).
+    #[error(
+        "the daemon did not say where {volume_id} is published (state {state}); `slrp ctl volumes {volume_id}` shows its paths"
+    )]
+    NoPublishedPath {
+        /// The volume.
+        volume_id: String,
+        /// Its state in the answer.
+        state: String,
+    },
     /// A `--wait` that the daemon (504) or the client gave up on: the operation goes on.
     #[error(
         "the operation did not end within {}s (it goes on: follow it with `slrp ctl operations`)",
@@ -257,9 +264,10 @@ impl CtlError {
             Self::TokenFile { .. } | Self::EmptyToken { .. } | Self::BadToken { .. } => EX_USAGE,
             Self::NotFound { .. } => EXIT_NOT_FOUND,
             Self::WaitTimedOut { .. } => EXIT_TIMED_OUT,
-            Self::Daemon { .. } | Self::OperationEnded { .. } | Self::BadAnswer { .. } => {
-                EXIT_FAILED
-            }
+            Self::Daemon { .. }
+            | Self::OperationEnded { .. }
+            | Self::BadAnswer { .. }
+            | Self::NoPublishedPath { .. } => EXIT_FAILED,
         }
     }
 }
@@ -520,7 +528,7 @@ mod tests {
     fn the_token_is_trimmed_and_never_shown() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("token");
-        std::fs::write(&path, "s3cret\n").unwrap();
+        std::fs::write(&path, " s3cret\t \n").unwrap();
         let token = Token::read(&path).unwrap();
         assert_eq!(token.0.to_str().unwrap(), "Bearer s3cret");
         assert!(token.0.is_sensitive());

@@ -71,8 +71,8 @@ pub(crate) struct CtlArgs {
 enum CtlCommand {
     /// The daemon's mode, version, agent id and each provider's state.
     Status,
-    /// Each profile's storage pool (used, free, total) and the disks, from the providers'
-    /// Mesos resources.
+    /// Each CSI storage pool with the profiles drawing on it (used, free, total) and the
+    /// disks, from the providers' Mesos resources.
     Resources,
     /// The volumes the providers' volume managers track: state, mounts, last error.
     Volumes {
@@ -152,8 +152,8 @@ struct WaitArgs {
     /// finish, 5 on timeout.
     #[arg(long)]
     wait: bool,
-    /// How long --wait waits, in seconds.
-    #[arg(long, value_name = "SECONDS", default_value_t = 300,
+    /// How long --wait waits, in seconds (only with --wait).
+    #[arg(long, value_name = "SECONDS", default_value_t = 300, requires = "wait",
           value_parser = clap::value_parser!(u64).range(1..))]
     timeout: u64,
 }
@@ -184,8 +184,14 @@ pub(crate) async fn run(args: CtlArgs) -> anyhow::Result<ExitCode> {
             list(&client, json, "/status", |s: Status| status_text(&s)).await?;
         }
         CtlCommand::Resources => {
+            // The profiles say which share a CSI pool; --json prints /resources alone.
+            let profiles: Vec<ProfileSummary> = if json {
+                Vec::new()
+            } else {
+                client.get("/profiles").await?
+            };
             list(&client, json, "/resources", |r: Vec<serde_json::Value>| {
-                resources::render(&r)
+                resources::render(&r, &profiles)
             })
             .await?;
         }
@@ -251,7 +257,7 @@ pub(crate) async fn run(args: CtlArgs) -> anyhow::Result<ExitCode> {
             };
             let what = format!(
                 "creating a {kind} disk of {} from profile {profile}",
-                resources::human_mb(bytes_to_mb(size_bytes))
+                disk_size_text(size_bytes)
             );
             let op = operation(&client, json, "/disks", &request, &wait, &what).await?;
             if !json {
@@ -284,12 +290,9 @@ pub(crate) async fn run(args: CtlArgs) -> anyhow::Result<ExitCode> {
             let changed = volume_change(&client, json, "/volumes/publish", id, provider)
                 .await
                 .map_err(volume_hint)?;
+            // Under --json too: a script reads `.path` as it reads the last line.
+            let text = published_text(&changed)?;
             if !json {
-                let mut text = format!("published {} ({})\n", changed.volume_id, changed.state);
-                if let Some(path) = &changed.path {
-                    text.push_str(path);
-                    text.push('\n');
-                }
                 write_stdout(&text)?;
             }
         }
@@ -426,6 +429,21 @@ fn volume_hint(e: anyhow::Error) -> anyhow::Error {
     }
 }
 
+/// What `publish` prints: the state, then the path on the last line. An answer without a
+/// path is an error, as scripts take the last line for the path.
+fn published_text(changed: &VolumeChanged) -> Result<String, CtlError> {
+    match changed.path.as_deref() {
+        Some(path) if !path.is_empty() => Ok(format!(
+            "published {} ({})\n{path}\n",
+            changed.volume_id, changed.state
+        )),
+        Some(_) | None => Err(CtlError::NoPublishedPath {
+            volume_id: changed.volume_id.clone(),
+            state: changed.state.clone(),
+        }),
+    }
+}
+
 /// `POST path` with a [`VolumeRef`]; prints the answer under `--json`.
 async fn volume_change(
     client: &AdminClient,
@@ -471,6 +489,18 @@ impl Progress {
         if let Some(bar) = self.0 {
             bar.finish_and_clear();
         }
+    }
+}
+
+/// The size of the disk `size_bytes` asks for, as the daemon makes it: rounded up to whole
+/// MiB (`1G` is a 954MiB disk), in GiB or TiB only when that is exact.
+fn disk_size_text(size_bytes: u64) -> String {
+    let mib = size_bytes.div_ceil(1 << 20);
+    if mib.is_multiple_of(1024) {
+        #[allow(clippy::cast_precision_loss)]
+        resources::human_mb(mib as f64)
+    } else {
+        format!("{mib}MiB")
     }
 }
 
@@ -692,6 +722,41 @@ mod tests {
             std::path::Path::new(DEFAULT_ADMIN),
             std::path::Path::new(slrp_provider::config::DEFAULT_STATE_DIR).join("admin.sock")
         );
+    }
+
+    #[test]
+    fn publish_prints_the_path_last_and_fails_without_one() {
+        let mut changed = VolumeChanged {
+            volume_id: "vol-1".into(),
+            state: "PUBLISHED".into(),
+            path: Some("/var/lib/slrp/work/csi/x/mounts/vol-1/target".into()),
+        };
+        let text = published_text(&changed).unwrap();
+        assert_eq!(
+            text.lines().last(),
+            Some("/var/lib/slrp/work/csi/x/mounts/vol-1/target"),
+            "{text}"
+        );
+        for path in [None, Some(String::new())] {
+            changed.path = path;
+            let e = published_text(&changed).unwrap_err();
+            assert_eq!(e.exit_code(), 1);
+            assert!(
+                e.to_string()
+                    .starts_with("the daemon did not say where vol-1 is published"),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_size_shown_is_the_disk_the_daemon_makes() {
+        assert_eq!(disk_size_text(1_000_000_000), "954MiB");
+        assert_eq!(disk_size_text(64 << 20), "64MiB");
+        assert_eq!(disk_size_text((64 << 20) + 1), "65MiB");
+        assert_eq!(disk_size_text(1 << 30), "1GiB");
+        assert_eq!(disk_size_text(3 << 29), "1536MiB");
+        assert_eq!(disk_size_text(1), "1MiB");
     }
 
     #[test]
