@@ -338,13 +338,7 @@ pub(crate) fn refusal(status: StatusCode, error: impl Into<String>) -> Refusal {
 
 /// A 400 naming the request field that was wrong.
 pub(crate) fn bad_field(field: &str, error: impl Into<String>) -> Refusal {
-    Refusal {
-        status: StatusCode::BAD_REQUEST,
-        body: api::ErrorBody {
-            error: error.into(),
-            field: Some(field.to_owned()),
-        },
-    }
+    field_refusal(StatusCode::BAD_REQUEST, field, error)
 }
 
 impl AdminState {
@@ -356,9 +350,11 @@ impl AdminState {
                 .iter()
                 .find(|p| p.key() == key)
                 .ok_or_else(|| {
-                    let mut r = refusal(StatusCode::NOT_FOUND, format!("unknown provider '{key}'"));
-                    r.body.field = Some("provider".to_owned());
-                    r
+                    field_refusal(
+                        StatusCode::NOT_FOUND,
+                        "provider",
+                        format!("unknown provider '{key}'"),
+                    )
                 }),
             None => match self.providers.as_slice() {
                 [only] => Ok(only),
@@ -389,10 +385,22 @@ impl AdminState {
     }
 }
 
+/// A refusal naming the request field that was wrong.
+pub(crate) fn field_refusal(status: StatusCode, field: &str, error: impl Into<String>) -> Refusal {
+    Refusal {
+        status,
+        body: api::ErrorBody {
+            error: error.into(),
+            field: Some(field.to_owned()),
+        },
+    }
+}
+
 /// The 404 of a volume no provider tracks.
 pub(crate) fn unknown_volume(key: &str, id: &VolumeId) -> Refusal {
-    refusal(
+    field_refusal(
         StatusCode::NOT_FOUND,
+        "volume_id",
         format!("provider '{key}' tracks no volume '{id}'"),
     )
 }
