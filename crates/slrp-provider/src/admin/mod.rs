@@ -338,13 +338,7 @@ pub(crate) fn refusal(status: StatusCode, error: impl Into<String>) -> Refusal {
 
 /// A 400 naming the request field that was wrong.
 pub(crate) fn bad_field(field: &str, error: impl Into<String>) -> Refusal {
-    Refusal {
-        status: StatusCode::BAD_REQUEST,
-        body: api::ErrorBody {
-            error: error.into(),
-            field: Some(field.to_owned()),
-        },
-    }
+    field_refusal(StatusCode::BAD_REQUEST, field, error)
 }
 
 impl AdminState {
@@ -356,9 +350,11 @@ impl AdminState {
                 .iter()
                 .find(|p| p.key() == key)
                 .ok_or_else(|| {
-                    let mut r = refusal(StatusCode::NOT_FOUND, format!("unknown provider '{key}'"));
-                    r.body.field = Some("provider".to_owned());
-                    r
+                    field_refusal(
+                        StatusCode::NOT_FOUND,
+                        "provider",
+                        format!("unknown provider '{key}'"),
+                    )
                 }),
             None => match self.providers.as_slice() {
                 [only] => Ok(only),
@@ -389,10 +385,22 @@ impl AdminState {
     }
 }
 
+/// A refusal naming the request field that was wrong.
+pub(crate) fn field_refusal(status: StatusCode, field: &str, error: impl Into<String>) -> Refusal {
+    Refusal {
+        status,
+        body: api::ErrorBody {
+            error: error.into(),
+            field: Some(field.to_owned()),
+        },
+    }
+}
+
 /// The 404 of a volume no provider tracks.
 pub(crate) fn unknown_volume(key: &str, id: &VolumeId) -> Refusal {
-    refusal(
+    field_refusal(
         StatusCode::NOT_FOUND,
+        "volume_id",
         format!("provider '{key}' tracks no volume '{id}'"),
     )
 }
@@ -643,6 +651,36 @@ impl AdminTcpListener {
     }
 }
 
+/// What is unsafe about serving the admin API on TCP at `listen` with the token in
+/// `token_file`, one sentence each (never the token): a token file that its group or
+/// others can read (anyone who reads it can act as the operator), and an address that is
+/// not loopback (plain HTTP: the token crosses the network in clear). The daemon logs
+/// each as a warning at start; it still serves, as configured.
+pub fn tcp_exposure_warnings(listen: std::net::SocketAddr, token_file: &Path) -> Vec<String> {
+    let mut warnings = Vec::new();
+    // It was read moments ago; a file that vanished since is no exposure to warn about.
+    if let Ok(meta) = std::fs::metadata(token_file)
+        && meta.mode() & 0o077 != 0
+    {
+        warnings.push(format!(
+            "the admin token file {} is open to {} (mode {:04o}): anyone who reads it can use the admin API; chmod 600 it",
+            token_file.display(),
+            if meta.mode() & 0o007 != 0 {
+                "every user"
+            } else {
+                "its group"
+            },
+            meta.mode() & 0o7777
+        ));
+    }
+    if !listen.ip().to_canonical().is_loopback() {
+        warnings.push(format!(
+            "the admin API listens on {listen}, not a loopback address: it is plain HTTP, so the bearer token crosses the network in clear; listen on loopback or put a TLS proxy in front"
+        ));
+    }
+    warnings
+}
+
 /// The token of an `Authorization` header value `Bearer <token>` (scheme in any case).
 fn bearer(value: &[u8]) -> Option<&[u8]> {
     let space = value.iter().position(|b| *b == b' ')?;
@@ -696,6 +734,43 @@ fn remove_if_present(path: &Path) -> std::io::Result<()> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_readable_token_file_and_a_non_loopback_address_are_warned_about() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("token");
+        std::fs::write(&file, "secret-token-value\n").unwrap();
+        let loopback: std::net::SocketAddr = "127.0.0.1:5052".parse().unwrap();
+        let set_mode = |mode| {
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode)).unwrap();
+        };
+
+        set_mode(0o600);
+        assert_eq!(tcp_exposure_warnings(loopback, &file), Vec::<String>::new());
+        let v6: std::net::SocketAddr = "[::1]:5052".parse().unwrap();
+        assert_eq!(tcp_exposure_warnings(v6, &file), Vec::<String>::new());
+
+        set_mode(0o640);
+        let warned = tcp_exposure_warnings(loopback, &file);
+        assert_eq!(warned.len(), 1, "{warned:?}");
+        assert!(warned[0].contains("its group (mode 0640)"), "{warned:?}");
+        assert!(
+            warned[0].contains(&file.display().to_string()),
+            "{warned:?}"
+        );
+
+        set_mode(0o604);
+        let any: std::net::SocketAddr = "0.0.0.0:5052".parse().unwrap();
+        let warned = tcp_exposure_warnings(any, &file);
+        assert_eq!(warned.len(), 2, "{warned:?}");
+        assert!(warned[0].contains("every user"), "{warned:?}");
+        assert!(warned[1].contains("0.0.0.0:5052"), "{warned:?}");
+        assert!(warned[1].contains("in clear"), "{warned:?}");
+        assert!(
+            warned.iter().all(|w| !w.contains("secret-token")),
+            "no token in a warning: {warned:?}"
+        );
+    }
 
     /// Before it is renamed into a shared directory, the socket exists only in a
     /// directory no other user can enter, so nobody can connect to it before it is 0600.
