@@ -576,6 +576,9 @@ pub struct AdminTcp {
     pub listen: SocketAddr,
     /// What every TCP request must carry as `Authorization: Bearer <token>`.
     pub token: AdminToken,
+    /// The file the token was read from (the daemon warns at start when others can read
+    /// it).
+    pub token_file: PathBuf,
 }
 
 /// The admin endpoint's bearer token. Its `Debug` never shows it, so it cannot reach a
@@ -944,6 +947,7 @@ fn admin_tcp(file: &AdminFile) -> Result<Option<AdminTcp>, ConfigError> {
     Ok(Some(AdminTcp {
         listen: addr,
         token: AdminToken::new(token),
+        token_file,
     }))
 }
 

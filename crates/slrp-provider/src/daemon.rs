@@ -512,11 +512,14 @@ pub async fn run_with(
     let AdminListen::Unix(socket) = &config.admin;
     let listener = AdminListener::bind(socket).map_err(DaemonError::Admin)?;
     let tcp = match &config.admin_tcp {
-        Some(tcp) => Some(
+        Some(tcp) => Some({
+            for warning in crate::admin::tcp_exposure_warnings(tcp.listen, &tcp.token_file) {
+                tracing::warn!("{warning}");
+            }
             AdminTcpListener::bind(tcp.listen, tcp.token.clone())
                 .await
-                .map_err(DaemonError::Admin)?,
-        ),
+                .map_err(DaemonError::Admin)?
+        }),
         None => None,
     };
     tracing::info!(socket = %listener.path().display(), "admin endpoint listening");

@@ -41,9 +41,10 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 use slrp_core::provider::apply::OperationKind;
-use slrp_core::volume::{CallObserver, StateName, VolumeManagerHandle};
+use slrp_core::volume::{CallObserver, JobCounts, StateName, VolumeManagerHandle, VolumeRecord};
 use slrp_csi::{CsiMetrics, CsiRpc, VolumeId};
 use slrp_supervisor::SupervisorMetrics;
+use slrp_types::DisplayChain;
 
 /// The label that tells providers apart in an OpenMetrics registry.
 pub const PROVIDER_LABEL: &str = "provider";
@@ -451,8 +452,8 @@ impl VolumeFamilies {
     fn register(&self, registry: &mut Registry) {
         registry.register(
             "volumes",
-            "Volumes the volume manager tracks, by state (refreshed on each scrape; 0 while \
-             the volume manager is not running)",
+            "Volumes the volume manager tracks, by state (refreshed on each scrape; the last \
+             values while the volume manager is not running or does not answer within 1 s)",
             self.volumes.clone(),
         );
         registry.register(
@@ -471,6 +472,9 @@ impl VolumeFamilies {
     }
 }
 
+/// How long a scrape waits for each of the volume manager's answers.
+pub const REFRESH_BOUND: Duration = Duration::from_secs(1);
+
 /// One provider's volume manager metrics; cheap to clone. It is the volume manager's
 /// [`CallObserver`].
 #[derive(Clone, Debug)]
@@ -484,28 +488,63 @@ pub struct VolumeMetrics {
 }
 
 impl VolumeMetrics {
-    /// Sets the gauges from the volume manager's records and job counts; to zero while
-    /// it is not running (`None`, or stopped meanwhile).
+    /// Sets the gauges from the volume manager's records and job counts. While it is not
+    /// running (`None`), stopped meanwhile, or slower than [`REFRESH_BOUND`] to answer, the
+    /// gauges keep their last values: a plugin restart or a busy manager must neither
+    /// show every volume vanishing on a dashboard nor stall the scrape.
     pub async fn refresh(&self, volumes: Option<&VolumeManagerHandle>) {
-        let (records, jobs) = match volumes {
-            Some(handle) => (handle.volumes().await.ok(), handle.jobs().await.ok()),
-            None => (None, None),
+        let Some(handle) = volumes else {
+            return;
         };
-        let records = records.unwrap_or_default();
-        for (state, gauge) in &self.states {
-            let n = records.iter().filter(|r| r.state.name() == *state).count();
-            gauge.set(i64::try_from(n).unwrap_or(i64::MAX));
+        self.refresh_from(handle.volumes(), handle.jobs()).await;
+    }
+
+    /// [`VolumeMetrics::refresh`] over the two answers, each bounded by [`REFRESH_BOUND`]
+    /// (together: they are awaited at once).
+    async fn refresh_from<E: std::error::Error + 'static>(
+        &self,
+        records: impl Future<Output = Result<Vec<VolumeRecord>, E>>,
+        jobs: impl Future<Output = Result<JobCounts, E>>,
+    ) {
+        let (records, jobs) = tokio::join!(
+            tokio::time::timeout(REFRESH_BOUND, records),
+            tokio::time::timeout(REFRESH_BOUND, jobs)
+        );
+        match records {
+            Ok(Ok(records)) => {
+                for (state, gauge) in &self.states {
+                    let n = records.iter().filter(|r| r.state.name() == *state).count();
+                    gauge.set(i64::try_from(n).unwrap_or(i64::MAX));
+                }
+            }
+            Ok(Err(e)) => self.kept("volumes", &DisplayChain(&e).to_string()),
+            Err(_) => self.timed_out("volumes"),
         }
-        let jobs = jobs.unwrap_or_default();
-        for (kind, gauge) in &self.jobs {
-            let n = match *kind {
-                "running" => jobs.running,
-                "queued" => jobs.queued,
-                "parked" => jobs.parked,
-                _ => jobs.deferred,
-            };
-            gauge.set(i64::try_from(n).unwrap_or(i64::MAX));
+        match jobs {
+            Ok(Ok(jobs)) => {
+                for (kind, gauge) in &self.jobs {
+                    let n = match *kind {
+                        "running" => jobs.running,
+                        "queued" => jobs.queued,
+                        "parked" => jobs.parked,
+                        _ => jobs.deferred,
+                    };
+                    gauge.set(i64::try_from(n).unwrap_or(i64::MAX));
+                }
+            }
+            Ok(Err(e)) => self.kept("volume_jobs", &DisplayChain(&e).to_string()),
+            Err(_) => self.timed_out("volume_jobs"),
         }
+    }
+
+    /// A busy or stuck volume manager is worth a warning; a stopped one (plugin restart)
+    /// is not, so [`VolumeMetrics::kept`] only debugs.
+    fn timed_out(&self, gauges: &str) {
+        tracing::warn!(provider = %self.provider, gauges, bound = ?REFRESH_BOUND, "the volume manager did not answer the metrics refresh in time: the gauges keep their last values");
+    }
+
+    fn kept(&self, gauges: &str, why: &str) {
+        tracing::debug!(provider = %self.provider, gauges, error = why, "the volume manager did not answer the metrics refresh: the gauges keep their last values");
     }
 
     /// The last failed transition call of volume `id` (the RPC and its cause chain),
@@ -570,6 +609,59 @@ impl CallObserver for VolumeMetrics {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    /// The gauges of `m`'s volume metrics, in order (states, then jobs).
+    fn volume_gauges(m: &VolumeMetrics) -> Vec<i64> {
+        let states = m.states.iter().map(|(_, g)| g.get());
+        states.chain(m.jobs.iter().map(|(_, g)| g.get())).collect()
+    }
+
+    /// A volume manager that does not answer, or answers with an error, leaves the
+    /// gauges as they were, and a scrape waits at most [`REFRESH_BOUND`] for it.
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_or_failing_volume_manager_keeps_the_last_values_within_the_bound() {
+        let m = ProviderMetrics::new("org.apache.mesos.rp.local.storage", "test");
+        let v = m.volumes();
+        for (i, (_, g)) in v.states.iter().enumerate() {
+            g.set(i64::try_from(i).unwrap() + 1);
+        }
+        for (_, g) in &v.jobs {
+            g.set(7);
+        }
+        let before = volume_gauges(v);
+
+        let started = tokio::time::Instant::now();
+        v.refresh_from(
+            std::future::pending::<Result<Vec<VolumeRecord>, slrp_core::volume::VolumeError>>(),
+            std::future::pending(),
+        )
+        .await;
+        assert_eq!(
+            started.elapsed(),
+            REFRESH_BOUND,
+            "both answers are awaited at once"
+        );
+        assert_eq!(volume_gauges(v), before);
+
+        v.refresh_from(
+            std::future::ready(Err(slrp_core::volume::VolumeError::Stopped)),
+            std::future::ready(Err(slrp_core::volume::VolumeError::Stopped)),
+        )
+        .await;
+        assert_eq!(volume_gauges(v), before);
+        v.refresh(None).await;
+        assert_eq!(volume_gauges(v), before);
+
+        // An answer still counts: the jobs are read, the silent records keep theirs.
+        v.refresh_from(
+            std::future::pending::<Result<Vec<VolumeRecord>, slrp_core::volume::VolumeError>>(),
+            std::future::ready(Ok(JobCounts::default())),
+        )
+        .await;
+        let after = volume_gauges(v);
+        assert_eq!(after[..10], before[..10]);
+        assert_eq!(after[10..], [0, 0, 0, 0]);
+    }
 
     #[test]
     fn snapshot_names_are_mesos_names_under_the_provider_prefix() {

@@ -7,6 +7,7 @@ mod http;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use axum::http::StatusCode;
@@ -39,6 +40,8 @@ const RP: &str = "rp-1";
 struct View {
     volumes: VolumeManagerHandle,
     paths: MountPaths,
+    /// Set: the provider's stack went away (no mount paths) as a plugin restart does.
+    paths_gone: Arc<AtomicBool>,
     total: Vec<Resource>,
     operations: Vec<TrackedOperation>,
 }
@@ -63,7 +66,7 @@ impl ProviderView for View {
         Some(self.volumes.clone())
     }
     fn mount_paths(&self) -> Option<MountPaths> {
-        Some(self.paths.clone())
+        (!self.paths_gone.load(Ordering::SeqCst)).then(|| self.paths.clone())
     }
     fn agent_id(&self) -> Option<String> {
         Some(AGENT.to_owned())
@@ -187,6 +190,10 @@ struct FakeManager {
     volumes: Mutex<Option<VolumeManagerHandle>>,
     /// Its record of operations.
     operations: Vec<OperationSummary>,
+    /// When set, a publish ends with the provider's mount paths gone (a plugin restart
+    /// right after it), via the view's flag.
+    lose_paths_on_publish: AtomicBool,
+    paths_gone: Arc<AtomicBool>,
 }
 
 fn op_summary(uuid: u128, state: &str) -> OperationSummary {
@@ -247,11 +254,15 @@ impl ManagerActions for FakeManager {
                 .unwrap()
                 .push(format!("publish {}", request.volume_id));
             let handle = self.volumes.lock().unwrap().clone().unwrap();
-            handle
+            let published = handle
                 .publish(&VolumeId::new(request.volume_id))
                 .await
                 .map(|_| ())
-                .map_err(|e| ActionError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))
+                .map_err(|e| ActionError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()));
+            if self.lose_paths_on_publish.load(Ordering::SeqCst) {
+                self.paths_gone.store(true, Ordering::SeqCst);
+            }
+            published
         })
     }
     fn operations(&self) -> BoxFuture<'_, Vec<OperationSummary>> {
@@ -307,9 +318,11 @@ async fn setup(standalone: bool) -> Setup {
     let m = h.start();
     let id = m.handle.create(create_req("op-1")).await.unwrap().id;
     let (pending, finished) = tracked(id.as_str());
+    let paths_gone = Arc::new(AtomicBool::new(false));
     let view = View {
         volumes: m.handle.clone(),
         paths: h.paths(),
+        paths_gone: paths_gone.clone(),
         total: vec![
             disk(None, "mount", 1000.0),
             disk(Some(id.as_str()), "mount", 1.0),
@@ -324,6 +337,7 @@ async fn setup(standalone: bool) -> Setup {
                 op_summary(2, "OPERATION_FINISHED"),
                 op_summary(3, "OPERATION_FAILED"),
             ],
+            paths_gone,
             ..FakeManager::default()
         })
     });
@@ -434,7 +448,11 @@ async fn volumes_show_state_paths_type_size_and_profile() {
     );
 
     let (status, json) = get_json(&s.socket, "/volumes/nope").await;
-    assert_eq!(status, 404, "{json}");
+    assert_eq!(
+        (status, json["field"].as_str()),
+        (404, Some("volume_id")),
+        "{json}"
+    );
     assert!(json["error"].as_str().unwrap().contains("'nope'"), "{json}");
     s.stop().await;
 }
@@ -507,7 +525,11 @@ async fn operations_carry_mesos_names_uuids_and_their_streams() {
         "/operations/00000000-0000-0000-0000-000000000009",
     )
     .await;
-    assert_eq!(status, 404, "{json}");
+    assert_eq!(
+        (status, json["field"].as_str()),
+        (404, Some("uuid")),
+        "{json}"
+    );
     let (status, json) = get_json(&s.socket, "/operations/not-a-uuid").await;
     assert_eq!(
         (status, json["field"].as_str()),
@@ -641,6 +663,9 @@ async fn standalone_actions_go_through_the_manager() {
     );
 
     let id = s.id.as_str();
+    // The answer's path is that of the volume manager that published, even when the
+    // provider's stack goes away before the answer is made.
+    manager.lose_paths_on_publish.store(true, Ordering::SeqCst);
     let (status, json) = post_json(
         &s.socket,
         "/disks/destroy",
@@ -663,7 +688,11 @@ async fn standalone_actions_go_through_the_manager() {
 
     // An unknown volume never reaches the manager.
     let (status, json) = post_json(&s.socket, "/volumes/publish", r#"{"volume_id": "nope"}"#).await;
-    assert_eq!(status, 404, "{json}");
+    assert_eq!(
+        (status, json["field"].as_str()),
+        (404, Some("volume_id")),
+        "{json}"
+    );
     let (status, json) = post_json(
         &s.socket,
         "/volumes/unpublish",

@@ -159,12 +159,32 @@ async fn volumes_jobs_and_stage_latency_reach_both_formats() {
     assert_eq!(volume["state"], "PUBLISHED", "{volume}");
     assert!(volume.get("last_error").is_none(), "{volume}");
 
-    // Refreshed, not remembered: once the volume manager stops, the gauges read 0.
-    m.stop().await.unwrap();
     let text = http::unix(&socket, "GET", "/metrics", None).await.body;
     assert!(
-        samples(&text, "volumes").contains(&"volumes{state=\"PUBLISHED\"} 0".to_owned()),
+        samples(&text, "volumes").contains(&"volumes{state=\"PUBLISHED\"} 2".to_owned()),
         "{text}"
+    );
+
+    // A stopped volume manager (a plugin restart) does not read as every volume gone:
+    // the gauges keep the last values, in both formats.
+    m.stop().await.unwrap();
+    let text = http::unix(&socket, "GET", "/metrics", None).await.body;
+    let volumes = samples(&text, "volumes");
+    assert!(
+        volumes.contains(&"volumes{state=\"PUBLISHED\"} 2".to_owned()),
+        "{volumes:?}"
+    );
+    assert!(
+        volumes.contains(&"volumes{state=\"NODE_STAGE\"} 0".to_owned()),
+        "{volumes:?}"
+    );
+    let snapshot = http::unix(&socket, "GET", "/metrics/snapshot", None)
+        .await
+        .json();
+    assert_eq!(
+        snapshot[format!("{prefix}/volumes/PUBLISHED")],
+        2.0,
+        "{snapshot}"
     );
     cancel.cancel();
     task.await.unwrap();

@@ -10,6 +10,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
+use slrp_core::volume::{MountPaths, StateName};
 use slrp_csi::VolumeId;
 use slrp_types::DisplayChain;
 
@@ -143,27 +144,33 @@ pub(super) async fn destroy_disk(
 
 const VOLUME_REF: &str = r#"{"provider": "<type>.<name>", "volume_id": "<id>"}"#;
 
+/// The volume a [`VolumeRef`] names, on its provider's running volume manager.
+struct Target<'a> {
+    provider: &'a Arc<dyn ProviderView>,
+    volumes: slrp_core::volume::VolumeManagerHandle,
+    /// Where that volume manager mounts, read together with it: the provider's paths may
+    /// go away (a plugin restart) while the request runs.
+    paths: Option<MountPaths>,
+    id: VolumeId,
+}
+
 /// The provider and volume a [`VolumeRef`] names, with the provider's running volume
 /// manager; 404 if the volume is not tracked.
-async fn volume_of<'a>(
-    state: &'a AdminState,
-    request: &VolumeRef,
-) -> Result<
-    (
-        &'a Arc<dyn ProviderView>,
-        slrp_core::volume::VolumeManagerHandle,
-        VolumeId,
-    ),
-    Refusal,
-> {
+async fn volume_of<'a>(state: &'a AdminState, request: &VolumeRef) -> Result<Target<'a>, Refusal> {
     non_empty("volume_id", &request.volume_id)?;
     let provider = state.provider(request.provider.as_deref())?;
     let volumes = AdminState::volume_manager(provider)?;
+    let paths = provider.mount_paths();
     let id = VolumeId::new(request.volume_id.clone());
     if volume_state(&volumes, &id).await?.is_none() {
         return Err(unknown_volume(&provider.key(), &id));
     }
-    Ok((provider, volumes, id))
+    Ok(Target {
+        provider,
+        volumes,
+        paths,
+        id,
+    })
 }
 
 pub(super) async fn publish(
@@ -172,7 +179,12 @@ pub(super) async fn publish(
 ) -> Result<Json<VolumeChanged>, Refusal> {
     let request: VolumeRef = parse_body(&body, VOLUME_REF)?;
     let actions = manager(&state, "POST /volumes/publish")?;
-    let (provider, volumes, id) = volume_of(&state, &request).await?;
+    let Target {
+        provider,
+        volumes,
+        paths,
+        id,
+    } = volume_of(&state, &request).await?;
     actions.publish(request).await?;
     let key = provider.key();
     let record = volume_records(&volumes)
@@ -180,9 +192,11 @@ pub(super) async fn publish(
         .into_iter()
         .find(|r| r.id == id)
         .ok_or_else(|| unknown_volume(&key, &id))?;
-    let path = provider
-        .mount_paths()
-        .and_then(|p| p.target(&id).ok())
+    // The target of the volume manager that published it, and only while its record says
+    // it is published there (an unpublish may have come in between).
+    let path = paths
+        .filter(|_| record.state.name() == StateName::Published)
+        .and_then(|p| p.target(&record.id).ok())
         .map(|p| p.to_string_lossy().into_owned());
     tracing::info!(provider = %key, volume_id = %id, path = ?path, "volume published by the operator");
     Ok(Json(VolumeChanged {
@@ -197,7 +211,12 @@ pub(super) async fn unpublish(
     body: Bytes,
 ) -> Result<Json<VolumeChanged>, Refusal> {
     let request: VolumeRef = parse_body(&body, VOLUME_REF)?;
-    let (provider, volumes, id) = volume_of(&state, &request).await?;
+    let Target {
+        provider,
+        volumes,
+        id,
+        ..
+    } = volume_of(&state, &request).await?;
     let key = provider.key();
     if let Err(e) = volumes.unpublish(&id).await {
         let error = DisplayChain(&e).to_string();

@@ -30,8 +30,11 @@
 //!
 //! [`AdminListener::bind`] refuses a socket a live daemon answers on, replaces the stale
 //! socket of a dead one, and refuses to delete anything that is not a socket. The socket is
-//! created under a temporary name, made mode 0600, then renamed into place, so there is no
-//! moment in which others could connect. [`AdminListener::serve`] removes it when it stops,
+//! bound inside a fresh mode-0700 directory beside the target (so the process umask does
+//! not matter and nobody else can reach it while it is still group- or world-accessible),
+//! made mode 0600 there, then renamed into place: there is no moment in which others could
+//! connect. The umask is not changed for this: it is process-wide, and other threads
+//! create files meanwhile. [`AdminListener::serve`] removes the socket when it stops,
 //! unless another daemon has replaced it meanwhile.
 
 use std::collections::BTreeMap;
@@ -335,13 +338,7 @@ pub(crate) fn refusal(status: StatusCode, error: impl Into<String>) -> Refusal {
 
 /// A 400 naming the request field that was wrong.
 pub(crate) fn bad_field(field: &str, error: impl Into<String>) -> Refusal {
-    Refusal {
-        status: StatusCode::BAD_REQUEST,
-        body: api::ErrorBody {
-            error: error.into(),
-            field: Some(field.to_owned()),
-        },
-    }
+    field_refusal(StatusCode::BAD_REQUEST, field, error)
 }
 
 impl AdminState {
@@ -353,9 +350,11 @@ impl AdminState {
                 .iter()
                 .find(|p| p.key() == key)
                 .ok_or_else(|| {
-                    let mut r = refusal(StatusCode::NOT_FOUND, format!("unknown provider '{key}'"));
-                    r.body.field = Some("provider".to_owned());
-                    r
+                    field_refusal(
+                        StatusCode::NOT_FOUND,
+                        "provider",
+                        format!("unknown provider '{key}'"),
+                    )
                 }),
             None => match self.providers.as_slice() {
                 [only] => Ok(only),
@@ -386,10 +385,22 @@ impl AdminState {
     }
 }
 
+/// A refusal naming the request field that was wrong.
+pub(crate) fn field_refusal(status: StatusCode, field: &str, error: impl Into<String>) -> Refusal {
+    Refusal {
+        status,
+        body: api::ErrorBody {
+            error: error.into(),
+            field: Some(field.to_owned()),
+        },
+    }
+}
+
 /// The 404 of a volume no provider tracks.
 pub(crate) fn unknown_volume(key: &str, id: &VolumeId) -> Refusal {
-    refusal(
+    field_refusal(
         StatusCode::NOT_FOUND,
+        "volume_id",
         format!("provider '{key}' tracks no volume '{id}'"),
     )
 }
@@ -530,24 +541,12 @@ impl AdminListener {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(bind_error(e)),
         }
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).map_err(bind_error)?;
-        }
-        let mut staging = path.as_os_str().to_owned();
-        staging.push(format!(".{}.tmp", std::process::id()));
-        let staging = PathBuf::from(staging);
-        remove_if_present(&staging).map_err(bind_error)?;
-        let listener = tokio::net::UnixListener::bind(&staging).map_err(bind_error)?;
-        let placed = std::fs::set_permissions(&staging, std::fs::Permissions::from_mode(0o600))
-            .and_then(|()| std::fs::rename(&staging, path))
-            .and_then(|()| std::fs::symlink_metadata(path));
-        let meta = match placed {
-            Ok(meta) => meta,
-            Err(e) => {
-                let _ = std::fs::remove_file(&staging);
-                return Err(bind_error(e));
-            }
+        let parent = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
         };
+        std::fs::create_dir_all(parent).map_err(bind_error)?;
+        let (listener, meta) = bind_privately(path, parent, |_| {}).map_err(bind_error)?;
         Ok(Self {
             listener,
             path: path.to_owned(),
@@ -579,6 +578,33 @@ impl AdminListener {
             tracing::warn!(error = %DisplayChain(&e), socket = %path.display(), "removing the admin socket failed");
         }
     }
+}
+
+/// Binds a socket in a fresh 0700 directory in `parent`, makes it 0600 and renames it to
+/// `path`; `staged` sees the socket before the rename (tests check where it was made).
+/// Returns the listener and the placed socket's metadata.
+fn bind_privately(
+    path: &Path,
+    parent: &Path,
+    staged: impl FnOnce(&Path),
+) -> std::io::Result<(tokio::net::UnixListener, std::fs::Metadata)> {
+    // A random name, created with mode 0700 (mkdtemp): no other user can enter it, so
+    // the socket in it is unreachable whatever mode the umask gives it.
+    let dir = tempfile::Builder::new()
+        .prefix(".slrp-admin-")
+        .permissions(std::fs::Permissions::from_mode(0o700))
+        .tempdir_in(parent)?;
+    let staging = dir.path().join("admin.sock");
+    let listener = tokio::net::UnixListener::bind(&staging)?;
+    std::fs::set_permissions(&staging, std::fs::Permissions::from_mode(0o600))?;
+    staged(&staging);
+    std::fs::rename(&staging, path)?;
+    let meta = std::fs::symlink_metadata(path)?;
+    // Dropping `dir` removes the now empty directory; a leftover is harmless, but say so.
+    if let Err(e) = dir.close() {
+        tracing::warn!(error = %DisplayChain(&e), "removing the admin socket's staging directory failed");
+    }
+    Ok((listener, meta))
 }
 
 /// The admin endpoint's TCP listener, bound, not yet serving. Every request needs
@@ -623,6 +649,36 @@ impl AdminTcpListener {
             tracing::error!(error = %DisplayChain(&e), addr = ?addr, "the admin TCP endpoint failed");
         }
     }
+}
+
+/// What is unsafe about serving the admin API on TCP at `listen` with the token in
+/// `token_file`, one sentence each (never the token): a token file that its group or
+/// others can read (anyone who reads it can act as the operator), and an address that is
+/// not loopback (plain HTTP: the token crosses the network in clear). The daemon logs
+/// each as a warning at start; it still serves, as configured.
+pub fn tcp_exposure_warnings(listen: std::net::SocketAddr, token_file: &Path) -> Vec<String> {
+    let mut warnings = Vec::new();
+    // It was read moments ago; a file that vanished since is no exposure to warn about.
+    if let Ok(meta) = std::fs::metadata(token_file)
+        && meta.mode() & 0o077 != 0
+    {
+        warnings.push(format!(
+            "the admin token file {} is open to {} (mode {:04o}): anyone who reads it can use the admin API; chmod 600 it",
+            token_file.display(),
+            if meta.mode() & 0o007 != 0 {
+                "every user"
+            } else {
+                "its group"
+            },
+            meta.mode() & 0o7777
+        ));
+    }
+    if !listen.ip().to_canonical().is_loopback() {
+        warnings.push(format!(
+            "the admin API listens on {listen}, not a loopback address: it is plain HTTP, so the bearer token crosses the network in clear; listen on loopback or put a TLS proxy in front"
+        ));
+    }
+    warnings
 }
 
 /// The token of an `Authorization` header value `Bearer <token>` (scheme in any case).
@@ -671,5 +727,87 @@ fn remove_if_present(path: &Path) -> std::io::Result<()> {
     match std::fs::remove_file(path) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
         Ok(()) | Err(_) => Ok(()),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_readable_token_file_and_a_non_loopback_address_are_warned_about() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("token");
+        std::fs::write(&file, "secret-token-value\n").unwrap();
+        let loopback: std::net::SocketAddr = "127.0.0.1:5052".parse().unwrap();
+        let set_mode = |mode| {
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode)).unwrap();
+        };
+
+        set_mode(0o600);
+        assert_eq!(tcp_exposure_warnings(loopback, &file), Vec::<String>::new());
+        let v6: std::net::SocketAddr = "[::1]:5052".parse().unwrap();
+        assert_eq!(tcp_exposure_warnings(v6, &file), Vec::<String>::new());
+
+        set_mode(0o640);
+        let warned = tcp_exposure_warnings(loopback, &file);
+        assert_eq!(warned.len(), 1, "{warned:?}");
+        assert!(warned[0].contains("its group (mode 0640)"), "{warned:?}");
+        assert!(
+            warned[0].contains(&file.display().to_string()),
+            "{warned:?}"
+        );
+
+        set_mode(0o604);
+        let any: std::net::SocketAddr = "0.0.0.0:5052".parse().unwrap();
+        let warned = tcp_exposure_warnings(any, &file);
+        assert_eq!(warned.len(), 2, "{warned:?}");
+        assert!(warned[0].contains("every user"), "{warned:?}");
+        assert!(warned[1].contains("0.0.0.0:5052"), "{warned:?}");
+        assert!(warned[1].contains("in clear"), "{warned:?}");
+        assert!(
+            warned.iter().all(|w| !w.contains("secret-token")),
+            "no token in a warning: {warned:?}"
+        );
+    }
+
+    /// Before it is renamed into a shared directory, the socket exists only in a
+    /// directory no other user can enter, so nobody can connect to it before it is 0600.
+    #[tokio::test]
+    async fn the_socket_is_made_in_a_private_directory_and_leaves_none_behind() {
+        let shared = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(shared.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let target = shared.path().join("admin.sock");
+        let mut seen = None;
+        let (_listener, meta) = bind_privately(&target, shared.path(), |staging| {
+            let dir = staging.parent().unwrap();
+            let dir_meta = std::fs::symlink_metadata(dir).unwrap();
+            let socket_mode = std::fs::symlink_metadata(staging).unwrap().mode() & 0o777;
+            seen = Some((
+                dir.to_owned(),
+                dir_meta.is_dir(),
+                dir_meta.mode() & 0o777,
+                socket_mode,
+            ));
+        })
+        .unwrap();
+        let (dir, is_dir, dir_mode, socket_mode) = seen.unwrap();
+        assert_ne!(
+            dir,
+            shared.path(),
+            "the socket was made in the shared directory"
+        );
+        assert!(dir.starts_with(shared.path()), "{}", dir.display());
+        assert!(is_dir);
+        assert_eq!(dir_mode, 0o700, "the staging directory is open to others");
+        assert_eq!(socket_mode, 0o600);
+        assert!(meta.file_type().is_socket());
+        assert_eq!(meta.mode() & 0o777, 0o600);
+        let left: Vec<_> = std::fs::read_dir(shared.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left, vec![std::ffi::OsString::from("admin.sock")]);
     }
 }

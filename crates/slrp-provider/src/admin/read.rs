@@ -13,7 +13,7 @@ use slrp_proto::mesos::v1::Resource;
 use slrp_types::DisplayChain;
 
 use super::api::{self, OperationSummary, VolumeSummary};
-use super::{AdminState, ProviderView, Refusal, refusal, volume_records};
+use super::{AdminState, ProviderView, Refusal, field_refusal, refusal, volume_records};
 
 pub(super) async fn status(State(state): State<AdminState>) -> Json<api::Status> {
     let mut providers = Vec::with_capacity(state.providers.len());
@@ -162,8 +162,9 @@ pub(super) async fn volume(
             return Ok(Json(found));
         }
     }
-    Err(refusal(
+    Err(field_refusal(
         StatusCode::NOT_FOUND,
+        "volume_id",
         format!("no provider tracks a volume '{id}'"),
     ))
 }
@@ -217,8 +218,9 @@ pub(super) async fn operation(
         .find(|o| o.operation_uuid == wanted)
         .map(Json)
         .ok_or_else(|| {
-            refusal(
+            field_refusal(
                 StatusCode::NOT_FOUND,
+                "uuid",
                 format!("no operation '{wanted}' is known"),
             )
         })
