@@ -147,6 +147,16 @@ done
 echo "quickstart: READY after $(($(date +%s) - ready_since))s"
 "${ctl[@]}" status
 
+# The storage pools follow READY: the profile watch starts at the first READY (as in
+# Mesos, spec §3.6) and its reconciliation adds one pool per profile.
+until "${ctl[@]}" --json resources 2>/dev/null \
+  | python3 -c 'import json, sys; sys.exit(0 if any(r.get("disk", {}).get("source", {}).get("profile") == "mount" and r["disk"]["source"].get("id") is None for r in json.load(sys.stdin)) else 1)' 2>/dev/null; do
+  kill -0 "$daemon" 2>/dev/null || fail "the daemon exited before offering the mount pool"
+  [ $(($(date +%s) - ready_since)) -lt "$READY_SECONDS" ] || fail "no mount pool after ${READY_SECONDS}s"
+  sleep 0.2
+done
+"${ctl[@]}" resources
+
 op=$("${ctl[@]}" --json create-disk --profile mount --size 64MiB --wait) || fail "create-disk failed: $op"
 volume=$(python3 -c 'import json, sys; op = json.loads(sys.argv[1]); assert op["state"] == "OPERATION_FINISHED", op; print(op["volume_id"])' "$op") \
   || fail "create-disk did not finish: $op"

@@ -434,6 +434,77 @@ pub async fn run_with(
     extras: DaemonExtras,
     shutdown: CancellationToken,
 ) -> Result<(), DaemonError> {
+    prepare_dirs(&config)?;
+    let stores = open_stores(&config).await?;
+    let mut registry = Registry::default();
+    // One set of families for all providers, each series labelled with its provider:
+    // a family registered per provider would repeat its `# TYPE` line, which
+    // Prometheus rejects.
+    let families = MetricsFamilies::default();
+    families.register(&mut registry);
+    let services = CancellationToken::new();
+    let mut background = JoinSet::new();
+    let profiles = start_profiles(&config, &mut registry, &services, &mut background);
+    let slots = provider_slots(&config, &stores, &families, profiles.as_ref());
+    start_admin(
+        &config,
+        &slots,
+        registry,
+        extras,
+        &services,
+        &mut background,
+    )
+    .await?;
+
+    let stop = CancellationToken::new();
+    let agent_id = tokio::select! {
+        () = shutdown.cancelled() => None,
+        id = learn_agent_id(&config.agent) => Some(id),
+    };
+    let mut providers = JoinSet::new();
+    if let Some(agent_id) = agent_id {
+        for ((provider, slot), store) in config.providers.iter().zip(&slots).zip(stores) {
+            let run = ProviderRun {
+                config: provider.clone(),
+                slot: slot.clone(),
+                store,
+                work_dir: config.work_dir.clone(),
+                runtime_dir: config.provider_dir(provider).join("plugins"),
+                agent: config.agent.clone(),
+                agent_metrics: slot.metrics.agent(),
+                profiles: profiles.clone(),
+                plugins_on_exit: config.plugins_on_exit,
+                plugin_ready_timeout: config.plugin_ready_timeout,
+                csi_retry: config.csi_retry,
+                status_update_retry: config.status_update_retry,
+            };
+            let span = tracing::info_span!(parent: None, "provider", provider = %slot.key);
+            providers.spawn(run_provider(run, agent_id.clone(), stop.clone()).instrument(span));
+        }
+    }
+
+    let outcome = supervise_providers(&mut providers, &shutdown).await;
+    tracing::info!("shutting down");
+    stop.cancel();
+    let drain = async {
+        while providers.join_next().await.is_some() {}
+        services.cancel();
+        while background.join_next().await.is_some() {}
+    };
+    if tokio::time::timeout(config.shutdown_grace, drain)
+        .await
+        .is_err()
+    {
+        tracing::warn!(grace = ?config.shutdown_grace, "shutdown did not finish in time; abandoning what is left");
+        services.cancel();
+    }
+    outcome
+}
+
+/// The state directory (0700) and every provider's checked work directory.
+// The daemon's error is made at most once, at start: its size costs nothing.
+#[allow(clippy::result_large_err)]
+fn prepare_dirs(config: &DaemonConfig) -> Result<(), DaemonError> {
     create_private_dir(&config.state_dir).map_err(|source| DaemonError::StateDir {
         path: config.state_dir.clone(),
         source,
@@ -446,6 +517,11 @@ pub async fn run_with(
             }
         })?;
     }
+    Ok(())
+}
+
+/// Every provider's store, in the order of `config.providers`.
+async fn open_stores(config: &DaemonConfig) -> Result<Vec<Store>, DaemonError> {
     let mut stores = Vec::with_capacity(config.providers.len());
     for provider in &config.providers {
         let path = config.provider_dir(provider).join("store");
@@ -466,17 +542,19 @@ pub async fn run_with(
         };
         stores.push(store);
     }
+    Ok(stores)
+}
 
-    let mut registry = Registry::default();
-    // One set of families for all providers, each series labelled with its provider:
-    // a family registered per provider would repeat its `# TYPE` line, which
-    // Prometheus rejects.
-    let families = MetricsFamilies::default();
-    families.register(&mut registry);
-    let services = CancellationToken::new();
-    let mut background = JoinSet::new();
-    let profiles = config.profiles.clone().map(|profiles| {
-        let metrics = slrp_profiles::Metrics::register(&mut registry);
+/// The profile adaptor, when profiles are configured: its metrics go into `registry`,
+/// its task into `background`, and it stops with `services`.
+fn start_profiles(
+    config: &DaemonConfig,
+    registry: &mut Registry,
+    services: &CancellationToken,
+    background: &mut JoinSet<()>,
+) -> Option<slrp_profiles::ProfileAdaptorHandle> {
+    config.profiles.clone().map(|profiles| {
+        let metrics = slrp_profiles::Metrics::register(registry);
         let (handle, task) = slrp_profiles::spawn(profiles, metrics, services.child_token());
         background.spawn(async move {
             if let Err(e) = task.await {
@@ -484,12 +562,20 @@ pub async fn run_with(
             }
         });
         handle
-    });
+    })
+}
 
-    let slots: Vec<Arc<Slot>> = config
+/// One slot per provider (what the admin endpoint reads), waiting for the agent.
+fn provider_slots(
+    config: &DaemonConfig,
+    stores: &[Store],
+    families: &MetricsFamilies,
+    profiles: Option<&slrp_profiles::ProfileAdaptorHandle>,
+) -> Vec<Arc<Slot>> {
+    config
         .providers
         .iter()
-        .zip(&stores)
+        .zip(stores)
         .map(|(p, store)| {
             let metrics = families.provider(&p.info.r#type, &p.info.name);
             let (plugin_type, plugin_name) = p.plugin();
@@ -501,14 +587,25 @@ pub async fn run_with(
                     p.info.name.clone(),
                     Some(plugin_type),
                 ),
-                profiles: profiles.clone(),
+                profiles: profiles.cloned(),
                 store: store.clone(),
                 metrics,
                 phase: Mutex::new(Phase::WaitingForAgent),
             })
         })
-        .collect();
+        .collect()
+}
 
+/// Binds the admin socket (and the TCP listener, if configured) and serves them in
+/// `background` until `services` stops.
+async fn start_admin(
+    config: &DaemonConfig,
+    slots: &[Arc<Slot>],
+    registry: Registry,
+    extras: DaemonExtras,
+    services: &CancellationToken,
+    background: &mut JoinSet<()>,
+) -> Result<(), DaemonError> {
     let AdminListen::Unix(socket) = &config.admin;
     let listener = AdminListener::bind(socket).map_err(DaemonError::Admin)?;
     let tcp = match &config.admin_tcp {
@@ -533,40 +630,20 @@ pub async fn run_with(
         background.spawn(tcp.serve(admin_state.clone(), services.child_token()));
     }
     background.spawn(listener.serve(admin_state, services.child_token()));
+    Ok(())
+}
 
-    let stop = CancellationToken::new();
-    let plugins_on_exit = config.plugins_on_exit;
-    let agent_id = tokio::select! {
-        () = shutdown.cancelled() => None,
-        id = learn_agent_id(&config.agent) => Some(id),
-    };
-    let mut providers = JoinSet::new();
-    if let Some(agent_id) = agent_id {
-        for ((provider, slot), store) in config.providers.iter().zip(&slots).zip(stores) {
-            let run = ProviderRun {
-                config: provider.clone(),
-                slot: slot.clone(),
-                store,
-                work_dir: config.work_dir.clone(),
-                runtime_dir: config.provider_dir(provider).join("plugins"),
-                agent: config.agent.clone(),
-                agent_metrics: slot.metrics.agent(),
-                profiles: profiles.clone(),
-                plugins_on_exit,
-                plugin_ready_timeout: config.plugin_ready_timeout,
-                csi_retry: config.csi_retry,
-                status_update_retry: config.status_update_retry,
-            };
-            let span = tracing::info_span!(parent: None, "provider", provider = %slot.key);
-            providers.spawn(run_provider(run, agent_id.clone(), stop.clone()).instrument(span));
-        }
-    }
-
+/// Waits until `shutdown` fires or every provider has ended: an error naming the failed
+/// ones if none is left running and some failed, while the others keep running.
+async fn supervise_providers(
+    providers: &mut JoinSet<(String, Result<(), ProviderRunError>)>,
+    shutdown: &CancellationToken,
+) -> Result<(), DaemonError> {
     let mut failed = Vec::new();
     let mut running = providers.len();
-    let outcome = loop {
+    loop {
         if running == 0 {
-            break if failed.is_empty() {
+            return if failed.is_empty() {
                 Ok(())
             } else {
                 Err(DaemonError::AllProvidersFailed {
@@ -575,7 +652,7 @@ pub async fn run_with(
             };
         }
         tokio::select! {
-            () = shutdown.cancelled() => break Ok(()),
+            () = shutdown.cancelled() => return Ok(()),
             ended = providers.join_next() => {
                 running -= 1;
                 match ended {
@@ -591,23 +668,7 @@ pub async fn run_with(
                 }
             }
         }
-    };
-
-    tracing::info!("shutting down");
-    stop.cancel();
-    let drain = async {
-        while providers.join_next().await.is_some() {}
-        services.cancel();
-        while background.join_next().await.is_some() {}
-    };
-    if tokio::time::timeout(config.shutdown_grace, drain)
-        .await
-        .is_err()
-    {
-        tracing::warn!(grace = ?config.shutdown_grace, "shutdown did not finish in time; abandoning what is left");
-        services.cancel();
     }
-    outcome
 }
 
 /// Creates `dir` (and its parents) with mode 0700 for what slrp creates: the state holds

@@ -84,7 +84,12 @@ impl Daemon {
 
     /// Fails, saying why, unless each pool has room for the disks a test creates (three).
     async fn check_room(&self) {
-        let resources = self.ctl_json(&["resources"]).await;
+        // The pools follow READY: the profile watch starts at the first READY (spec §3.6).
+        let resources = self
+            .resources_until("the mount and block pools", |r| {
+                free_mb(r, "mount") > 0.0 && free_mb(r, "block") > 0.0
+            })
+            .await;
         for profile in ["mount", "block"] {
             let free = free_mb(&resources, profile);
             assert!(

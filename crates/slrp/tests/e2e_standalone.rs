@@ -55,11 +55,16 @@ async fn publish(d: &Standalone, id: &str) -> PathBuf {
     path
 }
 
-/// `ctl resources --json` (a JSON array of Mesos resources).
-async fn resources(d: &Standalone) -> Value {
-    let r = d.ctl_json(&["resources"]).await;
-    assert!(r.is_array(), "resources --json is not an array: {r:#}");
-    r
+/// Waits until `resources --json` offers the pool of `profile` (its profile reaches the
+/// provider from the profile adaptor, possibly after READY, and the pool with the
+/// reconciliation that follows); returns the resources.
+async fn pool_offered(d: &Standalone, profile: &str) -> Value {
+    d.ctl_json_until(
+        &["resources"],
+        &format!("the {profile} pool in the resources"),
+        |r| pool_mb(r, profile).is_some(),
+    )
+    .await
 }
 
 /// Waits until `resources --json` lists the disk `id` (the provider's total reaches the
@@ -212,7 +217,7 @@ async fn mount_disk_survives_kill_9_and_is_destroyed_with_its_pool_restored() {
     assert!(provider_id.is_string(), "{status:#}");
     assert_eq!(status["providers"][0]["provider"], PROVIDER, "{status:#}");
 
-    let before = resources(&d).await;
+    let before = pool_offered(&d, "mount").await;
     let pool_before = pool_mb(&before, "mount")
         .unwrap_or_else(|| d.fail(&format!("no mount pool in {before:#}")));
     assert!(pool_before >= 64.0, "{before:#}");
@@ -261,10 +266,9 @@ async fn mount_disk_survives_kill_9_and_is_destroyed_with_its_pool_restored() {
         status["providers"][0]["resource_provider_id"], provider_id,
         "the provider id changed across the crash: {status:#}"
     );
-    let after = resources(&d).await;
+    let after = disk_listed(&d, &id).await;
     assert_eq!(
-        disk(&after, &id),
-        Some(&disk_before),
+        after, disk_before,
         "the disk changed across the crash: {after:#}"
     );
 
@@ -290,7 +294,7 @@ async fn block_disk_device_appears_on_publish_and_goes_on_unpublish() {
     let Some(mut d) = Standalone::ready_as_root().await else {
         return;
     };
-    let before = resources(&d).await;
+    let before = pool_offered(&d, "block").await;
     let pool_before = pool_mb(&before, "block")
         .unwrap_or_else(|| d.fail(&format!("no block pool in {before:#}")));
 

@@ -125,7 +125,11 @@ pub struct VolumeSummary {
     /// while it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_path: Option<String>,
-    /// The last error of a CSI call on this volume, with its cause chain.
+    /// Why the volume's last deletion failed; else the last CSI call on it that failed and
+    /// left it in flight (`<RPC>: <cause chain>`, e.g. a failed NodeStageVolume of a
+    /// publish), until the volume completes a transition. Kept in the daemon's memory
+    /// only: a restart forgets it (a failed deletion's reason is in the volume record and
+    /// survives).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
 }
