@@ -281,32 +281,61 @@ pub(crate) fn ensure_provider_file(layout: &Layout) -> Result<(), DefaultsError>
     write_new(&path, &info)
 }
 
-/// Checks that the plugin of the default provider's file (as generated, or as the
-/// operator edited it) exists, so that a moved `slrp` fails at once with what to do
-/// rather than with a provider whose plugin cannot start. A file that is not valid, or a
+/// Points the default provider's file at the bundled plugin found now (beside the
+/// running `slrp`, else on `PATH`), at every start: an upgraded or moved `slrp` runs the
+/// plugin that came with it, not the one found when the file was written. Only a
+/// command naming `slrp-csi-local` is rewritten, and only its `value`: the arguments
+/// (root, pools and their sizes) stay as recorded. A plugin that is neither found now nor
+/// where the file says fails at once with what to do. A file that is not valid, or a
 /// command run through a shell, is left to the daemon's own checks.
 ///
 /// # Errors
-/// [`DefaultsError::PluginGone`].
+/// [`DefaultsError::PluginGone`], [`DefaultsError::Write`].
 pub(crate) fn check_provider_file(layout: &Layout) -> Result<(), DefaultsError> {
-    let file = layout.provider_file();
-    let Ok(text) = std::fs::read(&file) else {
+    let exe = std::env::current_exe().ok();
+    let found = find_plugin(
+        exe.as_deref().and_then(Path::parent),
+        std::env::var_os("PATH").as_deref(),
+    )
+    .ok();
+    refresh_plugin(&layout.provider_file(), found.as_deref())
+}
+
+/// [`check_provider_file`] with the plugin `found` (if any).
+fn refresh_plugin(file: &Path, found: Option<&Path>) -> Result<(), DefaultsError> {
+    let Ok(text) = std::fs::read(file) else {
         return Ok(());
     };
-    let Ok(info) = serde_json::from_slice::<Value>(&text) else {
+    let Ok(mut info) = serde_json::from_slice::<Value>(&text) else {
         return Ok(());
     };
-    let containers = info["storage"]["plugin"]["containers"].as_array();
-    for command in containers.into_iter().flatten().map(|c| &c["command"]) {
+    let mut changed = false;
+    let containers = info["storage"]["plugin"]["containers"].as_array_mut();
+    for command in containers.into_iter().flatten().map(|c| &mut c["command"]) {
         if command["shell"] != Value::Bool(false) {
             continue;
         }
         let Some(plugin) = command["value"].as_str().map(PathBuf::from) else {
             continue;
         };
-        if plugin.is_absolute() && !plugin.exists() {
-            return Err(DefaultsError::PluginGone { file, plugin });
+        let bundled = plugin.file_name() == Some(std::ffi::OsStr::new(PLUGIN_BINARY));
+        match found {
+            Some(now) if bundled && now != plugin => {
+                tracing::info!(file = %file.display(), was = %plugin.display(), now = %now.display(), "the default provider runs the plugin found beside slrp now");
+                command["value"] = Value::String(now.display().to_string());
+                changed = true;
+            }
+            _ if plugin.is_absolute() && !plugin.exists() => {
+                return Err(DefaultsError::PluginGone {
+                    file: file.to_owned(),
+                    plugin,
+                });
+            }
+            _ => {}
         }
+    }
+    if changed {
+        write_new(file, &info)?;
     }
     Ok(())
 }
@@ -342,7 +371,15 @@ fn write_new(path: &Path, value: &Value) -> Result<(), DefaultsError> {
         f.sync_all()
     });
     file.and_then(|()| std::fs::rename(&tmp, path))
-        .map_err(failed)
+        .map_err(failed)?;
+    // The rename is durable only once the directory is: without this a power loss can
+    // lose the file, and a regenerated one re-measures the pools.
+    match path.parent() {
+        Some(dir) => std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(failed),
+        None => Ok(()),
+    }
 }
 
 #[cfg(test)]
@@ -449,11 +486,50 @@ mod tests {
             &provider_info(&plugin, &layout.plugin_root(), 1 << 30),
         )
         .unwrap();
-        let e = check_provider_file(&layout).unwrap_err().to_string();
+        let e = refresh_plugin(&layout.provider_file(), None)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains(&plugin.display().to_string()), "{e}");
         assert!(e.contains("delete"), "{e}");
         executable(&plugin);
-        check_provider_file(&layout).unwrap();
+        refresh_plugin(&layout.provider_file(), None).unwrap();
+    }
+
+    #[test]
+    fn the_generated_file_follows_the_plugin_found_now_keeping_the_pools() {
+        let dir = tempfile::tempdir().unwrap();
+        let layout = Layout::new(dir.path().to_owned());
+        let old = dir.path().join("old").join(PLUGIN_BINARY);
+        write_new(
+            &layout.provider_file(),
+            &provider_info(&old, &layout.plugin_root(), 3 << 30),
+        )
+        .unwrap();
+        let now = dir.path().join("new").join(PLUGIN_BINARY);
+        std::fs::create_dir_all(now.parent().unwrap()).unwrap();
+        executable(&now);
+        // Also when the old binary still exists (version skew), and when it is gone.
+        for old_exists in [true, false] {
+            if old_exists {
+                std::fs::create_dir_all(old.parent().unwrap()).unwrap();
+                executable(&old);
+            } else {
+                std::fs::remove_file(&old).ok();
+            }
+            write_new(
+                &layout.provider_file(),
+                &provider_info(&old, &layout.plugin_root(), 3 << 30),
+            )
+            .unwrap();
+            refresh_plugin(&layout.provider_file(), Some(&now)).unwrap();
+            let info: Value =
+                serde_json::from_slice(&std::fs::read(layout.provider_file()).unwrap()).unwrap();
+            assert_eq!(
+                info,
+                provider_info(&now, &layout.plugin_root(), 3 << 30),
+                "only the command's value changes"
+            );
+        }
     }
 
     #[test]
