@@ -16,7 +16,7 @@ use slrp_types::DisplayChain;
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::EX_USAGE;
-use crate::daemon_common::{EX_CONFIG, daemon_exit, daemon_runtime, handle_signals};
+use crate::daemon_common::{AdminArgs, EX_CONFIG, daemon_exit, daemon_runtime, handle_signals};
 
 #[derive(Debug, Args)]
 pub(crate) struct RunArgs {
@@ -46,20 +46,8 @@ pub(crate) struct RunArgs {
     /// slrp's state directory (default `/var/lib/slrp`).
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
-    /// The admin socket (default `<state dir>/admin.sock`).
-    #[arg(long, value_name = "PATH")]
-    admin_socket: Option<PathBuf>,
-    /// Also serve the admin API on TCP at `HOST:PORT` (needs `--admin-token-file`).
-    #[arg(long, value_name = "ADDR")]
-    admin_listen: Option<String>,
-    /// A file holding the bearer token TCP clients of the admin API must send (never the
-    /// token itself).
-    #[arg(long, value_name = "FILE")]
-    admin_token_file: Option<PathBuf>,
-    /// What happens to the plugins when slrp stops: `stop` them (default) or `leave` them
-    /// running for the next slrp to adopt.
-    #[arg(long, value_name = "stop|leave")]
-    plugins_on_exit: Option<String>,
+    #[command(flatten)]
+    admin: AdminArgs,
 }
 
 impl RunArgs {
@@ -71,10 +59,7 @@ impl RunArgs {
             state_dir: self.state_dir.clone(),
             resource_provider_config_dir: self.resource_provider_config_dir.clone(),
             disk_profiles: self.disk_profiles.clone(),
-            admin_socket: self.admin_socket.clone(),
-            admin_listen: self.admin_listen.clone(),
-            admin_token_file: self.admin_token_file.clone(),
-            plugins_on_exit: self.plugins_on_exit.clone(),
+            ..self.admin.overrides()
         }
     }
 }

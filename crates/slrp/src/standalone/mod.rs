@@ -46,7 +46,7 @@ use slrp_provider::config::{DEFAULT_STATE_DIR, DaemonConfig, DaemonConfigFile, O
 use slrp_types::DisplayChain;
 use tokio_util::sync::CancellationToken;
 
-use crate::daemon_common::{EX_CONFIG, daemon_exit, daemon_runtime, handle_signals};
+use crate::daemon_common::{AdminArgs, EX_CONFIG, daemon_exit, daemon_runtime, handle_signals};
 use defaults::Layout;
 
 /// `EX_NOPERM` from sysexits.h: the user lacks a permission.
@@ -82,20 +82,8 @@ pub(crate) struct StandaloneArgs {
     /// (default `<state dir>/work`).
     #[arg(long, value_name = "DIR")]
     work_dir: Option<PathBuf>,
-    /// The admin socket (default `<state dir>/admin.sock`).
-    #[arg(long, value_name = "PATH")]
-    admin_socket: Option<PathBuf>,
-    /// Also serve the admin API on TCP at `HOST:PORT` (needs `--admin-token-file`).
-    #[arg(long, value_name = "ADDR")]
-    admin_listen: Option<String>,
-    /// A file holding the bearer token TCP clients of the admin API must send (never the
-    /// token itself).
-    #[arg(long, value_name = "FILE")]
-    admin_token_file: Option<PathBuf>,
-    /// What happens to the plugins when slrp stops: `stop` them (default) or `leave` them
-    /// running for the next slrp to adopt.
-    #[arg(long, value_name = "stop|leave")]
-    plugins_on_exit: Option<String>,
+    #[command(flatten)]
+    admin: AdminArgs,
 }
 
 impl StandaloneArgs {
@@ -105,11 +93,7 @@ impl StandaloneArgs {
             resource_provider_config_dir: self.resource_provider_config_dir.clone(),
             disk_profiles: self.disk_profiles.clone(),
             work_dir: self.work_dir.clone(),
-            admin_socket: self.admin_socket.clone(),
-            admin_listen: self.admin_listen.clone(),
-            admin_token_file: self.admin_token_file.clone(),
-            plugins_on_exit: self.plugins_on_exit.clone(),
-            ..Overrides::default()
+            ..self.admin.overrides()
         }
     }
 }
