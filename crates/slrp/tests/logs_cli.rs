@@ -1,6 +1,6 @@
 //! `slrp`'s log on standard error as a service manager captures it (a file): `--log-format
 //! json` or `SLRP_LOG_FORMAT=json` gives one JSON object per line; the text format has no
-//! ANSI escape codes off a terminal; the bundled plugin's log file (`stderr.log`, appended
+//! ANSI escape codes off a terminal (and has them on one, unless `NO_COLOR`); the bundled plugin's log file (`stderr.log`, appended
 //! by the supervisor) has none either, and follows the daemon's format.
 
 #![allow(
@@ -269,5 +269,40 @@ fn a_bad_log_format_in_the_environment_warns_and_logs_text() {
     assert!(
         !String::from_utf8_lossy(&out.stderr).contains("SLRP_LOG_FORMAT"),
         "{out:?}"
+    );
+}
+
+/// `slrp`'s stderr on a pseudo-terminal (`script`), with `env` added; what it wrote.
+fn on_a_terminal(env: &str) -> String {
+    // A bad SLRP_LOG_FORMAT logs one warning at once, through the installed subscriber.
+    let command = format!(
+        "env {env} SLRP_LOG_FORMAT=bogus {} ctl --admin /nonexistent/admin.sock status",
+        env!("CARGO_BIN_EXE_slrp")
+    );
+    let out = std::process::Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(text.contains("ignoring a log format"), "{text:?}");
+    text
+}
+
+#[test]
+fn text_log_on_a_terminal_is_coloured_unless_no_color() {
+    const TEST: &str = "text_log_on_a_terminal_is_coloured_unless_no_color";
+    if !slrp_test_support::require_tool(TEST, "script") {
+        return;
+    }
+    let coloured = on_a_terminal("-u NO_COLOR");
+    assert!(
+        coloured.contains("\x1b["),
+        "no colours on a terminal: {coloured:?}"
+    );
+    let plain = on_a_terminal("NO_COLOR=1");
+    assert!(
+        !plain.contains('\x1b'),
+        "colours despite NO_COLOR: {plain:?}"
     );
 }
