@@ -1,7 +1,8 @@
 //! `slrp`'s log on standard error as a service manager captures it (a file): `--log-format
 //! json` or `SLRP_LOG_FORMAT=json` gives one JSON object per line; the text format has no
-//! ANSI escape codes off a terminal (and has them on one, unless `NO_COLOR`); the bundled plugin's log file (`stderr.log`, appended
-//! by the supervisor) has none either, and follows the daemon's format.
+//! ANSI escape codes off a terminal (and has them on one, unless `NO_COLOR`); the bundled
+//! plugin's log file (`stderr.log`, appended by the supervisor) has none either, and
+//! follows the daemon's format.
 
 #![allow(
     clippy::tests_outside_test_module,

@@ -144,7 +144,7 @@ pub(super) async fn create_disk(
             let mut r = refusal(
                 StatusCode::CONFLICT,
                 format!(
-                    "not enough free space in the pool of profile '{profile}': {mib} MiB asked, 0 MiB free"
+                    "not enough free space in the pool of profile '{profile}': {mib} MiB asked, 0 MiB free (a provider that has just become READY offers its pools a moment later)"
                 ),
             );
             r.body.field = Some("size_bytes".to_owned());
