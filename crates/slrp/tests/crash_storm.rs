@@ -312,9 +312,11 @@ async fn storm(seed: u64, csi: &'static str) {
                     }
                     accepted.push(uuid);
                 }
-                // The provider's UPDATE_STATE after the restart did not list it: it
-                // never committed the operation.
-                Err(OperationError::Forgotten { .. } | OperationError::Unknown { .. }) if kill => {
+                // The provider's UPDATE_STATE after a restart did not list it (it never
+                // committed the operation), or an UPDATE_STATE crossed the APPLY on the
+                // wire; either way the reconciliation below must find it unknown to the
+                // provider, i.e. never applied.
+                Err(OperationError::Forgotten { .. } | OperationError::Unknown { .. }) => {
                     lost.push(uuid);
                 }
                 Err(e) => c.fail(&format!(
@@ -325,7 +327,7 @@ async fn storm(seed: u64, csi: &'static str) {
         }
     }
     eprintln!(
-        "crash storm: seed {seed}: {} accepted, {} lost with a kill, {} dropped for a resource version just changed, {kills} kills, {publishes} publishes, {batches} steps of several operations",
+        "crash storm: seed {seed}: {} accepted, {} lost (unknown to the provider), {} dropped for a resource version just changed, {kills} kills, {publishes} publishes, {batches} steps of several operations",
         accepted.len(),
         lost.len(),
         mismatched.len()
