@@ -225,7 +225,8 @@ async fn root_unpublish_and_an_unknown_volume() {
         stdout(&out)
     );
     // The total reaches the status a little after an operation's status (up to
-    // STATUS_TOTAL_MAX_INTERVAL): compare once two reads agree.
+    // STATUS_TOTAL_MAX_INTERVAL): compare once the served total shows the disk and two
+    // reads agree.
     let mut attempts = 0;
     loop {
         let out = ctl_on(&c, &["--json", "resources"]).await;
@@ -235,7 +236,9 @@ async fn root_unpublish_and_an_unknown_volume() {
         let printed: Value = serde_json::from_slice(&out.stdout).unwrap();
         let served: Value = serde_json::from_str(&body).unwrap();
         attempts += 1;
-        if printed == served || attempts == 50 {
+        let settled = body.contains(&id) && printed == served;
+        if settled || attempts == 50 {
+            assert!(body.contains(&id), "the total shows {id}: {body}");
             assert_eq!(printed, served, "--json prints /resources as is");
             break;
         }
