@@ -83,9 +83,11 @@ async fn launch_maps_every_answer() {
                     && *call == "LAUNCH_CONTAINER" && !e.is_transient())
             },
         ),
-        (StatusCode::INTERNAL_SERVER_ERROR, "Failed to create sandbox", |r| {
-            matches!(r, Err(e @ OperatorError::Status { .. }) if e.is_transient())
-        }),
+        (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "Failed to create sandbox",
+            |r| matches!(r, Err(e @ OperatorError::Status { .. }) if e.is_transient()),
+        ),
     ];
     for (status, body, expect) in cases {
         let mut fake = FakeAgent::tcp().await;
@@ -148,7 +150,9 @@ async fn wait_404_is_not_found_and_a_cut_connection_is_a_transient_error() {
     fake.assert_idle();
 
     // An agent that goes away mid-poll: it reads the request, then closes the connection.
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
     let url = format!("http://{}", listener.local_addr().expect("addr"));
     let config = support::test_config(slrp_agent::AgentEndpoint::parse(&url).expect("url"));
     let c = OperatorClient::new(&config).expect("client");
@@ -266,7 +270,10 @@ async fn get_containers_decodes_the_list_and_names_a_wrong_answer() {
     let list = done(task).await.expect("list");
     assert_eq!(list.len(), 2);
     assert_eq!(
-        list[0].container_status.as_ref().and_then(|s| s.executor_pid),
+        list[0]
+            .container_status
+            .as_ref()
+            .and_then(|s| s.executor_pid),
         Some(4242)
     );
     assert!(list[1].container_status.is_none());
@@ -277,12 +284,18 @@ async fn get_containers_decodes_the_list_and_names_a_wrong_answer() {
     request.respond_bytes(StatusCode::OK, "application/json", b"{}".to_vec());
     assert!(matches!(
         done(task).await,
-        Err(OperatorError::Unexpected { call: "GET_CONTAINERS", .. })
+        Err(OperatorError::Unexpected {
+            call: "GET_CONTAINERS",
+            ..
+        })
     ));
 
     let task = tokio::spawn(async move { c.get_containers(false, true).await });
     let (request, _) = take(&mut fake, Some("t"), call::Type::GetContainers).await;
-    request.respond(StatusCode::SERVICE_UNAVAILABLE, "Agent has not finished recovery");
+    request.respond(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "Agent has not finished recovery",
+    );
     match done(task).await {
         Err(e @ OperatorError::Status { .. }) => {
             assert!(e.is_transient());

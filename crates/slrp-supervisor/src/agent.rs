@@ -31,6 +31,7 @@ use slrp_agent::{AgentConfig, Kill, Launch, OperatorClient, OperatorError, Wait}
 use slrp_proto::mesos::v1 as mesos;
 use slrp_proto::mesos::v1::agent::call::LaunchContainer;
 use slrp_types::{Backoff, DisplayChain, Jitter, JitterRng};
+use slrp_wire::checkpoint;
 
 use crate::backend::{Adopted, BoxFuture, ContainerBackend, PluginRun, retire_processes};
 use crate::metrics::SupervisorMetrics;
@@ -125,12 +126,13 @@ pub enum AgentBackendError {
         source: io::Error,
     },
     /// A `container.info` does not decode.
-    #[error("reading {path}: {reason}")]
+    #[error("reading {path}")]
     ContainerInfo {
         /// The file.
         path: PathBuf,
         /// What is wrong.
-        reason: String,
+        #[source]
+        source: Box<slrp_wire::CheckpointError>,
     },
     /// The socket path handed to the container is not a `unix://` endpoint.
     #[error("CSI_ENDPOINT {value:?} is not a unix:// socket path")]
@@ -309,7 +311,10 @@ impl AgentBackend {
         }
         let fail = |container: &str| {
             let container = container.to_owned();
-            move |source| SupervisorError::Agent { container, source }
+            move |source| SupervisorError::Agent {
+                container,
+                source: Box::new(source),
+            }
         };
         let listed: HashMap<String, bool> = self
             .client
@@ -463,7 +468,7 @@ impl ContainerBackend for AgentBackend {
             let id = container_id(&self.cfg.cid_prefix, c);
             let fail = |source| SupervisorError::Agent {
                 container: id.clone(),
-                source,
+                source: Box::new(source),
             };
             // Checkpointed first, as Mesos does, so the container is known even if the
             // launch fails half way.
@@ -606,31 +611,12 @@ fn same_container_info(
     sa == sb && a.command == b.command && a.resources == b.resources && a.container == b.container
 }
 
-/// Mesos writes checkpointed resources downgraded (spec §8.1): an unreserved resource
-/// carries `role: "*"`. A plugin container's resources are unreserved (the agent refuses
-/// reserved ones for a standalone container), so that is the only case here.
-fn downgrade(info: &mut mesos::CsiPluginContainerInfo) {
-    for r in &mut info.resources {
-        if r.reservations.is_empty() && r.role.is_none() {
-            r.role = Some("*".to_owned());
-        }
-    }
-}
-
-/// The reverse of [`downgrade`] for unreserved resources.
-fn upgrade(info: &mut mesos::CsiPluginContainerInfo) {
-    for r in &mut info.resources {
-        if r.reservations.is_empty() && r.reservation.is_none() && r.role.as_deref() == Some("*") {
-            r.role = None;
-        }
-    }
-}
-
 /// Writes `container.info` in Mesos's format (a `u32` little-endian length, then the
 /// message; resources downgraded; atomic, not fsync'ed, as Mesos).
 fn write_container_info(path: &Path, info: &mesos::CsiPluginContainerInfo) -> io::Result<()> {
     let mut info = info.clone();
-    downgrade(&mut info);
+    // Mesos checkpoints resources downgraded (spec §8.1).
+    checkpoint::downgrade_resources(&mut info.resources);
     checkpoint::write_message(path, &info, false)
 }
 
@@ -650,56 +636,16 @@ fn read_container_info(
         }
     };
     let mut info =
-        checkpoint::read_message::<mesos::CsiPluginContainerInfo>(&bytes).map_err(|reason| {
+        checkpoint::read_message::<mesos::CsiPluginContainerInfo>(&bytes).map_err(|source| {
             AgentBackendError::ContainerInfo {
                 path: path.to_owned(),
-                reason,
+                source: Box::new(source),
             }
         })?;
     if let Some(i) = &mut info {
-        upgrade(i);
+        checkpoint::upgrade_resources(&mut i.resources);
     }
     Ok(info)
-}
-
-/// Mesos's single-message checkpoint format, until `slrp_wire::checkpoint` lands.
-mod checkpoint {
-    use std::io::{self, Write};
-    use std::path::Path;
-
-    use prost::Message;
-
-    /// `u32` LE length + body, written to a temp file in the same directory and renamed.
-    pub(super) fn write_message<M: Message>(path: &Path, msg: &M, sync: bool) -> io::Result<()> {
-        let dir = path
-            .parent()
-            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no parent directory"))?;
-        let body = msg.encode_to_vec();
-        let len = u32::try_from(body.len()).map_err(io::Error::other)?;
-        let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
-        tmp.write_all(&len.to_le_bytes())?;
-        tmp.write_all(&body)?;
-        if sync {
-            tmp.as_file().sync_all()?;
-        }
-        tmp.persist(path).map_err(|e| e.error)?;
-        Ok(())
-    }
-
-    /// The first message of `bytes`; `None` if empty. Bytes after it are ignored.
-    pub(super) fn read_message<M: Message + Default>(bytes: &[u8]) -> Result<Option<M>, String> {
-        if bytes.is_empty() {
-            return Ok(None);
-        }
-        let Some((len, rest)) = bytes.split_first_chunk::<4>() else {
-            return Err(format!("a {}-byte length prefix (want 4)", bytes.len()));
-        };
-        let len = u32::from_le_bytes(*len) as usize;
-        let body = rest
-            .get(..len)
-            .ok_or_else(|| format!("a {}-byte message (want {len})", rest.len()))?;
-        M::decode(body).map(Some).map_err(|e| e.to_string())
-    }
 }
 
 /// One agent container, as a worker sees it.

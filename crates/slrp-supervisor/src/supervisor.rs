@@ -232,9 +232,9 @@ pub enum SupervisorError {
     Agent {
         /// Container id (the agent's).
         container: String,
-        /// Why.
+        /// Why (boxed: large, and a cold path).
         #[source]
-        source: crate::agent::AgentBackendError,
+        source: Box<crate::agent::AgentBackendError>,
     },
     /// The container failed for good (e.g. the agent refused it); it is not restarted.
     #[error("container {container} failed and is not restarted: {reason}")]
