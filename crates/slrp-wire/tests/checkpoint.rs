@@ -738,3 +738,76 @@ fn message_conversion_leaves_messages_without_resources_alone() {
     upgrade_message(&mut value).unwrap();
     assert_eq!(value.r#type, value::Type::Text as i32);
 }
+
+// ---------------------------------------------------------------------------------------
+// Properties: arbitrary bytes never panic; a stream cut anywhere reads as the records
+// before the cut and a torn tail.
+
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn any_record() -> impl Strategy<Value = UpdateOperationStatusRecord> {
+        (any::<bool>(), proptest::collection::vec(any::<u8>(), 0..20)).prop_map(
+            |(is_ack, status_uuid)| {
+                if is_ack {
+                    ack_record(&status_uuid)
+                } else {
+                    update_record(update(OperationState::OperationFinished, &status_uuid))
+                }
+            },
+        )
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let _ = read_message::<ResourceProviderState>(&bytes);
+            let _ = read_message::<VolumeState>(&bytes);
+            let _ = read_message::<CsiPluginContainerInfo>(&bytes);
+            let read = read_records::<UpdateOperationStatusRecord>(&bytes);
+            prop_assert!(read.good_len <= bytes.len());
+            match read.tail {
+                Tail::Clean => prop_assert_eq!(read.good_len, bytes.len()),
+                Tail::Torn { offset, have, want } => {
+                    prop_assert_eq!(offset, read.good_len);
+                    prop_assert_eq!(offset + have, bytes.len());
+                    prop_assert!(have < want);
+                }
+                Tail::Corrupt { offset, .. } => prop_assert_eq!(offset, read.good_len),
+            }
+        }
+
+        #[test]
+        fn a_stream_cut_anywhere_keeps_the_records_before_the_cut(
+            records in proptest::collection::vec(any_record(), 1..6),
+            cut in any::<prop::sample::Index>(),
+        ) {
+            let encoded: Vec<Vec<u8>> = records.iter().map(encode_message).collect();
+            let bytes: Vec<u8> = encoded.concat();
+            let cut = cut.index(bytes.len() + 1);
+            let read = read_records::<UpdateOperationStatusRecord>(&bytes[..cut]);
+            // The records wholly before the cut, and where the last of them ends.
+            let mut end = 0;
+            let mut whole = 0;
+            for record in &encoded {
+                if end + record.len() > cut {
+                    break;
+                }
+                end += record.len();
+                whole += 1;
+            }
+            prop_assert_eq!(&read.records[..], &records[..whole]);
+            prop_assert_eq!(read.good_len, end);
+            if cut == end {
+                prop_assert_eq!(read.tail, Tail::Clean);
+            } else {
+                let have = cut - end;
+                // Until the length prefix is whole, only its 4 bytes are known to be needed.
+                let want = if have < 4 { 4 } else { encoded[whole].len() };
+                prop_assert_eq!(read.tail, Tail::Torn { offset: end, have, want });
+            }
+        }
+    }
+}
