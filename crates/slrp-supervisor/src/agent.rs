@@ -361,7 +361,8 @@ impl AgentBackend {
                     .await
                     .map_err(operator("KILL_CONTAINER"))
                     .map_err(fail(&name))?;
-                metrics.stopped_leftover(&name);
+                // Under the configured container's own label, as the process backend.
+                metrics.stopped_leftover(configured.map_or(name.as_str(), |c| c.id.as_str()));
             }
             if running.is_some() {
                 let bound = cfg.stop_grace + self.client.call_timeout();
