@@ -441,6 +441,10 @@ impl ContainerBackend for AgentBackend {
         SOCKET_DIR_PREFIX
     }
 
+    fn clears_socket_before_launch(&self) -> bool {
+        false
+    }
+
     fn recover<'a>(
         &'a self,
         spec: &'a PluginSpec,
