@@ -36,6 +36,7 @@ use rand::rngs::StdRng;
 use rand::{Rng as _, SeedableRng as _};
 use serde_json::Value;
 use slrp_manager::{ManagerMessage, OperationError};
+use slrp_proto::mesos::v1::{OperationState, OperationStatus};
 use support::ops::{
     self, FRAMEWORK_ROLE, allocated, create, create_disk, destroy, destroy_disk, persistent,
     reserve, unreserve,
@@ -102,6 +103,14 @@ fn collect(c: &Cluster) -> Arc<Mutex<Seen>> {
         }
     });
     seen
+}
+
+/// The unreliable DROPPED a provider answers a reconciliation with for an operation it
+/// does not track (spec §5.8 (2)).
+fn unknown_operation(status: &OperationStatus) -> bool {
+    status.state == OperationState::OperationDropped as i32
+        && status.uuid.is_none()
+        && status.message.as_deref() == Some("Unknown operation")
 }
 
 /// One step of the stream, chosen from what the agent's total holds.
@@ -176,7 +185,7 @@ fn operation(step: Step, r: &Value, n: &str) -> slrp_proto::mesos::v1::offer::Op
 }
 
 /// The version a DROPPED "Mismatched resource version X (expected: Y)" expected (Y).
-fn mismatch_expected(status: &slrp_proto::mesos::v1::OperationStatus) -> Option<String> {
+fn mismatch_expected(status: &OperationStatus) -> Option<String> {
     if ops::state_name(status) != "OPERATION_DROPPED" {
         return None;
     }
@@ -293,6 +302,11 @@ async fn storm(seed: u64, csi: &'static str) {
         for (uuid, what) in uuids {
             let context = format!("seed {seed}, step {n} ({what})");
             match c.manager().wait_terminal(uuid, c.wait).await {
+                // The provider's UPDATE_STATE after a restart did not list it (it never
+                // committed the operation: its APPLY_OPERATION died with the daemon), so
+                // the agent forgot it and the master's reconciliation found it unknown
+                // to the provider, i.e. never applied.
+                Ok(view) if kill && unknown_operation(&view.latest_status) => lost.push(uuid),
                 Ok(view) => {
                     let state = ops::state_name(&view.latest_status);
                     // Legal (spec §5.2): the provider changed its total after READY (e.g.
@@ -312,13 +326,10 @@ async fn storm(seed: u64, csi: &'static str) {
                     }
                     accepted.push(uuid);
                 }
-                // The provider's UPDATE_STATE after a restart did not list it (it never
-                // committed the operation), or an UPDATE_STATE crossed the APPLY on the
-                // wire; either way the reconciliation below must find it unknown to the
-                // provider, i.e. never applied.
-                Err(OperationError::Forgotten { .. } | OperationError::Unknown { .. }) => {
-                    lost.push(uuid);
-                }
+                // As above, but the master could not ask (the restarted daemon's stream
+                // closed again at that moment): only after a kill. The reconciliation
+                // below must find it unknown to the provider.
+                Err(OperationError::Forgotten { .. }) if kill => lost.push(uuid),
                 Err(e) => c.fail(&format!(
                     "{context}: no terminal status: {}",
                     slrp_types::DisplayChain(&e)
