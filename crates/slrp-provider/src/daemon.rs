@@ -850,14 +850,26 @@ async fn run_provider_inner(
     })));
     tracing::info!("resource provider started");
     let mut worker_done = false;
-    let ended = tokio::select! {
-        () = stop.cancelled() => None,
-        worker = &mut task => {
-            worker_done = true;
-            Some(worker.map_or_else(ProviderRunError::Worker, |()| ProviderRunError::WorkerStopped))
-        }
-        volumes = stack.volume_manager_ended() => {
-            Some(volumes.map_or_else(ProviderRunError::Volumes, |()| ProviderRunError::VolumesStopped))
+    let mut status = handle.status();
+    let mut agent_id = status.borrow().agent_id.clone();
+    let ended = loop {
+        tokio::select! {
+            () = stop.cancelled() => break None,
+            worker = &mut task => {
+                worker_done = true;
+                break Some(worker.map_or_else(ProviderRunError::Worker, |()| ProviderRunError::WorkerStopped));
+            }
+            volumes = stack.volume_manager_ended() => {
+                break Some(volumes.map_or_else(ProviderRunError::Volumes, |()| ProviderRunError::VolumesStopped));
+            }
+            Ok(()) = status.changed() => {
+                let now = status.borrow_and_update().agent_id.clone();
+                if now != agent_id {
+                    // A new identity (spec §3.6); the node plugin is left as Mesos leaves it.
+                    stack.agent_id_changed(&now);
+                    agent_id = now;
+                }
+            }
         }
     };
     slot.set(Phase::Stopping);

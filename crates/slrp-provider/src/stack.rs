@@ -445,6 +445,16 @@ impl PluginStack {
             .collect()
     }
 
+    /// The agent ID changed while the provider runs: the node plugin keeps its
+    /// `MESOS_AGENT_ID` (as in Mesos; see [`SupervisorHandle::agent_id_changed`]). Returns
+    /// the containers concerned.
+    pub fn agent_id_changed(&self, new: &str) -> Vec<String> {
+        match &self.plugin {
+            Plugin::Managed(supervisor) => supervisor.agent_id_changed(new),
+            Plugin::Unmanaged => Vec::new(),
+        }
+    }
+
     /// The plugin's routed CSI clients (counting into the provider's metrics).
     pub fn services(&self) -> &CsiServices {
         &self.services
