@@ -26,7 +26,8 @@ use slrp_proto::mesos::v1::{
 };
 use slrp_wire::checkpoint::{
     CheckpointError, Records, Tail, append_record, downgrade_message, downgrade_resources,
-    encode_message, read_message, read_records, upgrade_message, upgrade_resources, write_message,
+    encode_message, read_message, read_records, record_starts, upgrade_message, upgrade_resources,
+    write_message,
 };
 
 /// Parses a hex dump written with spaces and line breaks between bytes.
@@ -461,6 +462,24 @@ fn append_record_then_read_records_replays_updates_and_acks() {
 }
 
 #[test]
+fn record_starts_name_every_whole_record_up_to_a_torn_one() {
+    let records = [
+        update_record(update(OperationState::OperationPending, &[1])),
+        ack_record(&[1]),
+    ];
+    let (first, second) = (encode_message(&records[0]), encode_message(&records[1]));
+    let mut bytes = [first.clone(), second.clone()].concat();
+    // A whole record that does not decode still has a start; a torn one has none.
+    bytes.extend_from_slice(&[1, 0, 0, 0, 0xff]);
+    bytes.extend_from_slice(&second[..7]);
+    let whole = first.len() + second.len();
+    assert_eq!(record_starts(&bytes), [0, first.len(), whole]);
+    let read = read_records::<UpdateOperationStatusRecord>(&bytes);
+    assert_eq!(read.records, records);
+    assert_eq!(record_starts(&[]), Vec::<usize>::new());
+}
+
+#[test]
 fn empty_stream_is_clean_and_empty() {
     let read = read_records::<UpdateOperationStatusRecord>(&[]);
     assert_eq!((read.records.len(), read.good_len), (0, 0));
@@ -737,4 +756,150 @@ fn message_conversion_leaves_messages_without_resources_alone() {
     // Not a checkpoint message, but any message with a descriptor converts.
     upgrade_message(&mut value).unwrap();
     assert_eq!(value.r#type, value::Type::Text as i32);
+}
+
+// ---------------------------------------------------------------------------------------
+// Properties: arbitrary bytes never panic; a stream cut anywhere reads as the records
+// before the cut and a torn tail.
+
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn any_record() -> impl Strategy<Value = UpdateOperationStatusRecord> {
+        (any::<bool>(), proptest::collection::vec(any::<u8>(), 0..20)).prop_map(
+            |(is_ack, status_uuid)| {
+                if is_ack {
+                    ack_record(&status_uuid)
+                } else {
+                    update_record(update(OperationState::OperationFinished, &status_uuid))
+                }
+            },
+        )
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let _ = read_message::<ResourceProviderState>(&bytes);
+            let _ = read_message::<VolumeState>(&bytes);
+            let _ = read_message::<CsiPluginContainerInfo>(&bytes);
+            let read = read_records::<UpdateOperationStatusRecord>(&bytes);
+            prop_assert!(read.good_len <= bytes.len());
+            match read.tail {
+                Tail::Clean => prop_assert_eq!(read.good_len, bytes.len()),
+                Tail::Torn { offset, have, want } => {
+                    prop_assert_eq!(offset, read.good_len);
+                    prop_assert_eq!(offset + have, bytes.len());
+                    prop_assert!(have < want);
+                }
+                Tail::Corrupt { offset, .. } => prop_assert_eq!(offset, read.good_len),
+            }
+        }
+
+        #[test]
+        fn a_stream_cut_anywhere_keeps_the_records_before_the_cut(
+            records in proptest::collection::vec(any_record(), 1..6),
+            cut in any::<prop::sample::Index>(),
+        ) {
+            let encoded: Vec<Vec<u8>> = records.iter().map(encode_message).collect();
+            let bytes: Vec<u8> = encoded.concat();
+            let cut = cut.index(bytes.len() + 1);
+            let read = read_records::<UpdateOperationStatusRecord>(&bytes[..cut]);
+            // The records wholly before the cut, and where the last of them ends.
+            let mut end = 0;
+            let mut whole = 0;
+            for record in &encoded {
+                if end + record.len() > cut {
+                    break;
+                }
+                end += record.len();
+                whole += 1;
+            }
+            prop_assert_eq!(&read.records[..], &records[..whole]);
+            prop_assert_eq!(read.good_len, end);
+            if cut == end {
+                prop_assert_eq!(read.tail, Tail::Clean);
+            } else {
+                let have = cut - end;
+                // Until the length prefix is whole, only its 4 bytes are known to be needed.
+                let want = if have < 4 { 4 } else { encoded[whole].len() };
+                prop_assert_eq!(read.tail, Tail::Torn { offset: end, have, want });
+            }
+        }
+    }
+}
+
+/// The path and number of the `UndefinedEnum` error reading `msg` as `M`.
+fn undefined_enum<M, W>(msg: &W) -> (String, i32)
+where
+    M: prost::Message + prost::Name + Default + std::fmt::Debug,
+    W: prost::Message,
+{
+    match read_message::<M>(&encode_message(msg)) {
+        Err(CheckpointError::UndefinedEnum { path, number, .. }) => (path, number),
+        other => panic!("expected UndefinedEnum, got {other:?}"),
+    }
+}
+
+#[test]
+fn an_undefined_number_in_a_proto2_enum_is_refused() {
+    // Required (C++ parsing fails: the number goes to the unknown fields).
+    let mut record = update_record(update(OperationState::OperationFinished, &[1]));
+    record.r#type = 7;
+    assert_eq!(
+        undefined_enum::<UpdateOperationStatusRecord, _>(&record),
+        ("type".to_owned(), 7)
+    );
+    let mut record = update_record(update(OperationState::OperationFinished, &[1]));
+    record.update.as_mut().unwrap().status.state = 42;
+    assert_eq!(
+        undefined_enum::<UpdateOperationStatusRecord, _>(&record),
+        ("update.status.state".to_owned(), 42)
+    );
+    // Optional, nested in a list.
+    let state = ResourceProviderState {
+        operations: vec![Operation {
+            info: offer::Operation {
+                r#type: Some(99),
+                ..offer::Operation::default()
+            },
+            ..Operation::default()
+        }],
+        ..ResourceProviderState::default()
+    };
+    assert_eq!(
+        undefined_enum::<ResourceProviderState, _>(&state),
+        ("operations[0].info.type".to_owned(), 99)
+    );
+    // Repeated.
+    let info = CsiPluginContainerInfo {
+        services: vec![1, 9],
+        ..CsiPluginContainerInfo::default()
+    };
+    assert_eq!(
+        undefined_enum::<CsiPluginContainerInfo, _>(&info),
+        ("services[1]".to_owned(), 9)
+    );
+    // In a stream, the record is corrupt.
+    let mut bad = ack_record(&[1]);
+    bad.r#type = 3;
+    let read = read_records::<UpdateOperationStatusRecord>(&encode_message(&bad));
+    assert!(
+        matches!(&read.tail, Tail::Corrupt { offset: 0, reason } if reason.contains("'type'")),
+        "{:?}",
+        read.tail
+    );
+}
+
+#[test]
+fn proto3_enums_are_open() {
+    // VolumeState is proto3: Mesos parses any number and reports "INVALID state" itself.
+    let msg = VolumeState {
+        state: 42,
+        ..VolumeState::default()
+    };
+    let read: VolumeState = read_message(&encode_message(&msg)).unwrap().unwrap();
+    assert_eq!(read.state, 42);
 }
