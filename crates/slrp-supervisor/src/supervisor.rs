@@ -366,9 +366,9 @@ fn endpoint_dir(container_dir: &Path, base: &Path, prefix: &str) -> io::Result<P
 
 /// Makes sure the socket directory of `socket` exists, belongs to us and is private
 /// (0700, as created), and that the container's `endpoint` link points at it; then removes
-/// a stale socket. The directory keeps its path, so the endpoint handed out by
+/// a stale socket if `clear_socket`. The directory keeps its path, so the endpoint handed out by
 /// [`SupervisorHandle::endpoint`] stays valid.
-fn ensure_socket_dir(container_dir: &Path, socket: &Path) -> io::Result<()> {
+fn ensure_socket_dir(container_dir: &Path, socket: &Path, clear_socket: bool) -> io::Result<()> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
     let dir = socket
         .parent()
@@ -409,7 +409,10 @@ fn ensure_socket_dir(container_dir: &Path, socket: &Path) -> io::Result<()> {
     }
     // A stale socket from a previous run would make the wait succeed too early, and some
     // plugins refuse to start when it exists.
-    remove_if_exists(socket)
+    if clear_socket {
+        remove_if_exists(socket)?;
+    }
+    Ok(())
 }
 
 /// Removes the short socket directory a container's `endpoint` link points at (only if
@@ -523,6 +526,7 @@ impl Supervisor {
             tasks,
             cancel,
             detach,
+            agent_id: cfg.agent_id.clone(),
         })
     }
 }
@@ -547,9 +551,30 @@ pub struct SupervisorHandle {
     cancel: CancellationToken,
     /// Stops workers but leaves plugins running (hand-over to a next slrp).
     detach: CancellationToken,
+    /// The `MESOS_AGENT_ID` the node containers were launched with.
+    agent_id: Option<String>,
 }
 
 impl SupervisorHandle {
+    /// The agent's ID changed while the plugins run (a new provider identity, spec §3.6):
+    /// returns the containers whose `MESOS_AGENT_ID` is now stale, each logged as a
+    /// warning. They are not restarted, as in Mesos (whose re-launch is answered 202 and
+    /// keeps the old environment): a node ID changing under published volumes is worse
+    /// than a stale variable. They get the new ID when they are next launched.
+    pub fn agent_id_changed(&self, new: &str) -> Vec<String> {
+        let Some(old) = self.agent_id.as_deref().filter(|old| *old != new) else {
+            return Vec::new();
+        };
+        self.containers
+            .iter()
+            .filter(|c| c.services.contains(&Service::Node))
+            .map(|c| {
+                tracing::warn!(container = %c.id, old_agent_id = old, new_agent_id = new, "the agent ID changed; the node plugin keeps its MESOS_AGENT_ID until it is next launched (not restarted, as in Mesos)");
+                c.id.clone()
+            })
+            .collect()
+    }
+
     fn entry(&self, service: Service) -> Result<&ContainerEntry, SupervisorError> {
         self.spec
             .container_for(service)
@@ -945,8 +970,12 @@ impl Worker {
     async fn launch(&self) -> Result<Box<dyn PluginRun>, SupervisorError> {
         // Before every launch, not just at start: a tmp cleaner may have removed the
         // directory during a long run, and the plugin could not bind its socket.
-        ensure_socket_dir(&self.dir, &self.socket)
-            .map_err(io_err("preparing the socket directory of", &self.socket))?;
+        ensure_socket_dir(
+            &self.dir,
+            &self.socket,
+            self.cfg.backend.clears_socket_before_launch(),
+        )
+        .map_err(io_err("preparing the socket directory of", &self.socket))?;
         let mut env = vec![(
             "CSI_ENDPOINT".to_owned(),
             format!("unix://{}", self.socket.display()),
