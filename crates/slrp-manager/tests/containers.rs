@@ -1035,3 +1035,39 @@ async fn destroy_containers_kills_them_all() {
     }
     harness.guard.shutdown().await;
 }
+
+/// A manager whose runtime goes away without a shutdown (a test that panics, a process
+/// exiting) still takes its non-surviving containers with it, children included.
+#[test]
+fn containers_die_with_a_dropped_runtime() {
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let (harness, child) = runtime.block_on(async {
+        let harness = start(|c| c.containers_dir = None).await;
+        let script = "sleep 1000 & echo $! > \"$MESOS_SANDBOX/child\"; wait";
+        let launched = call(&harness.client, &launch_call("leaky", Some(shell(script)))).await;
+        assert_eq!(launched.status, StatusCode::OK, "{}", launched.text());
+        let view = view(&harness.handle, "leaky").await.expect("listed");
+        cmdline(view.pid.expect("pid")).await;
+        let env = proc_strings(view.pid.expect("pid"), "environ");
+        let sandbox = env
+            .iter()
+            .find_map(|v| v.strip_prefix("MESOS_SANDBOX="))
+            .map(PathBuf::from)
+            .expect("MESOS_SANDBOX");
+        let child: i32 = eventually("the child's pid", async || {
+            std::fs::read_to_string(sandbox.join("child"))
+                .ok()
+                .and_then(|text| text.trim().parse().ok())
+        })
+        .await;
+        (harness, (view.pid.expect("pid"), child))
+    });
+    drop(runtime);
+    tokio::runtime::Runtime::new()
+        .expect("a second runtime")
+        .block_on(eventually(
+            "the container and its child to die with the runtime",
+            async || (!alive(child.0) && !alive(child.1)).then_some(()),
+        ));
+    drop(harness);
+}

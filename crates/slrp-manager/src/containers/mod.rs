@@ -445,6 +445,7 @@ impl Owner {
             pgid: pid.pid,
             requests: self.self_tx.clone(),
             root: Arc::clone(&self.root),
+            done: false,
         };
         let cancel = self.cancel.clone();
         self.tasks.spawn(watcher.child(child, cancel));
@@ -498,6 +499,7 @@ impl Owner {
             pgid: process.pid,
             requests: self.self_tx.clone(),
             root: Arc::clone(&self.root),
+            done: false,
         };
         self.tasks
             .spawn(watcher.adopted(process, self.cancel.clone()));
@@ -569,10 +571,22 @@ struct Watcher {
     requests: mpsc::Sender<Request>,
     /// Keeps a temporary sandbox root alive while the container runs.
     root: Arc<Root>,
+    /// The group has been destroyed (or is left running on purpose).
+    done: bool,
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        // Dropped before its container ended without a shutdown (the runtime went away):
+        // a container that does not survive the manager must not outlive it either.
+        if !self.done && !self.root.survives() {
+            process::kill_group(self.pgid);
+        }
+    }
 }
 
 impl Watcher {
-    async fn child(self, mut child: Child, cancel: CancellationToken) {
+    async fn child(mut self, mut child: Child, cancel: CancellationToken) {
         let status = tokio::select! {
             status = child.wait() => status,
             () = cancel.cancelled() => {
@@ -582,6 +596,7 @@ impl Watcher {
                     return;
                 }
                 process::kill_group(self.pgid);
+                self.done = true;
                 let _ = child.wait().await;
                 return;
             }
@@ -612,7 +627,7 @@ impl Watcher {
 
     /// The POSIX launcher's destroy: SIGKILL what is left of the group, wait (bounded)
     /// until it is gone, then report the termination.
-    async fn destroy(self, status: Option<i32>) {
+    async fn destroy(mut self, status: Option<i32>) {
         let _ = self
             .requests
             .send(Request::Destroying {
@@ -621,6 +636,7 @@ impl Watcher {
             })
             .await;
         process::kill_group(self.pgid);
+        self.done = true;
         let deadline = tokio::time::Instant::now() + DESTROY_WAIT;
         while process::group_alive(self.pgid) && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(DESTROY_POLL).await;
@@ -628,7 +644,7 @@ impl Watcher {
         let _ = self
             .requests
             .send(Request::Exited {
-                id: self.id,
+                id: self.id.clone(),
                 generation: self.generation,
                 status,
             })
