@@ -235,7 +235,14 @@ fn wait_status(answer: &Answer) -> Option<i32> {
 
 /// A manager on loopback whose sandboxes are `<dir>/sandboxes/<id>`.
 async fn start(adjust: impl FnOnce(&mut ManagerConfig)) -> Harness {
-    common::start_with(common::Transport::Tcp, |config| {
+    start_on(common::Transport::Tcp, adjust).await
+}
+
+async fn start_on(
+    transport: common::Transport,
+    adjust: impl FnOnce(&mut ManagerConfig),
+) -> Harness {
+    common::start_with(transport, |config| {
         // The harness puts the state dir at `<dir>/state`.
         config.containers_dir = config
             .state_dir
@@ -1070,4 +1077,60 @@ fn containers_die_with_a_dropped_runtime() {
             async || (!alive(child.0) && !alive(child.1)).then_some(()),
         ));
     drop(harness);
+}
+
+/// Over a unix socket and in JSON, as Mesos's container daemon calls (no `Accept`
+/// header, so the answers are JSON): LAUNCH, then a WAIT answered with the exit status.
+#[tokio::test]
+async fn json_without_accept_over_a_unix_socket() {
+    use http_body_util::BodyExt as _;
+    let harness = start_on(common::Transport::Unix, |_| {}).await;
+    let json = |call: &Call| slrp_wire::encode(ContentType::Json, call).expect("json");
+    let post = |body: Vec<u8>| {
+        let builder = http::Request::post(OPERATOR)
+            .header("Host", "localhost")
+            .header("Content-Type", "application/json");
+        Client::build(builder, body)
+    };
+    // The container blocks opening its fifo until the test writes to it, so the WAIT is
+    // registered before the exit.
+    let sandbox = harness.dir.path().join("sandboxes").join("json");
+    std::fs::create_dir_all(&sandbox).expect("sandbox");
+    let go = sandbox.join("go");
+    nix::unistd::mkfifo(&go, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("fifo");
+    let launch = launch_call("json", Some(shell("read line < go; exit 3")));
+    let reply = harness.client.request(post(json(&launch))).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    let wait = {
+        let client = harness.client.clone();
+        let body = json(&wait_call(cid("json")));
+        tokio::spawn(async move {
+            let (status, headers, body, connection) = client.send_raw(post(body)).await;
+            let body = body.collect().await.expect("body").to_bytes();
+            connection.abort();
+            (status, headers, body)
+        })
+    };
+    eventually("the WAIT to be registered", async || {
+        view(&harness.handle, "json")
+            .await
+            .filter(|v| v.waiters > 0)
+    })
+    .await;
+    tokio::task::spawn_blocking(move || std::fs::write(&go, b"go\n"))
+        .await
+        .expect("writer")
+        .expect("write the fifo");
+    let (status, headers, body) = wait.await.expect("WAIT");
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        headers.get("Content-Type").map(|v| v.as_bytes()),
+        Some(&b"application/json"[..])
+    );
+    let response: Response = slrp_wire::decode(ContentType::Json, &body).expect("JSON response");
+    assert_eq!(
+        response.wait_container.and_then(|w| w.exit_status),
+        Some(3 << 8)
+    );
+    harness.guard.shutdown().await;
 }
