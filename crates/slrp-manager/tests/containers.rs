@@ -292,6 +292,15 @@ async fn launch_wait_kill_follow_the_agent() {
         "show_standalone false lists no standalone container"
     );
 
+    let invalid = call(&harness.client, &kill_call(cid(id), Some(12345))).await;
+    assert_eq!(
+        (invalid.status, invalid.text()),
+        (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "Unable to send signal to container: Invalid argument".to_owned()
+        )
+    );
+    assert!(alive(pid), "an invalid signal changes nothing");
     let wait = waiting(&harness, id).await;
     let kill = call(&harness.client, &kill_call(cid(id), None)).await;
     assert_eq!(kill.status, StatusCode::OK, "{}", kill.text());
@@ -1133,4 +1142,24 @@ async fn json_without_accept_over_a_unix_socket() {
         Some(3 << 8)
     );
     harness.guard.shutdown().await;
+}
+
+/// A container record that cannot be read fails the spawn, naming the file, rather than
+/// lose track of a process that may still run.
+#[tokio::test]
+async fn an_unreadable_container_record_fails_the_spawn() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let records = dir.path().join(".slrp-runtime");
+    std::fs::create_dir_all(&records).expect("mkdir");
+    std::fs::write(records.join("plugin.json"), b"{not json").expect("write");
+    let mut config = ManagerConfig::loopback();
+    config.containers_dir = Some(dir.path().to_owned());
+    let error = EmbeddedManager::spawn(config, CancellationToken::new())
+        .await
+        .expect_err("a corrupt record");
+    let text = slrp_types::DisplayChain(&error).to_string();
+    assert!(
+        text.contains("recovering the container record") && text.contains("plugin.json"),
+        "{text}"
+    );
 }

@@ -382,9 +382,10 @@ impl Owner {
         tracing::info!(container_id = %id, pid = entry.pid, signal, "signalling standalone container");
         match process::signal(entry.pid, signal) {
             Ok(()) => KillOutcome::Signalled,
-            Err(error) => {
-                KillOutcome::Failed(format!("Unable to send signal to container: {error}"))
-            }
+            Err(error) => KillOutcome::Failed(format!(
+                "Unable to send signal to container: {}",
+                error.desc()
+            )),
         }
     }
 
