@@ -652,3 +652,59 @@ impl Watcher {
             .await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owner() -> Owner {
+        let (self_tx, requests) = mpsc::channel(1);
+        let (messages, _) = broadcast::channel(4);
+        let temp = tempfile::tempdir().expect("tempdir");
+        Owner {
+            requests,
+            self_tx,
+            root: Arc::new(Root::Temporary(temp)),
+            boot_id: None,
+            entries: BTreeMap::new(),
+            next_generation: 0,
+            messages,
+            tasks: TaskTracker::new(),
+            cancel: CancellationToken::new(),
+        }
+    }
+
+    /// A container being destroyed (its process exited, the rest of its group is being
+    /// killed) is listed without a pid, as GET_CONTAINERS omits its `executor_pid`; a
+    /// report from an earlier container of the same ID changes nothing.
+    #[test]
+    fn a_destroying_container_is_listed_without_a_pid() {
+        let mut owner = owner();
+        let generation = owner.insert("c".to_owned(), LaunchContainer::default(), 42, None);
+        assert_eq!(owner.list()[0].pid, Some(42));
+        owner.handle(Request::Destroying {
+            id: "c".to_owned(),
+            generation: generation + 1,
+        });
+        assert_eq!(
+            owner.list()[0].state,
+            ContainerState::Running,
+            "stale report"
+        );
+        owner.handle(Request::Destroying {
+            id: "c".to_owned(),
+            generation,
+        });
+        let listed = owner.list();
+        assert_eq!(
+            (listed[0].state, listed[0].pid),
+            (ContainerState::Destroying, None)
+        );
+        owner.handle(Request::Exited {
+            id: "c".to_owned(),
+            generation,
+            status: Some(0),
+        });
+        assert!(owner.list().is_empty());
+    }
+}
