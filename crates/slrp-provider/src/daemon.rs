@@ -142,6 +142,8 @@ enum ProviderRunError {
     Stack(#[source] StackError),
     #[error("the agent operator API client for the plugin containers")]
     PluginBackend(#[source] slrp_agent::OperatorError),
+    #[error("plugin container {container} failed and is not restarted: {reason}")]
+    PluginFailed { container: String, reason: String },
     #[error("the provider worker did not start")]
     Spawn(#[source] ProviderError),
     #[error("the provider worker failed")]
@@ -852,6 +854,8 @@ async fn run_provider_inner(
     let mut worker_done = false;
     let mut status = handle.status();
     let mut agent_id = status.borrow().agent_id.clone();
+    let plugin_failed = stack.plugin_failed();
+    tokio::pin!(plugin_failed);
     let ended = loop {
         tokio::select! {
             () = stop.cancelled() => break None,
@@ -861,6 +865,9 @@ async fn run_provider_inner(
             }
             volumes = stack.volume_manager_ended() => {
                 break Some(volumes.map_or_else(ProviderRunError::Volumes, |()| ProviderRunError::VolumesStopped));
+            }
+            (container, reason) = &mut plugin_failed => {
+                break Some(ProviderRunError::PluginFailed { container, reason });
             }
             Ok(()) = status.changed() => {
                 let now = status.borrow_and_update().agent_id.clone();
