@@ -57,7 +57,8 @@ pub struct ContainerView {
     pub state: ContainerState,
     /// What it was launched with.
     pub launch: LaunchContainer,
-    /// WAIT_CONTAINER calls waiting for its termination.
+    /// Callers waiting for its termination: WAIT_CONTAINER calls, and a running
+    /// [`crate::ManagerHandle::destroy_containers`].
     pub waiters: usize,
 }
 
