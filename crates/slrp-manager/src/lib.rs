@@ -54,7 +54,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use config::{AckPolicy, Listen, ManagerConfig, Secret};
-pub use containers::{ContainerState, ContainerView};
+pub use containers::{ContainerState, ContainerView, kill_recorded_containers};
 pub use error::{
     ConfigError, ContainerError, ManagerError, OperationError, PublishError, RegistrarError,
     SendEventError,

@@ -76,6 +76,8 @@ pub struct AgentBackendConfig {
     pub remove_sandboxes: RemoveSandboxes,
     /// Waits between WAIT_CONTAINER attempts that failed in transport.
     pub wait_retry: Backoff,
+    /// How those waits are drawn below their ceiling (default [`Jitter::Full`]).
+    pub wait_jitter: Jitter,
 }
 
 impl AgentBackendConfig {
@@ -92,6 +94,7 @@ impl AgentBackendConfig {
             cid_prefix: cid_prefix(rp_type, rp_name),
             remove_sandboxes: RemoveSandboxes::Never,
             wait_retry: Backoff::PLUGIN_RESTART,
+            wait_jitter: Jitter::Full,
         }
     }
 }
@@ -257,8 +260,7 @@ impl AgentBackend {
             pid,
             adopted,
             exited: None,
-            wait_failures: 0,
-            jitter: JitterRng::new(Jitter::Full),
+            pending: None,
         }
     }
 
@@ -280,7 +282,9 @@ impl AgentBackend {
 
     /// Mesos's service-manager recovery (spec §4.1.4): keeps configured, running
     /// containers whose `container.info` equals the configuration (their next LAUNCH
-    /// answers 202); kills, waits for and removes every other container directory.
+    /// answers 202); kills, waits for and removes every other container directory whose
+    /// name starts with this provider's `cid_prefix` (the others belong to another
+    /// provider or to the agent's CSI server).
     pub(crate) async fn recover_containers(
         &self,
         spec: &PluginSpec,
@@ -293,12 +297,20 @@ impl AgentBackend {
             Ok(entries) => {
                 for entry in entries {
                     let entry = entry.map_err(crate::supervisor::io_err("listing", root))?;
-                    if let Some(name) = entry.file_name().to_str()
-                        && is_safe_component(name)
-                        && entry.path().is_dir()
-                    {
-                        dirs.push(name.to_owned());
+                    let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+                        continue;
+                    };
+                    if !is_safe_component(&name) || !entry.path().is_dir() {
+                        continue;
                     }
+                    if !name.starts_with(&self.cfg.cid_prefix) {
+                        // Another provider's with the same plugin, or the agent's CSI
+                        // server's (`mesos-internal-csi-*`): not ours to retire, and no
+                        // GET_CONTAINERS of ours lists it (Mesos retires these too).
+                        tracing::debug!(container = %name, prefix = %self.cfg.cid_prefix, "leaving a container directory of another owner");
+                        continue;
+                    }
+                    dirs.push(name);
                 }
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
@@ -662,9 +674,21 @@ struct AgentRun {
     pid: i32,
     adopted: bool,
     exited: Option<ExitInfo>,
-    /// Consecutive WAITs that failed in transport (the backoff of the next one).
-    wait_failures: u32,
-    jitter: JitterRng,
+    /// The one WAIT_CONTAINER of this run, with its retries. A task rather than a future
+    /// of `wait()`: the worker drops `wait()` on every health tick, and the long poll
+    /// (and a retry's backoff) must outlive that, as Mesos's daemon sends one WAIT per
+    /// container life.
+    pending: Option<tokio::task::JoinHandle<ExitInfo>>,
+}
+
+impl Drop for AgentRun {
+    fn drop(&mut self) {
+        // Detached or done with: nobody is watching any more (the agent keeps the
+        // container; only our connection closes).
+        if let Some(task) = &self.pending {
+            task.abort();
+        }
+    }
 }
 
 impl AgentRun {
@@ -672,48 +696,24 @@ impl AgentRun {
         if let Some(e) = self.exited {
             return e;
         }
-        loop {
-            let asked = tokio::time::Instant::now();
-            match self.client.wait_container(&self.id).await {
-                Ok(Wait::Exited(w)) => {
-                    let info = ExitInfo::Waited {
-                        exit_status: w.exit_status,
-                    };
-                    self.exited = Some(info);
-                    return info;
-                }
-                Ok(Wait::NotFound) => {
-                    self.exited = Some(ExitInfo::Gone);
-                    return ExitInfo::Gone;
-                }
-                Err(OperatorError::Refused { status, body }) => {
-                    // Not a transport problem: asking again cannot help. Mesos's daemon
-                    // fails on any answer but 200/404.
-                    tracing::error!(container = %self.id.value, %status, body, "WAIT_CONTAINER refused; treating the container as ended");
-                    let info = ExitInfo::RefusedWait {
-                        status: status.as_u16(),
-                    };
-                    self.exited = Some(info);
-                    return info;
-                }
-                Err(e) => {
-                    // The agent restarting or the connection cut says nothing about the
-                    // container: ask again until the agent answers.
-                    // A poll that was answered for a long while before it broke starts the
-                    // backoff afresh (a later agent restart is a new outage).
-                    if asked.elapsed() >= self.cfg.wait_retry.max() {
-                        self.wait_failures = 0;
-                    }
-                    self.wait_failures = self.wait_failures.saturating_add(1);
-                    let delay = self
-                        .cfg
-                        .wait_retry
-                        .delay(self.wait_failures, &mut self.jitter);
-                    tracing::warn!(container = %self.id.value, error = %DisplayChain(&e), ?delay, "WAIT_CONTAINER failed; asking again");
-                    tokio::time::sleep(delay).await;
-                }
+        let task = self.pending.get_or_insert_with(|| {
+            tokio::spawn(keep_waiting(
+                self.client.clone(),
+                self.cfg.clone(),
+                self.id.clone(),
+            ))
+        });
+        let info = match task.await {
+            Ok(info) => info,
+            Err(e) => {
+                // Only a panic gets here (the task is aborted on drop alone).
+                tracing::error!(container = %self.id.value, error = %DisplayChain(&e), "the WAIT_CONTAINER task failed; treating the container as gone");
+                ExitInfo::Gone
             }
-        }
+        };
+        self.pending = None;
+        self.exited = Some(info);
+        info
     }
 
     async fn kill(&self, signal: i32) {
@@ -744,10 +744,53 @@ impl AgentRun {
             }
             Err(_) => {
                 tracing::warn!(container = %self.id.value, after = ?bound, "no answer to WAIT_CONTAINER after SIGKILL; the container may still run");
-                ExitInfo::Gone
+                ExitInfo::Unconfirmed
             }
         };
         (info, true)
+    }
+}
+
+/// WAIT_CONTAINER until the agent answers about the container: transport failures (the
+/// agent restarting, the connection cut) say nothing about it and are retried with the
+/// configured backoff.
+async fn keep_waiting(
+    client: OperatorClient,
+    cfg: Arc<AgentBackendConfig>,
+    id: mesos::ContainerId,
+) -> ExitInfo {
+    let mut jitter = JitterRng::new(cfg.wait_jitter);
+    // Consecutive WAITs that failed in transport (the backoff of the next one).
+    let mut failures: u32 = 0;
+    loop {
+        let asked = tokio::time::Instant::now();
+        match client.wait_container(&id).await {
+            Ok(Wait::Exited(w)) => {
+                return ExitInfo::Waited {
+                    exit_status: w.exit_status,
+                };
+            }
+            Ok(Wait::NotFound) => return ExitInfo::Gone,
+            Err(OperatorError::Refused { status, body }) => {
+                // Not a transport problem: asking again cannot help. Mesos's daemon
+                // fails on any answer but 200/404.
+                tracing::error!(container = %id.value, %status, body, "WAIT_CONTAINER refused; treating the container as ended");
+                return ExitInfo::RefusedWait {
+                    status: status.as_u16(),
+                };
+            }
+            Err(e) => {
+                // A poll that was answered for a long while before it broke starts the
+                // backoff afresh (a later agent restart is a new outage).
+                if asked.elapsed() >= cfg.wait_retry.max() {
+                    failures = 0;
+                }
+                failures = failures.saturating_add(1);
+                let delay = cfg.wait_retry.delay(failures, &mut jitter);
+                tracing::warn!(container = %id.value, error = %DisplayChain(&e), ?delay, "WAIT_CONTAINER failed; asking again");
+                tokio::time::sleep(delay).await;
+            }
+        }
     }
 }
 

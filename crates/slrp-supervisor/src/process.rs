@@ -160,6 +160,9 @@ pub enum ExitInfo {
         /// 401 or 403.
         status: u16,
     },
+    /// A stop the agent never confirmed (no WAIT answer within its bound): the container
+    /// may still run, listening on its socket.
+    Unconfirmed,
 }
 
 impl std::fmt::Display for ExitInfo {
@@ -172,6 +175,9 @@ impl std::fmt::Display for ExitInfo {
             } => write!(f, "agent container ended with wait status {status}"),
             Self::Waited { exit_status: None } => f.write_str("agent container ended"),
             Self::Gone => f.write_str("the agent does not know the container (404)"),
+            Self::Unconfirmed => {
+                f.write_str("the agent never confirmed the end (it may still run)")
+            }
             Self::RefusedWait { status } => {
                 write!(
                     f,

@@ -52,7 +52,7 @@ use tracing::Instrument;
 
 use crate::backend::{ContainerBackend, PROCESS_SOCKET_PREFIX, PluginRun, ProcessBackend, RECORD};
 use crate::metrics::{SupervisorMetrics, TerminationCause};
-use crate::process::{LaunchError, ProcFs, ProcReader};
+use crate::process::{ExitInfo, LaunchError, ProcFs, ProcReader};
 use crate::readiness::{Readiness, ReadinessCheck};
 use crate::spec::{ContainerSpec, PluginSpec, Service, SpecError};
 
@@ -832,8 +832,14 @@ impl Worker {
                     tracing::info!(%exit, killed, "plugin stopped");
                     self.metrics
                         .terminated(&self.spec.id, TerminationCause::Stopped);
-                    self.cleanup();
-                    remove_endpoint_dir(&self.dir);
+                    if exit == ExitInfo::Unconfirmed {
+                        // It may still run and listen there: the next start re-attaches
+                        // (LAUNCH 202) and finds the socket where the plugin made it.
+                        tracing::warn!(socket = %self.socket.display(), "keeping the socket directory of a plugin whose end was not confirmed");
+                    } else {
+                        self.cleanup();
+                        remove_endpoint_dir(&self.dir);
+                    }
                     self.state.send_replace(ContainerState::Stopped);
                     return;
                 }

@@ -17,6 +17,7 @@ mod common;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::{WAIT, eventually, running};
@@ -97,6 +98,14 @@ struct Env {
     secret: Option<Secret>,
 }
 
+impl Drop for Env {
+    fn drop(&mut self) {
+        // The containers survive their manager on purpose: a failed (panicking) test must
+        // not leave its plugins behind.
+        slrp_manager::kill_recorded_containers(&self.work_dir().join("containers"));
+    }
+}
+
 impl Env {
     fn new() -> Self {
         Self {
@@ -147,6 +156,14 @@ impl Env {
         AgentBackend::new(cfg).unwrap()
     }
 
+    /// WAIT retries exactly `retry` apart (no jitter).
+    fn backend_retrying_every(&self, retry: Duration) -> AgentBackend {
+        let mut cfg = AgentBackendConfig::new(self.agent(None), self.work_dir(), RP_TYPE, RP_NAME);
+        cfg.wait_retry = Backoff::new(retry, retry).unwrap();
+        cfg.wait_jitter = Jitter::None;
+        AgentBackend::new(cfg).unwrap()
+    }
+
     fn backend(&self) -> AgentBackend {
         self.backend_with(None, RemoveSandboxes::Never)
     }
@@ -165,6 +182,17 @@ impl Env {
         c.agent_id = Some("agent-S1".into());
         c.backend = backend;
         c
+    }
+
+    /// Calls (KILL, GET_CONTAINERS) bounded by `call` instead of 5 s.
+    fn backend_with_call_timeout(&self, call: Duration) -> AgentBackend {
+        let mut agent = self.agent(None);
+        agent.connect_timeout = call;
+        agent.call_timeout = call;
+        let mut cfg = AgentBackendConfig::new(agent, self.work_dir(), RP_TYPE, RP_NAME);
+        cfg.wait_retry =
+            Backoff::new(Duration::from_millis(20), Duration::from_millis(100)).unwrap();
+        AgentBackend::new(cfg).unwrap()
     }
 
     async fn start(&self, spec: PluginSpec, cfg: SupervisorConfig) -> SupervisorHandle {
@@ -532,6 +560,195 @@ async fn wait_transport_error_is_not_a_termination() {
     assert_eq!(env.metrics.terminations_total(), 0);
     assert_eq!(env.metrics.restarts(SPEC_ID), 0);
     h.shutdown().await;
+    guard.shutdown().await;
+}
+
+/// Ready iff the socket path exists, counting the probes (each health tick is one).
+struct CountingReadiness(Arc<AtomicUsize>);
+
+impl ReadinessCheck for CountingReadiness {
+    fn check<'a>(&'a self, socket: &'a Path) -> CheckFuture<'a> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        FileReadiness.check(socket)
+    }
+}
+
+/// Mesos's daemon sends one WAIT per container life: the health ticks of a long `Ready`
+/// period must not drop the long poll and send another.
+#[tokio::test]
+async fn one_wait_per_container_run_across_health_ticks() {
+    let env = Env::new();
+    let (m, guard) = env.manager().await;
+    let probes = Arc::new(AtomicUsize::new(0));
+    let h = common::start(
+        spec(PLUGIN),
+        env.config(Arc::new(env.backend())),
+        Arc::new(CountingReadiness(probes.clone())),
+        &env.metrics,
+    )
+    .await;
+    let pid = ready_pid(&h).await;
+    eventually_waiting(&m).await;
+    let seen = probes.load(Ordering::SeqCst);
+    eventually("ten health ticks", || {
+        probes.load(Ordering::SeqCst) >= seen + 10
+    })
+    .await;
+    let view = m
+        .containers()
+        .await
+        .into_iter()
+        .find(|c| c.id == CID)
+        .unwrap();
+    assert_eq!((view.waits, view.waiters), (1, 1), "{view:?}");
+    assert_eq!(
+        h.state(Service::Node).unwrap(),
+        ContainerState::Ready { pid }
+    );
+    h.shutdown().await;
+    guard.shutdown().await;
+}
+
+/// While the agent is down, the WAIT is retried on its backoff (not on every health
+/// tick), and the retry finds the agent once it is back.
+#[tokio::test]
+async fn wait_retries_on_its_backoff_while_the_agent_is_down() {
+    let retry = Duration::from_millis(300);
+    let env = Env::new();
+    let (m, guard) = env.manager().await;
+    let mut cfg = env.config(Arc::new(env.backend_retrying_every(retry)));
+    // Many ticks per retry: a tick re-sending the WAIT would show.
+    cfg.health_interval = Duration::from_millis(20);
+    let h = env.start(spec(PLUGIN), cfg).await;
+    let pid = ready_pid(&h).await;
+    eventually_waiting(&m).await;
+    guard.shutdown().await;
+    // An agent that is "down": it accepts and drops every connection, noting when.
+    let socket = env.path("agent.sock");
+    let _ = std::fs::remove_file(&socket);
+    let down = tokio::net::UnixListener::bind(&socket).unwrap();
+    let mut attempts = Vec::new();
+    while attempts.len() < 4 {
+        let (conn, _) = tokio::time::timeout(WAIT, down.accept())
+            .await
+            .expect("WAIT retried in time")
+            .unwrap();
+        attempts.push(tokio::time::Instant::now());
+        drop(conn);
+    }
+    for pair in attempts.windows(2) {
+        // A timer never fires early: each retry waited its full (unjittered) backoff.
+        assert!(
+            pair[1] - pair[0] >= retry - Duration::from_millis(20),
+            "retried after {:?}",
+            pair[1] - pair[0]
+        );
+    }
+    drop(down);
+    std::fs::remove_file(&socket).unwrap();
+    let (m, guard) = env.manager().await;
+    eventually_waiting(&m).await;
+    assert_eq!(
+        h.state(Service::Node).unwrap(),
+        ContainerState::Ready { pid }
+    );
+    assert_eq!(env.metrics.terminations_total(), 0);
+    h.shutdown().await;
+    guard.shutdown().await;
+}
+
+/// Recovery (either backend's) retires only container directories of this provider's
+/// `cid_prefix`: another provider's with the same plugin, and the agent's CSI server's,
+/// keep their directories and the socket directories their `endpoint` links name.
+#[tokio::test]
+async fn recovery_leaves_other_owners_container_directories() {
+    let env = Env::new();
+    let (m, guard) = env.manager().await;
+    let containers_dir = env.work_dir().join("csi/io.slrp.test/p/containers");
+    let foreign: Vec<(PathBuf, PathBuf)> = [
+        "mesos-internal-csi-io-slrp-test-p--NODE_SERVICE",
+        "org-apache-mesos-rp-local-storage-other--io-slrp-test-p--NODE_SERVICE",
+    ]
+    .iter()
+    .map(|name| {
+        let dir = containers_dir.join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let sockets = tempfile::Builder::new()
+            .prefix("mesos-csi-")
+            .tempdir_in(env.dir.path())
+            .unwrap()
+            .keep();
+        std::fs::write(sockets.join("endpoint.sock"), b"").unwrap();
+        std::os::unix::fs::symlink(&sockets, dir.join("endpoint")).unwrap();
+        (dir, sockets)
+    })
+    .collect();
+    let agent = env.backend();
+    let backends: [Arc<dyn ContainerBackend>; 2] = [
+        Arc::new(agent.clone()),
+        Arc::new(ProcessBackend::retiring_agent_containers(agent)),
+    ];
+    for backend in backends {
+        let name = backend.name();
+        let h = env
+            .start(
+                spec_of(
+                    vec![container(&[S::ControllerService, S::NodeService], PLUGIN)],
+                    SpecChecks::Process,
+                ),
+                env.config(backend),
+            )
+            .await;
+        ready_pid(&h).await;
+        for (dir, sockets) in &foreign {
+            assert!(dir.join("endpoint").exists(), "{name}: {}", dir.display());
+            assert!(
+                sockets.join("endpoint.sock").exists(),
+                "{name}: {}",
+                sockets.display()
+            );
+        }
+        h.shutdown().await;
+    }
+    assert_eq!(violations(&m), 0.0);
+    guard.shutdown().await;
+}
+
+/// A stop the agent never confirmed (it is down) keeps the endpoint link and the socket
+/// directory: the container may still run there, and the next start re-attaches to it
+/// at once instead of waiting out the socket timeout.
+#[tokio::test]
+async fn an_unconfirmed_stop_keeps_the_socket_directory() {
+    let env = Env::new();
+    let (m, guard) = env.manager().await;
+    let backend = Arc::new(env.backend_with_call_timeout(Duration::from_millis(300)));
+    let h = env.start(spec(PLUGIN), env.config(backend.clone())).await;
+    let pid = ready_pid(&h).await;
+    let socket = h.endpoint(Service::Node).unwrap().path().to_owned();
+    eventually_waiting(&m).await;
+    drop(m);
+    guard.shutdown().await;
+    h.shutdown().await;
+    assert!(running(pid), "the agent was down: nothing stopped it");
+    let link = env
+        .work_dir()
+        .join("csi/io.slrp.test/p/containers")
+        .join(CID)
+        .join("endpoint");
+    assert_eq!(std::fs::read_link(&link).unwrap(), socket.parent().unwrap());
+    assert!(socket.exists(), "the plugin's socket stays");
+    assert_eq!(
+        env.metrics.terminations(SPEC_ID, TerminationCause::Stopped),
+        1
+    );
+
+    let (m, guard) = env.manager().await;
+    let h = env.start(spec(PLUGIN), env.config(backend)).await;
+    assert_eq!(ready_pid(&h).await, pid, "re-attached (LAUNCH 202)");
+    assert_eq!(h.endpoint(Service::Node).unwrap().path(), socket);
+    h.shutdown().await;
+    assert!(!running(pid));
+    assert_eq!(violations(&m), 0.0);
     guard.shutdown().await;
 }
 

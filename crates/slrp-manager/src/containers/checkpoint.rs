@@ -4,8 +4,11 @@
 //! A container ID cannot contain `.` (Mesos's rule), so the directory never collides with
 //! a sandbox, and `<id>.json` never leaves it (IDs are validated before they get here).
 //! Like an agent's runtime directory (usually on tmpfs) the records are not fsync'ed: a
-//! host crash kills the containers too, and the boot id then says they are gone.
+//! host crash kills the containers too, and the boot id then says they are gone. They are
+//! written 0600: a launch's environment may hold SECRET values.
 
+use std::io::Write as _;
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -67,7 +70,17 @@ pub(crate) fn write(
         std::fs::create_dir_all(dir).map_err(error)?;
     }
     let temp = path.with_extension("json.tmp");
-    std::fs::write(&temp, bytes).map_err(error)?;
+    // The launch may carry SECRET values of its command's environment: readable by the
+    // owner only, from the first byte (created with the mode, not chmod'ed after).
+    let _ = std::fs::remove_file(&temp);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&temp)
+        .map_err(error)?;
+    file.write_all(&bytes).map_err(error)?;
+    drop(file);
     std::fs::rename(&temp, &path).map_err(error)
 }
 
@@ -123,4 +136,55 @@ pub(crate) fn read_all(containers_dir: &Path) -> Result<Vec<Record>, ContainerEr
         });
     }
     Ok(records)
+}
+
+/// SIGKILLs the group of every container recorded under `containers_dir` whose process
+/// still runs (best effort, synchronous: usable where nothing can be awaited).
+pub(crate) fn kill_recorded(containers_dir: &Path) {
+    let Ok(records) = read_all(containers_dir) else {
+        return;
+    };
+    for record in records {
+        // The start time in the check guards against a recycled pid.
+        if super::process::is_alive(record.process) {
+            super::process::kill_group(record.process.pid);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt as _;
+
+    use slrp_proto::mesos::v1 as mesos;
+
+    use super::*;
+
+    /// A record holds the launch as given, SECRET values included: only its owner may
+    /// read it, whatever the umask.
+    #[test]
+    fn records_are_readable_by_their_owner_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let launch = LaunchContainer {
+            container_id: mesos::ContainerId {
+                value: "c".into(),
+                parent: None,
+            },
+            ..Default::default()
+        };
+        let process = ProcessId {
+            pid: 1,
+            start_time: 0,
+        };
+        // A leftover of a write that did not finish, world-readable.
+        let record = path(dir.path(), "c");
+        std::fs::create_dir_all(record.parent().unwrap()).unwrap();
+        std::fs::write(record.with_extension("json.tmp"), b"{}").unwrap();
+        write(dir.path(), "c", process, None, &launch).unwrap();
+        let mode = std::fs::metadata(&record).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "{mode:o}");
+        let read = read_all(dir.path()).unwrap();
+        assert_eq!(read.len(), 1);
+        assert_eq!(read[0].launch, launch);
+    }
 }

@@ -60,6 +60,9 @@ pub struct ContainerView {
     /// Callers waiting for its termination: WAIT_CONTAINER calls, and a running
     /// [`crate::ManagerHandle::destroy_containers`].
     pub waiters: usize,
+    /// WAIT_CONTAINER calls received for it since it was launched or adopted (a client
+    /// keeping one long poll sends one per container life).
+    pub waits: u64,
 }
 
 /// The life of a standalone container; an exited one is forgotten at once.
@@ -225,7 +228,19 @@ struct Entry {
     state: ContainerState,
     generation: u64,
     waiters: Vec<oneshot::Sender<Termination>>,
+    waits: u64,
     record: Option<PathBuf>,
+}
+
+impl Entry {
+    /// A receiver of the termination. Waiters whose callers went away (a WAIT whose
+    /// connection closed) are dropped first, so a client that re-asks cannot grow the list.
+    fn add_waiter(&mut self) -> oneshot::Receiver<Termination> {
+        self.waiters.retain(|w| !w.is_closed());
+        let (tx, rx) = oneshot::channel();
+        self.waiters.push(tx);
+        rx
+    }
 }
 
 struct Owner {
@@ -286,6 +301,13 @@ pub(crate) async fn start(
     Ok(Containers { requests: self_tx })
 }
 
+/// SIGKILLs the process group of every container recorded under `containers_dir` that
+/// still runs, without a manager: the guard of a test whose manager may have panicked or
+/// stopped with its containers left running (they survive it on purpose).
+pub fn kill_recorded_containers(containers_dir: &Path) {
+    checkpoint::kill_recorded(containers_dir);
+}
+
 fn boot_id() -> Option<String> {
     slrp_types::read_boot_id()
         .ok()
@@ -318,9 +340,8 @@ impl Owner {
             }
             Request::Wait { id, reply } => {
                 let waiter = self.entries.get_mut(&id).map(|entry| {
-                    let (tx, rx) = oneshot::channel();
-                    entry.waiters.push(tx);
-                    rx
+                    entry.waits = entry.waits.saturating_add(1);
+                    entry.add_waiter()
                 });
                 let _ = reply.send(waiter);
             }
@@ -338,9 +359,7 @@ impl Owner {
                 for (id, entry) in &mut self.entries {
                     tracing::info!(container_id = %id, pid = entry.pid, "destroying standalone container");
                     process::kill_group(entry.pid);
-                    let (tx, rx) = oneshot::channel();
-                    entry.waiters.push(tx);
-                    terminations.push(rx);
+                    terminations.push(entry.add_waiter());
                 }
                 let _ = reply.send(terminations);
             }
@@ -368,6 +387,7 @@ impl Owner {
                 state: entry.state,
                 launch: entry.launch.clone(),
                 waiters: entry.waiters.iter().filter(|w| !w.is_closed()).count(),
+                waits: entry.waits,
             })
             .collect()
     }
@@ -472,6 +492,7 @@ impl Owner {
                 state: ContainerState::Running,
                 generation,
                 waiters: Vec::new(),
+                waits: 0,
                 record,
             },
         );
@@ -681,6 +702,26 @@ mod tests {
             tasks: TaskTracker::new(),
             cancel: CancellationToken::new(),
         }
+    }
+
+    /// A WAIT whose caller went away (its connection closed) leaves no waiter behind: a
+    /// client that asks again keeps one, and every call is counted.
+    #[tokio::test]
+    async fn waiters_of_gone_callers_are_dropped() {
+        let mut owner = owner();
+        owner.insert("c".to_owned(), LaunchContainer::default(), 42, None);
+        for _ in 0..3 {
+            let (reply, answer) = oneshot::channel();
+            owner.handle(Request::Wait {
+                id: "c".to_owned(),
+                reply,
+            });
+            // The caller's termination receiver, dropped as a closed connection drops it.
+            drop(answer.await.unwrap().unwrap());
+        }
+        let entry = &owner.entries["c"];
+        assert_eq!(entry.waiters.len(), 1, "only the last one may be open");
+        assert_eq!(owner.list()[0].waits, 3);
     }
 
     /// A container being destroyed (its process exited, the rest of its group is being
