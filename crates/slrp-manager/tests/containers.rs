@@ -904,6 +904,7 @@ async fn a_cid_prefix_claim_limits_the_container_calls() {
 async fn containers_survive_a_restart_with_a_containers_dir() {
     let dir = tempfile::tempdir().expect("tempdir");
     let containers_dir = dir.path().join("work").join("containers");
+    let _reap = common::ContainersGuard(Some(containers_dir.clone()));
     let config = || {
         let mut config = ManagerConfig::loopback();
         config.containers_dir = Some(containers_dir.clone());
@@ -1177,4 +1178,25 @@ async fn an_unreadable_container_record_fails_the_spawn() {
         text.contains("recovering the container record") && text.contains("plugin.json"),
         "{text}"
     );
+}
+
+/// The tests' guard: a container left running by a stopped manager (its survival is the
+/// point of a `containers_dir`) is killed, group and all, from its record alone.
+#[tokio::test]
+async fn recorded_containers_can_be_killed_without_a_manager() {
+    let harness = start(|_| {}).await;
+    let answer = call(
+        &harness.client,
+        &launch_call("left", Some(shell("sleep 1000; true"))),
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
+    let pid = view(&harness.handle, "left")
+        .await
+        .and_then(|v| v.pid)
+        .expect("a pid");
+    harness.guard.shutdown().await;
+    assert!(alive(pid), "it survives its manager");
+    slrp_manager::kill_recorded_containers(harness.containers.0.as_deref().expect("a dir"));
+    eventually("the container to die", async || (!alive(pid)).then_some(())).await;
 }

@@ -20,6 +20,9 @@
 //!   any other failed LAUNCH is retried with backoff.
 //! - REMOVE_CONTAINER is never sent: a Mesos 1.11 agent aborts on one for a top-level
 //!   container. Sandboxes stay (Mesos parity) unless `remove_sandboxes = files`.
+//! - Recovery retires only directories named with this provider's `cid_prefix` (Mesos
+//!   retires every directory under `containers/`, the CSI server's included).
+//! - A stop the agent never confirmed keeps the socket directory (the container may run).
 
 use std::collections::HashMap;
 use std::io;

@@ -35,7 +35,21 @@ pub struct Harness {
     pub handle: ManagerHandle,
     pub guard: ManagerGuard,
     pub client: Client,
+    /// Before `dir`: the records it reads live there.
+    pub containers: ContainersGuard,
     pub dir: tempfile::TempDir,
+}
+
+/// Kills what is left of the containers recorded under its directory when dropped (a
+/// panicking test included): they survive their manager on purpose.
+pub struct ContainersGuard(pub Option<std::path::PathBuf>);
+
+impl Drop for ContainersGuard {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.0 {
+            slrp_manager::kill_recorded_containers(dir);
+        }
+    }
 }
 
 pub async fn start(transport: Transport) -> Harness {
@@ -50,6 +64,7 @@ pub async fn start_with(transport: Transport, adjust: impl FnOnce(&mut ManagerCo
     };
     config.state_dir = Some(dir.path().join("state"));
     adjust(&mut config);
+    let containers = ContainersGuard(config.containers_dir.clone());
     let (handle, guard) = EmbeddedManager::spawn(config, CancellationToken::new())
         .await
         .expect("manager starts");
@@ -60,6 +75,7 @@ pub async fn start_with(transport: Transport, adjust: impl FnOnce(&mut ManagerCo
         handle,
         guard,
         client,
+        containers,
         dir,
     }
 }
