@@ -12,7 +12,10 @@
 //! - [`csi::v0`], [`csi::v1`]: CSI messages plus tonic clients and servers;
 //! - [`mesos::v1`]: the Mesos types the provider needs (resources, operations, plugin info);
 //! - [`mesos::v1::resource_provider`]: the resource provider API `Call` and `Event`;
-//! - [`mesos::v1::agent`]: the agent operator API subset used for standalone containers.
+//! - [`mesos::v1::agent`]: the agent operator API subset used for standalone containers;
+//! - [`mesos::resource_provider`], [`mesos::csi::state`], [`mesos::internal`]: the Mesos
+//!   storage local resource provider's checkpoint messages (`resource_provider.state`,
+//!   `volume.state`, `operation.updates`), which `slrp import-mesos` reads and tests write.
 //!
 //! [`redact`] implements `Debug` for the messages that carry secrets, with the values
 //! redacted.
@@ -54,7 +57,7 @@ pub mod csi {
     }
 }
 
-/// Apache Mesos v1 APIs.
+/// Apache Mesos: the v1 APIs and the storage local resource provider's checkpoints.
 pub mod mesos {
     /// Package `mesos.v1`: resources, operations, plugin and container descriptions.
     #[allow(
@@ -91,6 +94,45 @@ pub mod mesos {
             include!("generated/mesos.v1.agent.rs");
         }
     }
+
+    /// Package `mesos.resource_provider`: the provider's checkpoint `ResourceProviderState`.
+    #[allow(
+        missing_docs,
+        unreachable_pub,
+        clippy::all,
+        clippy::pedantic,
+        rust_2018_idioms
+    )]
+    pub mod resource_provider {
+        include!("generated/mesos.resource_provider.rs");
+    }
+
+    /// Mesos's CSI support.
+    pub mod csi {
+        /// Package `mesos.csi.state`: the volume manager's checkpoint `VolumeState`.
+        #[allow(
+            missing_docs,
+            unreachable_pub,
+            clippy::all,
+            clippy::pedantic,
+            rust_2018_idioms
+        )]
+        pub mod state {
+            include!("generated/mesos.csi.state.rs");
+        }
+    }
+
+    /// Package `mesos.internal` (subset): the records of an operation's status stream.
+    #[allow(
+        missing_docs,
+        unreachable_pub,
+        clippy::all,
+        clippy::pedantic,
+        rust_2018_idioms
+    )]
+    pub mod internal {
+        include!("generated/mesos.internal.rs");
+    }
 }
 
 pub mod redact;
@@ -122,6 +164,10 @@ mod tests {
             mesos::v1::agent::Call::full_name(),
             csi::v1::CreateVolumeRequest::full_name(),
             csi::v0::CreateVolumeRequest::full_name(),
+            mesos::resource_provider::ResourceProviderState::full_name(),
+            mesos::csi::state::VolumeState::full_name(),
+            mesos::internal::UpdateOperationStatusRecord::full_name(),
+            mesos::internal::UpdateOperationStatusMessage::full_name(),
         ] {
             assert!(pool.get_message_by_name(&name).is_some(), "{name} missing");
         }

@@ -15,6 +15,9 @@
 //! through, refuses, resets and counts, answers 503, cuts an event stream mid-record or
 //! black-holes connections, switched at run time).
 //!
+//! With feature `mesos`: `mesos` (`MesosWorkDir`, a Mesos agent work directory with the
+//! Mesos SLRP's checkpoints in Mesos's layout and encodings, for `slrp import-mesos`).
+//!
 //! [`require`](mod@require) decides whether a test may run on this machine (root, tools,
 //! capabilities, prepared environments): a notice and a skip locally, a failure under
 //! `CI=true`.
@@ -34,6 +37,8 @@ use std::time::Duration;
 pub mod fake_csi;
 #[cfg(feature = "volume")]
 pub mod harness;
+#[cfg(feature = "mesos")]
+pub mod mesos;
 #[cfg(feature = "proxy")]
 pub mod proxy;
 pub mod require;

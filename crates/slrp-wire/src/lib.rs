@@ -9,12 +9,15 @@
 //! - [`recordio`]: incremental RecordIO framing for `tokio_util::codec`.
 //! - [`json`]: Mesos-compatible JSON (snake_case names, enums by name, int64 as numbers).
 //! - [`required`]: proto2 `required` field enforcement, which prost does not do.
+//! - [`checkpoint`]: the Mesos agent's length-prefixed checkpoint files and record streams,
+//!   and the resource downgrade/upgrade Mesos applies to them.
 //! - this file: [`ContentType`] and the [`decode`]/[`encode`] entry points used on the wire.
 //!
 //! # Invariants
 //! Every decoder here returns an error, never panics, on arbitrary input (property-tested),
 //! and a message that [`decode`] returns has all its required fields set.
 
+pub mod checkpoint;
 pub mod json;
 pub mod recordio;
 pub mod required;
@@ -22,6 +25,7 @@ pub mod required;
 use prost::{Message, Name};
 use prost_reflect::DynamicMessage;
 
+pub use checkpoint::{CheckpointError, Records, Tail};
 pub use json::JsonError;
 pub use recordio::{RecordIoDecoder, RecordIoEncoder, RecordIoError};
 pub use required::MissingField;
