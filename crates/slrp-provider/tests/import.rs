@@ -1,5 +1,5 @@
-//! `slrp_provider::import`: a Mesos SLRP's checkpoint tree (written here in Mesos's formats)
-//! read as Mesos's recovery reads it, mapped to slrp's records, committed in one
+//! `slrp_provider::import`: a Mesos SLRP's checkpoint tree (written by the
+//! `slrp_test_support::mesos` fixture in Mesos's formats) read as Mesos's recovery reads it, mapped to slrp's records, committed in one
 //! transaction. No root needed.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -13,8 +13,6 @@ use slrp_core::provider::state::ProviderState;
 use slrp_core::volume::{BootId, MountTable, StateName, VolumeRecord, VolumeState};
 use slrp_proto::mesos::csi::state::VolumeState as MesosVolume;
 use slrp_proto::mesos::csi::state::volume_state::State;
-use slrp_proto::mesos::internal::update_operation_status_record::Type as RecordType;
-use slrp_proto::mesos::internal::{UpdateOperationStatusMessage, UpdateOperationStatusRecord};
 use slrp_proto::mesos::resource_provider::ResourceProviderState;
 use slrp_proto::mesos::resource_provider::resource_provider_state::Storage;
 use slrp_proto::mesos::resource_provider::resource_provider_state::storage::ProfileInfo;
@@ -29,7 +27,8 @@ use slrp_provider::import::{
     Committed, ImportError, ImportOptions, MesosImport, Refusal, open_store, plan,
 };
 use slrp_store::Store;
-use slrp_wire::checkpoint::{downgrade_message, encode_message};
+use slrp_test_support::mesos::{MesosStream, MesosWorkDir};
+use slrp_wire::checkpoint::encode_message;
 
 const RP_TYPE: &str = "org.apache.mesos.rp.local.storage";
 const RP_NAME: &str = "test";
@@ -58,90 +57,59 @@ fn provider() -> ProviderConfig {
     }
 }
 
-/// A Mesos agent work directory, written as a Mesos agent and its SLRP write it.
+/// A Mesos agent work directory (the shared fixture) with this test's provider and plugin.
 struct Mesos {
-    dir: tempfile::TempDir,
+    _dir: tempfile::TempDir,
+    w: MesosWorkDir,
 }
 
 impl Mesos {
     fn new() -> Self {
-        let m = Self {
-            dir: tempfile::tempdir().unwrap(),
-        };
-        let slaves = m.root().join("meta/slaves");
-        std::fs::create_dir_all(slaves.join(AGENT)).unwrap();
-        std::os::unix::fs::symlink(slaves.join(AGENT), slaves.join("latest")).unwrap();
-        m
+        let dir = tempfile::tempdir().unwrap();
+        let w = MesosWorkDir::new(dir.path()).agent(AGENT);
+        Self { _dir: dir, w }
     }
 
     fn root(&self) -> &Path {
-        self.dir.path()
+        self.w.root()
     }
 
     fn boot_id(&self, id: &str) {
-        std::fs::write(self.root().join("meta/boot_id"), format!("{id}\n")).unwrap();
+        let _ = self.w.clone().boot_id(id);
     }
 
     fn rp_dir(&self) -> PathBuf {
-        self.root()
-            .join("meta/slaves")
-            .join(AGENT)
+        self.w
+            .agent_dir()
             .join("resource_providers")
             .join(RP_TYPE)
             .join(RP_NAME)
     }
 
-    /// `latest` → `<rp dir>/<rp id>` (absolute, as Mesos links it) and, if given,
-    /// `resource_provider.state` (resources downgraded, as Mesos checkpoints them).
+    /// `latest` → `<rp dir>/<rp id>` and, if given, `resource_provider.state`.
     fn provider(&self, state: Option<&ResourceProviderState>) -> PathBuf {
-        let dir = self.rp_dir().join(RP_ID);
-        std::fs::create_dir_all(&dir).unwrap();
-        std::os::unix::fs::symlink(&dir, self.rp_dir().join("latest")).unwrap();
-        let path = dir.join("resource_provider.state");
+        let p = self.w.provider(RP_TYPE, RP_NAME, RP_ID);
         if let Some(state) = state {
-            let mut state = state.clone();
-            downgrade_message(&mut state).unwrap();
-            std::fs::write(&path, encode_message(&state)).unwrap();
+            p.state(state);
         }
-        path
+        p.state_path()
     }
 
-    fn stream_path(&self, op: &uuid::Uuid) -> PathBuf {
-        self.rp_dir()
-            .join(RP_ID)
-            .join("operations")
-            .join(op.to_string())
-            .join("operation.updates")
+    /// Operation `op`'s status stream (the provider must exist).
+    fn stream(&self, op: uuid::Uuid) -> MesosStream {
+        self.w.provider(RP_TYPE, RP_NAME, RP_ID).stream(op)
     }
 
-    /// Appends records (and `raw` bytes) to operation `op`'s status stream.
-    fn stream(&self, op: &uuid::Uuid, records: &[UpdateOperationStatusRecord], raw: &[u8]) {
-        let path = self.stream_path(op);
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        let mut bytes = std::fs::read(&path).unwrap_or_default();
-        for r in records {
-            bytes.extend(encode_message(r));
-        }
-        bytes.extend_from_slice(raw);
-        std::fs::write(&path, bytes).unwrap();
+    fn volume_path(&self, id: &str) -> PathBuf {
+        self.w.volume_state_path(PLUGIN_TYPE, PLUGIN_NAME, id)
     }
 
-    fn volume_path(&self, dir_name: &str) -> PathBuf {
-        self.root()
-            .join("csi")
-            .join(PLUGIN_TYPE)
-            .join(PLUGIN_NAME)
-            .join("volumes")
-            .join(dir_name)
-            .join("volume.state")
+    fn volume(&self, id: &str, state: &MesosVolume) -> PathBuf {
+        self.w.volume(PLUGIN_TYPE, PLUGIN_NAME, id, state)
     }
 
-    fn volume(&self, dir_name: &str, state: &MesosVolume) -> PathBuf {
-        self.volume_bytes(dir_name, &encode_message(state))
-    }
-
-    fn volume_bytes(&self, dir_name: &str, bytes: &[u8]) -> PathBuf {
-        let path = self.volume_path(dir_name);
+    fn volume_bytes(&self, id: &str, bytes: &[u8]) -> PathBuf {
+        let path = self.volume_path(id);
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(&path, bytes).unwrap();
         path
@@ -279,28 +247,9 @@ fn pending(uuid: &uuid::Uuid) -> Operation {
     )
 }
 
-fn update(op: &uuid::Uuid, status: &OperationStatus) -> UpdateOperationStatusRecord {
-    UpdateOperationStatusRecord {
-        r#type: RecordType::Update as i32,
-        update: Some(UpdateOperationStatusMessage {
-            framework_id: None,
-            slave_id: None,
-            status: status.clone(),
-            latest_status: None,
-            operation_uuid: Some(Uuid {
-                value: op.as_bytes().to_vec(),
-            }),
-        }),
-        uuid: None,
-    }
-}
-
-fn ack(status: &OperationStatus) -> UpdateOperationStatusRecord {
-    UpdateOperationStatusRecord {
-        r#type: RecordType::Ack as i32,
-        update: None,
-        uuid: status.uuid.clone(),
-    }
+/// The status uuid of `status`.
+fn suuid(status: &OperationStatus) -> uuid::Uuid {
+    uuid::Uuid::from_slice(&status.uuid.as_ref().unwrap().value).unwrap()
 }
 
 #[derive(Debug)]
@@ -602,12 +551,11 @@ async fn identity_total_profiles_and_operations_are_taken_over_as_mesos_recovers
     ];
     m.provider(Some(&state));
     // FINISHED, its UPDATE checkpointed, not acknowledged: delivered again.
-    m.stream(&finished, &[update(&finished, &done)], &[]);
+    m.stream(finished).update(done.clone());
     // Terminal and acknowledged: Mesos forgets it (B.5 item 3).
-    m.stream(&forgotten, &[update(&forgotten, &done2), ack(&done2)], &[]);
+    m.stream(forgotten).update(done2.clone()).ack(suuid(&done2));
     // The stream directory exists, the first update never reached it: "none".
-    std::fs::create_dir_all(m.stream_path(&resent).parent().unwrap()).unwrap();
-    m.stream(&resent, &[], &[]);
+    std::fs::write(m.stream(resent).path(), b"").unwrap();
     let p = plan(m.root(), &provider(), &opts(false)).unwrap();
     assert!(
         p.skipped()
@@ -678,7 +626,7 @@ async fn statuses_beyond_the_stream_are_queued_after_the_checkpointed_ones() {
         vec![first.clone(), second.clone()],
     )];
     m.provider(Some(&state));
-    m.stream(&op, &[update(&op, &first), ack(&first)], &[]);
+    m.stream(op).update(first.clone()).ack(suuid(&first));
     let p = plan(m.root(), &provider(), &opts(false)).unwrap();
     let o = &p.operations()[0].op;
     assert_eq!(
@@ -788,10 +736,11 @@ async fn a_torn_tail_is_refused_strict_and_dropped_lenient() {
     let mut state = basic_state();
     state.operations = vec![create_disk(&op, done.clone(), vec![done.clone()])];
     m.provider(Some(&state));
-    let second = encode_message(&ack(&done));
-    m.stream(&op, &[update(&op, &done)], &second[..second.len() - 2]);
-    let path = m.stream_path(&op);
-    let good = std::fs::read(&path).unwrap().len() - (second.len() - 2);
+    let mut stream = m.stream(op);
+    stream.update(done.clone());
+    let path = stream.path().to_owned();
+    let good = std::fs::read(&path).unwrap().len();
+    stream.torn_tail(5);
     assert_refused(
         &refusals(&m, false),
         &path,
@@ -817,9 +766,9 @@ async fn a_corrupt_record_is_refused_strict_and_dropped_lenient() {
     state.operations = vec![create_disk(&op, done.clone(), vec![done.clone()])];
     m.provider(Some(&state));
     // As NonStrictRecoveryCorruptedFile: a whole UpdateOperationStatusMessage appended.
-    let wrong = encode_message(&update(&op, &done).update.unwrap());
-    m.stream(&op, &[update(&op, &done)], &wrong);
-    let path = m.stream_path(&op);
+    let mut stream = m.stream(op);
+    stream.update(done.clone()).corrupt_record();
+    let path = stream.path().to_owned();
     assert_refused(
         &refusals(&m, false),
         &path,
@@ -839,10 +788,11 @@ async fn an_ack_of_another_status_is_refused_strict_and_popped_lenient() {
     let mut state = basic_state();
     state.operations = vec![create_disk(&op, done.clone(), vec![done.clone()])];
     m.provider(Some(&state));
-    m.stream(&op, &[update(&op, &done), ack(&other)], &[]);
+    let mut stream = m.stream(op);
+    stream.update(done.clone()).ack(suuid(&other));
     assert_refused(
         &refusals(&m, false),
-        &m.stream_path(&op),
+        stream.path(),
         &["acknowledges status"],
     );
     // Lenient follows Mesos: the head is popped; terminal, so the operation is forgotten.
@@ -859,8 +809,7 @@ async fn a_refusal_in_the_last_file_writes_nothing_and_no_mesos_file_changes() {
     let mut state = basic_state();
     state.operations = vec![create_disk(&op, done.clone(), vec![done.clone()])];
     m.provider(Some(&state));
-    let torn = encode_message(&ack(&done));
-    m.stream(&op, &[update(&op, &done)], &torn[..3]);
+    m.stream(op).update(done.clone()).torn_tail(3);
     m.volume("a", &volume_state(State::Published, "b"));
     m.volume("zz-last", &volume_state(State::Unknown, ""));
     let before = m.snapshot();
