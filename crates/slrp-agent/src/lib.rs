@@ -11,7 +11,8 @@
 //! - [`config`]: [`AgentConfig`], the `--agent` URL forms ([`AgentEndpoint`]).
 //! - [`state`]: the observable [`ConnectionState`] and the pure [`ReconnectPolicy`].
 //! - [`client`]: the session worker and [`AgentHandle`] for calls.
-//! - [`operator`]: [`operator::get_agent_id`], GET_AGENT on the agent operator API.
+//! - [`operator`]: [`operator::get_agent_id`] (GET_AGENT) and [`OperatorClient`], the
+//!   standalone container calls of the agent operator API.
 //! - [`error`], [`metrics`]; `transport`: opening one connection over TCP, TLS or a unix
 //!   socket.
 //!
@@ -31,5 +32,5 @@ pub use client::{AgentClient, AgentHandle, STREAM_ID_HEADER, SessionEvent};
 pub use config::{AgentConfig, AgentEndpoint, RESOURCE_PROVIDER_PATH, TcpKeepalive, Token};
 pub use error::{AgentError, ConfigError};
 pub use metrics::{MetricFamilies, Metrics};
-pub use operator::{OperatorError, get_agent_id};
+pub use operator::{Kill, Launch, OperatorClient, OperatorError, Wait, get_agent_id};
 pub use state::{ConnectionState, ReconnectPolicy};

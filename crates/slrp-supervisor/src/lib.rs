@@ -1,5 +1,6 @@
 //! Supervision of managed CSI plugins (Mesos's service manager and container daemon,
-//! spec §4.1, without containers: plugins run as local processes).
+//! spec §4.1): as local processes (the default) or as the agent's standalone containers
+//! through its operator API ([`AgentBackend`]).
 //!
 //! # Overview
 //! [`deployment_from_info`] turns a Mesos `CSIPluginInfo` into either a managed
@@ -13,6 +14,8 @@
 //! # Layout
 //! - [`spec`]: `CSIPluginInfo` → [`PluginDeployment`] (service assignment, commands, ids).
 //! - [`supervisor`]: [`Supervisor`], [`SupervisorHandle`], [`SupervisorConfig`], workers.
+//! - [`backend`]: the [`ContainerBackend`] / [`PluginRun`] seam and [`ProcessBackend`].
+//! - [`agent`]: [`AgentBackend`], containers through the agent's operator API.
 //! - [`process`]: process groups, identity by pid + start time ([`ProcReader`] seam),
 //!   the no-leak guard.
 //! - [`readiness`]: [`ReadinessCheck`] and [`CsiProbe`].
@@ -40,18 +43,22 @@
 //! - A socket removed under a running plugin is noticed by the next health probe and
 //!   repaired by a restart, not in place.
 
+pub mod agent;
+pub mod backend;
 pub mod metrics;
 pub mod process;
 pub mod readiness;
 pub mod spec;
 pub mod supervisor;
 
+pub use agent::{AgentBackend, AgentBackendConfig, RemoveSandboxes};
+pub use backend::{ContainerBackend, PluginRun, ProcessBackend};
 pub use metrics::{SupervisorMetrics, TerminationCause};
 pub use process::{LaunchError, ProcFs, ProcReader};
 pub use readiness::{CheckFuture, CsiProbe, Readiness, ReadinessCheck};
 pub use spec::{
-    ContainerSpec, LaunchCommand, PluginDeployment, PluginSpec, Service, SpecError,
-    deployment_from_info,
+    ContainerSpec, LaunchCommand, PluginDeployment, PluginSpec, RawContainerInfo, Service,
+    SpecChecks, SpecError, deployment_for, deployment_from_info,
 };
 pub use supervisor::{
     ContainerState, Supervisor, SupervisorConfig, SupervisorError, SupervisorHandle,

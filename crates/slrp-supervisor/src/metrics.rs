@@ -27,6 +27,8 @@ pub enum TerminationCause {
     LaunchFailed,
     /// slrp stopped it (shutdown, or a leftover with a different configuration).
     Stopped,
+    /// The agent refused to launch it (401/403); it is not retried.
+    Refused,
 }
 
 impl TerminationCause {
@@ -38,6 +40,7 @@ impl TerminationCause {
             Self::StartTimeout => "start_timeout",
             Self::LaunchFailed => "launch_failed",
             Self::Stopped => "stopped",
+            Self::Refused => "refused",
         }
     }
 }

@@ -145,6 +145,14 @@ pub enum ExitInfo {
     Status(ExitStatus),
     /// An adopted process disappeared (its status went to its real parent).
     Vanished,
+    /// The agent's WAIT_CONTAINER answered: the container ended, with this `wait(2)`
+    /// status word if the agent knew it.
+    Waited {
+        /// The status word.
+        exit_status: Option<i32>,
+    },
+    /// The agent does not know the container any more (WAIT_CONTAINER 404).
+    Gone,
 }
 
 impl std::fmt::Display for ExitInfo {
@@ -152,6 +160,11 @@ impl std::fmt::Display for ExitInfo {
         match self {
             Self::Status(s) => write!(f, "{s}"),
             Self::Vanished => f.write_str("adopted process exited"),
+            Self::Waited {
+                exit_status: Some(status),
+            } => write!(f, "agent container ended with wait status {status}"),
+            Self::Waited { exit_status: None } => f.write_str("agent container ended"),
+            Self::Gone => f.write_str("the agent does not know the container (404)"),
         }
     }
 }

@@ -79,6 +79,14 @@ pub enum SpecError {
         /// Variable name.
         name: String,
     },
+    /// An agent container ID breaks the agent's rules (the agent would refuse LAUNCH).
+    #[error("agent container ID {id:?} {rule}")]
+    ContainerId {
+        /// The ID.
+        id: String,
+        /// The rule it breaks.
+        rule: &'static str,
+    },
     /// An endpoint is not a unix socket address.
     #[error("plugin {plugin} endpoint for {service}")]
     Endpoint {
@@ -120,6 +128,16 @@ impl fmt::Debug for LaunchCommand {
     }
 }
 
+/// A container's `CSIPluginContainerInfo` exactly as configured: the agent backend
+/// launches it field for field, builds Mesos's container ID from its **raw** services
+/// (duplicates kept) and checkpoints it as `container.info`.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RawContainerInfo(pub mesos::CsiPluginContainerInfo);
+
+// Compared by value only to tell two specs apart; the float fields of its resources are
+// configuration values, never NaN, so the partial order is total here.
+impl Eq for RawContainerInfo {}
+
 /// One supervised container.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ContainerSpec {
@@ -129,6 +147,41 @@ pub struct ContainerSpec {
     pub services: Vec<Service>,
     /// What to run.
     pub command: LaunchCommand,
+    /// The configured `CSIPluginContainerInfo`. Not part of [`ContainerSpec::config_hash`],
+    /// so pid records of earlier releases keep matching.
+    #[serde(skip)]
+    pub raw: RawContainerInfo,
+}
+
+impl ContainerSpec {
+    /// Mesos's container ID without the provider's `cid_prefix`:
+    /// `<plugin type, . → ->-<plugin name>--<raw services>` (spec §4.1.2). Differs from
+    /// [`ContainerSpec::id`] only when a service is listed twice.
+    pub fn mesos_id(&self) -> String {
+        let dedup = self
+            .services
+            .iter()
+            .map(|s| s.as_str())
+            .collect::<Vec<_>>()
+            .join("-");
+        let base = self.id.strip_suffix(&dedup).unwrap_or(&self.id);
+        format!("{base}{}", self.raw_services_suffix())
+    }
+
+    /// The container's services as configured (raw enum names, duplicates kept, in order),
+    /// joined by `-`: the suffix of Mesos's container ID (spec §4.1.2).
+    pub fn raw_services_suffix(&self) -> String {
+        self.raw
+            .0
+            .services
+            .iter()
+            .map(|raw| {
+                mesos::csi_plugin_container_info::Service::try_from(*raw)
+                    .map_or_else(|_| raw.to_string(), |s| s.as_str_name().to_owned())
+            })
+            .collect::<Vec<_>>()
+            .join("-")
+    }
 }
 
 impl ContainerSpec {
@@ -160,6 +213,17 @@ pub struct PluginSpec {
 }
 
 impl PluginSpec {
+    /// The same plugin with no containers: recovery with it retires every leftover.
+    pub(crate) fn without_containers(&self) -> Self {
+        Self {
+            plugin_type: self.plugin_type.clone(),
+            plugin_name: self.plugin_name.clone(),
+            containers: Vec::new(),
+            controller: None,
+            node: None,
+        }
+    }
+
     /// Index into [`PluginSpec::containers`] of the container serving `service`.
     pub fn container_for(&self, service: Service) -> Option<usize> {
         match service {
@@ -208,21 +272,36 @@ fn service_of(raw: i32) -> Option<Service> {
     }
 }
 
-fn command_of(
+/// Which checks a container's command gets: a local process needs a command and the
+/// values of its secrets; an agent launches an image's entrypoint and resolves secret
+/// references itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SpecChecks {
+    /// Local processes: `NoCommand` and `SecretReference` are errors.
+    #[default]
+    Process,
+    /// Agent containers: neither is checked (the agent sends the raw `CommandInfo`).
+    Agent,
+}
+
+pub(crate) fn command_of(
     plugin: &str,
     index: usize,
     c: &mesos::CommandInfo,
+    checks: SpecChecks,
 ) -> Result<LaunchCommand, SpecError> {
     use mesos::environment::variable::Type as VarType;
     use mesos::secret::Type as SecretType;
-    let value = c
-        .value
-        .clone()
-        .filter(|v| !v.is_empty())
-        .ok_or_else(|| SpecError::NoCommand {
-            plugin: plugin.to_owned(),
-            index,
-        })?;
+    let value = match c.value.clone().filter(|v| !v.is_empty()) {
+        Some(v) => v,
+        None if checks == SpecChecks::Agent => String::new(),
+        None => {
+            return Err(SpecError::NoCommand {
+                plugin: plugin.to_owned(),
+                index,
+            });
+        }
+    };
     let mut env = Vec::new();
     for var in c.environment.iter().flat_map(|e| e.variables.iter()) {
         let ty = var.r#type.map(VarType::try_from);
@@ -235,6 +314,8 @@ fn command_of(
                     .is_some_and(|t| t == SecretType::Value as i32);
                 match secret.and_then(|s| s.value.as_ref()) {
                     Some(v) if is_value => String::from_utf8_lossy(&v.data).into_owned(),
+                    // The agent's secret resolver handles it from the raw info.
+                    _ if checks == SpecChecks::Agent => continue,
                     _ => {
                         return Err(SpecError::SecretReference {
                             plugin: plugin.to_owned(),
@@ -264,6 +345,17 @@ fn command_of(
 /// # Errors
 /// [`SpecError`] naming the offending part of `info`.
 pub fn deployment_from_info(info: &mesos::CsiPluginInfo) -> Result<PluginDeployment, SpecError> {
+    deployment_for(info, SpecChecks::Process)
+}
+
+/// [`deployment_from_info`] with the command checks of one backend.
+///
+/// # Errors
+/// [`SpecError`] naming the offending part of `info`.
+pub fn deployment_for(
+    info: &mesos::CsiPluginInfo,
+    checks: SpecChecks,
+) -> Result<PluginDeployment, SpecError> {
     let plugin_name = info.name.clone().unwrap_or_else(|| "default".to_owned());
     safe_name("type", &info.r#type)?;
     safe_name("name", &plugin_name)?;
@@ -295,6 +387,7 @@ pub fn deployment_from_info(info: &mesos::CsiPluginInfo) -> Result<PluginDeploym
             &plugin,
             index,
             c.command.as_ref().unwrap_or(&Default::default()),
+            checks,
         )?;
         let suffix = services
             .iter()
@@ -312,6 +405,7 @@ pub fn deployment_from_info(info: &mesos::CsiPluginInfo) -> Result<PluginDeploym
             id,
             services,
             command,
+            raw: RawContainerInfo(c.clone()),
         });
         if serves_controller {
             controller = Some(pos);
@@ -452,9 +546,65 @@ mod tests {
         let mut c = container(&[S::NodeService], "");
         c.command = None;
         assert!(matches!(
-            deployment_from_info(&info(vec![c])),
+            deployment_from_info(&info(vec![c.clone()])),
             Err(SpecError::NoCommand { .. })
         ));
+        // An agent launches an image's entrypoint: no command is fine there.
+        assert!(deployment_for(&info(vec![c]), SpecChecks::Agent).is_ok());
+    }
+
+    #[test]
+    fn secret_references_are_refused_for_processes_only() {
+        use mesos::environment::Variable;
+        let mut c = container(&[S::NodeService], "run");
+        c.command.as_mut().unwrap().environment = Some(mesos::Environment {
+            variables: vec![Variable {
+                name: "TOKEN".into(),
+                r#type: Some(mesos::environment::variable::Type::Secret as i32),
+                secret: Some(mesos::Secret {
+                    r#type: Some(mesos::secret::Type::Reference as i32),
+                    reference: Some(mesos::secret::Reference {
+                        name: "vault/token".into(),
+                        key: None,
+                    }),
+                    value: None,
+                }),
+                value: None,
+            }],
+        });
+        assert!(matches!(
+            deployment_from_info(&info(vec![c.clone()])),
+            Err(SpecError::SecretReference { .. })
+        ));
+        let PluginDeployment::Managed(spec) =
+            deployment_for(&info(vec![c.clone()]), SpecChecks::Agent).unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(spec.containers[0].raw.0, c);
+    }
+
+    #[test]
+    fn the_raw_services_keep_duplicates() {
+        let c = container(
+            &[S::NodeService, S::ControllerService, S::NodeService],
+            "run",
+        );
+        let PluginDeployment::Managed(spec) = deployment_from_info(&info(vec![c])).unwrap() else {
+            panic!()
+        };
+        assert_eq!(
+            spec.containers[0].id,
+            "io-slrp-csi-local-local--NODE_SERVICE-CONTROLLER_SERVICE"
+        );
+        assert_eq!(
+            spec.containers[0].raw_services_suffix(),
+            "NODE_SERVICE-CONTROLLER_SERVICE-NODE_SERVICE"
+        );
+        assert_eq!(
+            spec.containers[0].mesos_id(),
+            "io-slrp-csi-local-local--NODE_SERVICE-CONTROLLER_SERVICE-NODE_SERVICE"
+        );
     }
 
     #[test]
@@ -524,6 +674,7 @@ mod tests {
                 arguments: vec![],
                 env: vec![],
             },
+            raw: RawContainerInfo::default(),
         };
         let mut b = a.clone();
         assert_eq!(a.config_hash(), b.config_hash());

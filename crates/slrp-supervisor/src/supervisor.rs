@@ -38,7 +38,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use slrp_csi::endpoint::is_too_long;
 use slrp_csi::{
     ClientConfig, CsiClient, CsiEndpoint, CsiError, CsiMetrics, CsiServices, EndpointReadiness,
@@ -51,10 +50,11 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::backend::{ContainerBackend, PROCESS_SOCKET_PREFIX, PluginRun, ProcessBackend, RECORD};
 use crate::metrics::{SupervisorMetrics, TerminationCause};
-use crate::process::{self, LaunchError, Liveness, PluginProcess, ProcFs, ProcReader, ProcessId};
+use crate::process::{LaunchError, ProcFs, ProcReader};
 use crate::readiness::{Readiness, ReadinessCheck};
-use crate::spec::{ContainerSpec, PluginSpec, Service, is_safe_component};
+use crate::spec::{ContainerSpec, PluginSpec, Service, SpecError};
 
 /// Supervisor settings. Defaults follow Mesos where Mesos has a number.
 #[derive(Debug, Clone)]
@@ -94,6 +94,9 @@ pub struct SupervisorConfig {
     /// Reads the start time of each launched process for its pid record ([`ProcFs`];
     /// replaceable so tests can simulate an unreadable `/proc`).
     pub proc_reader: Arc<dyn ProcReader>,
+    /// Where the containers run: [`ProcessBackend`] (local processes, the default) or
+    /// [`crate::agent::AgentBackend`] (the agent's standalone containers).
+    pub backend: Arc<dyn ContainerBackend>,
 }
 
 impl SupervisorConfig {
@@ -116,6 +119,7 @@ impl SupervisorConfig {
             adopt_poll: Duration::from_millis(500),
             agent_id: None,
             proc_reader: Arc::new(ProcFs),
+            backend: Arc::new(ProcessBackend::default()),
         }
     }
 
@@ -203,6 +207,43 @@ pub enum SupervisorError {
         /// Container id.
         container: String,
     },
+    /// The plugin's configuration cannot run on the configured backend.
+    #[error("plugin configuration for the {backend} backend")]
+    Spec {
+        /// The backend's name.
+        backend: &'static str,
+        /// What is wrong.
+        #[source]
+        source: SpecError,
+    },
+    /// The agent refused to launch the container (401/403: the token does not allow
+    /// this container ID); not retried.
+    #[error("the agent refused to launch container {container}: {status} {body:?}")]
+    Refused {
+        /// Container id (the agent's).
+        container: String,
+        /// The HTTP status.
+        status: u16,
+        /// The body the agent sent.
+        body: String,
+    },
+    /// The agent backend failed on a container.
+    #[error("agent container {container}")]
+    Agent {
+        /// Container id (the agent's).
+        container: String,
+        /// Why (boxed: large, and a cold path).
+        #[source]
+        source: Box<crate::agent::AgentBackendError>,
+    },
+    /// The container failed for good (e.g. the agent refused it); it is not restarted.
+    #[error("container {container} failed and is not restarted: {reason}")]
+    Failed {
+        /// Container id.
+        container: String,
+        /// Why, with its causes.
+        reason: String,
+    },
     /// A CSI client for a container's endpoint could not be made.
     #[error("making a CSI client for container {container}")]
     Client {
@@ -214,7 +255,10 @@ pub enum SupervisorError {
     },
 }
 
-fn io_err(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> SupervisorError {
+pub(crate) fn io_err(
+    action: &'static str,
+    path: &Path,
+) -> impl FnOnce(io::Error) -> SupervisorError {
     let path = path.to_owned();
     move |source| SupervisorError::Io {
         action,
@@ -245,6 +289,11 @@ pub enum ContainerState {
     },
     /// Stopped for good (shutdown or detach).
     Stopped,
+    /// Failed for good and not restarted (the agent refused to launch it).
+    Failed {
+        /// Why, with its causes.
+        reason: String,
+    },
 }
 
 impl ContainerState {
@@ -253,7 +302,7 @@ impl ContainerState {
         match self {
             Self::Ready { .. } => EndpointStatus::Up,
             Self::Starting { .. } | Self::BackingOff { .. } => EndpointStatus::Down,
-            Self::Stopped => EndpointStatus::Stopped,
+            Self::Stopped | Self::Failed { .. } => EndpointStatus::Stopped,
         }
     }
 }
@@ -287,57 +336,10 @@ impl StatePublisher {
     }
 }
 
-/// What is recorded about a launched plugin, for adoption after a restart of slrp.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-struct PidRecord {
-    process: ProcessId,
-    config_hash: String,
-    /// The kernel boot the process ran in. Start times count from boot, so after a
-    /// reboot (where early services get the same pids at nearly the same times) pid and
-    /// start time alone can name an unrelated live process. Absent in records written
-    /// before it was added; those are judged by pid and start time only.
-    #[serde(default)]
-    boot_id: Option<String>,
-}
-
-impl PidRecord {
-    /// Whether the recorded process may still exist: not if it ran in another boot.
-    fn is_from_this_boot(&self, current: Option<&str>) -> bool {
-        match (self.boot_id.as_deref(), current) {
-            (Some(recorded), Some(now)) => recorded == now,
-            (None, _) | (_, None) => true,
-        }
-    }
-}
-
-const RECORD: &str = "pid.json";
 const ENDPOINT_LINK: &str = "endpoint";
 const SOCKET: &str = "endpoint.sock";
-const SOCKET_DIR_PREFIX: &str = "slrp-csi-";
 
-fn read_record(dir: &Path) -> Option<PidRecord> {
-    let text = std::fs::read(dir.join(RECORD)).ok()?;
-    match serde_json::from_slice(&text) {
-        Ok(r) => Some(r),
-        Err(e) => {
-            tracing::warn!(dir = %dir.display(), error = %DisplayChain(&e), "ignoring unreadable pid record");
-            None
-        }
-    }
-}
-
-fn write_record(dir: &Path, record: &PidRecord) -> io::Result<()> {
-    use std::io::Write;
-    let tmp = dir.join("pid.json.tmp");
-    let bytes = serde_json::to_vec(record).map_err(io::Error::other)?;
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(&bytes)?;
-    // Durable before rename: a record lost in a crash would let a second copy start.
-    f.sync_all()?;
-    std::fs::rename(&tmp, dir.join(RECORD))
-}
-
-fn remove_if_exists(path: &Path) -> io::Result<()> {
+pub(crate) fn remove_if_exists(path: &Path) -> io::Result<()> {
     match std::fs::remove_file(path) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
         Ok(()) | Err(_) => Ok(()),
@@ -346,7 +348,7 @@ fn remove_if_exists(path: &Path) -> io::Result<()> {
 
 /// The short socket directory of a container, reusing the one its `endpoint` symlink
 /// points at (an adopted plugin listens there), else creating a fresh one (Mesos style).
-fn endpoint_dir(container_dir: &Path, base: &Path) -> io::Result<PathBuf> {
+fn endpoint_dir(container_dir: &Path, base: &Path, prefix: &str) -> io::Result<PathBuf> {
     let link = container_dir.join(ENDPOINT_LINK);
     match std::fs::read_link(&link) {
         Ok(target) if target.is_dir() => return Ok(target),
@@ -355,7 +357,7 @@ fn endpoint_dir(container_dir: &Path, base: &Path) -> io::Result<PathBuf> {
         Err(e) => return Err(e),
     }
     let dir = tempfile::Builder::new()
-        .prefix(SOCKET_DIR_PREFIX)
+        .prefix(prefix)
         .tempdir_in(base)?
         .keep();
     std::os::unix::fs::symlink(&dir, &link)?;
@@ -411,14 +413,17 @@ fn ensure_socket_dir(container_dir: &Path, socket: &Path) -> io::Result<()> {
 }
 
 /// Removes the short socket directory a container's `endpoint` link points at (only if
-/// it looks like one of ours), then the link.
-fn remove_endpoint_dir(container_dir: &Path) {
+/// it looks like one of ours: `slrp-csi-*`, or Mesos's `mesos-csi-*`), then the link.
+pub(crate) fn remove_endpoint_dir(container_dir: &Path) {
     let link = container_dir.join(ENDPOINT_LINK);
     if let Ok(target) = std::fs::read_link(&link) {
         let ours = target
             .file_name()
             .and_then(|n| n.to_str())
-            .is_some_and(|n| n.starts_with(SOCKET_DIR_PREFIX));
+            .is_some_and(|n| {
+                n.starts_with(PROCESS_SOCKET_PREFIX)
+                    || n.starts_with(crate::agent::SOCKET_DIR_PREFIX)
+            });
         if ours {
             let _ = std::fs::remove_dir_all(&target);
         }
@@ -449,18 +454,20 @@ impl Supervisor {
         // Socket aliases of CSI clients in a previous slrp that was SIGKILLed (best effort;
         // see `slrp_csi::endpoint`).
         slrp_csi::endpoint::sweep_stale_aliases(&std::env::temp_dir());
-        let root = cfg.runtime_dir.join("containers");
+        let backend = cfg.backend.clone();
+        backend.check(&spec)?;
+        let root = backend.root(&spec, &cfg);
         std::fs::create_dir_all(&root).map_err(io_err("creating", &root))?;
-        let mut adopted = recover(&root, &spec, &cfg, &metrics).await?;
+        let mut adopted = backend.recover(&spec, &root, &cfg, &metrics).await?;
 
         // Every fallible step comes before the first worker is spawned: an error after
         // that would return without a handle and leave running workers (and plugins)
         // that nobody can stop.
         let mut prepared = Vec::with_capacity(spec.containers.len());
         for c in &spec.containers {
-            let dir = root.join(&c.id);
+            let dir = root.join(backend.dir_name(c));
             std::fs::create_dir_all(&dir).map_err(io_err("creating", &dir))?;
-            let sock_dir = endpoint_dir(&dir, &cfg.socket_base)
+            let sock_dir = endpoint_dir(&dir, &cfg.socket_base, backend.socket_dir_prefix())
                 .map_err(io_err("preparing socket directory for", &dir))?;
             let socket = sock_dir.join(SOCKET);
             if is_too_long(&socket) {
@@ -480,7 +487,7 @@ impl Supervisor {
             let adopted_proc = adopted.remove(&c.id);
             if let Some(p) = &adopted_proc {
                 metrics.adopted(&c.id);
-                tracing::info!(container = %c.id, pid = p.id().pid, "adopted plugin left running by a previous slrp");
+                tracing::info!(container = %c.id, pid = p.pid(), backend = backend.name(), "adopted plugin left running by a previous slrp");
             }
             let initial = ContainerState::Starting { launch: 1 };
             let (endpoint_tx, endpoint_rx) = watch::channel(initial.endpoint_status());
@@ -518,55 +525,6 @@ impl Supervisor {
             detach,
         })
     }
-}
-
-/// Reads pid records of a previous run: adopts matching live plugins, stops the others,
-/// and removes directories of containers no longer configured.
-async fn recover(
-    root: &Path,
-    spec: &PluginSpec,
-    cfg: &SupervisorConfig,
-    metrics: &SupervisorMetrics,
-) -> Result<std::collections::HashMap<String, PluginProcess>, SupervisorError> {
-    let mut adopted = std::collections::HashMap::new();
-    let boot = process::boot_id();
-    let entries = std::fs::read_dir(root).map_err(io_err("listing", root))?;
-    for entry in entries {
-        let entry = entry.map_err(io_err("listing", root))?;
-        let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
-            continue;
-        };
-        if !is_safe_component(&name) {
-            continue;
-        }
-        let dir = entry.path();
-        let current = spec.containers.iter().find(|c| c.id == name);
-        if let Some(rec) = read_record(&dir) {
-            // A process of an earlier boot is gone; whatever now has its pid is not ours
-            // to adopt or to stop.
-            let live = rec.is_from_this_boot(boot.as_deref())
-                && process::liveness(rec.process) == Liveness::Alive;
-            let matches = current.is_some_and(|c| c.config_hash() == rec.config_hash);
-            if live && matches {
-                adopted.insert(
-                    name.clone(),
-                    PluginProcess::adopt(rec.process, cfg.adopt_poll),
-                );
-                continue;
-            }
-            if live {
-                tracing::info!(container = %name, pid = rec.process.pid, "stopping plugin left by a previous slrp with a different configuration");
-                process::stop_foreign(rec.process, cfg.stop_grace, cfg.adopt_poll).await;
-                metrics.stopped_leftover(&name);
-            }
-            let _ = remove_if_exists(&dir.join(RECORD));
-        }
-        if current.is_none() {
-            remove_endpoint_dir(&dir);
-            let _ = std::fs::remove_dir_all(&dir);
-        }
-    }
-    Ok(adopted)
 }
 
 #[derive(Debug)]
@@ -713,10 +671,25 @@ impl SupervisorHandle {
     ) -> Result<CsiEndpoint, SupervisorError> {
         let entry = self.entry(service)?;
         let mut rx = entry.state.clone();
-        let wait =
-            rx.wait_for(|s| matches!(s, ContainerState::Ready { .. } | ContainerState::Stopped));
+        let wait = rx.wait_for(|s| {
+            matches!(
+                s,
+                ContainerState::Ready { .. }
+                    | ContainerState::Stopped
+                    | ContainerState::Failed { .. }
+            )
+        });
         match tokio::time::timeout(timeout, wait).await {
             Ok(Ok(s)) if matches!(*s, ContainerState::Ready { .. }) => self.endpoint(service),
+            Ok(Ok(s)) if matches!(*s, ContainerState::Failed { .. }) => {
+                let ContainerState::Failed { reason } = &*s else {
+                    unreachable!("matched above")
+                };
+                Err(SupervisorError::Failed {
+                    container: entry.id.clone(),
+                    reason: reason.clone(),
+                })
+            }
             Ok(Ok(_) | Err(_)) => Err(SupervisorError::Stopped {
                 container: entry.id.clone(),
             }),
@@ -771,7 +744,7 @@ struct Worker {
     state: StatePublisher,
     cancel: CancellationToken,
     detach: CancellationToken,
-    adopted: Option<PluginProcess>,
+    adopted: Option<Box<dyn PluginRun>>,
 }
 
 enum Phase {
@@ -794,7 +767,23 @@ impl Worker {
                     }
                     launches = launches.saturating_add(1);
                     match self.launch().await {
-                        Ok(p) => p,
+                        Ok(p) => {
+                            if p.is_adopted() {
+                                // The agent answered 202: the container of a previous run.
+                                self.metrics.adopted(&self.spec.id);
+                            }
+                            p
+                        }
+                        Err(e @ SupervisorError::Refused { .. }) => {
+                            // Permanent (Mesos's FailedAuthorization): retrying cannot help,
+                            // and the start (or the provider) must fail naming it.
+                            let reason = DisplayChain(&e).to_string();
+                            tracing::error!(error = %reason, "the agent refused the plugin container; not retrying");
+                            self.metrics
+                                .terminated(&self.spec.id, TerminationCause::Refused);
+                            self.state.send_replace(ContainerState::Failed { reason });
+                            return;
+                        }
                         Err(e) => {
                             tracing::error!(error = %DisplayChain(&e), "launching plugin failed");
                             self.metrics
@@ -824,10 +813,7 @@ impl Worker {
                     return;
                 }
                 Phase::Detached => {
-                    tracing::info!(
-                        pid = proc.id().pid,
-                        "leaving plugin running for the next slrp"
-                    );
+                    tracing::info!(pid = proc.pid(), "leaving plugin running for the next slrp");
                     proc.detach();
                     self.state.send_replace(ContainerState::Stopped);
                     return;
@@ -848,7 +834,7 @@ impl Worker {
     }
 
     /// Start-up and health monitoring of one run; resets `failures` after a healthy period.
-    async fn supervise(&self, proc: &mut PluginProcess, failures: &mut u32) -> Phase {
+    async fn supervise(&self, proc: &mut Box<dyn PluginRun>, failures: &mut u32) -> Phase {
         let ready = tokio::select! {
             () = self.cancel.cancelled() => return Phase::Cancelled,
             () = self.detach.cancelled() => return Phase::Detached,
@@ -865,12 +851,12 @@ impl Worker {
             );
         }
         tracing::info!(
-            pid = proc.id().pid,
+            pid = proc.pid(),
             adopted = proc.is_adopted(),
             "plugin ready"
         );
         self.state
-            .send_replace(ContainerState::Ready { pid: proc.id().pid });
+            .send_replace(ContainerState::Ready { pid: proc.pid() });
         self.metrics.set_ready(&self.spec.id, true);
         let ready_at = Instant::now();
         let phase = self.monitor(proc).await;
@@ -881,7 +867,7 @@ impl Worker {
         phase
     }
 
-    async fn monitor(&self, proc: &mut PluginProcess) -> Phase {
+    async fn monitor(&self, proc: &mut Box<dyn PluginRun>) -> Phase {
         let period = self.cfg.health_interval;
         let mut tick = tokio::time::interval_at(Instant::now() + period, period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -956,19 +942,11 @@ impl Worker {
         }
     }
 
-    async fn launch(&self) -> Result<PluginProcess, SupervisorError> {
+    async fn launch(&self) -> Result<Box<dyn PluginRun>, SupervisorError> {
         // Before every launch, not just at start: a tmp cleaner may have removed the
         // directory during a long run, and the plugin could not bind its socket.
         ensure_socket_dir(&self.dir, &self.socket)
             .map_err(io_err("preparing the socket directory of", &self.socket))?;
-        let open = |name: &str| {
-            let path = self.dir.join(name);
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&path)
-                .map_err(io_err("opening", &path))
-        };
         let mut env = vec![(
             "CSI_ENDPOINT".to_owned(),
             format!("unix://{}", self.socket.display()),
@@ -978,42 +956,12 @@ impl Worker {
         {
             env.push(("MESOS_AGENT_ID".to_owned(), agent.clone()));
         }
-        // slrp's own log format (its flag, or the variable it inherited), so that plugins
-        // reading the variable (the bundled one does) log alike; a value in the plugin's own
-        // command wins, as the operator wrote it there.
-        if let Some(format) = slrp_log::installed_format()
-            && !self
-                .spec
-                .command
-                .env
-                .iter()
-                .any(|(name, _)| name == slrp_log::FORMAT_VAR)
-        {
-            env.push((slrp_log::FORMAT_VAR.to_owned(), format.as_str().to_owned()));
-        }
-        let p = PluginProcess::spawn(
-            &self.spec.command,
-            &env,
-            &self.dir,
-            open("stdout.log")?,
-            open("stderr.log")?,
-            self.cfg.proc_reader.as_ref(),
-        )
-        .await
-        .map_err(|source| SupervisorError::Launch {
-            container: self.spec.id.clone(),
-            source,
-        })?;
-        write_record(
-            &self.dir,
-            &PidRecord {
-                process: p.id(),
-                config_hash: self.spec.config_hash(),
-                boot_id: process::boot_id(),
-            },
-        )
-        .map_err(io_err("writing the pid record in", &self.dir))?;
-        tracing::info!(pid = p.id().pid, socket = %self.socket.display(), "plugin launched");
+        let p = self
+            .cfg
+            .backend
+            .launch(&self.spec, &env, &self.dir, &self.cfg)
+            .await?;
+        tracing::info!(pid = p.pid(), adopted = p.is_adopted(), socket = %self.socket.display(), "plugin launched");
         Ok(p)
     }
 

@@ -32,6 +32,7 @@
 //! Setup failures panic. Only what the Mesos SLRP writes is covered: no `slave.info`, no
 //! agent registrar, no sandboxes.
 
+use std::borrow::Borrow;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write as _;
 use std::os::unix::fs::symlink;
@@ -191,10 +192,10 @@ impl MesosWorkDir {
         plugin_type: &str,
         plugin_name: &str,
         id: &str,
-        state: &VolumeState,
+        state: impl Borrow<VolumeState>,
     ) -> PathBuf {
         let path = self.volume_state_path(plugin_type, plugin_name, id);
-        write_message(&path, state, true).unwrap();
+        write_message(&path, state.borrow(), true).unwrap();
         path
     }
 
@@ -219,13 +220,13 @@ impl MesosWorkDir {
         plugin_type: &str,
         plugin_name: &str,
         container_id: &str,
-        info: &CsiPluginContainerInfo,
+        info: impl Borrow<CsiPluginContainerInfo>,
     ) -> PathBuf {
         let dir = self
             .plugin_dir(plugin_type, plugin_name)
             .join("containers")
             .join(container_id);
-        let mut info = info.clone();
+        let mut info = info.borrow().clone();
         downgrade_message(&mut info).unwrap();
         write_message(&dir.join("container.info"), &info, false).unwrap();
         let endpoint = mkstemp(&self.temp_dir, "mesos-csi-", true);
@@ -266,8 +267,8 @@ impl MesosProvider {
     }
 
     /// Checkpoints the provider's state as Mesos does: resources downgraded, synced.
-    pub fn state(&self, state: &ResourceProviderState) -> &Self {
-        let mut state = state.clone();
+    pub fn state(&self, state: impl Borrow<ResourceProviderState>) -> &Self {
+        let mut state = state.borrow().clone();
         downgrade_message(&mut state).unwrap();
         write_message(&self.state_path(), &state, true).unwrap();
         self

@@ -107,7 +107,7 @@ fn provider_state_is_written_downgraded_and_upgrades_back() {
         resources: vec![unreserved, reserved],
         ..ResourceProviderState::default()
     };
-    provider.state(&state);
+    provider.state(state.clone());
 
     let path = provider.state_path();
     assert_eq!(path, provider.dir().join("resource_provider.state"));

@@ -21,7 +21,8 @@
 //! An empty file is "no message" (`Ok(None)`), not an error. A short length prefix or a
 //! short body is [`CheckpointError::Truncated`]. The body must decode and carry every proto2
 //! `required` field (C++'s parse checks `IsInitialized`; prost does not, so
-//! [`crate::required`] does). Bytes after the one message of a single-message checkpoint
+//! [`crate::required`] does), and its proto2 enums must hold defined numbers
+//! ([`CheckpointError::UndefinedEnum`]). Bytes after the one message of a single-message checkpoint
 //! are ignored. A stream stops at its first torn or undecodable record and reports it as
 //! its [`Tail`]; whether that is fatal (strict) or dropped (lenient) is the caller's policy.
 
@@ -30,7 +31,9 @@ use std::io::{self, Write as _};
 use std::path::Path;
 
 use prost::{Message, Name};
-use prost_reflect::{DynamicMessage, Kind, MessageDescriptor, ReflectMessage as _, Value};
+use prost_reflect::{
+    DynamicMessage, Kind, MapKey, MessageDescriptor, ReflectMessage as _, Syntax, Value,
+};
 use slrp_proto::mesos::v1::Resource;
 use slrp_proto::mesos::v1::resource::ReservationInfo;
 use slrp_proto::mesos::v1::resource::reservation_info::Type as ReservationType;
@@ -72,6 +75,23 @@ pub enum CheckpointError {
         /// The missing field, with the message that declares it.
         #[source]
         source: MissingField,
+    },
+    /// A proto2 enum field holds a number its enum does not define. C++ parsing moves such
+    /// a number to the unknown fields, so a *required* enum holding one is missing there
+    /// and Mesos fails to read the file; for an optional or repeated enum Mesos reads the
+    /// field as unset. slrp refuses both: it keeps no value it cannot interpret.
+    #[error(
+        "checkpoint record {message} holds {number} in '{path}', which {enum_name} does not define"
+    )]
+    UndefinedEnum {
+        /// Full protobuf name of the top-level message.
+        message: String,
+        /// Path of the field from the top-level message, e.g. `status.state`.
+        path: String,
+        /// Full protobuf name of the enum.
+        enum_name: String,
+        /// The undefined number.
+        number: i32,
     },
     /// The message type is not among slrp-proto's descriptors (a programming error).
     #[error("no descriptor for message {message}")]
@@ -162,7 +182,74 @@ fn decode_body<M: Message + Name + Default>(body: &[u8]) -> Result<M, Checkpoint
         path: source.path.to_string(),
         source,
     })?;
+    if let Some(undefined) = undefined_enum(&dynamic) {
+        return Err(CheckpointError::UndefinedEnum {
+            message: M::full_name(),
+            path: undefined.path.join("."),
+            enum_name: undefined.enum_name,
+            number: undefined.number,
+        });
+    }
     M::decode(body).map_err(decode_error)
+}
+
+/// A proto2 enum field holding an undefined number, with its path (outermost first).
+struct Undefined {
+    path: Vec<String>,
+    enum_name: String,
+    number: i32,
+}
+
+/// The first proto2 (closed) enum field of `message`, or of a message nested in it, that
+/// holds a number its enum does not define. Proto3 enums are open: any number is valid.
+fn undefined_enum(message: &DynamicMessage) -> Option<Undefined> {
+    let undefined = |name: String, kind: &Kind, value: &Value| {
+        let (Kind::Enum(e), Value::EnumNumber(n)) = (kind, value) else {
+            return None;
+        };
+        let closed = e.parent_file().syntax() == Syntax::Proto2;
+        (closed && e.get_value(*n).is_none()).then(|| Undefined {
+            path: vec![name],
+            enum_name: e.full_name().to_owned(),
+            number: *n,
+        })
+    };
+    let nested = |name: String, value: &Value| match value {
+        Value::Message(inner) => undefined_enum(inner).map(|mut u| {
+            u.path.insert(0, name);
+            u
+        }),
+        _ => None,
+    };
+    for (field, value) in message.fields() {
+        let kind = field.kind();
+        let name = field.name();
+        let found = match value {
+            Value::List(items) => items.iter().enumerate().find_map(|(i, item)| {
+                let at = format!("{name}[{i}]");
+                undefined(at.clone(), &kind, item).or_else(|| nested(at, item))
+            }),
+            Value::Map(entries) => {
+                let Kind::Message(entry) = &kind else {
+                    continue;
+                };
+                let value_kind = entry.map_entry_value_field().kind();
+                entries.iter().find_map(|(key, item)| {
+                    let at = match key {
+                        MapKey::String(key) => format!("{name}[{key:?}]"),
+                        other => format!("{name}[{other:?}]"),
+                    };
+                    undefined(at.clone(), &value_kind, item).or_else(|| nested(at, item))
+                })
+            }
+            single => undefined(name.to_owned(), &kind, single)
+                .or_else(|| nested(name.to_owned(), single)),
+        };
+        if found.is_some() {
+            return found;
+        }
+    }
+    None
 }
 
 fn descriptor<M: Name>() -> Result<MessageDescriptor, CheckpointError> {

@@ -811,3 +811,76 @@ mod properties {
         }
     }
 }
+
+/// The path and number of the `UndefinedEnum` error reading `msg` as `M`.
+fn undefined_enum<M, W>(msg: &W) -> (String, i32)
+where
+    M: prost::Message + prost::Name + Default + std::fmt::Debug,
+    W: prost::Message,
+{
+    match read_message::<M>(&encode_message(msg)) {
+        Err(CheckpointError::UndefinedEnum { path, number, .. }) => (path, number),
+        other => panic!("expected UndefinedEnum, got {other:?}"),
+    }
+}
+
+#[test]
+fn an_undefined_number_in_a_proto2_enum_is_refused() {
+    // Required (C++ parsing fails: the number goes to the unknown fields).
+    let mut record = update_record(update(OperationState::OperationFinished, &[1]));
+    record.r#type = 7;
+    assert_eq!(
+        undefined_enum::<UpdateOperationStatusRecord, _>(&record),
+        ("type".to_owned(), 7)
+    );
+    let mut record = update_record(update(OperationState::OperationFinished, &[1]));
+    record.update.as_mut().unwrap().status.state = 42;
+    assert_eq!(
+        undefined_enum::<UpdateOperationStatusRecord, _>(&record),
+        ("update.status.state".to_owned(), 42)
+    );
+    // Optional, nested in a list.
+    let state = ResourceProviderState {
+        operations: vec![Operation {
+            info: offer::Operation {
+                r#type: Some(99),
+                ..offer::Operation::default()
+            },
+            ..Operation::default()
+        }],
+        ..ResourceProviderState::default()
+    };
+    assert_eq!(
+        undefined_enum::<ResourceProviderState, _>(&state),
+        ("operations[0].info.type".to_owned(), 99)
+    );
+    // Repeated.
+    let info = CsiPluginContainerInfo {
+        services: vec![1, 9],
+        ..CsiPluginContainerInfo::default()
+    };
+    assert_eq!(
+        undefined_enum::<CsiPluginContainerInfo, _>(&info),
+        ("services[1]".to_owned(), 9)
+    );
+    // In a stream, the record is corrupt.
+    let mut bad = ack_record(&[1]);
+    bad.r#type = 3;
+    let read = read_records::<UpdateOperationStatusRecord>(&encode_message(&bad));
+    assert!(
+        matches!(&read.tail, Tail::Corrupt { offset: 0, reason } if reason.contains("'type'")),
+        "{:?}",
+        read.tail
+    );
+}
+
+#[test]
+fn proto3_enums_are_open() {
+    // VolumeState is proto3: Mesos parses any number and reports "INVALID state" itself.
+    let msg = VolumeState {
+        state: 42,
+        ..VolumeState::default()
+    };
+    let read: VolumeState = read_message(&encode_message(&msg)).unwrap().unwrap();
+    assert_eq!(read.state, 42);
+}
