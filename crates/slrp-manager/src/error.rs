@@ -211,7 +211,8 @@ pub enum OperationError {
         uuid: uuid::Uuid,
     },
     /// The provider's `UPDATE_STATE` no longer lists the operation, so the agent dropped it
-    /// without a terminal status (spec §2.8: the agent generates none).
+    /// without a terminal status (spec §2.8: the agent generates none), and the master
+    /// could not ask the provider about it (its stream closed at that moment).
     #[error("operation {uuid} was dropped from the agent's table without a terminal status")]
     Forgotten {
         /// The operation UUID.

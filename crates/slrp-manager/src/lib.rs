@@ -422,7 +422,10 @@ impl ManagerHandle {
     ///
     /// # Errors
     /// [`OperationError::Unknown`] if the agent does not know the operation,
-    /// [`OperationError::Forgotten`] if the provider's state dropped it,
+    /// [`OperationError::Forgotten`] if the provider's state dropped it and the provider
+    /// could not be asked about it (its stream closed right then); an operation the
+    /// agent's table dropped is otherwise reconciled with the provider, and its answer
+    /// (the provider's own status, or DROPPED "Unknown operation") is the result,
     /// [`OperationError::Timeout`].
     pub async fn wait_terminal(
         &self,

@@ -329,7 +329,21 @@ pub(crate) struct Worker {
     agents: HashMap<String, AgentProvider>,
     waiters: HashMap<Vec<u8>, Vec<Waiter>>,
     completed: Completed,
+    /// The master's record of operations the agent's table dropped while they were not
+    /// terminal (absent from an `UPDATE_STATE`), by operation UUID. The agent forgets
+    /// them as Mesos's does; the master asks the provider about them (Mesos's TODO in
+    /// `Slave::handleResourceProviderMessage`: "send a `Reconcile` message") and keeps
+    /// them until the answer: the provider's own status (it had the operation after
+    /// all) or its unreliable DROPPED "Unknown operation".
+    orphans: HashMap<Vec<u8>, Orphan>,
     publishes: HashMap<Uuid, PendingPublish>,
+}
+
+/// An operation the agent forgot and the master still waits a status for.
+struct Orphan {
+    /// The provider it was applied to.
+    provider_id: String,
+    view: OperationView,
 }
 
 fn provider_id(id: &str) -> ResourceProviderId {
@@ -370,6 +384,7 @@ impl Worker {
             agents: HashMap::new(),
             waiters: HashMap::new(),
             completed: Completed::default(),
+            orphans: HashMap::new(),
             publishes: HashMap::new(),
         }
     }
@@ -616,6 +631,8 @@ impl Worker {
         let mut became_terminal = Vec::new();
         for operation in &update.operations {
             let key = operation.uuid.value.clone();
+            // Known to the provider again: the agent's table has it from here on.
+            self.orphans.remove(&key);
             let record = match previous.remove(&key) {
                 // Known to both: a terminal state in the update is already reflected in
                 // its total, so it only overwrites the agent's non-terminal latest status
@@ -646,23 +663,103 @@ impl Worker {
         for view in became_terminal {
             self.notify(&view.operation_uuid.value.clone(), &Ok(view));
         }
-        // Known to the agent, absent from the update: dropped without a status (the
-        // agent's TODO); whoever waits for it learns that.
-        for (key, view) in previous {
-            tracing::warn!(
-                provider = %id,
-                operation = %display_uuid(&view.operation_uuid),
-                "operation not in the provider's UPDATE_STATE; dropping it from the agent's table",
-            );
-            let uuid = Uuid::from_slice(&key).unwrap_or_default();
-            self.notify(&key, &Err(OperationError::Forgotten { uuid }));
-        }
+        self.orphan(id, previous);
         let _ = self.messages.send(ManagerMessage::UpdateState {
             provider_id: id.to_owned(),
             resources: update.resources,
             operations: update.operations,
             resource_version_uuid: update.resource_version_uuid,
         });
+    }
+
+    /// Operations known to the agent and absent from the provider's `UPDATE_STATE` (an
+    /// APPLY_OPERATION that crossed the update, or one the provider never committed
+    /// before it failed over). The agent's table drops them, as Mesos's does; the master
+    /// keeps them and asks the provider with RECONCILE_OPERATIONS (together with those
+    /// of earlier updates still unanswered), so every one of them ends with a status.
+    fn orphan(&mut self, id: &str, dropped: HashMap<Vec<u8>, OperationView>) {
+        for (key, view) in dropped {
+            tracing::warn!(
+                provider = %id,
+                operation = %display_uuid(&view.operation_uuid),
+                "operation not in the provider's UPDATE_STATE; the agent forgets it, the master asks the provider",
+            );
+            if is_terminal(view.latest_status.state) {
+                // Its terminal status was seen: nothing to ask.
+                self.completed.insert(key, &view);
+                continue;
+            }
+            self.orphans.insert(
+                key,
+                Orphan {
+                    provider_id: id.to_owned(),
+                    view,
+                },
+            );
+        }
+        let asked: Vec<ProtoUuid> = self
+            .orphans
+            .values()
+            .filter(|orphan| orphan.provider_id == id)
+            .map(|orphan| orphan.view.operation_uuid.clone())
+            .collect();
+        if asked.is_empty() {
+            return;
+        }
+        let event = Event {
+            r#type: Some(event::Type::ReconcileOperations as i32),
+            reconcile_operations: Some(event::ReconcileOperations {
+                operation_uuids: asked.clone(),
+            }),
+            ..Event::default()
+        };
+        if let Err(reason) = self.send(id, &event) {
+            // Nobody can answer for them now; whoever waits learns that.
+            tracing::warn!(provider = %id, reason, "cannot ask the provider about the operations the agent forgot");
+            for uuid in asked {
+                self.orphans.remove(&uuid.value);
+                let forgotten = Uuid::from_slice(&uuid.value).unwrap_or_default();
+                self.notify(
+                    &uuid.value,
+                    &Err(OperationError::Forgotten { uuid: forgotten }),
+                );
+            }
+        }
+    }
+
+    /// The master's record of an operation the agent forgot takes the provider's
+    /// status; returns the record once terminal. A terminal status without a UUID (the
+    /// unreliable DROPPED "Unknown operation") is never acknowledged: the record is
+    /// complete at once; one with a UUID is complete once acknowledged.
+    fn orphan_status(
+        &mut self,
+        id: &str,
+        key: &[u8],
+        status: &OperationStatus,
+    ) -> Option<OperationView> {
+        let orphan = self
+            .orphans
+            .get_mut(key)
+            .filter(|orphan| orphan.provider_id == id)?;
+        let view = &mut orphan.view;
+        if is_terminal(view.latest_status.state) {
+            return None;
+        }
+        view.latest_status = status.clone();
+        if let Some(operation_id) = view.info.as_ref().and_then(|info| info.id.clone()) {
+            view.latest_status.operation_id = Some(operation_id);
+        }
+        push_dedup(&mut view.statuses, &view.latest_status);
+        if !is_terminal(status.state) {
+            return None;
+        }
+        let view = view.clone();
+        if status.uuid.is_none()
+            && let Some(orphan) = self.orphans.remove(key)
+        {
+            self.completed.insert(key.to_vec(), &orphan.view);
+        }
+        Some(view)
     }
 
     /// The agent's handling of an operation status update (spec §2.9 step 5, Mesos
@@ -729,6 +826,18 @@ impl Worker {
         if let Some(reason) = violation {
             self.violation(id, reason);
         }
+        if became_terminal.is_none()
+            && !self
+                .agents
+                .get(id)
+                .is_some_and(|agent| agent.operations.contains_key(&key))
+        {
+            let status = update
+                .latest_status
+                .clone()
+                .unwrap_or_else(|| update.status.clone());
+            became_terminal = self.orphan_status(id, &key, &status);
+        }
         let operation_uuid = update.operation_uuid.clone();
         let status_uuid = update.status.uuid.clone();
         let _ = self.messages.send(ManagerMessage::UpdateOperationStatus {
@@ -782,6 +891,13 @@ impl Worker {
             if terminal && let Some(view) = agent.operations.remove(key) {
                 self.completed.insert(key.clone(), &view);
             }
+        }
+        let key = &operation_uuid.value;
+        if self.orphans.get(key).is_some_and(|orphan| {
+            orphan.provider_id == id && is_terminal(orphan.view.latest_status.state)
+        }) && let Some(orphan) = self.orphans.remove(key)
+        {
+            self.completed.insert(key.clone(), &orphan.view);
         }
         sent
     }
@@ -889,7 +1005,8 @@ impl Worker {
         let tracked = self
             .agents
             .values()
-            .find_map(|agent| agent.operations.get(&key));
+            .find_map(|agent| agent.operations.get(&key))
+            .or_else(|| self.orphans.get(&key).map(|orphan| &orphan.view));
         match tracked {
             Some(view) if is_terminal(view.latest_status.state) => {
                 let _ = reply.send(Ok(view.clone()));
@@ -1095,6 +1212,18 @@ impl Worker {
             if !is_terminal(view.latest_status.state) {
                 view.latest_status.state = OperationState::OperationGoneByOperator as i32;
                 self.notify(&key, &Ok(view));
+            }
+        }
+        let orphans: Vec<Vec<u8>> = self
+            .orphans
+            .iter()
+            .filter(|(_, orphan)| orphan.provider_id == id)
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in orphans {
+            if let Some(mut orphan) = self.orphans.remove(&key) {
+                orphan.view.latest_status.state = OperationState::OperationGoneByOperator as i32;
+                self.notify(&key, &Ok(orphan.view));
             }
         }
         tracing::info!(provider = %id, "resource provider removed");

@@ -519,8 +519,8 @@ async fn ack_policies() {
 }
 
 #[tokio::test]
-async fn wait_terminal_reports_unknown_timeout_forgotten_and_gone() {
-    let p = Provider::start(Transport::Unix, ContentType::Protobuf, AckPolicy::Manual).await;
+async fn wait_terminal_reports_unknown_timeout_reconciled_and_gone() {
+    let mut p = Provider::start(Transport::Unix, ContentType::Protobuf, AckPolicy::Manual).await;
     let id = p.id.clone();
     let handle = p.harness.handle.clone();
     p.update_state(vec![pool(&id, 100.0)], Vec::new()).await;
@@ -550,8 +550,34 @@ async fn wait_terminal_reports_unknown_timeout_forgotten_and_gone() {
     let mut waiting = Box::pin(handle.wait_terminal(lost, WAIT));
     start_polling(&mut waiting).await;
     p.update_state(vec![pool(&id, 100.0)], Vec::new()).await;
-    assert_eq!(waiting.await, Err(OperationError::Forgotten { uuid: lost }));
+    // The agent's table forgets it, as Mesos's does; the master asks the provider
+    // instead of leaving it without a terminal status (Mesos's TODO).
     assert!(p.operations().await.is_empty());
+    let event = p.expect(event::Type::ReconcileOperations).await;
+    assert_eq!(
+        event.reconcile_operations.expect("payload").operation_uuids,
+        vec![proto(lost)]
+    );
+    start_polling(&mut waiting).await;
+    // The provider does not know it: its unreliable DROPPED ends it.
+    let unknown_to_it = OperationStatus {
+        state: OperationState::OperationDropped as i32,
+        message: Some("Unknown operation".to_owned()),
+        resource_provider_id: Some(common::provider_id(&id)),
+        ..OperationStatus::default()
+    };
+    p.status(lost, &unknown_to_it).await;
+    let view = waiting.await.expect("terminal");
+    // The master fills in the operation ID the provider did not know, as for any update.
+    let with_id = OperationStatus {
+        operation_id: Some(OperationId {
+            value: "create".to_owned(),
+        }),
+        ..unknown_to_it
+    };
+    assert_eq!(view.latest_status, with_id);
+    assert_eq!(handle.wait_terminal(lost, WAIT).await, Ok(view));
+    p.expect_nothing_queued().await;
 
     // A provider removed by the operator: its pending operations are gone.
     let pending = handle
@@ -572,6 +598,40 @@ async fn wait_terminal_reports_unknown_timeout_forgotten_and_gone() {
             .await,
         Err(OperationError::NotSubscribed { id: id.clone() })
     );
+}
+
+/// An APPLY_OPERATION that crossed an UPDATE_STATE on the wire: the agent's table drops
+/// it, the provider then drops it for the resource version that update announced. The
+/// master keeps its record: the waiter gets the DROPPED status, and so does whoever asks
+/// after the acknowledgement (before, both were told the agent did not know it).
+#[tokio::test]
+async fn an_operation_crossing_an_update_state_keeps_its_status() {
+    let mut p = Provider::start(Transport::Unix, ContentType::Protobuf, AckPolicy::Auto).await;
+    let id = p.id.clone();
+    let handle = p.harness.handle.clone();
+    p.update_state(vec![common::disk(&id, 10.0)], Vec::new())
+        .await;
+    let info = reserve(vec![reserved(common::disk(&id, 4.0))]);
+    let uuid = handle
+        .apply_operation(&id, ApplyRequest::new(info))
+        .await
+        .expect("applied");
+    p.expect(event::Type::ApplyOperation).await;
+    let mut waiting = Box::pin(handle.wait_terminal(uuid, WAIT));
+    start_polling(&mut waiting).await;
+    p.update_state(vec![common::disk(&id, 10.0)], Vec::new())
+        .await;
+    p.expect(event::Type::ReconcileOperations).await;
+    let dropped = OperationStatus {
+        message: Some("Mismatched resource version".to_owned()),
+        ..p.reliable(OperationState::OperationDropped, Vec::new())
+    };
+    p.status(uuid, &dropped).await;
+    let view = waiting.await.expect("terminal");
+    assert_eq!(view.latest_status, dropped);
+    p.expect(event::Type::AcknowledgeOperationStatus).await;
+    assert_eq!(handle.wait_terminal(uuid, WAIT).await, Ok(view));
+    p.expect_nothing_queued().await;
 }
 
 #[tokio::test]

@@ -232,8 +232,37 @@ pub fn validate_info(info: &ResourceProviderInfo) -> Result<(), InfoError> {
         info.default_reservations.clone(),
     )
     .map_err(InfoError::Reservations)?;
-    slrp_supervisor::deployment_from_info(&storage.plugin).map_err(InfoError::Plugin)?;
+    // The structural checks only: what a command needs depends on the plugin backend,
+    // checked by `DaemonConfig::resolve` (and by the supervisor at start).
+    slrp_supervisor::deployment_for(&storage.plugin, slrp_supervisor::SpecChecks::Agent)
+        .map_err(InfoError::Plugin)?;
     Ok(())
+}
+
+/// Checks that `provider`'s plugin can run on `backend`: a command and secret values for
+/// local processes; container IDs the agent accepts for agent containers.
+///
+/// # Errors
+/// [`ConfigError::InvalidProvider`] naming the file and the rule.
+pub fn check_plugin_backend(
+    provider: &ProviderConfig,
+    backend: PluginBackend,
+) -> Result<(), ConfigError> {
+    let Some(storage) = provider.info.storage.as_ref() else {
+        return Ok(());
+    };
+    let checked = match backend {
+        PluginBackend::Process => slrp_supervisor::deployment_from_info(&storage.plugin).map(drop),
+        PluginBackend::Agent => slrp_supervisor::agent::check_container_ids(
+            &provider.info.r#type,
+            &provider.info.name,
+            &storage.plugin,
+        ),
+    };
+    checked.map_err(|e| ConfigError::InvalidProvider {
+        path: provider.source.clone(),
+        source: InfoError::Plugin(e),
+    })
 }
 
 /// Why the configuration cannot be used. Every variant names the file or the setting.
@@ -631,6 +660,42 @@ fn parse_plugins_on_exit(value: &str) -> Result<PluginsOnExit, SettingError> {
     }
 }
 
+/// Where the plugin containers run (`[plugins] backend`, `slrp run --plugin-backend`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PluginBackend {
+    /// Local processes slrp spawns (the default).
+    #[default]
+    Process,
+    /// The agent's standalone containers, through its operator API (spec §4.1), as the
+    /// Mesos provider runs them.
+    Agent,
+}
+
+/// What happens to retired agent containers' sandboxes (`[plugins] remove_sandboxes`).
+pub type RemoveSandboxes = slrp_supervisor::RemoveSandboxes;
+
+fn parse_plugin_backend(value: &str) -> Result<PluginBackend, SettingError> {
+    match value {
+        "process" => Ok(PluginBackend::Process),
+        "agent" => Ok(PluginBackend::Agent),
+        _ => Err(SettingError::OneOf {
+            value: value.to_owned(),
+            allowed: "process, agent",
+        }),
+    }
+}
+
+fn parse_remove_sandboxes(value: &str) -> Result<RemoveSandboxes, SettingError> {
+    match value {
+        "never" => Ok(RemoveSandboxes::Never),
+        "files" => Ok(RemoveSandboxes::Files),
+        _ => Err(SettingError::OneOf {
+            value: value.to_owned(),
+            allowed: "never, files",
+        }),
+    }
+}
+
 /// The validated daemon configuration.
 #[derive(Debug, Clone)]
 pub struct DaemonConfig {
@@ -651,6 +716,12 @@ pub struct DaemonConfig {
     pub admin_tcp: Option<AdminTcp>,
     /// Stop the plugins on exit, or leave them for the next slrp to adopt.
     pub plugins_on_exit: PluginsOnExit,
+    /// Where the plugin containers run: local processes (default) or the agent's
+    /// standalone containers, reached at the operator API of `agent` with its token.
+    pub plugin_backend: PluginBackend,
+    /// With the agent backend: whether slrp deletes a retired container's sandbox
+    /// (`<work_dir>/containers/<id>`); never by default (REMOVE_CONTAINER is never sent).
+    pub remove_sandboxes: RemoveSandboxes,
     /// Bound on the whole shutdown; what has not stopped by then is abandoned.
     pub shutdown_grace: Duration,
     /// How long a provider's plugin may take to become ready (socket and probes) before
@@ -704,6 +775,16 @@ pub struct AgentFile {
     pub backoff_max: Option<String>,
 }
 
+/// The `[plugins]` table.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct PluginsFile {
+    /// `process` (default) or `agent`.
+    pub backend: Option<String>,
+    /// `never` (default) or `files`.
+    pub remove_sandboxes: Option<String>,
+}
+
 /// The `[admin]` table.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
@@ -741,6 +822,9 @@ pub struct DaemonConfigFile {
     pub admin: AdminFile,
     /// `stop` (default) or `leave`.
     pub plugins_on_exit: Option<String>,
+    /// The plugin backend.
+    #[serde(default)]
+    pub plugins: PluginsFile,
     /// Bound on the whole shutdown (default 30s).
     pub shutdown_grace: Option<String>,
     /// How long a plugin may take to become ready (default: Mesos's 2 min in all).
@@ -773,6 +857,8 @@ pub struct Overrides {
     pub admin_token_file: Option<PathBuf>,
     /// `--plugins-on-exit`.
     pub plugins_on_exit: Option<String>,
+    /// `--plugin-backend`.
+    pub plugin_backend: Option<String>,
 }
 
 fn relative_to(base: &Path, path: Option<PathBuf>) -> Option<PathBuf> {
@@ -852,6 +938,9 @@ impl DaemonConfigFile {
         }
         if let Some(v) = flags.plugins_on_exit {
             self.plugins_on_exit = Some(v);
+        }
+        if let Some(v) = flags.plugin_backend {
+            self.plugins.backend = Some(v);
         }
         if let Some(mut uri) = flags.disk_profiles {
             if !uri.contains("://") && !Path::new(&uri).is_absolute() {
@@ -1017,6 +1106,16 @@ impl DaemonConfig {
             None => PluginsOnExit::default(),
             Some(v) => parse_plugins_on_exit(v).map_err(|e| setting("plugins_on_exit", e))?,
         };
+        let plugin_backend = match &file.plugins.backend {
+            None => PluginBackend::default(),
+            Some(v) => parse_plugin_backend(v).map_err(|e| setting("plugins.backend", e))?,
+        };
+        let remove_sandboxes = match &file.plugins.remove_sandboxes {
+            None => RemoveSandboxes::default(),
+            Some(v) => {
+                parse_remove_sandboxes(v).map_err(|e| setting("plugins.remove_sandboxes", e))?
+            }
+        };
         let shutdown_grace = duration("shutdown_grace", file.shutdown_grace.as_ref())?
             .unwrap_or(DEFAULT_SHUTDOWN_GRACE);
         let plugin_ready_timeout =
@@ -1049,6 +1148,9 @@ impl DaemonConfig {
         )?
         .ok_or(ConfigError::NoProviderDir)?;
         let providers = load_provider_dir(&dir)?;
+        for provider in &providers {
+            check_plugin_backend(provider, plugin_backend)?;
+        }
         Ok(Self {
             agent,
             work_dir,
@@ -1058,6 +1160,8 @@ impl DaemonConfig {
             admin,
             admin_tcp,
             plugins_on_exit,
+            plugin_backend,
+            remove_sandboxes,
             shutdown_grace,
             plugin_ready_timeout,
             status_update_retry,

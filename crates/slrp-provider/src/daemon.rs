@@ -141,6 +141,8 @@ impl DaemonError {
 enum ProviderRunError {
     #[error("the plugin stack did not start")]
     Stack(#[source] StackError),
+    #[error("the agent operator API client for the plugin containers")]
+    PluginBackend(#[source] slrp_agent::OperatorError),
     #[error("the provider worker did not start")]
     Spawn(#[source] ProviderError),
     #[error("the provider worker failed")]
@@ -410,6 +412,8 @@ struct ProviderRun {
     agent_metrics: slrp_agent::Metrics,
     profiles: Option<slrp_profiles::ProfileAdaptorHandle>,
     plugins_on_exit: StopPlugins,
+    plugin_backend: crate::config::PluginBackend,
+    remove_sandboxes: crate::config::RemoveSandboxes,
     plugin_ready_timeout: Option<std::time::Duration>,
     csi_retry: Backoff,
     status_update_retry: Backoff,
@@ -476,6 +480,8 @@ pub async fn run_with(
                 agent_metrics: slot.metrics.agent(),
                 profiles: profiles.clone(),
                 plugins_on_exit: config.plugins_on_exit,
+                plugin_backend: config.plugin_backend,
+                remove_sandboxes: config.remove_sandboxes,
                 plugin_ready_timeout: config.plugin_ready_timeout,
                 csi_retry: config.csi_retry,
                 status_update_retry: config.status_update_retry,
@@ -748,6 +754,32 @@ fn csi_retry_config(bounds: Backoff) -> slrp_csi::RetryConfig {
         .with(slrp_csi::CsiRpc::DeleteVolume, policy)
 }
 
+/// The supervisor backend of `provider`: the agent's standalone containers, or local
+/// processes that first retire what the agent backend (or a Mesos provider) left under
+/// `<work_dir>/csi/<plugin>/containers`, so a switch of backends leaves one plugin.
+fn plugin_backend_of(
+    provider: &ProviderConfig,
+    agent: &AgentConfig,
+    work_dir: &std::path::Path,
+    choice: crate::config::PluginBackend,
+    remove_sandboxes: crate::config::RemoveSandboxes,
+) -> Result<std::sync::Arc<dyn slrp_supervisor::ContainerBackend>, slrp_agent::OperatorError> {
+    let mut cfg = slrp_supervisor::AgentBackendConfig::new(
+        agent.clone(),
+        work_dir,
+        &provider.info.r#type,
+        &provider.info.name,
+    );
+    cfg.remove_sandboxes = remove_sandboxes;
+    let agent_backend = slrp_supervisor::AgentBackend::new(cfg)?;
+    Ok(match choice {
+        crate::config::PluginBackend::Agent => std::sync::Arc::new(agent_backend),
+        crate::config::PluginBackend::Process => std::sync::Arc::new(
+            slrp_supervisor::ProcessBackend::retiring_agent_containers(agent_backend),
+        ),
+    })
+}
+
 async fn run_provider_inner(
     run: ProviderRun,
     agent_id: String,
@@ -763,14 +795,19 @@ async fn run_provider_inner(
         agent_metrics,
         profiles,
         plugins_on_exit,
+        plugin_backend,
+        remove_sandboxes,
         plugin_ready_timeout,
         csi_retry,
         status_update_retry,
     } = run;
     slot.set(Phase::StartingPlugin);
+    let backend = plugin_backend_of(&config, &agent, &work_dir, plugin_backend, remove_sandboxes)
+        .map_err(ProviderRunError::PluginBackend)?;
     let mut stack_config =
         StackConfig::new(config.info.clone(), work_dir, runtime_dir, store.clone());
     stack_config.supervisor.agent_id = Some(agent_id.clone());
+    stack_config.supervisor.backend = backend;
     // A shutdown during the start leaves the plugins as a shutdown after it would.
     stack_config.plugins_on_cancel = plugins_on_exit;
     if let Some(timeout) = plugin_ready_timeout {

@@ -2,8 +2,10 @@
 //! them, and the volume manager over them (spec §3.3 steps 1–3, §4.1, §4.4, §4.7).
 //!
 //! # Steps of [`PluginStack::start`]
-//! 1. `deployment_from_info(info.storage.plugin)`: the containers to run (or, for a
-//!    plugin given by `endpoints`, the sockets someone else serves).
+//! 1. `deployment_for(info.storage.plugin, ..)`: the containers to run (or, for a
+//!    plugin given by `endpoints`, the sockets someone else serves), with the command
+//!    checks of the supervisor's backend (`StackConfig.supervisor.backend`: local
+//!    processes, or the agent's standalone containers).
 //! 2. [`Supervisor::start`] under `runtime_dir`: adopts plugins a previous slrp left
 //!    running (same configuration) or stops them, launches the others with
 //!    `CSI_ENDPOINT=unix://…` (through `/bin/sh -c` when `shell` is true, Mesos's
@@ -49,7 +51,7 @@ use slrp_proto::mesos::v1 as mesos;
 use slrp_store::Store;
 use slrp_supervisor::{
     CsiProbe, PluginDeployment, Service, SpecError, Supervisor, SupervisorConfig, SupervisorError,
-    SupervisorHandle, deployment_from_info,
+    SupervisorHandle, deployment_for,
 };
 use slrp_types::DisplayChain;
 use tokio::task::JoinHandle;
@@ -313,7 +315,7 @@ impl PluginStack {
             .ok_or(StackCause::NoStorage)
             .map_err(failed(&provider, StackStep::PluginConfig))?;
         check_target_path_root(&plugin_info).map_err(failed(&provider, StackStep::PluginConfig))?;
-        let deployment = deployment_from_info(&plugin_info)
+        let deployment = deployment_for(&plugin_info, cfg.supervisor.backend.checks())
             .map_err(|e| failed(&provider, StackStep::PluginConfig)(e.into()))?;
         let client_cfg = ClientConfig::default()
             .rpc_timeout(cfg.rpc_timeout)

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use slrp_provider::config::{
-    AdminListen, ConfigError, DaemonConfig, DaemonConfigFile, Overrides, PluginsOnExit,
-    load_provider_dir, load_provider_file,
+    AdminListen, ConfigError, DaemonConfig, DaemonConfigFile, Overrides, PluginBackend,
+    PluginsOnExit, RemoveSandboxes, load_provider_dir, load_provider_file,
 };
 use slrp_types::{Backoff, DisplayChain};
 use slrp_wire::ContentType;
@@ -75,7 +75,6 @@ fn every_rule_of_section_10_1_is_enforced_with_mesos_text_file_and_field() {
         v["storage"]["plugin"]["containers"][0]["services"] = json!(["CONTROLLER_SERVICE"]);
         v
     };
-    let no_command = edited("/storage/plugin/containers/0/command", None);
     let cases: Vec<(&str, Value, &str, &str)> = vec![
         (
             "type",
@@ -148,12 +147,6 @@ fn every_rule_of_section_10_1_is_enforced_with_mesos_text_file_and_field() {
             ),
             "default_reservations",
             "a refined reservation must be DYNAMIC",
-        ),
-        (
-            "command",
-            no_command,
-            "storage.plugin.containers",
-            "no command",
         ),
         (
             "required field",
@@ -432,6 +425,21 @@ fn bad_settings_are_refused_naming_the_key() {
             "colour",
         ),
         (
+            "plugin backend",
+            format!("{rp}[agent]\nurl = \"http://a:1\"\n[plugins]\nbackend = \"docker\"\n"),
+            "plugins.backend",
+        ),
+        (
+            "remove sandboxes",
+            format!("{rp}[agent]\nurl = \"http://a:1\"\n[plugins]\nremove_sandboxes = \"api\"\n"),
+            "plugins.remove_sandboxes",
+        ),
+        (
+            "unknown plugins key",
+            format!("{rp}[agent]\nurl = \"http://a:1\"\n[plugins]\nimage = \"x\"\n"),
+            "image",
+        ),
+        (
             "unknown agent key",
             format!("{rp}[agent]\nurl = \"http://a:1\"\ntoken = \"x\"\n"),
             "token",
@@ -636,5 +644,97 @@ fn the_admin_tcp_endpoint_needs_a_token_file() {
             .unwrap()
             .admin_tcp
             .is_none()
+    );
+}
+
+#[test]
+fn the_plugin_backend_comes_from_the_file_and_the_flag_wins() {
+    let s = Setup::new();
+    let base = "resource_provider_config_dir = \"rp\"\n[agent]\nurl = \"http://a:1\"\n";
+    let config = s.resolve(base, Overrides::default()).unwrap();
+    assert_eq!(config.plugin_backend, PluginBackend::Process);
+    assert_eq!(config.remove_sandboxes, RemoveSandboxes::Never);
+
+    let file = format!("{base}[plugins]\nbackend = \"agent\"\nremove_sandboxes = \"files\"\n");
+    let config = s.resolve(&file, Overrides::default()).unwrap();
+    assert_eq!(config.plugin_backend, PluginBackend::Agent);
+    assert_eq!(config.remove_sandboxes, RemoveSandboxes::Files);
+
+    let flags = Overrides {
+        plugin_backend: Some("process".into()),
+        ..Overrides::default()
+    };
+    let config = s.resolve(&file, flags).unwrap();
+    assert_eq!(config.plugin_backend, PluginBackend::Process);
+    let flags = Overrides {
+        plugin_backend: Some("agent".into()),
+        ..Overrides::default()
+    };
+    assert_eq!(
+        s.resolve(base, flags).unwrap().plugin_backend,
+        PluginBackend::Agent
+    );
+}
+
+/// A provider whose plugin one backend can run and the other cannot: refused at
+/// configuration time naming the file, accepted with the other backend.
+fn per_backend(document: &Value, refused_by: PluginBackend, text: &str) {
+    let s = Setup::new();
+    let path = write(&s.dir.path().join("rp"), "test.json", document);
+    let toml = |backend: &str| {
+        format!(
+            "resource_provider_config_dir = \"rp\"\n[agent]\nurl = \"http://a:1\"\n[plugins]\nbackend = \"{backend}\"\n"
+        )
+    };
+    let (refusing, accepting) = match refused_by {
+        PluginBackend::Process => ("process", "agent"),
+        PluginBackend::Agent => ("agent", "process"),
+    };
+    let err = s
+        .resolve(&toml(refusing), Overrides::default())
+        .expect_err(refusing);
+    assert!(
+        matches!(err, ConfigError::InvalidProvider { .. }),
+        "{err:?}"
+    );
+    let chain = DisplayChain(&err).to_string();
+    assert!(chain.contains(&path.display().to_string()), "{chain}");
+    assert!(chain.contains(text), "{chain}");
+    s.resolve(&toml(accepting), Overrides::default())
+        .unwrap_or_else(|e| panic!("{accepting}: {}", DisplayChain(&e)));
+}
+
+#[test]
+fn a_plugin_without_a_command_runs_on_the_agent_only() {
+    per_backend(
+        &edited("/storage/plugin/containers/0/command", None),
+        PluginBackend::Process,
+        "no command",
+    );
+}
+
+#[test]
+fn a_secret_reference_runs_on_the_agent_only() {
+    per_backend(
+        &edited(
+            "/storage/plugin/containers/0/command/environment",
+            Some(json!({"variables": [{
+                "name": "TOKEN",
+                "type": "SECRET",
+                "secret": {"type": "REFERENCE", "reference": {"name": "vault/token"}}
+            }]})),
+        ),
+        PluginBackend::Process,
+        "secret reference",
+    );
+}
+
+#[test]
+fn an_agent_container_id_longer_than_242_characters_is_refused_for_the_agent() {
+    let long_type = vec!["segment"; 32].join(".");
+    per_backend(
+        &edited("/storage/plugin/type", Some(json!(long_type))),
+        PluginBackend::Agent,
+        "242",
     );
 }

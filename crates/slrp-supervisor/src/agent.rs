@@ -361,7 +361,8 @@ impl AgentBackend {
                     .await
                     .map_err(operator("KILL_CONTAINER"))
                     .map_err(fail(&name))?;
-                metrics.stopped_leftover(&name);
+                // Under the configured container's own label, as the process backend.
+                metrics.stopped_leftover(configured.map_or(name.as_str(), |c| c.id.as_str()));
             }
             if running.is_some() {
                 let bound = cfg.stop_grace + self.client.call_timeout();
@@ -438,6 +439,10 @@ impl ContainerBackend for AgentBackend {
 
     fn socket_dir_prefix(&self) -> &'static str {
         SOCKET_DIR_PREFIX
+    }
+
+    fn clears_socket_before_launch(&self) -> bool {
+        false
     }
 
     fn recover<'a>(

@@ -63,6 +63,14 @@ pub trait ContainerBackend: Send + Sync + fmt::Debug + 'static {
     /// when a link is cleaned up.
     fn socket_dir_prefix(&self) -> &'static str;
 
+    /// Whether a socket file found before a launch is stale and removed. True for local
+    /// processes (an adopted one never gets that far); false for the agent, whose LAUNCH
+    /// may re-attach to a running container listening there (recovery and terminations
+    /// remove the stale ones, as Mesos's post-stop hook does).
+    fn clears_socket_before_launch(&self) -> bool {
+        true
+    }
+
     /// Leftovers of a previous run under `root`: adopts what matches `spec`, retires the
     /// rest (stop, wait, remove its directory). Returns the adopted containers by
     /// [`ContainerSpec::id`].

@@ -366,9 +366,9 @@ fn endpoint_dir(container_dir: &Path, base: &Path, prefix: &str) -> io::Result<P
 
 /// Makes sure the socket directory of `socket` exists, belongs to us and is private
 /// (0700, as created), and that the container's `endpoint` link points at it; then removes
-/// a stale socket. The directory keeps its path, so the endpoint handed out by
+/// a stale socket if `clear_socket`. The directory keeps its path, so the endpoint handed out by
 /// [`SupervisorHandle::endpoint`] stays valid.
-fn ensure_socket_dir(container_dir: &Path, socket: &Path) -> io::Result<()> {
+fn ensure_socket_dir(container_dir: &Path, socket: &Path, clear_socket: bool) -> io::Result<()> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
     let dir = socket
         .parent()
@@ -409,7 +409,10 @@ fn ensure_socket_dir(container_dir: &Path, socket: &Path) -> io::Result<()> {
     }
     // A stale socket from a previous run would make the wait succeed too early, and some
     // plugins refuse to start when it exists.
-    remove_if_exists(socket)
+    if clear_socket {
+        remove_if_exists(socket)?;
+    }
+    Ok(())
 }
 
 /// Removes the short socket directory a container's `endpoint` link points at (only if
@@ -945,8 +948,12 @@ impl Worker {
     async fn launch(&self) -> Result<Box<dyn PluginRun>, SupervisorError> {
         // Before every launch, not just at start: a tmp cleaner may have removed the
         // directory during a long run, and the plugin could not bind its socket.
-        ensure_socket_dir(&self.dir, &self.socket)
-            .map_err(io_err("preparing the socket directory of", &self.socket))?;
+        ensure_socket_dir(
+            &self.dir,
+            &self.socket,
+            self.cfg.backend.clears_socket_before_launch(),
+        )
+        .map_err(io_err("preparing the socket directory of", &self.socket))?;
         let mut env = vec![(
             "CSI_ENDPOINT".to_owned(),
             format!("unix://{}", self.socket.display()),

@@ -365,6 +365,20 @@ pub fn read_records<M: Message + Name + Default>(bytes: &[u8]) -> Records<M> {
     }
 }
 
+/// Where each complete record of a stream starts, in order, whether or not it decodes:
+/// the offsets to name in a report about the records [`read_records`] returned (its
+/// `records[i]` starts at `record_starts(bytes)[i]`). Stops before a torn record.
+#[must_use]
+pub fn record_starts(bytes: &[u8]) -> Vec<usize> {
+    let mut starts = Vec::new();
+    let mut offset = 0;
+    while let Frame::Whole { len, .. } = frame(&bytes[offset..]) {
+        starts.push(offset);
+        offset += len;
+    }
+    starts
+}
+
 /// Appends `msg` as one record to an open stream and syncs it, as Mesos's status update
 /// manager does with its `O_SYNC` descriptor. The record is written with one `write_all`,
 /// so only a crash (or a full disk) can leave it torn.

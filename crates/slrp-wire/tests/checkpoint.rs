@@ -26,7 +26,8 @@ use slrp_proto::mesos::v1::{
 };
 use slrp_wire::checkpoint::{
     CheckpointError, Records, Tail, append_record, downgrade_message, downgrade_resources,
-    encode_message, read_message, read_records, upgrade_message, upgrade_resources, write_message,
+    encode_message, read_message, read_records, record_starts, upgrade_message, upgrade_resources,
+    write_message,
 };
 
 /// Parses a hex dump written with spaces and line breaks between bytes.
@@ -458,6 +459,24 @@ fn append_record_then_read_records_replays_updates_and_acks() {
     assert_eq!(read.tail, Tail::Clean);
     assert_eq!(read.good_len, bytes.len());
     assert_eq!(read.records, written);
+}
+
+#[test]
+fn record_starts_name_every_whole_record_up_to_a_torn_one() {
+    let records = [
+        update_record(update(OperationState::OperationPending, &[1])),
+        ack_record(&[1]),
+    ];
+    let (first, second) = (encode_message(&records[0]), encode_message(&records[1]));
+    let mut bytes = [first.clone(), second.clone()].concat();
+    // A whole record that does not decode still has a start; a torn one has none.
+    bytes.extend_from_slice(&[1, 0, 0, 0, 0xff]);
+    bytes.extend_from_slice(&second[..7]);
+    let whole = first.len() + second.len();
+    assert_eq!(record_starts(&bytes), [0, first.len(), whole]);
+    let read = read_records::<UpdateOperationStatusRecord>(&bytes);
+    assert_eq!(read.records, records);
+    assert_eq!(record_starts(&[]), Vec::<usize>::new());
 }
 
 #[test]

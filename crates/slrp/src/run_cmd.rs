@@ -46,6 +46,11 @@ pub(crate) struct RunArgs {
     /// slrp's state directory (default `/var/lib/slrp`).
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
+    /// Where the plugin containers run: `process` (local processes, default) or `agent`
+    /// (the agent's standalone containers through its operator API, as the Mesos provider
+    /// runs them; needs `--work-dir` to be the agent's work directory).
+    #[arg(long, value_name = "process|agent")]
+    plugin_backend: Option<String>,
     #[command(flatten)]
     admin: AdminArgs,
 }
@@ -59,6 +64,7 @@ impl RunArgs {
             state_dir: self.state_dir.clone(),
             resource_provider_config_dir: self.resource_provider_config_dir.clone(),
             disk_profiles: self.disk_profiles.clone(),
+            plugin_backend: self.plugin_backend.clone(),
             ..self.admin.overrides()
         }
     }

@@ -36,6 +36,7 @@ use rand::rngs::StdRng;
 use rand::{Rng as _, SeedableRng as _};
 use serde_json::Value;
 use slrp_manager::{ManagerMessage, OperationError};
+use slrp_proto::mesos::v1::{OperationState, OperationStatus};
 use support::ops::{
     self, FRAMEWORK_ROLE, allocated, create, create_disk, destroy, destroy_disk, persistent,
     reserve, unreserve,
@@ -62,6 +63,12 @@ struct Seen {
     unknown: BTreeSet<uuid::Uuid>,
     /// Every resource version an UPDATE_STATE announced.
     versions: BTreeSet<String>,
+    /// Messages seen so far: orders the two below.
+    seq: u64,
+    /// Operation uuid → when its DROPPED status was first seen.
+    dropped_at: BTreeMap<uuid::Uuid, u64>,
+    /// When the last UPDATE_STATE was seen.
+    last_update_state: u64,
 }
 
 fn collect(c: &Cluster) -> Arc<Mutex<Seen>> {
@@ -75,6 +82,11 @@ fn collect(c: &Cluster) -> Arc<Mutex<Seen>> {
                     let op = uuid::Uuid::from_slice(&update.operation_uuid.value).unwrap();
                     let state = ops::state_name(&update.status);
                     let mut seen = sink.lock().unwrap();
+                    seen.seq += 1;
+                    if state == "OPERATION_DROPPED" {
+                        let at = seen.seq;
+                        seen.dropped_at.entry(op).or_insert(at);
+                    }
                     match &update.status.uuid {
                         Some(s) if state != "OPERATION_PENDING" => {
                             let s = uuid::Uuid::from_slice(&s.value).unwrap();
@@ -91,7 +103,10 @@ fn collect(c: &Cluster) -> Arc<Mutex<Seen>> {
                     ..
                 }) => {
                     let version = uuid::Uuid::from_slice(&resource_version_uuid.value).unwrap();
-                    sink.lock().unwrap().versions.insert(version.to_string());
+                    let mut seen = sink.lock().unwrap();
+                    seen.seq += 1;
+                    seen.last_update_state = seen.seq;
+                    seen.versions.insert(version.to_string());
                 }
                 Ok(_) => {}
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
@@ -102,6 +117,14 @@ fn collect(c: &Cluster) -> Arc<Mutex<Seen>> {
         }
     });
     seen
+}
+
+/// The unreliable DROPPED a provider answers a reconciliation with for an operation it
+/// does not track (spec §5.8 (2)).
+fn unknown_operation(status: &OperationStatus) -> bool {
+    status.state == OperationState::OperationDropped as i32
+        && status.uuid.is_none()
+        && status.message.as_deref() == Some("Unknown operation")
 }
 
 /// One step of the stream, chosen from what the agent's total holds.
@@ -176,7 +199,7 @@ fn operation(step: Step, r: &Value, n: &str) -> slrp_proto::mesos::v1::offer::Op
 }
 
 /// The version a DROPPED "Mismatched resource version X (expected: Y)" expected (Y).
-fn mismatch_expected(status: &slrp_proto::mesos::v1::OperationStatus) -> Option<String> {
+fn mismatch_expected(status: &OperationStatus) -> Option<String> {
     if ops::state_name(status) != "OPERATION_DROPPED" {
         return None;
     }
@@ -223,7 +246,9 @@ async fn storm(seed: u64, csi: &'static str) {
     let mut lost: Vec<uuid::Uuid> = Vec::new();
     // Operations dropped for a resource version the provider had just left, with the
     // version it expected.
-    let mut mismatched: Vec<(uuid::Uuid, String)> = Vec::new();
+    // (operation, the version the provider expected, whether the daemon was killed in
+    // that step)
+    let mut mismatched: Vec<(uuid::Uuid, String, bool)> = Vec::new();
     let mut kills = 0;
     let mut publishes = 0;
     let mut batches = 0;
@@ -293,15 +318,24 @@ async fn storm(seed: u64, csi: &'static str) {
         for (uuid, what) in uuids {
             let context = format!("seed {seed}, step {n} ({what})");
             match c.manager().wait_terminal(uuid, c.wait).await {
+                // The provider's UPDATE_STATE after a restart did not list it (it never
+                // committed the operation: its APPLY_OPERATION died with the daemon), so
+                // the agent forgot it and the master's reconciliation found it unknown
+                // to the provider, i.e. never applied.
+                Ok(view) if kill && unknown_operation(&view.latest_status) => lost.push(uuid),
                 Ok(view) => {
                     let state = ops::state_name(&view.latest_status);
                     // Legal (spec §5.2): the provider changed its total after READY (e.g.
                     // the profile update's reconciliation after a restart found the pools
                     // changed) and the master sent this with the version before its
                     // UPDATE_STATE arrived. Mesos drops it the same way; the framework
-                    // retries. Checked below: the expected version was announced.
+                    // retries. Checked below: the expected version was announced, or
+                    // superseded (a second change while an UPDATE_STATE was on its way:
+                    // an UPDATE_STATE follows the drop), or the daemon was killed before
+                    // its UPDATE_STATE went out (a restart announces a fresh version, as
+                    // Mesos's provider does).
                     if let Some(expected) = mismatch_expected(&view.latest_status) {
-                        mismatched.push((uuid, expected));
+                        mismatched.push((uuid, expected, kill));
                         continue;
                     }
                     if state != "OPERATION_FINISHED" {
@@ -312,13 +346,10 @@ async fn storm(seed: u64, csi: &'static str) {
                     }
                     accepted.push(uuid);
                 }
-                // The provider's UPDATE_STATE after a restart did not list it (it never
-                // committed the operation), or an UPDATE_STATE crossed the APPLY on the
-                // wire; either way the reconciliation below must find it unknown to the
-                // provider, i.e. never applied.
-                Err(OperationError::Forgotten { .. } | OperationError::Unknown { .. }) => {
-                    lost.push(uuid);
-                }
+                // As above, but the master could not ask (the restarted daemon's stream
+                // closed again at that moment): only after a kill. The reconciliation
+                // below must find it unknown to the provider.
+                Err(OperationError::Forgotten { .. }) if kill => lost.push(uuid),
                 Err(e) => c.fail(&format!(
                     "{context}: no terminal status: {}",
                     slrp_types::DisplayChain(&e)
@@ -407,16 +438,24 @@ async fn storm(seed: u64, csi: &'static str) {
         }
     }
 
-    let versions = seen.lock().unwrap().versions.clone();
-    for (op, expected) in &mismatched {
-        if !versions.contains(expected) {
+    let (versions, dropped_at, last_update_state) = {
+        let seen = seen.lock().unwrap();
+        (
+            seen.versions.clone(),
+            seen.dropped_at.clone(),
+            seen.last_update_state,
+        )
+    };
+    for (op, expected, killed) in &mismatched {
+        let superseded = dropped_at.get(op).is_some_and(|at| last_update_state > *at);
+        if !killed && !superseded && !versions.contains(expected) {
             c.fail(&format!(
                 "seed {seed}: operation {op} was dropped for resource version {expected}, which no UPDATE_STATE announced"
             ));
         }
     }
     let terminal = std::mem::take(&mut seen.lock().unwrap().terminal);
-    for op in accepted.iter().chain(mismatched.iter().map(|(op, _)| op)) {
+    for op in accepted.iter().chain(mismatched.iter().map(|(op, ..)| op)) {
         match terminal.get(op).map(BTreeSet::len) {
             Some(1) => {}
             other => c.fail(&format!(
