@@ -50,6 +50,21 @@ pub struct ManagerConfig {
     /// How the manager, as master, acknowledges operation status updates (changeable at
     /// run time with [`crate::ManagerHandle::set_ack_policy`]).
     pub ack_policy: AckPolicy,
+    /// Where standalone containers (operator API `LAUNCH_CONTAINER`) get their sandboxes,
+    /// `<containers_dir>/<container id>` as under a Mesos agent's `<work_dir>/containers`,
+    /// and where their pids are checkpointed so that they survive a manager restart (an
+    /// agent going down leaves its containers running). `None`: sandboxes in a temporary
+    /// directory, and the containers die with the manager.
+    pub containers_dir: Option<PathBuf>,
+    /// The agent's `--jwt_secret_key`: a bearer token that is an HS256 JWT signed with it
+    /// authenticates as the principal its claims describe (a `cid_prefix` claim limits the
+    /// container calls to IDs with that prefix). The plain [`ManagerConfig::token`] stays
+    /// an operator allowed everything. Either one being set makes authentication required.
+    pub jwt_secret: Option<Secret>,
+    /// Providers the registrar admits at spawn (recorded under `state_dir` like any
+    /// admission), as a Mesos agent's registrar knows the ID of a provider it had before:
+    /// a provider resubscribing with one of these IDs is admitted.
+    pub preadmitted: Vec<crate::registrar::ProviderRecord>,
 }
 
 /// How the manager (as master) acknowledges operation status updates (spec §2.9 step 6).
@@ -102,6 +117,9 @@ impl ManagerConfig {
             hostname: "localhost".to_owned(),
             token: None,
             ack_policy: AckPolicy::Auto,
+            containers_dir: None,
+            jwt_secret: None,
+            preadmitted: Vec::new(),
         }
     }
 
@@ -136,6 +154,22 @@ impl ManagerConfig {
             .is_some_and(|t| t.0.is_empty() || t.0.contains(char::is_whitespace))
         {
             return Err(ConfigError::Empty { field: "token" });
+        }
+        if self.jwt_secret.as_ref().is_some_and(|s| s.0.is_empty()) {
+            return Err(ConfigError::Empty {
+                field: "jwt_secret",
+            });
+        }
+        for record in &self.preadmitted {
+            slrp_types::validate_id(&record.id).map_err(|source| ConfigError::PreadmittedId {
+                id: record.id.clone(),
+                source,
+            })?;
+            if record.kind.is_empty() || record.name.is_empty() {
+                return Err(ConfigError::Empty {
+                    field: "preadmitted type and name",
+                });
+            }
         }
         let positive = [
             ("max_body_bytes", self.max_body_bytes > 0),

@@ -21,6 +21,15 @@ pub enum ConfigError {
         #[source]
         source: slrp_types::IdError,
     },
+    /// A pre-admitted provider ID is not a valid Mesos ID.
+    #[error("manager preadmitted provider ID {id:?} is not a valid resource provider ID")]
+    PreadmittedId {
+        /// The rejected ID.
+        id: String,
+        /// The rule it breaks.
+        #[source]
+        source: slrp_types::IdError,
+    },
     /// A text setting that must not be empty is empty.
     #[error("manager setting '{field}' must not be empty")]
     Empty {
@@ -100,6 +109,9 @@ pub enum ManagerError {
     /// The registrar failed.
     #[error("resource provider registrar")]
     Registrar(#[from] RegistrarError),
+    /// The standalone containers could not be recovered.
+    #[error("standalone containers")]
+    Containers(#[from] ContainerError),
     /// The provider is not subscribed.
     #[error("resource provider {id} is not subscribed")]
     NotSubscribed {
@@ -229,4 +241,40 @@ pub enum OperationError {
     /// The manager has stopped.
     #[error("the resource provider manager has stopped")]
     Stopped,
+}
+
+/// Errors of the standalone containers' records (operator API `LAUNCH_CONTAINER`).
+#[derive(Debug, thiserror::Error)]
+pub enum ContainerError {
+    /// A container's runtime record could not be written.
+    #[error("writing the container record {path}")]
+    Checkpoint {
+        /// The record file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A container's runtime record could not be read back at spawn; the manager does not
+    /// start rather than lose track of a running process.
+    #[error("recovering the container record {path}")]
+    Recover {
+        /// The record file or directory.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The sandbox root could not be created.
+    #[error("creating the container sandbox root {path}")]
+    SandboxRoot {
+        /// The directory.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The blocking recovery task died.
+    #[error("the container recovery task failed")]
+    Task(#[source] tokio::task::JoinError),
 }

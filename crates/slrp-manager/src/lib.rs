@@ -12,7 +12,10 @@
 //! # Layout
 //! - [`config`]: [`ManagerConfig`], validated at spawn.
 //! - `server`: HTTP routing, media types, body limits, decoding (§2.2 steps 2–6).
-//! - `operator`: the agent operator API subset (`GET_AGENT`) on the parent path.
+//! - `operator`: the agent operator API subset (`GET_AGENT`, the standalone container
+//!   calls) on the parent path.
+//! - `containers`: standalone containers as local processes (a POSIX launcher).
+//! - [`jwt`]: HS256 tokens of `--jwt_secret_key`.
 //! - `worker`: admission, step 7, bookkeeping, publish, removal; owns all state.
 //! - [`validation`]: Mesos's call validation (§2.6).
 //! - [`registrar`]: durable record of admitted and removed provider IDs.
@@ -27,7 +30,9 @@
 //!   subscribers lose messages, never the worker).
 
 pub mod config;
+mod containers;
 pub mod error;
+pub mod jwt;
 pub mod metrics;
 mod operator;
 pub mod registrar;
@@ -49,8 +54,10 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use config::{AckPolicy, Listen, ManagerConfig, Secret};
+pub use containers::{ContainerState, ContainerView};
 pub use error::{
-    ConfigError, ManagerError, OperationError, PublishError, RegistrarError, SendEventError,
+    ConfigError, ContainerError, ManagerError, OperationError, PublishError, RegistrarError,
+    SendEventError,
 };
 pub use metrics::ManagerMetrics;
 pub use operator::OPERATOR_PATHS;
@@ -113,8 +120,11 @@ impl EmbeddedManager {
         config.validate()?;
         let state_dir = config.state_dir.clone();
         let configured = config.agent_id.clone();
+        let preadmitted = config.preadmitted.clone();
         let registrar = tokio::task::spawn_blocking(move || {
-            Registrar::recover(state_dir.as_deref(), configured.as_deref())
+            let mut registrar = Registrar::recover(state_dir.as_deref(), configured.as_deref())?;
+            registrar.preadmit(&preadmitted)?;
+            Ok::<_, RegistrarError>(registrar)
         })
         .await
         .map_err(RegistrarError::Task)??;
@@ -138,6 +148,20 @@ impl EmbeddedManager {
             acks.clone(),
         );
         tasks.spawn(worker.run(cancel.clone()));
+        let containers = match containers::start(
+            config.containers_dir.clone(),
+            messages.clone(),
+            tasks.clone(),
+            cancel.clone(),
+        )
+        .await
+        {
+            Ok(containers) => containers,
+            Err(error) => {
+                cancel.cancel();
+                return Err(error.into());
+            }
+        };
         let ctx = Arc::new(Ctx {
             commands: commands.clone(),
             max_body_bytes: config.max_body_bytes,
@@ -145,6 +169,10 @@ impl EmbeddedManager {
             event_queue: config.event_queue,
             agent,
             token: config.token.clone(),
+            jwt_secret: config.jwt_secret.clone(),
+            containers: containers.clone(),
+            metrics: metrics.clone(),
+            messages: messages.clone(),
         });
         tasks.spawn(server::serve(listener, ctx, tasks.clone(), cancel.clone()));
         tracing::info!(url = %endpoint.url(), ?endpoint, %agent_id, "resource provider manager serving");
@@ -156,6 +184,7 @@ impl EmbeddedManager {
                 endpoint,
                 agent_id,
                 acks,
+                containers,
             },
             ManagerGuard { cancel, tasks },
         ))
@@ -200,7 +229,9 @@ fn remove_stale_socket(path: &std::path::Path) -> std::io::Result<()> {
 }
 
 /// Stops the manager when dropped or on [`ManagerGuard::shutdown`]: every stream closes
-/// and pending publishes fail.
+/// and pending publishes fail. Standalone containers are killed, unless
+/// [`ManagerConfig::containers_dir`] is set: then they keep running (as under an agent that
+/// goes down) and the next manager with that directory adopts them.
 #[derive(Debug)]
 pub struct ManagerGuard {
     cancel: CancellationToken,
@@ -231,6 +262,7 @@ pub struct ManagerHandle {
     endpoint: Endpoint,
     agent_id: String,
     acks: SharedAcks,
+    containers: containers::Containers,
 }
 
 /// An operation for [`ManagerHandle::apply_operation`], as a master's
@@ -295,6 +327,21 @@ impl ManagerHandle {
         let (reply, answer) = oneshot::channel();
         self.commands.send(command(reply)).await.ok()?;
         answer.await.ok()
+    }
+
+    /// The standalone containers launched through the operator API (and adopted from an
+    /// earlier manager with the same `containers_dir`), ordered by ID; empty once the
+    /// manager stopped.
+    pub async fn containers(&self) -> Vec<ContainerView> {
+        self.containers.list().await
+    }
+
+    /// SIGKILLs every standalone container's process group and returns when each one's
+    /// termination has been handled (WAITs answered, records removed): for test cleanup
+    /// and a standalone shutdown, since [`ManagerGuard::shutdown`] leaves surviving
+    /// containers running.
+    pub async fn destroy_containers(&self) {
+        self.containers.destroy_all().await;
     }
 
     /// The subscribed providers and the agent's view of each.

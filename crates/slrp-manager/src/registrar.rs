@@ -124,6 +124,28 @@ impl Registrar {
         Ok(registrar)
     }
 
+    /// Admits `records` before anything is served (blocking, like [`Registrar::recover`]):
+    /// as a Mesos agent's registrar that knew a provider before slrp took it over. A record
+    /// already known is kept as it is; a removed one cannot be admitted again.
+    pub(crate) fn preadmit(&mut self, records: &[ProviderRecord]) -> Result<(), RegistrarError> {
+        let mut changed = false;
+        for record in records {
+            if self.removed.contains_key(&record.id) {
+                return Err(RegistrarError::Removed {
+                    id: record.id.clone(),
+                });
+            }
+            if !self.known.contains_key(&record.id) {
+                self.known.insert(record.id.clone(), record.clone());
+                changed = true;
+            }
+        }
+        if changed && let Some(path) = &self.path {
+            write_atomically(path, &self.file())?;
+        }
+        Ok(())
+    }
+
     /// The agent ID served on GET_AGENT.
     pub(crate) fn agent_id(&self) -> &str {
         &self.agent_id
@@ -279,6 +301,37 @@ mod tests {
             memory.agent_id(),
             Registrar::recover(None, None)?.agent_id()
         );
+        Ok(())
+    }
+
+    #[test]
+    fn preadmitted_records_are_known_and_recorded() -> Result<(), RegistrarError> {
+        let dir = tempfile::tempdir().map_err(|source| RegistrarError::Read {
+            path: PathBuf::new(),
+            source,
+        })?;
+        let mut registrar = Registrar::recover(Some(dir.path()), None)?;
+        assert_eq!(registrar.known("a"), None);
+        registrar.preadmit(&[record("a")])?;
+        assert_eq!(registrar.known("a"), Some(&record("a")));
+        let recovered = Registrar::recover(Some(dir.path()), None)?;
+        assert_eq!(recovered.known("a"), Some(&record("a")), "written at once");
+
+        let mut memory = Registrar::recover(None, None)?;
+        memory.preadmit(&[record("b")])?;
+        assert_eq!(memory.known("b"), Some(&record("b")));
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_removed_provider_cannot_be_preadmitted() -> Result<(), RegistrarError> {
+        let mut registrar = Registrar::recover(None, None)?;
+        registrar.admit(record("a")).await?;
+        registrar.remove("a").await?;
+        assert!(matches!(
+            registrar.preadmit(&[record("a")]),
+            Err(RegistrarError::Removed { id }) if id == "a"
+        ));
         Ok(())
     }
 

@@ -46,6 +46,36 @@ pub(crate) struct Ctx {
     pub(crate) agent: AgentInfo,
     /// The bearer token every request must carry, if any.
     pub(crate) token: Option<crate::config::Secret>,
+    /// The key of JWT bearer tokens, if any.
+    pub(crate) jwt_secret: Option<crate::config::Secret>,
+    /// The standalone containers of the operator API.
+    pub(crate) containers: crate::containers::Containers,
+    /// For protocol violations found on the operator API.
+    pub(crate) metrics: crate::metrics::ManagerMetrics,
+    /// For protocol violations found on the operator API.
+    pub(crate) messages: tokio::sync::broadcast::Sender<crate::worker::ManagerMessage>,
+}
+
+/// Who made a request, once authenticated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Principal {
+    /// No authentication configured, or the plain token: an operator allowed everything.
+    Operator,
+    /// A JWT's claims (libprocess's `Principal::claims`).
+    Claims(std::collections::BTreeMap<String, String>),
+}
+
+impl Principal {
+    /// The local authorizer's implicit approver of a provider's principal: the container
+    /// actions on IDs starting with its `cid_prefix` claim, nothing without the claim.
+    pub(crate) fn may_use_container(&self, id: &str) -> bool {
+        match self {
+            Self::Operator => true,
+            Self::Claims(claims) => claims
+                .get("cid_prefix")
+                .is_some_and(|prefix| id.starts_with(prefix.as_str())),
+        }
+    }
 }
 
 pub(crate) enum Listener {
@@ -147,13 +177,12 @@ async fn respond(request: Request<Incoming>, ctx: &Ctx) -> Response<Body> {
         return empty(StatusCode::NOT_FOUND);
     };
     // Authentication comes first, as libprocess authenticates before any handler runs.
-    if let Some(token) = &ctx.token
-        && let Some(refusal) = unauthenticated(request.headers(), token, realm)
-    {
-        return refusal;
-    }
+    let principal = match authenticate(request.headers(), ctx, realm) {
+        Ok(principal) => principal,
+        Err(refusal) => return *refusal,
+    };
     if realm == OPERATOR_REALM {
-        return Box::pin(crate::operator::respond(request, ctx)).await;
+        return Box::pin(crate::operator::respond(request, ctx, &principal)).await;
     }
     if let Some(response) = refuse_non_post(&request) {
         return response;
@@ -208,13 +237,17 @@ async fn respond(request: Request<Incoming>, ctx: &Ctx) -> Response<Body> {
     }
 }
 
-/// `401` with the challenge libprocess's JWT authenticator sends, unless the request
-/// carries `Authorization: Bearer <token>`.
-fn unauthenticated(
+/// The request's principal, or `401` with the challenge libprocess's JWT authenticator
+/// sends. Without a token and a JWT secret nothing is checked; the plain token is an
+/// operator; a JWT valid under the secret carries its claims.
+fn authenticate(
     headers: &HeaderMap,
-    token: &crate::config::Secret,
+    ctx: &Ctx,
     realm: &str,
-) -> Option<Response<Body>> {
+) -> Result<Principal, Box<Response<Body>>> {
+    if ctx.token.is_none() && ctx.jwt_secret.is_none() {
+        return Ok(Principal::Operator);
+    }
     let challenge = |error: Option<String>| {
         let mut value = format!("Bearer realm=\"{realm}\"");
         if let Some(description) = error {
@@ -228,7 +261,7 @@ fn unauthenticated(
                 .headers_mut()
                 .insert(http::header::WWW_AUTHENTICATE, value);
         }
-        Some(response)
+        Err(Box::new(response))
     };
     // RFC 6750 §3.1: a request without credentials gets no error details.
     let Some(value) = headers.get(http::header::AUTHORIZATION) else {
@@ -242,10 +275,20 @@ fn unauthenticated(
     if *scheme != "Bearer" {
         return challenge(Some(format!("Scheme '{scheme}' unsupported")));
     }
-    if !constant_time_eq(presented.as_bytes(), token.expose().as_bytes()) {
-        return challenge(Some("Invalid token".to_owned()));
+    if let Some(token) = &ctx.token
+        && constant_time_eq(presented.as_bytes(), token.expose().as_bytes())
+    {
+        return Ok(Principal::Operator);
     }
-    None
+    let Some(secret) = &ctx.jwt_secret else {
+        return challenge(Some("Invalid token".to_owned()));
+    };
+    match crate::jwt::verify(secret, presented) {
+        Ok(claims) if claims.is_empty() => challenge(Some("JWT claims missing".to_owned())),
+        Ok(claims) => Ok(Principal::Claims(claims)),
+        // The error names only the token's structure, never the secret.
+        Err(error) => challenge(Some(format!("Invalid JWT: {error}"))),
+    }
 }
 
 /// Compares without an early exit, so the time taken does not tell how much matched.

@@ -65,11 +65,26 @@ pub enum ManagerMessage {
         provider_id: String,
     },
     /// The provider sent something a Mesos agent accepts with `202` but then aborts on.
+    /// `provider_id` is empty for an operator API call that would abort an agent
+    /// (REMOVE_CONTAINER of a top-level container).
     ProtocolViolation {
         /// The provider ID.
         provider_id: String,
         /// What was wrong.
         reason: String,
+    },
+    /// A standalone container was launched (LAUNCH_CONTAINER answered `200`).
+    ContainerLaunched {
+        /// The container ID.
+        id: String,
+    },
+    /// A standalone container's process exited and the rest of its process group was
+    /// killed; the WAITs for it are answered.
+    ContainerTerminated {
+        /// The container ID.
+        id: String,
+        /// The wait(2) status word; `None` for a container adopted after a restart.
+        status: Option<i32>,
     },
 }
 

@@ -1,6 +1,7 @@
-//! The agent operator API subset (GET_AGENT) on the parent path of the resource provider
-//! endpoint: answers in both media types over TCP and a unix socket, every refusal with
-//! the agent's status and text, and the agent ID's life across manager restarts.
+//! The agent operator API subset on the parent path of the resource provider endpoint
+//! (GET_AGENT here, the container calls in `containers.rs`): answers in both media types
+//! over TCP and a unix socket, every refusal with the agent's status and text, the agent
+//! ID's life across manager restarts, and pre-admitted providers.
 
 mod common;
 
@@ -246,7 +247,7 @@ async fn refusals_carry_the_agents_status_and_text() {
             vec![("Content-Type", json)],
             br#"{"type": "GET_STATE"}"#.to_vec(),
             StatusCode::NOT_IMPLEMENTED,
-            "GET_STATE is not served by the embedded manager (only GET_AGENT)",
+            "GET_STATE is not served by the embedded manager (only GET_AGENT, GET_CONTAINERS, LAUNCH_CONTAINER, WAIT_CONTAINER, KILL_CONTAINER, REMOVE_CONTAINER)",
         ),
     ];
     let mut failures = Vec::new();
@@ -438,4 +439,51 @@ async fn a_configured_token_is_required_on_both_apis() {
         .await;
     assert_eq!(reply.status, StatusCode::BAD_REQUEST);
     assert_eq!(reply.body, "Failed to parse body into Call protobuf");
+}
+
+/// A pre-admitted provider ID is admitted on its first subscription, as by an agent whose
+/// registrar knew it (the provider was taken over from a Mesos SLRP), and recorded under
+/// the state dir; an unknown ID is not.
+#[tokio::test]
+async fn a_preadmitted_provider_is_admitted() {
+    let known = "6d1a9e40-0d53-4c1e-b1c5-9a2b8c1f0e77";
+    let harness = common::start_with(Transport::Tcp, |config| {
+        config.preadmitted = vec![slrp_manager::registrar::ProviderRecord {
+            id: known.to_owned(),
+            kind: common::RP_TYPE.to_owned(),
+            name: common::RP_NAME.to_owned(),
+        }];
+    })
+    .await;
+    let mut stream = harness
+        .client
+        .subscribe(ContentType::Protobuf, common::info(Some(known)))
+        .await;
+    assert_eq!(stream.subscribed().await, known);
+    drop(stream);
+    let mut unknown = harness
+        .client
+        .subscribe(ContentType::Protobuf, common::info(Some("not-admitted")))
+        .await;
+    assert!(
+        unknown.next().await.is_none(),
+        "an unknown ID is not admitted"
+    );
+    let state_dir = harness.dir.path().join("state");
+    harness.guard.shutdown().await;
+
+    let mut config = ManagerConfig::loopback();
+    config.state_dir = Some(state_dir);
+    let (handle, guard) = EmbeddedManager::spawn(config, CancellationToken::new())
+        .await
+        .expect("restart without preadmitted");
+    let client = Client {
+        endpoint: handle.endpoint().clone(),
+    };
+    let mut again = client
+        .subscribe(ContentType::Protobuf, common::info(Some(known)))
+        .await;
+    assert_eq!(again.subscribed().await, known, "recorded in the registry");
+    drop(again);
+    guard.shutdown().await;
 }

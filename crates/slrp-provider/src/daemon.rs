@@ -143,6 +143,8 @@ enum ProviderRunError {
     Stack(#[source] StackError),
     #[error("the agent operator API client for the plugin containers")]
     PluginBackend(#[source] slrp_agent::OperatorError),
+    #[error("plugin container {container} failed and is not restarted: {reason}")]
+    PluginFailed { container: String, reason: String },
     #[error("the provider worker did not start")]
     Spawn(#[source] ProviderError),
     #[error("the provider worker failed")]
@@ -866,14 +868,31 @@ async fn run_provider_inner(
     })));
     tracing::info!("resource provider started");
     let mut worker_done = false;
-    let ended = tokio::select! {
-        () = stop.cancelled() => None,
-        worker = &mut task => {
-            worker_done = true;
-            Some(worker.map_or_else(ProviderRunError::Worker, |()| ProviderRunError::WorkerStopped))
-        }
-        volumes = stack.volume_manager_ended() => {
-            Some(volumes.map_or_else(ProviderRunError::Volumes, |()| ProviderRunError::VolumesStopped))
+    let mut status = handle.status();
+    let mut agent_id = status.borrow().agent_id.clone();
+    let plugin_failed = stack.plugin_failed();
+    tokio::pin!(plugin_failed);
+    let ended = loop {
+        tokio::select! {
+            () = stop.cancelled() => break None,
+            worker = &mut task => {
+                worker_done = true;
+                break Some(worker.map_or_else(ProviderRunError::Worker, |()| ProviderRunError::WorkerStopped));
+            }
+            volumes = stack.volume_manager_ended() => {
+                break Some(volumes.map_or_else(ProviderRunError::Volumes, |()| ProviderRunError::VolumesStopped));
+            }
+            (container, reason) = &mut plugin_failed => {
+                break Some(ProviderRunError::PluginFailed { container, reason });
+            }
+            Ok(()) = status.changed() => {
+                let now = status.borrow_and_update().agent_id.clone();
+                if now != agent_id {
+                    // A new identity (spec §3.6); the node plugin is left as Mesos leaves it.
+                    stack.agent_id_changed(&now);
+                    agent_id = now;
+                }
+            }
         }
     };
     slot.set(Phase::Stopping);

@@ -685,6 +685,16 @@ impl AgentRun {
                     self.exited = Some(ExitInfo::Gone);
                     return ExitInfo::Gone;
                 }
+                Err(OperatorError::Refused { status, body }) => {
+                    // Not a transport problem: asking again cannot help. Mesos's daemon
+                    // fails on any answer but 200/404.
+                    tracing::error!(container = %self.id.value, %status, body, "WAIT_CONTAINER refused; treating the container as ended");
+                    let info = ExitInfo::RefusedWait {
+                        status: status.as_u16(),
+                    };
+                    self.exited = Some(info);
+                    return info;
+                }
                 Err(e) => {
                     // The agent restarting or the connection cut says nothing about the
                     // container: ask again until the agent answers.

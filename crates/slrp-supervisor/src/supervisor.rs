@@ -526,6 +526,7 @@ impl Supervisor {
             tasks,
             cancel,
             detach,
+            agent_id: cfg.agent_id.clone(),
         })
     }
 }
@@ -550,9 +551,30 @@ pub struct SupervisorHandle {
     cancel: CancellationToken,
     /// Stops workers but leaves plugins running (hand-over to a next slrp).
     detach: CancellationToken,
+    /// The `MESOS_AGENT_ID` the node containers were launched with.
+    agent_id: Option<String>,
 }
 
 impl SupervisorHandle {
+    /// The agent's ID changed while the plugins run (a new provider identity, spec §3.6):
+    /// returns the containers whose `MESOS_AGENT_ID` is now stale, each logged as a
+    /// warning. They are not restarted, as in Mesos (whose re-launch is answered 202 and
+    /// keeps the old environment): a node ID changing under published volumes is worse
+    /// than a stale variable. They get the new ID when they are next launched.
+    pub fn agent_id_changed(&self, new: &str) -> Vec<String> {
+        let Some(old) = self.agent_id.as_deref().filter(|old| *old != new) else {
+            return Vec::new();
+        };
+        self.containers
+            .iter()
+            .filter(|c| c.services.contains(&Service::Node))
+            .map(|c| {
+                tracing::warn!(container = %c.id, old_agent_id = old, new_agent_id = new, "the agent ID changed; the node plugin keeps its MESOS_AGENT_ID until it is next launched (not restarted, as in Mesos)");
+                c.id.clone()
+            })
+            .collect()
+    }
+
     fn entry(&self, service: Service) -> Result<&ContainerEntry, SupervisorError> {
         self.spec
             .container_for(service)

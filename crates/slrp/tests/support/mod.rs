@@ -358,6 +358,10 @@ pub fn describe(m: &ManagerMessage) -> String {
             provider_id,
             reason,
         } => format!("PROTOCOL_VIOLATION {provider_id}: {reason}"),
+        ManagerMessage::ContainerLaunched { id } => format!("CONTAINER_LAUNCHED {id}"),
+        ManagerMessage::ContainerTerminated { id, status } => {
+            format!("CONTAINER_TERMINATED {id} (status {status:?})")
+        }
     }
 }
 
