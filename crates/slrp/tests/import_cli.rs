@@ -296,3 +296,49 @@ fn snapshot(root: &Path) -> HashMap<PathBuf, Vec<u8>> {
     walk(root, &mut out);
     out
 }
+
+/// The agent id is checked against the agent's GET_AGENT answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_checks_the_agent_id_and_refuses_a_mismatch() {
+    let setup = Setup::new();
+    for (agent_id, code) in [("other-S9", EX_CONFIG), (AGENT, 0)] {
+        let mut config = slrp_manager::ManagerConfig::loopback();
+        config.agent_id = Some(agent_id.to_owned());
+        let (handle, guard) = slrp_manager::EmbeddedManager::spawn(
+            config,
+            tokio_util::sync::CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+        let url = handle.endpoint().url();
+        let (rp, state) = (setup.path("rp"), setup.path("state"));
+        let setup_args = [
+            "import-mesos",
+            "--work-dir",
+            s(setup.mesos.root()),
+            "--resource-provider-config-dir",
+            s(&rp),
+            "--state-dir",
+            s(&state),
+            "--agent",
+            &url,
+            "--lenient",
+            "--dry-run",
+        ];
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_slrp"))
+            .args(setup_args)
+            .env_remove("SLRP_LOG")
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(out.status.code(), Some(code), "{agent_id}: {out:?}");
+        let err = text(&out.stderr);
+        if code == EX_CONFIG {
+            assert!(err.contains("other-S9") && err.contains(AGENT), "{err}");
+        } else {
+            assert!(!err.contains("warning: no --agent"), "{err}");
+        }
+        guard.shutdown().await;
+    }
+    nothing_written(&setup);
+}
