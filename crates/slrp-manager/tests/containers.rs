@@ -915,11 +915,20 @@ async fn containers_survive_a_restart_with_a_containers_dir() {
     let client = Client {
         endpoint: handle.endpoint().clone(),
     };
-    for id in ["survivor", "casualty"] {
-        let answer = call(&client, &launch_call(id, Some(shell("sleep 1000; true")))).await;
+    for (id, script) in [
+        ("survivor", "sleep 1000; true"),
+        ("casualty", "sleep 1000 & echo $! > child; wait"),
+    ] {
+        let answer = call(&client, &launch_call(id, Some(shell(script)))).await;
         assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
         assert!(sandbox_of(&dir.path().join("work"), id).is_dir());
     }
+    let orphan: i32 = eventually("the casualty's child", async || {
+        std::fs::read_to_string(sandbox_of(&dir.path().join("work"), "casualty").join("child"))
+            .ok()
+            .and_then(|text| text.trim().parse().ok())
+    })
+    .await;
     let pid_of = async |handle: &ManagerHandle, id: &str| {
         view(handle, id).await.and_then(|v| v.pid).expect("a pid")
     };
@@ -936,6 +945,7 @@ async fn containers_survive_a_restart_with_a_containers_dir() {
         (!alive(casualty)).then_some(())
     })
     .await;
+    assert!(alive(orphan), "its child lives on while no manager runs");
 
     let (handle, guard) = EmbeddedManager::spawn(config(), CancellationToken::new())
         .await
@@ -973,6 +983,11 @@ async fn containers_survive_a_restart_with_a_containers_dir() {
     );
     let dead = call(&client, &wait_call(cid("casualty"))).await;
     assert_eq!(dead.status, StatusCode::NOT_FOUND);
+    eventually(
+        "the recovery to destroy the dead container's group",
+        async || (!alive(orphan)).then_some(()),
+    )
+    .await;
     let mut messages = handle.messages();
     let waiting = {
         let client = client.clone();

@@ -673,6 +673,7 @@ impl AgentRun {
             return e;
         }
         loop {
+            let asked = tokio::time::Instant::now();
             match self.client.wait_container(&self.id).await {
                 Ok(Wait::Exited(w)) => {
                     let info = ExitInfo::Waited {
@@ -698,6 +699,11 @@ impl AgentRun {
                 Err(e) => {
                     // The agent restarting or the connection cut says nothing about the
                     // container: ask again until the agent answers.
+                    // A poll that was answered for a long while before it broke starts the
+                    // backoff afresh (a later agent restart is a new outage).
+                    if asked.elapsed() >= self.cfg.wait_retry.max() {
+                        self.wait_failures = 0;
+                    }
                     self.wait_failures = self.wait_failures.saturating_add(1);
                     let delay = self
                         .cfg

@@ -488,7 +488,15 @@ impl Owner {
             _ => true,
         };
         if !same_boot || !process::is_alive(record.process) {
-            tracing::info!(container_id = %id, pid = record.process.pid, "a recorded standalone container is gone: forgotten");
+            // The agent destroys such a container during its recovery: what is left of
+            // its group dies. A group id stays allocated while any member lives, so
+            // members found with it on this boot, with no process of that pid at all, are
+            // the container's (a recycled pid leading a new group would exist itself).
+            let orphans = same_boot && !process::exists(record.process.pid);
+            if orphans {
+                process::kill_group(record.process.pid);
+            }
+            tracing::info!(container_id = %id, pid = record.process.pid, orphans_killed = orphans, "a recorded standalone container is gone: forgotten");
             checkpoint::remove(&record.path);
             return;
         }
