@@ -47,7 +47,8 @@ pub enum JwtError {
     /// The header is not base64url JSON of an object.
     #[error("Failed to decode token header: {0}")]
     Header(String),
-    /// The header names no usable algorithm.
+    /// The header names no usable algorithm (or has a `typ` that is not a string, or a
+    /// `crit`).
     #[error("{0}")]
     Algorithm(String),
     /// The payload is not base64url JSON of an object.
@@ -87,7 +88,9 @@ pub fn verify(secret: &Secret, token: &str) -> Result<BTreeMap<String, String>, 
     };
     let header_json = decode_object(header).map_err(JwtError::Header)?;
     if header_json.contains_key("typ") && !header_json["typ"].is_string() {
-        return Err(JwtError::Header("Token 'typ' is not a string".to_owned()));
+        return Err(JwtError::Algorithm(
+            "Token 'typ' is not a string".to_owned(),
+        ));
     }
     let alg = match header_json.get("alg") {
         None => {

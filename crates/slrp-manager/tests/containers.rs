@@ -235,7 +235,14 @@ fn wait_status(answer: &Answer) -> Option<i32> {
 
 /// A manager on loopback whose sandboxes are `<dir>/sandboxes/<id>`.
 async fn start(adjust: impl FnOnce(&mut ManagerConfig)) -> Harness {
-    common::start_with(common::Transport::Tcp, |config| {
+    start_on(common::Transport::Tcp, adjust).await
+}
+
+async fn start_on(
+    transport: common::Transport,
+    adjust: impl FnOnce(&mut ManagerConfig),
+) -> Harness {
+    common::start_with(transport, |config| {
         // The harness puts the state dir at `<dir>/state`.
         config.containers_dir = config
             .state_dir
@@ -285,6 +292,15 @@ async fn launch_wait_kill_follow_the_agent() {
         "show_standalone false lists no standalone container"
     );
 
+    let invalid = call(&harness.client, &kill_call(cid(id), Some(12345))).await;
+    assert_eq!(
+        (invalid.status, invalid.text()),
+        (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "Unable to send signal to container: Invalid argument".to_owned()
+        )
+    );
+    assert!(alive(pid), "an invalid signal changes nothing");
     let wait = waiting(&harness, id).await;
     let kill = call(&harness.client, &kill_call(cid(id), None)).await;
     assert_eq!(kill.status, StatusCode::OK, "{}", kill.text());
@@ -899,11 +915,20 @@ async fn containers_survive_a_restart_with_a_containers_dir() {
     let client = Client {
         endpoint: handle.endpoint().clone(),
     };
-    for id in ["survivor", "casualty"] {
-        let answer = call(&client, &launch_call(id, Some(shell("sleep 1000; true")))).await;
+    for (id, script) in [
+        ("survivor", "sleep 1000; true"),
+        ("casualty", "sleep 1000 & echo $! > child; wait"),
+    ] {
+        let answer = call(&client, &launch_call(id, Some(shell(script)))).await;
         assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
         assert!(sandbox_of(&dir.path().join("work"), id).is_dir());
     }
+    let orphan: i32 = eventually("the casualty's child", async || {
+        std::fs::read_to_string(sandbox_of(&dir.path().join("work"), "casualty").join("child"))
+            .ok()
+            .and_then(|text| text.trim().parse().ok())
+    })
+    .await;
     let pid_of = async |handle: &ManagerHandle, id: &str| {
         view(handle, id).await.and_then(|v| v.pid).expect("a pid")
     };
@@ -920,6 +945,7 @@ async fn containers_survive_a_restart_with_a_containers_dir() {
         (!alive(casualty)).then_some(())
     })
     .await;
+    assert!(alive(orphan), "its child lives on while no manager runs");
 
     let (handle, guard) = EmbeddedManager::spawn(config(), CancellationToken::new())
         .await
@@ -957,6 +983,11 @@ async fn containers_survive_a_restart_with_a_containers_dir() {
     );
     let dead = call(&client, &wait_call(cid("casualty"))).await;
     assert_eq!(dead.status, StatusCode::NOT_FOUND);
+    eventually(
+        "the recovery to destroy the dead container's group",
+        async || (!alive(orphan)).then_some(()),
+    )
+    .await;
     let mut messages = handle.messages();
     let waiting = {
         let client = client.clone();
@@ -1034,4 +1065,116 @@ async fn destroy_containers_kills_them_all() {
         .await;
     }
     harness.guard.shutdown().await;
+}
+
+/// A manager whose runtime goes away without a shutdown (a test that panics, a process
+/// exiting) still takes its non-surviving containers with it, children included.
+#[test]
+fn containers_die_with_a_dropped_runtime() {
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let (harness, child) = runtime.block_on(async {
+        let harness = start(|c| c.containers_dir = None).await;
+        let script = "sleep 1000 & echo $! > \"$MESOS_SANDBOX/child\"; wait";
+        let launched = call(&harness.client, &launch_call("leaky", Some(shell(script)))).await;
+        assert_eq!(launched.status, StatusCode::OK, "{}", launched.text());
+        let view = view(&harness.handle, "leaky").await.expect("listed");
+        cmdline(view.pid.expect("pid")).await;
+        let env = proc_strings(view.pid.expect("pid"), "environ");
+        let sandbox = env
+            .iter()
+            .find_map(|v| v.strip_prefix("MESOS_SANDBOX="))
+            .map(PathBuf::from)
+            .expect("MESOS_SANDBOX");
+        let child: i32 = eventually("the child's pid", async || {
+            std::fs::read_to_string(sandbox.join("child"))
+                .ok()
+                .and_then(|text| text.trim().parse().ok())
+        })
+        .await;
+        (harness, (view.pid.expect("pid"), child))
+    });
+    drop(runtime);
+    tokio::runtime::Runtime::new()
+        .expect("a second runtime")
+        .block_on(eventually(
+            "the container and its child to die with the runtime",
+            async || (!alive(child.0) && !alive(child.1)).then_some(()),
+        ));
+    drop(harness);
+}
+
+/// Over a unix socket and in JSON, as Mesos's container daemon calls (no `Accept`
+/// header, so the answers are JSON): LAUNCH, then a WAIT answered with the exit status.
+#[tokio::test]
+async fn json_without_accept_over_a_unix_socket() {
+    use http_body_util::BodyExt as _;
+    let harness = start_on(common::Transport::Unix, |_| {}).await;
+    let json = |call: &Call| slrp_wire::encode(ContentType::Json, call).expect("json");
+    let post = |body: Vec<u8>| {
+        let builder = http::Request::post(OPERATOR)
+            .header("Host", "localhost")
+            .header("Content-Type", "application/json");
+        Client::build(builder, body)
+    };
+    // The container blocks opening its fifo until the test writes to it, so the WAIT is
+    // registered before the exit.
+    let sandbox = harness.dir.path().join("sandboxes").join("json");
+    std::fs::create_dir_all(&sandbox).expect("sandbox");
+    let go = sandbox.join("go");
+    nix::unistd::mkfifo(&go, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("fifo");
+    let launch = launch_call("json", Some(shell("read line < go; exit 3")));
+    let reply = harness.client.request(post(json(&launch))).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    let wait = {
+        let client = harness.client.clone();
+        let body = json(&wait_call(cid("json")));
+        tokio::spawn(async move {
+            let (status, headers, body, connection) = client.send_raw(post(body)).await;
+            let body = body.collect().await.expect("body").to_bytes();
+            connection.abort();
+            (status, headers, body)
+        })
+    };
+    eventually("the WAIT to be registered", async || {
+        view(&harness.handle, "json")
+            .await
+            .filter(|v| v.waiters > 0)
+    })
+    .await;
+    tokio::task::spawn_blocking(move || std::fs::write(&go, b"go\n"))
+        .await
+        .expect("writer")
+        .expect("write the fifo");
+    let (status, headers, body) = wait.await.expect("WAIT");
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        headers.get("Content-Type").map(|v| v.as_bytes()),
+        Some(&b"application/json"[..])
+    );
+    let response: Response = slrp_wire::decode(ContentType::Json, &body).expect("JSON response");
+    assert_eq!(
+        response.wait_container.and_then(|w| w.exit_status),
+        Some(3 << 8)
+    );
+    harness.guard.shutdown().await;
+}
+
+/// A container record that cannot be read fails the spawn, naming the file, rather than
+/// lose track of a process that may still run.
+#[tokio::test]
+async fn an_unreadable_container_record_fails_the_spawn() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let records = dir.path().join(".slrp-runtime");
+    std::fs::create_dir_all(&records).expect("mkdir");
+    std::fs::write(records.join("plugin.json"), b"{not json").expect("write");
+    let mut config = ManagerConfig::loopback();
+    config.containers_dir = Some(dir.path().to_owned());
+    let error = EmbeddedManager::spawn(config, CancellationToken::new())
+        .await
+        .expect_err("a corrupt record");
+    let text = slrp_types::DisplayChain(&error).to_string();
+    assert!(
+        text.contains("recovering the container record") && text.contains("plugin.json"),
+        "{text}"
+    );
 }

@@ -70,6 +70,7 @@ use crate::admin::{
     AdminError, AdminListener, AdminState, AdminTcpListener, BoxFuture, DaemonExtras, ProviderView,
 };
 use crate::config::{AdminListen, DaemonConfig, ProviderConfig};
+use crate::import::MesosImport;
 use crate::metrics::{MetricsFamilies, ProviderMetrics};
 use crate::stack::{PluginStack, StackConfig, StackError, StopPlugins};
 use crate::workdir::{WorkDirError, check_work_dir};
@@ -142,6 +143,8 @@ enum ProviderRunError {
     Stack(#[source] StackError),
     #[error("the agent operator API client for the plugin containers")]
     PluginBackend(#[source] slrp_agent::OperatorError),
+    #[error("plugin container {container} failed and is not restarted: {reason}")]
+    PluginFailed { container: String, reason: String },
     #[error("the provider worker did not start")]
     Spawn(#[source] ProviderError),
     #[error("the provider worker failed")]
@@ -440,6 +443,7 @@ pub async fn run_with(
 ) -> Result<(), DaemonError> {
     prepare_dirs(&config)?;
     let stores = open_stores(&config).await?;
+    check_work_dirs(&config, &stores).await?;
     let mut registry = Registry::default();
     // One set of families for all providers, each series labelled with its provider:
     // a family registered per provider would repeat its `# TYPE` line, which
@@ -507,16 +511,30 @@ pub async fn run_with(
     outcome
 }
 
-/// The state directory (0700) and every provider's checked work directory.
+/// The state directory (0700).
 // The daemon's error is made at most once, at start: its size costs nothing.
 #[allow(clippy::result_large_err)]
 fn prepare_dirs(config: &DaemonConfig) -> Result<(), DaemonError> {
     create_private_dir(&config.state_dir).map_err(|source| DaemonError::StateDir {
         path: config.state_dir.clone(),
         source,
-    })?;
-    for provider in &config.providers {
-        check_work_dir(&config.work_dir, &provider.info).map_err(|source| {
+    })
+}
+
+/// Every provider's work directory, checked against the Mesos checkpoints its store's
+/// import markers took over (`slrp import-mesos`).
+async fn check_work_dirs(config: &DaemonConfig, stores: &[Store]) -> Result<(), DaemonError> {
+    for (provider, store) in config.providers.iter().zip(stores) {
+        let imported =
+            store
+                .load_all::<MesosImport>()
+                .await
+                .map_err(|source| DaemonError::Store {
+                    provider: provider.key(),
+                    path: store.path().to_owned(),
+                    source,
+                })?;
+        check_work_dir(&config.work_dir, &provider.info, &imported).map_err(|source| {
             DaemonError::WorkDir {
                 provider: provider.key(),
                 source,
@@ -852,6 +870,8 @@ async fn run_provider_inner(
     let mut worker_done = false;
     let mut status = handle.status();
     let mut agent_id = status.borrow().agent_id.clone();
+    let plugin_failed = stack.plugin_failed();
+    tokio::pin!(plugin_failed);
     let ended = loop {
         tokio::select! {
             () = stop.cancelled() => break None,
@@ -861,6 +881,9 @@ async fn run_provider_inner(
             }
             volumes = stack.volume_manager_ended() => {
                 break Some(volumes.map_or_else(ProviderRunError::Volumes, |()| ProviderRunError::VolumesStopped));
+            }
+            (container, reason) = &mut plugin_failed => {
+                break Some(ProviderRunError::PluginFailed { container, reason });
             }
             Ok(()) = status.changed() => {
                 let now = status.borrow_and_update().agent_id.clone();

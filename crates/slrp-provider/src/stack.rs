@@ -445,6 +445,39 @@ impl PluginStack {
             .collect()
     }
 
+    /// Waits until a plugin container fails for good (the agent refused to relaunch it:
+    /// `ContainerState::Failed`) and returns its id and the reason; pending forever while
+    /// none has (and for a plugin slrp does not run). The provider must fail then, as
+    /// Mesos's does when a container daemon fails.
+    ///
+    /// The future holds its own receivers, so it does not borrow the stack.
+    pub fn plugin_failed(&self) -> impl Future<Output = (String, String)> + Send + 'static {
+        let waits: Vec<_> = self
+            .plugin_states()
+            .into_iter()
+            .map(|(id, mut rx)| {
+                Box::pin(async move {
+                    let failed = rx
+                        .wait_for(|s| matches!(s, slrp_supervisor::ContainerState::Failed { .. }))
+                        .await
+                        .ok()
+                        .map(|s| s.clone());
+                    match failed {
+                        Some(slrp_supervisor::ContainerState::Failed { reason }) => (id, reason),
+                        // The supervisor is gone (stopping): not a failure of its plugin.
+                        _ => std::future::pending().await,
+                    }
+                })
+            })
+            .collect();
+        async move {
+            if waits.is_empty() {
+                return std::future::pending().await;
+            }
+            futures_util::future::select_all(waits).await.0
+        }
+    }
+
     /// The agent ID changed while the provider runs: the node plugin keeps its
     /// `MESOS_AGENT_ID` (as in Mesos; see [`SupervisorHandle::agent_id_changed`]). Returns
     /// the containers concerned.

@@ -673,6 +673,7 @@ impl AgentRun {
             return e;
         }
         loop {
+            let asked = tokio::time::Instant::now();
             match self.client.wait_container(&self.id).await {
                 Ok(Wait::Exited(w)) => {
                     let info = ExitInfo::Waited {
@@ -685,9 +686,24 @@ impl AgentRun {
                     self.exited = Some(ExitInfo::Gone);
                     return ExitInfo::Gone;
                 }
+                Err(OperatorError::Refused { status, body }) => {
+                    // Not a transport problem: asking again cannot help. Mesos's daemon
+                    // fails on any answer but 200/404.
+                    tracing::error!(container = %self.id.value, %status, body, "WAIT_CONTAINER refused; treating the container as ended");
+                    let info = ExitInfo::RefusedWait {
+                        status: status.as_u16(),
+                    };
+                    self.exited = Some(info);
+                    return info;
+                }
                 Err(e) => {
                     // The agent restarting or the connection cut says nothing about the
                     // container: ask again until the agent answers.
+                    // A poll that was answered for a long while before it broke starts the
+                    // backoff afresh (a later agent restart is a new outage).
+                    if asked.elapsed() >= self.cfg.wait_retry.max() {
+                        self.wait_failures = 0;
+                    }
                     self.wait_failures = self.wait_failures.saturating_add(1);
                     let delay = self
                         .cfg

@@ -23,7 +23,9 @@
 //!
 //! # Invariants
 //! - A plugin process never outlives its supervisor unless explicitly detached: stop,
-//!   cancel, handle drop and task drop all end in a signal to its process group.
+//!   cancel, handle drop and task drop all end in a signal to its process group. (An
+//!   agent container is the agent's: a dropped supervisor leaves it running, and the next
+//!   start adopts or retires it.)
 //! - At most one copy of a container runs: leftovers are adopted or stopped before any
 //!   launch, and a launch is recorded (fsync'd) before it is probed.
 //! - Socket paths handed to plugins fit in `sun_path`: they live in a short temporary
@@ -35,9 +37,12 @@
 //!   can always adopt or stop what a record names.
 //!
 //! # Limitations
-//! - No container isolation (`ContainerInfo`, resources and `user` are ignored); the
-//!   plugin inherits slrp's environment plus the configured variables.
-//! - Secret environment variables must be `VALUE` secrets; references are rejected.
+//! - With [`ProcessBackend`]: no container isolation (`ContainerInfo`, resources and
+//!   `user` are ignored); the plugin inherits slrp's environment plus the configured
+//!   variables; secret environment variables must be `VALUE` secrets (references are
+//!   rejected). [`AgentBackend`] hands all of these to the agent.
+//! - [`AgentBackend`] never sends REMOVE_CONTAINER (a Mesos 1.11 agent aborts on one for
+//!   a top-level container): sandboxes stay unless [`RemoveSandboxes::Files`].
 //! - An adopted plugin's exit is noticed by polling `/proc` (`adopt_poll`), and its exit
 //!   status is unknown.
 //! - A socket removed under a running plugin is noticed by the next health probe and

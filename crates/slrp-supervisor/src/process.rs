@@ -153,6 +153,13 @@ pub enum ExitInfo {
     },
     /// The agent does not know the container any more (WAIT_CONTAINER 404).
     Gone,
+    /// The agent refused to let slrp watch the container (WAIT_CONTAINER 401/403: the
+    /// token no longer allows it); it is treated as ended, and the relaunch that follows
+    /// is refused in turn, failing the container for good.
+    RefusedWait {
+        /// 401 or 403.
+        status: u16,
+    },
 }
 
 impl std::fmt::Display for ExitInfo {
@@ -165,6 +172,12 @@ impl std::fmt::Display for ExitInfo {
             } => write!(f, "agent container ended with wait status {status}"),
             Self::Waited { exit_status: None } => f.write_str("agent container ended"),
             Self::Gone => f.write_str("the agent does not know the container (404)"),
+            Self::RefusedWait { status } => {
+                write!(
+                    f,
+                    "the agent refused to let slrp watch the container ({status})"
+                )
+            }
         }
     }
 }

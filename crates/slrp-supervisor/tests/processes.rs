@@ -9,11 +9,14 @@
     clippy::expect_used
 )]
 
+mod common;
+
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::{WAIT, eventually, running};
 use prometheus_client::registry::Registry;
 use slrp_proto::mesos::v1 as mesos;
 use slrp_supervisor::*;
@@ -38,8 +41,6 @@ impl ReadinessCheck for FileReadiness {
         })
     }
 }
-
-const WAIT: Duration = Duration::from_secs(20);
 
 fn spec(cmd: &str) -> PluginSpec {
     spec_with(mesos::CommandInfo {
@@ -101,37 +102,7 @@ impl Env {
     }
 
     async fn start(&self, spec: PluginSpec, cfg: SupervisorConfig) -> SupervisorHandle {
-        Supervisor::start(
-            spec,
-            cfg,
-            Arc::new(FileReadiness),
-            self.metrics.clone(),
-            CancellationToken::new(),
-        )
-        .await
-        .unwrap()
-    }
-}
-
-/// Whether a process with this pid exists and is not a zombie.
-fn running(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => {
-            let state = s[s.rfind(')').unwrap() + 2..].chars().next().unwrap();
-            state != 'Z' && state != 'X'
-        }
-        Err(_) => false,
-    }
-}
-
-async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while !f() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        common::start(spec, cfg, Arc::new(FileReadiness), &self.metrics).await
     }
 }
 

@@ -57,7 +57,8 @@ pub struct ContainerView {
     pub state: ContainerState,
     /// What it was launched with.
     pub launch: LaunchContainer,
-    /// WAIT_CONTAINER calls waiting for its termination.
+    /// Callers waiting for its termination: WAIT_CONTAINER calls, and a running
+    /// [`crate::ManagerHandle::destroy_containers`].
     pub waiters: usize,
 }
 
@@ -382,9 +383,10 @@ impl Owner {
         tracing::info!(container_id = %id, pid = entry.pid, signal, "signalling standalone container");
         match process::signal(entry.pid, signal) {
             Ok(()) => KillOutcome::Signalled,
-            Err(error) => {
-                KillOutcome::Failed(format!("Unable to send signal to container: {error}"))
-            }
+            Err(error) => KillOutcome::Failed(format!(
+                "Unable to send signal to container: {}",
+                error.desc()
+            )),
         }
     }
 
@@ -445,6 +447,7 @@ impl Owner {
             pgid: pid.pid,
             requests: self.self_tx.clone(),
             root: Arc::clone(&self.root),
+            done: false,
         };
         let cancel = self.cancel.clone();
         self.tasks.spawn(watcher.child(child, cancel));
@@ -485,7 +488,15 @@ impl Owner {
             _ => true,
         };
         if !same_boot || !process::is_alive(record.process) {
-            tracing::info!(container_id = %id, pid = record.process.pid, "a recorded standalone container is gone: forgotten");
+            // The agent destroys such a container during its recovery: what is left of
+            // its group dies. A group id stays allocated while any member lives, so
+            // members found with it on this boot, with no process of that pid at all, are
+            // the container's (a recycled pid leading a new group would exist itself).
+            let orphans = same_boot && !process::exists(record.process.pid);
+            if orphans {
+                process::kill_group(record.process.pid);
+            }
+            tracing::info!(container_id = %id, pid = record.process.pid, orphans_killed = orphans, "a recorded standalone container is gone: forgotten");
             checkpoint::remove(&record.path);
             return;
         }
@@ -498,6 +509,7 @@ impl Owner {
             pgid: process.pid,
             requests: self.self_tx.clone(),
             root: Arc::clone(&self.root),
+            done: false,
         };
         self.tasks
             .spawn(watcher.adopted(process, self.cancel.clone()));
@@ -569,10 +581,22 @@ struct Watcher {
     requests: mpsc::Sender<Request>,
     /// Keeps a temporary sandbox root alive while the container runs.
     root: Arc<Root>,
+    /// The group has been destroyed (or is left running on purpose).
+    done: bool,
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        // Dropped before its container ended without a shutdown (the runtime went away):
+        // a container that does not survive the manager must not outlive it either.
+        if !self.done && !self.root.survives() {
+            process::kill_group(self.pgid);
+        }
+    }
 }
 
 impl Watcher {
-    async fn child(self, mut child: Child, cancel: CancellationToken) {
+    async fn child(mut self, mut child: Child, cancel: CancellationToken) {
         let status = tokio::select! {
             status = child.wait() => status,
             () = cancel.cancelled() => {
@@ -582,6 +606,7 @@ impl Watcher {
                     return;
                 }
                 process::kill_group(self.pgid);
+                self.done = true;
                 let _ = child.wait().await;
                 return;
             }
@@ -612,7 +637,7 @@ impl Watcher {
 
     /// The POSIX launcher's destroy: SIGKILL what is left of the group, wait (bounded)
     /// until it is gone, then report the termination.
-    async fn destroy(self, status: Option<i32>) {
+    async fn destroy(mut self, status: Option<i32>) {
         let _ = self
             .requests
             .send(Request::Destroying {
@@ -621,6 +646,7 @@ impl Watcher {
             })
             .await;
         process::kill_group(self.pgid);
+        self.done = true;
         let deadline = tokio::time::Instant::now() + DESTROY_WAIT;
         while process::group_alive(self.pgid) && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(DESTROY_POLL).await;
@@ -628,10 +654,66 @@ impl Watcher {
         let _ = self
             .requests
             .send(Request::Exited {
-                id: self.id,
+                id: self.id.clone(),
                 generation: self.generation,
                 status,
             })
             .await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owner() -> Owner {
+        let (self_tx, requests) = mpsc::channel(1);
+        let (messages, _) = broadcast::channel(4);
+        let temp = tempfile::tempdir().expect("tempdir");
+        Owner {
+            requests,
+            self_tx,
+            root: Arc::new(Root::Temporary(temp)),
+            boot_id: None,
+            entries: BTreeMap::new(),
+            next_generation: 0,
+            messages,
+            tasks: TaskTracker::new(),
+            cancel: CancellationToken::new(),
+        }
+    }
+
+    /// A container being destroyed (its process exited, the rest of its group is being
+    /// killed) is listed without a pid, as GET_CONTAINERS omits its `executor_pid`; a
+    /// report from an earlier container of the same ID changes nothing.
+    #[test]
+    fn a_destroying_container_is_listed_without_a_pid() {
+        let mut owner = owner();
+        let generation = owner.insert("c".to_owned(), LaunchContainer::default(), 42, None);
+        assert_eq!(owner.list()[0].pid, Some(42));
+        owner.handle(Request::Destroying {
+            id: "c".to_owned(),
+            generation: generation + 1,
+        });
+        assert_eq!(
+            owner.list()[0].state,
+            ContainerState::Running,
+            "stale report"
+        );
+        owner.handle(Request::Destroying {
+            id: "c".to_owned(),
+            generation,
+        });
+        let listed = owner.list();
+        assert_eq!(
+            (listed[0].state, listed[0].pid),
+            (ContainerState::Destroying, None)
+        );
+        owner.handle(Request::Exited {
+            id: "c".to_owned(),
+            generation,
+            status: Some(0),
+        });
+        assert!(owner.list().is_empty());
     }
 }

@@ -58,6 +58,11 @@ pub(crate) fn is_alive(id: ProcessId) -> bool {
     matches!(stat(id.pid), Ok((state, start)) if start == id.start_time && state != 'Z' && state != 'X')
 }
 
+/// Whether any process (a zombie included) has `pid`.
+pub(crate) fn exists(pid: i32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
 /// Signals the container's own process, as Mesos's `MesosContainerizerProcess::kill` does.
 pub(crate) fn signal(pid: i32, number: i32) -> Result<(), nix::Error> {
     let signal = if number == 0 {

@@ -40,6 +40,16 @@ pub const PLUGIN_TYPE: &str = "org.apache.mesos.csi.test";
 /// The role of the fixture's default reservation.
 pub const DEFAULT_ROLE: &str = "storage";
 
+/// The manager's `--jwt_secret_key` under [`DaemonOptions::agent_backend`] (a test secret:
+/// nothing outside the test's loopback manager accepts it).
+pub const JWT_SECRET: &str = "slrp-e2e-jwt-secret";
+
+/// Mesos's `cid_prefix` of a local resource provider (spec §4.1.2): the type with `.`
+/// replaced by `-`, the name, and `--`.
+pub fn cid_prefix(rp_name: &str) -> String {
+    format!("{}-{rp_name}--", RP_TYPE.replace('.', "-"))
+}
+
 /// How long any single wait may take before the test fails (a hang guard: a healthy run
 /// takes a fraction of it, even on 2 busy cores).
 pub const WAIT: Duration = Duration::from_secs(60);
@@ -263,6 +273,18 @@ pub struct DaemonOptions {
     pub extra_args: Vec<String>,
     /// More environment for the daemon (e.g. `SLRP_LOG_FORMAT=json`).
     pub env: Vec<(String, String)>,
+    /// Plugins run as the manager's standalone containers (`slrp run --plugin-backend
+    /// agent`): the manager keeps their sandboxes under `<work dir>/containers` (so they
+    /// survive its restarts, as under an agent), verifies JWTs under [`JWT_SECRET`], and the
+    /// daemon's `[agent] token_file` holds a JWT with the first provider's `cid_prefix`, as
+    /// a Mesos agent started with `--jwt_secret_key` mints it.
+    pub agent_backend: bool,
+    /// The agent ID the manager serves from its first start (`None`: a generated one), as
+    /// an agent whose `meta/slaves/latest` names it.
+    pub manager_agent_id: Option<String>,
+    /// Providers the manager's registrar admits at its first start, as a Mesos agent
+    /// whose registrar knew them (the import test's Mesos provider).
+    pub preadmitted: Vec<slrp_manager::registrar::ProviderRecord>,
 }
 
 impl DaemonOptions {
@@ -372,6 +394,7 @@ impl Cluster {
     /// starts the manager. The daemon is not started.
     pub async fn new(specs: Vec<ProviderSpec>, options: DaemonOptions) -> Self {
         let dir = tempfile::tempdir().unwrap();
+        let agent_id = options.manager_agent_id.clone();
         let mut cluster = Self {
             dir,
             specs,
@@ -379,7 +402,7 @@ impl Cluster {
             manager: None,
             messages: None,
             addr: None,
-            agent_id: None,
+            agent_id,
             daemon: None,
             starts: 0,
             profiles_uri: String::new(),
@@ -517,6 +540,15 @@ impl Cluster {
             toml.push_str(line);
             toml.push('\n');
         }
+        if self.options.agent_backend {
+            let claims = json!({"cid_prefix": cid_prefix(&self.specs[0].name)}).to_string();
+            let token = slrp_manager::jwt::mint(&slrp_manager::Secret::new(JWT_SECRET), &claims);
+            write_atomic(&self.path("agent.token"), token.as_bytes());
+            toml.push_str(&format!(
+                "token_file = \"{}\"\n",
+                self.path("agent.token").display()
+            ));
+        }
         // Mesos's 10 s retries would make every retry test slow; the bounds keep the
         // doubling visible (several steps before the ceiling).
         toml.push_str(&format!(
@@ -602,6 +634,13 @@ impl Cluster {
         config.message_buffer = 1 << 14;
         config.state_dir = Some(self.path("manager"));
         config.agent_id.clone_from(&self.agent_id);
+        if self.options.agent_backend {
+            config.containers_dir = Some(self.agent_containers_dir());
+            config.jwt_secret = Some(slrp_manager::Secret::new(JWT_SECRET));
+        }
+        if self.addr.is_none() {
+            config.preadmitted.clone_from(&self.options.preadmitted);
+        }
         let (handle, guard) = EmbeddedManager::spawn(config, CancellationToken::new())
             .await
             .unwrap();
@@ -640,6 +679,68 @@ impl Cluster {
     pub async fn restart_manager(&mut self) {
         self.stop_manager().await;
         self.start_manager().await;
+    }
+
+    /// Where the manager keeps its standalone containers' sandboxes and records under
+    /// [`DaemonOptions::agent_backend`]: Mesos's `<agent work dir>/containers`.
+    pub fn agent_containers_dir(&self) -> PathBuf {
+        self.path("work").join("containers")
+    }
+
+    /// The standalone containers the manager runs (launched through its operator API).
+    pub async fn agent_containers(&self) -> Vec<slrp_manager::ContainerView> {
+        self.manager().containers().await
+    }
+
+    /// The plugin container of `provider` as the agent runs it: its pid while it runs.
+    /// Fails unless exactly one container of the provider's `cid_prefix` is listed.
+    pub async fn agent_plugin_container(&self, provider: &str) -> slrp_manager::ContainerView {
+        let prefix = cid_prefix(provider);
+        let mine: Vec<_> = self
+            .agent_containers()
+            .await
+            .into_iter()
+            .filter(|c| c.id.starts_with(&prefix))
+            .collect();
+        match &mine[..] {
+            [one] => one.clone(),
+            other => self.fail(&format!(
+                "one agent container with prefix {prefix} expected, found {:?}",
+                other.iter().map(|c| (&c.id, c.pid)).collect::<Vec<_>>()
+            )),
+        }
+    }
+
+    /// Waits until the manager runs `provider`'s plugin container with a pid other than
+    /// `old` that is the one plugin process; returns that pid.
+    pub async fn agent_plugin_relaunched(&self, provider: &str, old: i32) -> i32 {
+        self.within(
+            "the plugin container to be relaunched by the agent",
+            async {
+                loop {
+                    let pids = self.plugin_pids(provider);
+                    let listed = self.agent_plugin_pid(provider).await;
+                    if let (Some(pid), [only]) = (listed, &pids[..])
+                        && pid != old
+                        && pid == *only
+                    {
+                        return pid;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            },
+        )
+        .await
+    }
+
+    /// The pid GET_CONTAINERS would report for `provider`'s running plugin container.
+    async fn agent_plugin_pid(&self, provider: &str) -> Option<i32> {
+        let prefix = cid_prefix(provider);
+        self.agent_containers()
+            .await
+            .into_iter()
+            .find(|c| c.id.starts_with(&prefix))
+            .and_then(|c| c.pid)
     }
 
     pub fn manager(&self) -> &ManagerHandle {
@@ -808,6 +909,9 @@ impl Cluster {
             .arg(self.path("rp"));
         if self.options.profiles_poll.is_some() {
             cmd.arg("--disk-profiles").arg(&self.profiles_uri);
+        }
+        if self.options.agent_backend {
+            cmd.arg("--plugin-backend").arg("agent");
         }
         if self.boot_id.is_some() {
             cmd.env("SLRP_BOOT_ID_FILE", self.path("boot_id"));
