@@ -928,3 +928,15 @@ async fn a_store_held_by_a_running_slrp_is_refused_clearly() {
     );
     assert!(err.to_string().contains("slrp run"), "{err}");
 }
+
+#[tokio::test]
+async fn mkstemp_leftovers_of_interrupted_checkpoints_are_ignored() {
+    let m = Mesos::new();
+    let state = m.provider(Some(&basic_state()));
+    let volume = m.volume("vol-1", &volume_state(State::Published, "b"));
+    m.w.temp_leftover(state.parent().unwrap());
+    m.w.temp_leftover(volume.parent().unwrap());
+    let p = plan(m.root(), &provider(), &opts(false)).unwrap();
+    assert_eq!(p.volumes().len(), 1);
+    assert_eq!(p.state().unwrap().total.len(), 2);
+}
