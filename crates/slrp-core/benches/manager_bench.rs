@@ -66,6 +66,7 @@ async fn setup(base: &PathBuf, n: usize, max_concurrent: usize) -> Setup {
                         pre_provisioned: false,
                         node_stage_secrets: Default::default(),
                         node_publish_secrets: Default::default(),
+                        untrack_on_unstage: false,
                     },
                 );
                 rec.capacity_bytes = 1 << 30;

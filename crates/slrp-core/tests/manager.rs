@@ -66,6 +66,47 @@ async fn lifecycle_create_publish_unpublish_delete() {
     assert!(h.stored_intents().is_empty());
 }
 
+/// Mesos's `pre_provisioned` (a volume its CSI server published for a task), imported as
+/// `untrack_on_unstage`: the unpublish that unstages it forgets it, the plugin keeps it.
+#[tokio::test]
+async fn an_untrack_on_unstage_volume_is_forgotten_once_unstaged() {
+    let h = Harness::new(FakeCsi::full());
+    let m = h.start();
+    let kept = m.handle.create(create_req("op-kept")).await.unwrap();
+    let v = m.handle.create(create_req("op-1")).await.unwrap();
+    m.handle.publish(&kept.id).await.unwrap();
+    m.handle.publish(&v.id).await.unwrap();
+    m.stop().await.unwrap();
+    {
+        let store = Store::open(h.state_dir()).unwrap();
+        let mut rec: VolumeRecord = store.get(v.id.as_str()).await.unwrap().unwrap();
+        rec.spec.untrack_on_unstage = true;
+        let mut tx = store.transaction();
+        tx.put(&rec).unwrap();
+        tx.commit().await.unwrap();
+    }
+    let m = h.start();
+    within(m.handle.ready()).await.unwrap();
+    m.handle.unpublish(&v.id).await.unwrap();
+    m.handle.unpublish(&kept.id).await.unwrap();
+    assert_eq!(h.fake.calls(CsiRpc::NodeUnstageVolume), 2);
+    let ids: Vec<VolumeId> = m
+        .handle
+        .volumes()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(ids, vec![kept.id.clone()]);
+    m.stop().await.unwrap();
+    let stored: Vec<VolumeId> = h.stored().into_iter().map(|r| r.id).collect();
+    assert_eq!(stored, vec![kept.id.clone()]);
+    // Untracked, not deleted: the plugin still has it.
+    assert!(h.fake.ids().contains(&v.id));
+    assert_eq!(h.fake.calls(CsiRpc::DeleteVolume), 0);
+}
+
 #[tokio::test]
 async fn delete_of_a_published_volume_walks_it_down_first() {
     let h = Harness::new(FakeCsi::full());

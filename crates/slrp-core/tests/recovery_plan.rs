@@ -63,6 +63,7 @@ fn record(id: &VolumeId, state: VolumeState) -> VolumeRecord {
         pre_provisioned: false,
         node_stage_secrets: BTreeMap::new(),
         node_publish_secrets: BTreeMap::new(),
+        untrack_on_unstage: false,
     };
     let mut rec = VolumeRecord::created(id.clone(), Some("op".into()), spec);
     rec.state = state;

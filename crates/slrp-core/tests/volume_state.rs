@@ -328,6 +328,7 @@ fn spec() -> VolumeSpec {
             },
         )]),
         node_publish_secrets: BTreeMap::new(),
+        untrack_on_unstage: false,
     }
 }
 

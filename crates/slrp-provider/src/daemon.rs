@@ -70,6 +70,7 @@ use crate::admin::{
     AdminError, AdminListener, AdminState, AdminTcpListener, BoxFuture, DaemonExtras, ProviderView,
 };
 use crate::config::{AdminListen, DaemonConfig, ProviderConfig};
+use crate::import::MesosImport;
 use crate::metrics::{MetricsFamilies, ProviderMetrics};
 use crate::stack::{PluginStack, StackConfig, StackError, StopPlugins};
 use crate::workdir::{WorkDirError, check_work_dir};
@@ -442,6 +443,7 @@ pub async fn run_with(
 ) -> Result<(), DaemonError> {
     prepare_dirs(&config)?;
     let stores = open_stores(&config).await?;
+    check_work_dirs(&config, &stores).await?;
     let mut registry = Registry::default();
     // One set of families for all providers, each series labelled with its provider:
     // a family registered per provider would repeat its `# TYPE` line, which
@@ -509,16 +511,30 @@ pub async fn run_with(
     outcome
 }
 
-/// The state directory (0700) and every provider's checked work directory.
+/// The state directory (0700).
 // The daemon's error is made at most once, at start: its size costs nothing.
 #[allow(clippy::result_large_err)]
 fn prepare_dirs(config: &DaemonConfig) -> Result<(), DaemonError> {
     create_private_dir(&config.state_dir).map_err(|source| DaemonError::StateDir {
         path: config.state_dir.clone(),
         source,
-    })?;
-    for provider in &config.providers {
-        check_work_dir(&config.work_dir, &provider.info).map_err(|source| {
+    })
+}
+
+/// Every provider's work directory, checked against the Mesos checkpoints its store's
+/// import markers took over (`slrp import-mesos`).
+async fn check_work_dirs(config: &DaemonConfig, stores: &[Store]) -> Result<(), DaemonError> {
+    for (provider, store) in config.providers.iter().zip(stores) {
+        let imported =
+            store
+                .load_all::<MesosImport>()
+                .await
+                .map_err(|source| DaemonError::Store {
+                    provider: provider.key(),
+                    path: store.path().to_owned(),
+                    source,
+                })?;
+        check_work_dir(&config.work_dir, &provider.info, &imported).map_err(|source| {
             DaemonError::WorkDir {
                 provider: provider.key(),
                 source,

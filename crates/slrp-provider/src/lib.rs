@@ -15,7 +15,8 @@
 //! - [`config`]: the daemon's configuration and the ResourceProviderInfo files of
 //!   `--resource-provider-config-dir`, validated as Mesos validates them.
 //! - [`workdir`]: the refusal to start on a work directory that holds a Mesos SLRP's
-//!   checkpoints for the same plugin.
+//!   checkpoints for the same plugin (lifted for what an import took over).
+//! - [`import`]: `slrp import-mesos`, taking a Mesos SLRP's checkpoints over.
 //! - [`metrics`]: per-provider metrics with Mesos's names (spec §9).
 //! - [`publish`]: PUBLISH_RESOURCES: the volumes a publish names, published in parallel
 //!   (spec §5.14).
@@ -28,6 +29,7 @@
 pub mod admin;
 pub mod config;
 pub mod daemon;
+pub mod import;
 pub mod metrics;
 pub mod publish;
 pub mod services;

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory as _, Parser, Subcommand};
 
-use crate::{csi_cmd, ctl, inspect_cmd, run_cmd, standalone};
+use crate::{csi_cmd, ctl, import_cmd, inspect_cmd, run_cmd, standalone};
 
 /// `EX_USAGE` from sysexits.h: the command line was wrong.
 pub(crate) const EX_USAGE: u8 = 64;
@@ -42,6 +42,9 @@ enum Command {
     Csi(Box<csi_cmd::CsiArgs>),
     /// Query and act on a running slrp through its admin API.
     Ctl(Box<ctl::CtlArgs>),
+    /// Take a Mesos storage local resource provider's checkpoints over (its volumes,
+    /// mounts, pending operations and unacknowledged statuses), before `slrp run`.
+    ImportMesos(Box<import_cmd::ImportArgs>),
     /// Print the provider's durable state, read-only (safe while the daemon runs).
     Inspect(inspect_cmd::InspectArgs),
     /// Print slrp's man page, or write the pages of slrp and every subcommand into a
@@ -59,6 +62,7 @@ enum Command {
 enum OneShot {
     Csi(Box<csi_cmd::CsiArgs>),
     Ctl(Box<ctl::CtlArgs>),
+    ImportMesos(Box<import_cmd::ImportArgs>),
     Inspect(inspect_cmd::InspectArgs),
 }
 
@@ -101,6 +105,7 @@ pub(crate) fn main() -> ExitCode {
         Command::Run(_) | Command::Standalone(_) => "info",
         Command::Csi(_)
         | Command::Ctl(_)
+        | Command::ImportMesos(_)
         | Command::Inspect(_)
         | Command::Completions(_)
         | Command::Man(_) => "warn",
@@ -124,6 +129,7 @@ pub(crate) fn main() -> ExitCode {
         Command::Completions(args) => return report(ctl::completions(Cli::command(), &args)),
         Command::Man(args) => return report(ctl::man(Cli::command(), &args)),
         Command::Inspect(args) => OneShot::Inspect(args),
+        Command::ImportMesos(args) => OneShot::ImportMesos(args),
     };
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -140,6 +146,7 @@ pub(crate) fn main() -> ExitCode {
             OneShot::Csi(args) => csi_cmd::run(*args).await,
             OneShot::Ctl(args) => ctl::run(*args).await,
             OneShot::Inspect(args) => inspect_cmd::run(&args),
+            OneShot::ImportMesos(args) => import_cmd::run(&args).await,
         }
     });
     report(result)

@@ -4,6 +4,7 @@ mod cli;
 mod csi_cmd;
 mod ctl;
 mod daemon_common;
+mod import_cmd;
 mod inspect_cmd;
 mod run_cmd;
 mod standalone;

@@ -453,6 +453,7 @@ impl<C: CsiVolumes> Ctx<C> {
                 pre_provisioned: false,
                 node_stage_secrets: Default::default(),
                 node_publish_secrets: Default::default(),
+                untrack_on_unstage: false,
             },
         );
         // Mesos keeps the requested size (§12.28); the plugin's answer is the truth.
@@ -521,6 +522,7 @@ impl<C: CsiVolumes> Ctx<C> {
                         pre_provisioned: true,
                         node_stage_secrets: req.node_stage_secrets,
                         node_publish_secrets: req.node_publish_secrets,
+                        untrack_on_unstage: false,
                     },
                 );
                 rec.capacity_bytes = req.capacity_bytes;
@@ -716,7 +718,36 @@ impl<C: CsiVolumes> Ctx<C> {
             | VolumeState::NodeUnstaging { .. } => Goal::NodeReady,
         };
         let result = self.drive(&mut rec, goal).await;
+        if result.is_ok() && goal == Goal::NodeReady && rec.spec.untrack_on_unstage {
+            return self.untrack(rec).await;
+        }
         (result, Change::Put(Box::new(rec)))
+    }
+
+    /// Forgets an unstaged volume that Mesos's CSI server had published for a task
+    /// (`pre_provisioned` there, spec §4.6 unstage step 6): its record goes, the volume
+    /// stays on the plugin, and the next ListVolumes reports it as pre-existing.
+    async fn untrack(&self, rec: VolumeRecord) -> (Result<(), VolumeError>, Change) {
+        let store_err = |source| VolumeError::Store {
+            subject: Subject::Volume(rec.id.clone()),
+            source,
+        };
+        let mut tx = self.store.transaction();
+        let result = match tx.delete::<VolumeRecord>(rec.id.as_str()) {
+            Err(e) => Err(store_err(e)),
+            Ok(_) => Ok(()),
+        };
+        let result = match result {
+            Ok(()) => tx.commit().await.map_err(store_err),
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(()) => {
+                tracing::info!(volume = %rec.id, "unstaged volume of Mesos's CSI server untracked");
+                (Ok(()), Change::Remove(rec.id))
+            }
+            Err(e) => (Err(e), Change::Put(Box::new(rec))),
+        }
     }
 
     pub(super) async fn list(

@@ -55,6 +55,12 @@ pub struct VolumeSpec {
     /// NodePublishVolume secrets, by CSI secret key.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub node_publish_secrets: BTreeMap<String, SecretRef>,
+    /// Forget the volume once it is unstaged (back at NODE_READY after an unpublish):
+    /// Mesos's `pre_provisioned` of a volume its agent's CSI server published for a task
+    /// (spec §4.6 unstage steps 1, 3, 6). Only `slrp import-mesos` sets it; slrp's own
+    /// volumes keep being tracked until they are deleted.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub untrack_on_unstage: bool,
 }
 
 /// Durable lifecycle of one volume (Mesos `VolumeState`). Each variant carries exactly the
