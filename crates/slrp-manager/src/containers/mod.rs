@@ -513,7 +513,9 @@ impl Owner {
             // its group dies. A group id stays allocated while any member lives, so
             // members found with it on this boot, with no process of that pid at all, are
             // the container's (a recycled pid leading a new group would exist itself).
-            let orphans = same_boot && !process::exists(record.process.pid);
+            // The dead container itself may linger as a zombie nobody reaped yet: only
+            // another process under its pid means a recycled pid.
+            let orphans = same_boot && !process::recycled(record.process);
             if orphans {
                 process::kill_group(record.process.pid);
             }

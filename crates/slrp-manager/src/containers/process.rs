@@ -58,9 +58,10 @@ pub(crate) fn is_alive(id: ProcessId) -> bool {
     matches!(stat(id.pid), Ok((state, start)) if start == id.start_time && state != 'Z' && state != 'X')
 }
 
-/// Whether any process (a zombie included) has `pid`.
-pub(crate) fn exists(pid: i32) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
+/// Whether the recorded pid now names another process (its start time differs). The
+/// recorded one itself, a zombie not yet reaped, is not a recycled pid.
+pub(crate) fn recycled(id: ProcessId) -> bool {
+    matches!(stat(id.pid), Ok((_, start)) if start != id.start_time)
 }
 
 /// Signals the container's own process, as Mesos's `MesosContainerizerProcess::kill` does.
