@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use proptest::prelude::*;
 use slrp_core::provider::resources::{
     Conversion, CreatedKind, CreatedVolume, ProfileChange, ProviderResources, ResourceError,
-    Resources, pool_profiles, pools_without_profile, resource_eq,
+    Resources, pool_profile_changes, pool_profiles, pools_without_profile, resource_eq,
 };
 use slrp_csi::{Volume, VolumeId};
 use slrp_proto::mesos::v1::resource::ReservationInfo;
@@ -739,6 +739,48 @@ fn profile_disappeared() {
     );
     assert_eq!(after, res(&[disk, pool(&p, "test2", 2 * GB)]));
     assert_eq!(pool_profiles(&after), BTreeSet::from(["test2".to_owned()]));
+}
+
+/// `pool_profile_changes` says for every touched pool's profile what a scan of the whole
+/// total says (`pool_profiles`), on an indexed total: a pool partly consumed stays, the
+/// last plain pool of a profile consumed while a refined one of it is left stays (found
+/// by the scan, not the kind lookup), and the last pool of a profile consumed goes.
+#[test]
+fn pool_profile_changes_agree_with_a_scan_of_the_total() {
+    let p = provider();
+    let mut total = res(&[
+        pool(&p, "a", 4 * GB),
+        refined(pool(&p, "a", GB)),
+        pool(&p, "b", GB),
+    ]);
+    for n in 0..20 {
+        total.add(&mounted(&p, volume(&p, &format!("v{n}"), MB, Some("a"))));
+    }
+    let cases = [
+        (pool(&p, "a", GB), vec![("a", true)]),
+        (pool(&p, "a", 3 * GB), vec![("a", true)]),
+        (pool(&p, "b", GB), vec![("b", false)]),
+        (refined(pool(&p, "a", GB)), vec![("a", false)]),
+    ];
+    for (consumed, expected) in cases {
+        let disk = mounted(&p, volume(&p, "new", 1, None));
+        let conversion = Conversion {
+            consumed: one(&consumed),
+            converted: one(&disk),
+        };
+        total.apply_in_place(&conversion).unwrap();
+        let touched = one(&consumed) + &one(&disk);
+        let changes = pool_profile_changes(&total, &touched);
+        let expected: BTreeMap<String, bool> = expected
+            .into_iter()
+            .map(|(name, present)| (name.to_owned(), present))
+            .collect();
+        assert_eq!(changes, expected, "after consuming {consumed:?}");
+        let scanned = pool_profiles(&total);
+        for (name, present) in &changes {
+            assert_eq!(scanned.contains(name), *present, "profile {name}");
+        }
+    }
 }
 
 /// Spec §12 item 11: a converted pool outlives its profile; it is reported, not fatal.

@@ -7,6 +7,7 @@
 //! for provider resources is here: scalar arithmetic at Mesos's 3-decimal fixed point, the
 //! merge/subtract rules, and `getResourceConversions` for the speculative kinds.
 
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 
 use slrp_proto::mesos::v1::resource::disk_info::source::Type as SourceType;
@@ -107,11 +108,15 @@ fn same_source(a: &disk_info::Source, b: &disk_info::Source) -> bool {
 
 /// Everything but the quantity (and `disk.volume`) is equal.
 fn same_identity(a: &Resource, b: &Resource) -> bool {
+    a.allocation_info == b.allocation_info && same_but_allocation(a, b)
+}
+
+/// [`same_identity`] but for the allocation info.
+fn same_but_allocation(a: &Resource, b: &Resource) -> bool {
     a.name == b.name
         && a.r#type == b.r#type
         && a.provider_id == b.provider_id
         && a.role == b.role
-        && a.allocation_info == b.allocation_info
         && a.reservation == b.reservation
         && a.reservations == b.reservations
         && a.revocable == b.revocable
@@ -119,24 +124,140 @@ fn same_identity(a: &Resource, b: &Resource) -> bool {
         && same_disk(a.disk.as_ref(), b.disk.as_ref())
 }
 
-/// Whether `contains` weighs `a` and `b` together (they count against the same entries).
-pub(crate) fn related(a: &Resource, b: &Resource) -> bool {
-    same_identity(a, b) && (mergeable(a) == mergeable(b))
+/// Whether `contains` weighs `a` without its allocation info and `b` together (they
+/// count against the same entries), without copying `a`.
+pub(crate) fn related_unallocated(a: &Resource, b: &Resource) -> bool {
+    b.allocation_info.is_none() && same_but_allocation(a, b) && (mergeable(a) == mergeable(b))
 }
 
 fn identical(a: &Resource, b: &Resource) -> bool {
     same_identity(a, b) && amount(a) == amount(b) && a.ranges == b.ranges && a.set == b.set
 }
 
+/// A hash of fields [`same_identity`] compares exactly (labels, which compare as
+/// multisets, and the quantity left out): resources of one identity have one key.
+fn identity_key(resource: &Resource) -> u64 {
+    use std::hash::{Hash, Hasher};
+    // Fixed keys: the key of a resource is the same in every total and every clone.
+    let mut h = std::hash::DefaultHasher::new();
+    resource.name.hash(&mut h);
+    resource.r#type.hash(&mut h);
+    resource.provider_id.as_ref().map(|p| &p.value).hash(&mut h);
+    resource.role.hash(&mut h);
+    for reservation in &resource.reservations {
+        (reservation.r#type, &reservation.role).hash(&mut h);
+    }
+    if let Some(disk) = &resource.disk {
+        disk.persistence.as_ref().map(|p| &p.id).hash(&mut h);
+        disk.source
+            .as_ref()
+            .map(|s| (s.r#type, &s.id, &s.profile))
+            .hash(&mut h);
+    }
+    h.finish()
+}
+
+/// The agent's total of one provider: Mesos's `Resources`, a sequence in the order
+/// entries were added (an entry merged into keeps its place), indexed by identity, so
+/// that an operation's check and conversion look only at the entries of the identities
+/// it touches. A plain vector made every apply and every FINISHED status a scan of the
+/// whole total (and a removal a shift of it): the manager's share of an operation grew
+/// with the number of volumes.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Total {
+    /// Sequence number → entry: the total's order.
+    entries: BTreeMap<u64, Resource>,
+    /// Identity key → sequence numbers of the entries with it, ascending.
+    keys: HashMap<u64, Vec<u64>>,
+    next: u64,
+}
+
+impl Total {
+    /// The total `resources` are, as they are (an UPDATE_STATE's: not merged again).
+    pub(crate) fn from_resources(resources: &[Resource]) -> Self {
+        let mut total = Self::default();
+        for resource in resources {
+            total.push(resource.clone());
+        }
+        total
+    }
+
+    /// The entries, in order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Resource> {
+        self.entries.values()
+    }
+
+    /// The entries, in order.
+    pub(crate) fn to_vec(&self) -> Vec<Resource> {
+        self.iter().cloned().collect()
+    }
+
+    /// Number of entries.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Removes every entry.
+    pub(crate) fn clear(&mut self) {
+        self.entries.clear();
+        self.keys.clear();
+    }
+
+    fn push(&mut self, resource: Resource) {
+        let seq = self.next;
+        self.next += 1;
+        self.keys
+            .entry(identity_key(&resource))
+            .or_default()
+            .push(seq);
+        self.entries.insert(seq, resource);
+    }
+
+    fn remove(&mut self, seq: u64) {
+        let Some(resource) = self.entries.remove(&seq) else {
+            return;
+        };
+        let key = identity_key(&resource);
+        if let Some(seqs) = self.keys.get_mut(&key) {
+            seqs.retain(|s| *s != seq);
+            if seqs.is_empty() {
+                self.keys.remove(&key);
+            }
+        }
+    }
+
+    /// Sequence numbers of the entries that may be of `resource`'s identity, in order.
+    fn candidates(&self, resource: &Resource) -> Vec<u64> {
+        self.keys
+            .get(&identity_key(resource))
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// The entries that may be of `resource`'s identity, in order (callers compare).
+    fn alike<'a>(&'a self, resource: &Resource) -> impl Iterator<Item = &'a Resource> {
+        self.keys
+            .get(&identity_key(resource))
+            .into_iter()
+            .flatten()
+            .filter_map(|seq| self.entries.get(seq))
+    }
+}
+
 /// Mesos `Resources::add` of one resource.
-pub(crate) fn add(total: &mut Vec<Resource>, resource: &Resource) {
+pub(crate) fn add(total: &mut Total, resource: &Resource) {
     if is_empty(resource) {
         return;
     }
     if mergeable(resource)
-        && let Some(entry) = total
-            .iter_mut()
-            .find(|entry| mergeable(entry) && same_identity(entry, resource))
+        && let Some(seq) = total.candidates(resource).into_iter().find(|seq| {
+            total
+                .entries
+                .get(seq)
+                .is_some_and(|entry| mergeable(entry) && same_identity(entry, resource))
+        })
+        && let Some(entry) = total.entries.get_mut(&seq)
     {
         let sum = amount(entry).unwrap_or(0) + amount(resource).unwrap_or(0);
         entry.scalar = Some(value::Scalar { value: float(sum) });
@@ -147,7 +268,7 @@ pub(crate) fn add(total: &mut Vec<Resource>, resource: &Resource) {
 
 /// Mesos `Resources::contains`: every resource of `wanted` can be taken from `total`
 /// (resources of one identity in `wanted` add up).
-pub(crate) fn contains(total: &[Resource], wanted: &[Resource]) -> bool {
+pub(crate) fn contains(total: &Total, wanted: &[Resource]) -> bool {
     wanted.iter().enumerate().all(|(index, resource)| {
         if is_empty(resource) {
             return true;
@@ -164,7 +285,7 @@ pub(crate) fn contains(total: &[Resource], wanted: &[Resource]) -> bool {
                 .filter_map(amount)
                 .sum();
             let available: i64 = total
-                .iter()
+                .alike(resource)
                 .filter(|entry| mergeable(entry) && same_identity(entry, resource))
                 .filter_map(amount)
                 .sum();
@@ -178,7 +299,7 @@ pub(crate) fn contains(total: &[Resource], wanted: &[Resource]) -> bool {
                 .filter(|other| identical(other, resource))
                 .count();
             let available = total
-                .iter()
+                .alike(resource)
                 .filter(|entry| identical(entry, resource))
                 .count();
             needed <= available
@@ -187,37 +308,46 @@ pub(crate) fn contains(total: &[Resource], wanted: &[Resource]) -> bool {
 }
 
 /// Mesos `Resources::subtract` of one resource the caller knows is contained.
-fn subtract(total: &mut Vec<Resource>, resource: &Resource) {
+fn subtract(total: &mut Total, resource: &Resource) {
     if is_empty(resource) {
         return;
     }
     if mergeable(resource) {
         let mut left = amount(resource).unwrap_or(0);
-        let mut index = 0;
-        while left > 0 && index < total.len() {
-            let entry = &mut total[index];
-            if mergeable(entry) && same_identity(entry, resource) {
-                let have = amount(entry).unwrap_or(0);
-                let take = have.min(left);
-                left -= take;
-                if have == take {
-                    total.remove(index);
-                    continue;
-                }
+        for seq in total.candidates(resource) {
+            if left <= 0 {
+                break;
+            }
+            let Some(entry) = total.entries.get_mut(&seq) else {
+                continue;
+            };
+            if !(mergeable(entry) && same_identity(entry, resource)) {
+                continue;
+            }
+            let have = amount(entry).unwrap_or(0);
+            let take = have.min(left);
+            left -= take;
+            if have == take {
+                total.remove(seq);
+            } else {
                 entry.scalar = Some(value::Scalar {
                     value: float(have - take),
                 });
             }
-            index += 1;
         }
-    } else if let Some(index) = total.iter().position(|entry| identical(entry, resource)) {
-        total.remove(index);
+    } else if let Some(seq) = total.candidates(resource).into_iter().find(|seq| {
+        total
+            .entries
+            .get(seq)
+            .is_some_and(|entry| identical(entry, resource))
+    }) {
+        total.remove(seq);
     }
 }
 
 /// Mesos `Resources::apply(conversions)`: each conversion in turn, all or nothing. The
 /// error is Mesos's "<total> does not contain <consumed>".
-pub(crate) fn apply(total: &mut Vec<Resource>, conversions: &[Conversion]) -> Result<(), String> {
+pub(crate) fn apply(total: &mut Total, conversions: &[Conversion]) -> Result<(), String> {
     // Checking every step before changing anything needs a scratch copy only when there
     // is more than one step (the common single conversion is checked in place).
     if conversions.len() > 1 {
@@ -230,12 +360,12 @@ pub(crate) fn apply(total: &mut Vec<Resource>, conversions: &[Conversion]) -> Re
     }
 }
 
-fn apply_checked(total: &mut Vec<Resource>, conversions: &[Conversion]) -> Result<(), String> {
+fn apply_checked(total: &mut Total, conversions: &[Conversion]) -> Result<(), String> {
     for (consumed, converted) in conversions {
         if !contains(total, consumed) {
             return Err(format!(
                 "{} does not contain {}",
-                describe(total),
+                describe(total.iter()),
                 describe(consumed)
             ));
         }
@@ -261,9 +391,9 @@ pub(crate) fn unallocated(resources: &[Resource]) -> Vec<Resource> {
 }
 
 /// A short text form for messages: `disk(role)[RAW id,profile]:1024`.
-pub(crate) fn describe(resources: &[Resource]) -> String {
+pub(crate) fn describe<'a>(resources: impl IntoIterator<Item = &'a Resource>) -> String {
     let mut out = String::from("[");
-    for (index, resource) in resources.iter().enumerate() {
+    for (index, resource) in resources.into_iter().enumerate() {
         if index > 0 {
             out.push_str(", ");
         }
@@ -391,13 +521,18 @@ pub(crate) fn speculative_conversions(info: &offer::Operation) -> Result<Vec<Con
 /// Mesos `getConsumedResources` for the non-speculative kinds an agent converts on a
 /// FINISHED status, allocation info stripped. `None` for the others.
 pub(crate) fn disk_consumed(info: &offer::Operation) -> Option<Vec<Resource>> {
+    disk_source(info).map(|source| unallocated(std::slice::from_ref(source)))
+}
+
+/// The resource a CREATE_DISK or DESTROY_DISK consumes, as the operation carries it
+/// (with its allocation info). `None` for the other kinds.
+pub(crate) fn disk_source(info: &offer::Operation) -> Option<&Resource> {
     use offer::operation::Type;
-    let source = match kind(info) {
-        Some(Type::CreateDisk) => &info.create_disk.as_ref()?.source,
-        Some(Type::DestroyDisk) => &info.destroy_disk.as_ref()?.source,
-        _ => return None,
-    };
-    Some(unallocated(std::slice::from_ref(source)))
+    match kind(info) {
+        Some(Type::CreateDisk) => Some(&info.create_disk.as_ref()?.source),
+        Some(Type::DestroyDisk) => Some(&info.destroy_disk.as_ref()?.source),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
@@ -444,11 +579,14 @@ mod tests {
     #[test]
     fn pools_merge_and_split_volumes_do_not() {
         let pool = with_source(disk(100.0), SourceType::Raw, None);
-        let mut total = Vec::new();
+        let mut total = Total::default();
         add(&mut total, &pool);
         add(&mut total, &pool);
         assert_eq!(total.len(), 1);
-        assert_eq!(total[0].scalar.as_ref().map(|s| s.value), Some(200.0));
+        assert_eq!(
+            total.to_vec()[0].scalar.as_ref().map(|s| s.value),
+            Some(200.0)
+        );
         let volume = with_source(disk(50.0), SourceType::Mount, Some("v1"));
         add(&mut total, &volume);
         add(&mut total, &volume);
@@ -477,18 +615,62 @@ mod tests {
         ));
     }
 
+    /// The indexed total behaves as Mesos's vector: order kept across removals, a merge
+    /// into the entry of the same identity only (in its place), sums per identity.
+    #[test]
+    fn a_large_total_keeps_its_order_and_its_identities_apart() {
+        let pool = with_source(disk(100.0), SourceType::Raw, None);
+        let reserved_pool = reserved(pool.clone(), "role");
+        let volumes: Vec<Resource> = (0..100)
+            .map(|n| with_source(disk(1.0), SourceType::Mount, Some(&format!("v{n}"))))
+            .collect();
+        let mut all = vec![pool.clone()];
+        all.extend(volumes.iter().cloned());
+        all.push(reserved_pool.clone());
+        let mut total = Total::from_resources(&all);
+        apply(&mut total, &[(vec![volumes[50].clone()], vec![])]).expect("contained");
+        all.remove(51);
+        assert_eq!(total.to_vec(), all);
+        let part = with_source(disk(30.0), SourceType::Raw, None);
+        assert!(contains(
+            &total,
+            &[part.clone(), part.clone(), part.clone()]
+        ));
+        // 100 of the unreserved pool: the reserved one's 100 do not count.
+        assert!(!contains(
+            &total,
+            &[part.clone(), part.clone(), part.clone(), part.clone()]
+        ));
+        add(&mut total, &reserved(part.clone(), "role"));
+        let after = total.to_vec();
+        assert_eq!(after.len(), all.len());
+        assert_eq!(after[0], pool);
+        assert_eq!(
+            after
+                .last()
+                .and_then(|r| r.scalar.as_ref())
+                .map(|s| s.value),
+            Some(130.0)
+        );
+        assert!(!contains(&total, &[volumes[50].clone()]));
+        assert!(contains(&total, &[volumes[99].clone()]));
+    }
+
     #[test]
     fn apply_is_total_minus_consumed_plus_converted_or_nothing() {
         let pool = with_source(disk(100.0), SourceType::Raw, None);
-        let mut total = vec![pool.clone()];
+        let mut total = Total::from_resources(std::slice::from_ref(&pool));
         let volume = with_source(disk(40.0), SourceType::Mount, Some("v1"));
         let taken = with_source(disk(40.0), SourceType::Raw, None);
         apply(&mut total, &[(vec![taken.clone()], vec![volume.clone()])]).expect("contained");
         assert_eq!(total.len(), 2);
-        assert_eq!(total[0].scalar.as_ref().map(|s| s.value), Some(60.0));
-        assert_eq!(total[1], volume);
+        assert_eq!(
+            total.to_vec()[0].scalar.as_ref().map(|s| s.value),
+            Some(60.0)
+        );
+        assert_eq!(total.to_vec()[1], volume);
         // The second step fails: nothing changes.
-        let before = total.clone();
+        let before = total.to_vec();
         let error = apply(
             &mut total,
             &[
@@ -498,7 +680,7 @@ mod tests {
         )
         .expect_err("the volume is gone after the first step");
         assert!(error.contains("does not contain"), "{error}");
-        assert_eq!(total, before);
+        assert_eq!(total.to_vec(), before);
         // Thousandths of a megabyte are the unit.
         apply(
             &mut total,
@@ -508,7 +690,7 @@ mod tests {
             )],
         )
         .expect("rounds to 60.000");
-        assert_eq!(total, vec![volume]);
+        assert_eq!(total.to_vec(), vec![volume]);
     }
 
     #[test]

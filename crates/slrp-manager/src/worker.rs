@@ -160,7 +160,7 @@ type Waiter = oneshot::Sender<Result<OperationView, OperationError>>;
 /// agent's own applications, and its operations.
 #[derive(Default)]
 struct AgentProvider {
-    total: Vec<Resource>,
+    total: resources::Total,
     operations: HashMap<Vec<u8>, OperationView>,
 }
 
@@ -469,7 +469,7 @@ impl Worker {
                 let total = self.subscribed.contains_key(&id).then(|| {
                     self.agents
                         .get(&id)
-                        .map(|a| a.total.clone())
+                        .map(|a| a.total.to_vec())
                         .unwrap_or_default()
                 });
                 let _ = reply.send(total);
@@ -641,7 +641,7 @@ impl Worker {
         sub.resources.clone_from(&update.resources);
         sub.resource_version_uuid = Some(update.resource_version_uuid.clone());
         let agent = self.agents.entry(id.to_owned()).or_default();
-        agent.total.clone_from(&update.resources);
+        agent.total = resources::Total::from_resources(&update.resources);
         let mut previous = std::mem::take(&mut agent.operations);
         let mut became_terminal = Vec::new();
         for operation in &update.operations {
@@ -940,13 +940,13 @@ impl Worker {
             let invalid = |reason| OperationError::Invalid { reason };
             // A master never offers what a pending disk operation consumes: validate
             // against the total without it (the agent's total keeps it until FINISHED).
-            let held: Vec<Resource> = agent
-                .operations
-                .values()
-                .filter(|op| !is_terminal(op.latest_status.state))
-                .filter_map(|op| op.info.as_ref().and_then(resources::disk_consumed))
-                .flatten()
-                .collect();
+            let held = || {
+                agent
+                    .operations
+                    .values()
+                    .filter(|op| !is_terminal(op.latest_status.state))
+                    .filter_map(|op| op.info.as_ref().and_then(resources::disk_source))
+            };
             let consumed = if resources::is_speculative(&info) {
                 let conversions = resources::speculative_conversions(&info).map_err(invalid)?;
                 let consumed: Vec<Resource> = conversions
@@ -962,18 +962,24 @@ impl Worker {
                 // what pending operations hold of the same resources matters: the rest of
                 // `held` was checked when those operations were applied, and weighing it
                 // again made every apply cost pending operations × the total.
-                let wanted: Vec<Resource> = held
-                    .iter()
-                    .filter(|h| consumed.iter().any(|c| resources::related(h, c)))
-                    .chain(&consumed)
-                    .cloned()
-                    .collect();
+                let mut wanted = resources::unallocated(
+                    &held()
+                        .filter(|h| {
+                            consumed
+                                .iter()
+                                .any(|c| resources::related_unallocated(h, c))
+                        })
+                        .cloned()
+                        .collect::<Vec<_>>(),
+                );
+                wanted.extend_from_slice(&consumed);
                 if !resources::contains(&agent.total, &wanted) {
+                    let held = resources::unallocated(&held().cloned().collect::<Vec<_>>());
                     let mut offered = agent.total.clone();
                     resources::apply(&mut offered, &[(held, Vec::new())]).map_err(invalid)?;
                     return Err(invalid(format!(
                         "{} does not contain {}",
-                        resources::describe(&offered),
+                        resources::describe(offered.iter()),
                         resources::describe(&consumed)
                     )));
                 }
@@ -1313,7 +1319,7 @@ fn display_uuid(uuid: &ProtoUuid) -> String {
 /// `total − consumed + converted` of a FINISHED non-speculative operation, allocation
 /// info stripped from both (Mesos `Slave::apply`). Err: why it cannot be applied.
 fn apply_finished(
-    total: &mut Vec<Resource>,
+    total: &mut resources::Total,
     info: &offer::Operation,
     latest: &OperationStatus,
 ) -> Result<(), String> {

@@ -428,6 +428,7 @@ impl Provider {
             session: 0,
             ctx,
             live_profiles: state.profiles.clone(),
+            profiles_basis: None,
             state,
             pending_events: PendingEvents::new(params.pending_events),
             ops: ops::OpFlow::new(tracked),
@@ -601,6 +602,9 @@ struct Worker {
     state: ProviderState,
     /// The profile map (§7.3): every profile translated for this provider.
     live_profiles: BTreeMap<String, ProfileDef>,
+    /// `live_profiles` when `state.profiles` was last computed from the whole total: while
+    /// the map is the same, a commit updates only the profiles of the pools it touched.
+    profiles_basis: Option<BTreeMap<String, ProfileDef>>,
     pending_events: PendingEvents,
     /// Tracked operations, running disk operations, deferred ones, the status timer.
     ops: ops::OpFlow,
@@ -839,6 +843,7 @@ impl Worker {
         self.sessions = sessions;
         self.params.agent_id = agent_id;
         self.state = state;
+        self.profiles_basis = None;
         // Nothing of the old identity's sessions carries over.
         self.session += 1;
         self.ready_from_send = None;

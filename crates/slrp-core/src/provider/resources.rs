@@ -1624,6 +1624,36 @@ pub fn pool_profiles(total: &Resources) -> BTreeSet<String> {
         .collect()
 }
 
+/// How a change that touched only `touched` (the consumed and converted resources of
+/// its conversions) changed [`pool_profiles`] of the `total` after it: for the profile of
+/// every storage pool in `touched`, whether `total` still has a pool with it. Profiles of
+/// pools the change did not touch are as they were, so this costs what the change
+/// touched, not the size of the total, where [`pool_profiles`] is a scan of the total.
+/// The pools of a touched pool's kind (one index lookup) are looked at first; only when
+/// none of them has the profile (the last pool of that kind was consumed) is the total
+/// scanned for another pool of it (differently reserved, say).
+pub fn pool_profile_changes(total: &Resources, touched: &Resources) -> BTreeMap<String, bool> {
+    let has_profile = |resource: &Resource, profile: &str| {
+        is_storage_pool(resource) && disk_profile(resource) == Some(profile)
+    };
+    let mut changes = BTreeMap::new();
+    for pool in touched.iter().filter(|r| is_storage_pool(r)) {
+        let Some(profile) = disk_profile(pool) else {
+            continue;
+        };
+        if changes.contains_key(profile) {
+            continue;
+        }
+        let present = total
+            .possibly_alike(pool)
+            .into_iter()
+            .any(|entry| has_profile(entry, profile))
+            || total.iter().any(|entry| has_profile(entry, profile));
+        changes.insert(profile.to_owned(), present);
+    }
+    changes
+}
+
 /// Storage pools of `total` whose profile is not in `known`: converted pools (e.g. with
 /// a refined reservation) outlive their profile, because `computeConversion` keeps
 /// converted resources. Mesos asserts on the next checkpoint that every pool's profile is

@@ -6,8 +6,9 @@
 //! Everything goes the way of a deployment: the embedded manager (as agent and master)
 //! over real HTTP on a unix socket, the provider worker and its plugin stack, and a CSI v1
 //! plugin on a real unix socket that answers at once (`plugin.rs`, volumes in a map), so
-//! the figures are the provider's own cost. One process: the resident memory figure
-//! includes the manager, the plugin and this driver.
+//! the figures are the provider's own cost. One process, except for the restarted
+//! provider of step 4, which runs in a child process (this binary again, with a hidden
+//! argument) so that its resident memory is its own.
 //!
 //! 1. Bare CSI: CreateVolume + DeleteVolume pairs straight to the plugin through
 //!    `slrp_csi::CsiClient`, at concurrency 1, 16 and 64.
@@ -15,8 +16,8 @@
 //!    status, acknowledged automatically) with `small` volumes tracked, at 1, 16 and 64.
 //! 3. The same with `large` volumes tracked (cost flat with volume count?).
 //! 4. `unacked` operations left unacknowledged, the provider stopped and started again
-//!    on the same state: time from start to READY (and until every unacknowledged
-//!    status was resent and acknowledged), and the resident memory.
+//!    on the same state, in a child process: time from start to READY (and until every
+//!    unacknowledged status was resent and acknowledged), and its resident memory.
 //!
 //! DIR holds the store; it must be on the disk under test (default: the system temp dir).
 
@@ -106,21 +107,8 @@ struct Row {
 /// The process's resident set as `VmRSS` MiB (`RssAnon` MiB) from /proc/self/status:
 /// the anonymous part is the heap, the rest mostly the binary's mapped pages.
 fn rss() -> String {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let field = |name: &str| -> f64 {
-        let kib: f64 = status
-            .lines()
-            .find_map(|line| line.strip_prefix(name))
-            .and_then(|rest| rest.split_whitespace().next())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(f64::NAN);
-        kib / 1024.0
-    };
-    format!(
-        "{:.1} MiB (anonymous {:.1})",
-        field("VmRSS:"),
-        field("RssAnon:")
-    )
+    let (rss, anon) = rss_kib();
+    format!("{:.1} MiB (anonymous {:.1})", rss / 1024.0, anon / 1024.0)
 }
 
 /// Bytes of heap in use (glibc's `mallinfo2`, every arena): what is live, without the
@@ -213,24 +201,7 @@ impl Bench {
         let (manager, guard) = EmbeddedManager::spawn(config, cancel.child_token())
             .await
             .expect("manager");
-        let profiles_file = dir.join("profiles.json");
-        let document = serde_json::json!({
-            "profile_matrix": {
-                PROFILE: {
-                    "csi_plugin_type_selector": {"plugin_type": PLUGIN_TYPE},
-                    "volume_capabilities": {
-                        "mount": {},
-                        "access_mode": {"mode": "SINGLE_NODE_WRITER"}
-                    }
-                }
-            }
-        });
-        std::fs::write(&profiles_file, document.to_string()).unwrap();
-        let config = ProfilesConfig::new(ProfileSource::File(profiles_file))
-            .poll_interval(Duration::from_secs(3600))
-            .max_random_wait(Duration::ZERO);
-        let (profiles, _task) =
-            slrp_profiles::spawn(config, ProfileMetrics::default(), cancel.child_token());
+        let profiles = profile_adaptor(&dir, &cancel);
         Self {
             dir,
             socket,
@@ -245,53 +216,14 @@ impl Bench {
     /// Starts the plugin stack and the provider worker on the bench's state; returns
     /// once it is READY, with the time that took.
     async fn start(&self) -> (Running, Duration) {
-        let started = Instant::now();
-        let store = Store::open(self.dir.join("state/store")).expect("store");
-        let info = info(&self.socket);
-        let metrics = ProviderMetrics::new(RP_TYPE, "bench");
-        let stack_config = StackConfig::new(
-            info.clone(),
-            self.dir.join("work"),
-            self.dir.join("run"),
-            store.clone(),
-        );
-        let stack = PluginStack::start(stack_config, &metrics, CancellationToken::new())
-            .await
-            .expect("plugin stack");
-        let agent_socket = self.dir.join("agent.sock");
-        let agent = AgentConfig::new(
-            AgentEndpoint::parse(&format!("unix://{}", agent_socket.display())).unwrap(),
-        );
-        let params = ProviderParams::new(info, agent, self.manager.agent_id().to_owned());
-        let deps = ProviderDeps {
-            volumes: stack.volumes().clone(),
-            store,
-            profiles: Some(self.profiles.clone()),
-            metrics,
-            agent_metrics: slrp_agent::Metrics::default(),
-        };
-        let cancel = self.cancel.child_token();
-        let (handle, task) = Provider::spawn(params, deps, cancel.clone())
-            .await
-            .expect("provider");
-        let mut status = handle.status();
-        tokio::time::timeout(
-            HANG,
-            status.wait_for(|status| status.lifecycle == Lifecycle::Ready),
+        start_provider(
+            &self.dir,
+            &self.socket,
+            self.manager.agent_id(),
+            &self.profiles,
+            &self.cancel,
         )
         .await
-        .expect("READY in time")
-        .expect("provider running");
-        let ready = started.elapsed();
-        (
-            Running {
-                stack,
-                handle,
-                task,
-                cancel,
-            },
-            ready,
-        )
     }
 
     async fn stop(running: Running) {
@@ -335,6 +267,88 @@ impl Bench {
         .await
         .expect("a storage pool reported in time")
     }
+}
+
+/// The profile adaptor over the bench's one profile (written to `dir/profiles.json`).
+fn profile_adaptor(dir: &Path, cancel: &CancellationToken) -> ProfileAdaptorHandle {
+    let profiles_file = dir.join("profiles.json");
+    let document = serde_json::json!({
+        "profile_matrix": {
+            PROFILE: {
+                "csi_plugin_type_selector": {"plugin_type": PLUGIN_TYPE},
+                "volume_capabilities": {
+                    "mount": {},
+                    "access_mode": {"mode": "SINGLE_NODE_WRITER"}
+                }
+            }
+        }
+    });
+    std::fs::write(&profiles_file, document.to_string()).unwrap();
+    let config = ProfilesConfig::new(ProfileSource::File(profiles_file))
+        .poll_interval(Duration::from_secs(3600))
+        .max_random_wait(Duration::ZERO);
+    let (profiles, _task) =
+        slrp_profiles::spawn(config, ProfileMetrics::default(), cancel.child_token());
+    profiles
+}
+
+/// Starts the plugin stack and the provider worker on the state in `dir`, against the
+/// manager on `dir/agent.sock` and the plugin on `socket`; returns once it is READY,
+/// with the time that took.
+async fn start_provider(
+    dir: &Path,
+    socket: &Path,
+    agent_id: &str,
+    profiles: &ProfileAdaptorHandle,
+    cancel: &CancellationToken,
+) -> (Running, Duration) {
+    let started = Instant::now();
+    let store = Store::open(dir.join("state/store")).expect("store");
+    let info = info(socket);
+    let metrics = ProviderMetrics::new(RP_TYPE, "bench");
+    let stack_config = StackConfig::new(
+        info.clone(),
+        dir.join("work"),
+        dir.join("run"),
+        store.clone(),
+    );
+    let stack = PluginStack::start(stack_config, &metrics, CancellationToken::new())
+        .await
+        .expect("plugin stack");
+    let agent_socket = dir.join("agent.sock");
+    let agent = AgentConfig::new(
+        AgentEndpoint::parse(&format!("unix://{}", agent_socket.display())).unwrap(),
+    );
+    let params = ProviderParams::new(info, agent, agent_id.to_owned());
+    let deps = ProviderDeps {
+        volumes: stack.volumes().clone(),
+        store,
+        profiles: Some(profiles.clone()),
+        metrics,
+        agent_metrics: slrp_agent::Metrics::default(),
+    };
+    let cancel = cancel.child_token();
+    let (handle, task) = Provider::spawn(params, deps, cancel.clone())
+        .await
+        .expect("provider");
+    let mut status = handle.status();
+    tokio::time::timeout(
+        HANG,
+        status.wait_for(|status| status.lifecycle == Lifecycle::Ready),
+    )
+    .await
+    .expect("READY in time")
+    .expect("provider running");
+    let ready = started.elapsed();
+    (
+        Running {
+            stack,
+            handle,
+            task,
+            cancel,
+        },
+        ready,
+    )
 }
 
 /// Applies `info` and waits for its terminal status; returns the converted resources.
@@ -475,6 +489,139 @@ async fn fill(manager: &ManagerHandle, id: &str, pool: &Resource, count: usize) 
     volumes
 }
 
+/// What the provider child reports of itself.
+struct OwnMemory {
+    rss_kib: f64,
+    anon_kib: f64,
+    heap: usize,
+}
+
+/// `VmRSS` and `RssAnon` of this process, KiB.
+fn rss_kib() -> (f64, f64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| -> f64 {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(name))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(f64::NAN)
+    };
+    (field("VmRSS:"), field("RssAnon:"))
+}
+
+/// The bench binary again with [`CHILD_ARG`]: a provider on the bench's state in a
+/// process of its own. It prints `ready <µs>` once READY (timed from its store's open,
+/// as [`start_provider`] times it), answers each `report` line on its stdin with
+/// `memory <VmRSS KiB> <RssAnon KiB> <heap bytes>`, and stops at the end of its stdin.
+struct ProviderChild {
+    child: tokio::process::Child,
+    stdin: Option<tokio::process::ChildStdin>,
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+}
+
+const CHILD_ARG: &str = "--provider-child";
+
+impl ProviderChild {
+    fn spawn(dir: &Path, agent_id: &str) -> Self {
+        use std::process::Stdio;
+        use tokio::io::AsyncBufReadExt as _;
+        let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
+            .arg(CHILD_ARG)
+            .arg(dir)
+            .arg(agent_id)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("provider child");
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().expect("child stdout");
+        Self {
+            child,
+            stdin,
+            lines: tokio::io::BufReader::new(stdout).lines(),
+        }
+    }
+
+    async fn line(&mut self, prefix: &str) -> String {
+        let line = tokio::time::timeout(HANG, self.lines.next_line())
+            .await
+            .expect("provider child answers in time")
+            .expect("provider child stdout")
+            .expect("provider child running");
+        line.strip_prefix(prefix)
+            .unwrap_or_else(|| panic!("provider child said {line:?}, not {prefix:?}"))
+            .to_owned()
+    }
+
+    async fn ready(&mut self) -> Duration {
+        let micros = self.line("ready ").await;
+        Duration::from_micros(micros.parse().expect("READY time"))
+    }
+
+    async fn report(&mut self) -> OwnMemory {
+        use tokio::io::AsyncWriteExt as _;
+        let stdin = self.stdin.as_mut().expect("child stdin");
+        stdin.write_all(b"report\n").await.expect("child stdin");
+        stdin.flush().await.expect("child stdin");
+        let text = self.line("memory ").await;
+        let fields: Vec<&str> = text.split_whitespace().collect();
+        OwnMemory {
+            rss_kib: fields[0].parse().expect("VmRSS"),
+            anon_kib: fields[1].parse().expect("RssAnon"),
+            heap: fields[2].parse().expect("heap"),
+        }
+    }
+
+    async fn stop(mut self) {
+        drop(self.stdin.take());
+        let status = tokio::time::timeout(HANG, self.child.wait())
+            .await
+            .expect("provider child stops in time")
+            .expect("provider child");
+        assert!(status.success(), "provider child: {status}");
+    }
+}
+
+/// The provider child's side of [`ProviderChild`].
+fn provider_child(dir: PathBuf, agent_id: String) {
+    let runtime = runtime();
+    runtime.block_on(async {
+        let cancel = CancellationToken::new();
+        let profiles = profile_adaptor(&dir, &cancel);
+        let socket = dir.join("plugin.sock");
+        let (running, ready) = start_provider(&dir, &socket, &agent_id, &profiles, &cancel).await;
+        println!("ready {}", ready.as_micros());
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+        std::thread::spawn(move || {
+            for line in std::io::stdin().lines() {
+                match line.as_deref() {
+                    Ok("report") => {
+                        let (rss, anon) = rss_kib();
+                        println!("memory {rss} {anon} {}", heap_bytes());
+                    }
+                    Ok(_) => {}
+                    Err(_) => break,
+                }
+            }
+            let _ = done_tx.send(());
+        });
+        let _ = done_rx.await;
+        Bench::stop(running).await;
+        cancel.cancel();
+    });
+}
+
+/// The bench's runtime: two worker threads, as the machine has two cores.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 fn print_table(title: &str, rows: &[Row]) {
     println!("\n### {title}\n");
     println!("| figure | value | target |");
@@ -485,6 +632,12 @@ fn print_table(title: &str, rows: &[Row]) {
 }
 
 fn main() {
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let mut quick = false;
     let mut dir: Option<PathBuf> = None;
     let mut large = None;
@@ -493,6 +646,12 @@ fn main() {
     let number = |value: Option<String>| -> Option<usize> { value.and_then(|v| v.parse().ok()) };
     while let Some(arg) = args.next() {
         match arg.as_str() {
+            CHILD_ARG => {
+                let dir = args.next().map(PathBuf::from).expect("state dir");
+                let agent_id = args.next().expect("agent id");
+                provider_child(dir, agent_id);
+                return;
+            }
             "--quick" => quick = true,
             "--dir" => dir = args.next().map(PathBuf::from),
             "--volumes" => large = number(args.next()),
@@ -508,17 +667,7 @@ fn main() {
             }
         }
     }
-    if std::env::var_os("RUST_LOG").is_some() {
-        tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_writer(std::io::stderr)
-            .init();
-    }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = runtime();
     let mut sizes = Sizes::new(quick);
     sizes.large = large.unwrap_or(sizes.large).max(sizes.small);
     sizes.unacked = unacked.unwrap_or(sizes.unacked);
@@ -607,12 +756,18 @@ async fn run(sizes: Sizes, quick: bool, dir: Option<PathBuf>) {
     let unacked = bench.manager.providers().await.expect("providers")[0]
         .operations
         .len();
+    // The first provider's own heap: what stopping it gives back (the manager, the
+    // plugin and the driver keep theirs).
+    let heap_filled = heap_bytes();
     Bench::stop(running).await;
+    let heap_first_share = heap_filled.saturating_sub(heap_bytes());
     bench.manager.set_ack_policy(AckPolicy::Auto);
     let mut messages = bench.manager.messages();
-    let (running, ready) = bench.start().await;
+    // The restarted provider runs in a process of its own, so that its resident set is
+    // its own and not that of the manager, the plugin and this driver too.
+    let mut child = ProviderChild::spawn(&bench.dir, bench.manager.agent_id());
+    let ready = child.ready().await;
     let restarted = Instant::now() - ready;
-    let rss_ready = rss();
     // Every unacknowledged status is resent after READY and acknowledged at once.
     let mut resent = 0;
     let drained = tokio::time::timeout(HANG, async {
@@ -627,7 +782,8 @@ async fn run(sizes: Sizes, quick: bool, dir: Option<PathBuf>) {
     })
     .await
     .unwrap_or(HANG);
-    let heap_running = heap_bytes();
+    let own = child.report().await;
+    let rss_rest = rss();
     rows.push(Row {
         what: format!(
             "start → READY, {} volumes, {unacked} unacknowledged operations",
@@ -640,31 +796,43 @@ async fn run(sizes: Sizes, quick: bool, dir: Option<PathBuf>) {
         ),
         target: "< 1 s",
     });
+    #[allow(clippy::cast_precision_loss, reason = "KiB per volume for display")]
+    let per_volume = |bytes: usize| bytes as f64 / 1024.0 / sizes.large as f64;
     rows.push(Row {
-        what: format!("resident memory, {} volumes (whole process)", sizes.large),
+        what: format!(
+            "resident memory, {} volumes: the restarted provider's own process",
+            sizes.large
+        ),
         value: format!(
-            "{rss_ready} after the restart; {rss_large} after filling; {rss_empty} before the provider started"
+            "{:.1} MiB (anonymous {:.1}); heap in use {:.1} MiB = {:.1} KiB per volume",
+            own.rss_kib / 1024.0,
+            own.anon_kib / 1024.0,
+            mib(own.heap),
+            per_volume(own.heap),
         ),
         target: "< 64 MiB",
+    });
+    rows.push(Row {
+        what: format!("resident memory, {} volumes (whole bench process)", sizes.large),
+        value: format!(
+            "{rss_large} after filling (the provider in it); {rss_rest} with the provider in its own process; {rss_empty} before the provider started"
+        ),
+        target: "",
     });
     assert_eq!(
         bench.plugin.volume_count(),
         sizes.large,
         "the plugin holds exactly the volumes created"
     );
-    Bench::stop(running).await;
-    // The provider (worker, volume manager, store, plugin stack) is gone; the manager,
-    // the plugin and the driver keep what they held: the difference is the provider's.
-    let heap_stopped = heap_bytes();
+    child.stop().await;
     rows.push(Row {
-        what: format!("heap in use, {} volumes", sizes.large),
+        what: format!("heap in use, {} volumes (bench process)", sizes.large),
         value: format!(
-            "{:.1} MiB with the provider running (its own share {:.1} MiB = {:.1} KiB per volume); \
-             {:.1} MiB after filling; {:.1} MiB before the provider started",
-            mib(heap_running),
-            mib(heap_running.saturating_sub(heap_stopped)),
-            mib(heap_running.saturating_sub(heap_stopped)) * 1024.0 / sizes.large as f64,
+            "{:.1} MiB after filling, of which the first provider's own share {:.1} MiB = {:.1} KiB per volume; \
+             {:.1} MiB before the provider started",
             mib(heap_large),
+            mib(heap_first_share),
+            per_volume(heap_first_share),
             mib(heap_empty),
         ),
         target: "",
