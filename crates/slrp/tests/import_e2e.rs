@@ -770,6 +770,18 @@ async fn take_over(path: StopPath) {
     assert_eq!(support::mb(&converted[0]), 512.0);
 
     // The agent's view: Mesos's total with the PENDING CREATE_DISK applied.
+    // Both FINISHED statuses were acknowledged by the master: the agent's table forgets an
+    // operation once its terminal status is acknowledged.
+    c.within("the acknowledgements of both statuses", async {
+        loop {
+            let views = c.manager().providers().await.unwrap();
+            if views.iter().all(|v| v.operations.is_empty()) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
     let views = c.manager().providers().await.unwrap();
     let view = views.iter().find(|v| v.info.name == "test").unwrap();
     let disks: std::collections::BTreeSet<String> = view

@@ -399,8 +399,15 @@ fn replay(
                         named.map_or_else(|| "(none)".to_owned(), |u| u.to_string())
                     );
                     if !c.lenient {
-                        bad = Some((offset, text));
-                        break;
+                        // Not a record Mesos's replay stops at: lenient keeps it.
+                        c.refuse(
+                            file,
+                            format!(
+                                "{text}; re-run with --lenient to replay it as this operation's, \
+                                 as the Mesos agent does with or without --strict"
+                            ),
+                        );
+                        return None;
                     }
                     passed.push(text);
                 }
@@ -431,8 +438,16 @@ fn replay(
                         status_uuid(&head).map_or_else(|| "(none)".to_owned(), |u| u.to_string())
                     );
                     if !c.lenient {
-                        bad = Some((offset, text));
-                        break;
+                        c.refuse(
+                            file,
+                            format!(
+                                "{text}; re-run with --lenient to take it as the acknowledgement \
+                                 of the first one, as the Mesos agent does with or without \
+                                 --strict (it pops the first unacknowledged status without \
+                                 comparing uuids)"
+                            ),
+                        );
+                        return None;
                     }
                     // Mesos pops the head without comparing.
                     passed.push(text);
