@@ -13,7 +13,9 @@ use slrp_proto::mesos::internal::UpdateOperationStatusRecord;
 use slrp_proto::mesos::internal::update_operation_status_record::Type as RecordType;
 use slrp_proto::mesos::resource_provider::ResourceProviderState;
 use slrp_proto::mesos::v1::OperationStatus;
-use slrp_wire::checkpoint::{Records, Tail, read_message, read_records, upgrade_message};
+use slrp_wire::checkpoint::{
+    Records, Tail, read_message, read_records, record_starts, upgrade_message,
+};
 
 use super::marker::FileDigest;
 use super::{Refusal, Skipped};
@@ -336,21 +338,6 @@ pub(super) fn read_provider(
     })
 }
 
-/// Where each of the first `n` records of a length-prefixed stream starts.
-fn record_offsets(bytes: &[u8], n: usize) -> Vec<usize> {
-    let mut offsets = Vec::with_capacity(n);
-    let mut at = 0usize;
-    while offsets.len() < n {
-        let Some(prefix) = bytes.get(at..at + 4) else {
-            break;
-        };
-        offsets.push(at);
-        let len = u32::from_le_bytes([prefix[0], prefix[1], prefix[2], prefix[3]]);
-        at = at.saturating_add(4).saturating_add(len as usize);
-    }
-    offsets
-}
-
 /// Replays one `operation.updates` (status_update_manager_process.hpp recover). `None`
 /// after a refusal.
 fn replay(
@@ -364,7 +351,7 @@ fn replay(
         good_len,
         tail,
     } = read_records::<UpdateOperationStatusRecord>(bytes);
-    let offsets = record_offsets(bytes, records.len());
+    let offsets = record_starts(bytes);
     let mut stream = StreamRead {
         digest: Some(FileDigest::of(c.relative(file), bytes)),
         ..StreamRead::default()
