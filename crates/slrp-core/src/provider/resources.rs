@@ -1206,7 +1206,17 @@ impl ProviderResources {
         checkpointed: &Resources,
         discovered: &Resources,
     ) -> ComputedConversion {
-        let mut to_add = discovered.clone();
+        self.compute_conversion_from(checkpointed, discovered.clone())
+    }
+
+    /// [`Self::compute_conversion`] taking `discovered`: a caller that built it for this
+    /// saves a copy of a collection as large as the total.
+    fn compute_conversion_from(
+        &self,
+        checkpointed: &Resources,
+        discovered: Resources,
+    ) -> ComputedConversion {
+        let mut to_add = discovered;
         let mut to_remove = Resources::new();
         let mut missing_converted = Vec::new();
         for resource in checkpointed {
@@ -1257,7 +1267,7 @@ impl ProviderResources {
         in_flight: &Resources,
     ) -> ComputedConversion {
         let checkpointed = total.filter(is_storage_pool) - in_flight;
-        self.compute_conversion(&checkpointed, &(discovered.clone() - in_flight))
+        self.compute_conversion_from(&checkpointed, discovered.clone() - in_flight)
     }
 
     /// The volume part of a reconciliation (§6.3, Mesos `getExistingVolumes`) from a
@@ -1337,8 +1347,15 @@ impl ProviderResources {
             }
         }
 
-        let with_id = total.filter(|r| disk_id(r).is_some()).apply(&cleanup)?;
-        let merge = self.compute_conversion(&with_id, &discovered);
+        let with_id = total.filter(|r| disk_id(r).is_some());
+        // Applying no change is a copy of the total's volumes: the common case (a
+        // conforming plugin whose listing matches) skips it.
+        let with_id = if cleanup.is_noop() {
+            with_id
+        } else {
+            with_id.apply(&cleanup)?
+        };
+        let merge = self.compute_conversion_from(&with_id, discovered);
         Ok(ExistingVolumes {
             cleanup,
             merge,
@@ -1361,17 +1378,42 @@ impl ProviderResources {
         volumes: &ExistingVolumes,
         pools: &ComputedConversion,
     ) -> Result<Reconciled, ResourceError> {
-        let result = total.apply_all([
+        let conversions = [
             &volumes.cleanup,
             &volumes.merge.conversion,
             &pools.conversion,
-        ])?;
-        let changed = result != *total;
+        ];
+        // Nothing to apply (every reconciliation of a provider whose plugin and profiles
+        // agree with its checkpoint, e.g. at each start): the total as it is. The general
+        // path below would say the same after two copies of the total and a subtraction
+        // of it from itself each way, which with 10,000 volumes was a tenth of the start.
+        if conversions.iter().all(|c| c.is_noop()) {
+            return Ok(Reconciled {
+                total: total.clone(),
+                changed: false,
+                removed: Resources::new(),
+                added: Resources::new(),
+            });
+        }
+        let result = total.apply_all(conversions)?;
+        // Only entries of a kind the conversions touch can differ: subtraction, addition
+        // and `contains` pair an entry only with entries of its kind, whose kind key is
+        // the same, and the other kinds' entries are the same in both totals (so they
+        // cancel in either difference and compare equal). Comparing and subtracting just
+        // the touched kinds gives Mesos's whole-total answers, in the same order, without
+        // copying and subtracting 10,000 untouched volumes when one pool changed.
+        let keys: std::collections::HashSet<u64> = conversions
+            .iter()
+            .flat_map(|c| c.consumed.iter().chain(c.converted.iter()))
+            .map(kind_key)
+            .collect();
+        let touched = |r: &Resource| keys.contains(&kind_key(r));
+        let (before, after) = (total.filter(touched), result.filter(touched));
         Ok(Reconciled {
-            removed: total.clone() - &result,
-            added: result.clone() - total,
+            changed: before != after,
+            removed: before.clone() - &after,
+            added: after - &before,
             total: result,
-            changed,
         })
     }
 }
