@@ -51,13 +51,91 @@ pub enum SessionEvent {
     },
 }
 
+/// How many connections status updates may use at once (the first is the session's calls
+/// connection; the others are opened only when every open one is busy).
+pub const MAX_CALL_CONNECTIONS: usize = 4;
+
 /// What calls need from the current session.
 struct CallSession {
     stream_id: String,
     provider_id: ResourceProviderId,
-    // HTTP/1 carries one request at a time; the lock also keeps calls in order.
-    conn: Arc<tokio::sync::Mutex<Connection>>,
+    // HTTP/1 carries one request at a time and hyper does not pipeline, so one connection
+    // makes every status update wait for the agent's answer to the one before (Mesos
+    // pipelines them on its one connection instead). Status updates of different operations
+    // are independent (each stream has one update in flight), so they share out over up to
+    // MAX_CALL_CONNECTIONS; every other call (UPDATE_STATE, UPDATE_PUBLISH_RESOURCES_STATUS)
+    // takes `order` exclusively, so it reaches the agent after the updates sent before it and
+    // before those sent after it, as on one connection.
+    conns: tokio::sync::Mutex<Pool>,
+    order: tokio::sync::RwLock<()>,
     lost: CancellationToken,
+}
+
+/// The session's calls connections, and how many more are being opened (they count
+/// against [`MAX_CALL_CONNECTIONS`] already).
+struct Pool {
+    open: Vec<Arc<tokio::sync::Mutex<Connection>>>,
+    opening: usize,
+}
+
+impl CallSession {
+    fn new(
+        stream_id: String,
+        provider_id: ResourceProviderId,
+        first: Connection,
+        lost: CancellationToken,
+    ) -> Self {
+        Self {
+            stream_id,
+            provider_id,
+            conns: tokio::sync::Mutex::new(Pool {
+                open: vec![Arc::new(tokio::sync::Mutex::new(first))],
+                opening: 0,
+            }),
+            order: tokio::sync::RwLock::new(()),
+            lost,
+        }
+    }
+
+    /// An idle connection, a new one while there are fewer than [`MAX_CALL_CONNECTIONS`],
+    /// or else the first to become idle.
+    async fn connection(
+        &self,
+        shared: &Shared,
+    ) -> Result<tokio::sync::OwnedMutexGuard<Connection>, AgentError> {
+        let busy = {
+            let mut pool = self.conns.lock().await;
+            let idle = pool
+                .open
+                .iter()
+                .find_map(|c| Arc::clone(c).try_lock_owned().ok());
+            if let Some(idle) = idle {
+                return Ok(idle);
+            }
+            let full = pool.open.len() + pool.opening >= MAX_CALL_CONNECTIONS;
+            if !full {
+                pool.opening += 1;
+            }
+            full.then(|| pool.open.clone())
+        };
+        match busy {
+            Some(conns) => {
+                let waits = conns.into_iter().map(|c| Box::pin(c.lock_owned()));
+                Ok(futures_util::future::select_all(waits).await.0)
+            }
+            None => {
+                let opened = shared.connector.connect(&shared.config).await;
+                let mut pool = self.conns.lock().await;
+                pool.opening -= 1;
+                let conn = Arc::new(tokio::sync::Mutex::new(opened?));
+                let Ok(guard) = Arc::clone(&conn).try_lock_owned() else {
+                    unreachable!("a connection nobody else has seen is not locked")
+                };
+                pool.open.push(conn);
+                Ok(guard)
+            }
+        }
+    }
 }
 
 struct Shared {
@@ -159,7 +237,13 @@ impl AgentHandle {
         }
         let config = &self.shared.config;
         let exchange = async {
-            let mut conn = session.conn.lock().await;
+            let independent = call.r#type == Some(call::Type::UpdateOperationStatus as i32);
+            let _order = if independent {
+                Order::Shared(session.order.read().await)
+            } else {
+                Order::Exclusive(session.order.write().await)
+            };
+            let mut conn = session.connection(&self.shared).await?;
             let response = send(&mut conn, config, &call, Some(&session.stream_id)).await?;
             let status = response.status();
             let body = read_error_body(response).await?;
@@ -201,6 +285,12 @@ impl AgentHandle {
         }
         result
     }
+}
+
+/// Held for the whole exchange of a call: see [`CallSession`].
+enum Order<'a> {
+    Shared(#[allow(dead_code)] tokio::sync::RwLockReadGuard<'a, ()>),
+    Exclusive(#[allow(dead_code)] tokio::sync::RwLockWriteGuard<'a, ()>),
 }
 
 fn call_name(call: &Call) -> &'static str {
@@ -409,12 +499,12 @@ impl Worker {
             .shared
             .session
             .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(CallSession {
-            stream_id: stream_id.clone(),
-            provider_id: provider_id.clone(),
-            conn: Arc::new(tokio::sync::Mutex::new(calls_conn)),
-            lost: lost.clone(),
-        }));
+            .unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(CallSession::new(
+            stream_id.clone(),
+            provider_id.clone(),
+            calls_conn,
+            lost.clone(),
+        )));
         self.shared.state.send_replace(ConnectionState::Subscribed {
             stream_id: stream_id.clone(),
             provider_id: provider_id.value.clone(),

@@ -539,3 +539,89 @@ async fn a_stream_closed_before_subscribed_means_not_admitted() {
     assert!(matches!(&*reason, AgentError::NotAdmitted), "{reason:?}");
     assert!(reason.is_transient());
 }
+
+fn status_update(n: u8) -> Call {
+    Call {
+        r#type: Some(call::Type::UpdateOperationStatus as i32),
+        update_operation_status: Some(call::UpdateOperationStatus {
+            operation_uuid: Uuid { value: vec![n; 16] },
+            ..call::UpdateOperationStatus::default()
+        }),
+        ..Call::default()
+    }
+}
+
+/// Nothing reaches the agent for `window` (a negative check: the code under test has had
+/// the window to send what it must not).
+async fn assert_nothing_arrives(agent: &mut FakeAgent, window: Duration) {
+    tokio::time::sleep(window).await;
+    agent.assert_idle();
+}
+
+#[tokio::test]
+async fn status_updates_overlap_on_extra_connections_and_other_calls_keep_their_order() {
+    let mut agent = FakeAgent::tcp().await;
+    let ct = ContentType::Protobuf;
+    let mut client = start(agent.config(), None);
+    let _stream = accept_subscribe(&mut agent, ct, None, STREAM).await;
+    expect_connected_and_subscribed(&mut client, STREAM).await;
+    let spawn = |call: Call| {
+        let handle = client.handle.clone();
+        tokio::spawn(async move { handle.call(call).await })
+    };
+    let uuid = |req: &support::Incoming| {
+        req.call(ct)
+            .update_operation_status
+            .expect("a status update")
+            .operation_uuid
+            .value[0]
+    };
+
+    // Updates of different operations do not wait for each other's answers: as many as
+    // there are connections are at the agent at once, the rest waits for a free one.
+    let max = slrp_agent::MAX_CALL_CONNECTIONS;
+    let updates: Vec<_> = (0..=max as u8).map(|n| spawn(status_update(n))).collect();
+    let mut held = Vec::new();
+    for _ in 0..max {
+        held.push(agent.next().await);
+    }
+    assert_eq!(agent.connections.load(Ordering::SeqCst), 1 + max);
+    assert_nothing_arrives(&mut agent, Duration::from_millis(300)).await;
+
+    // UPDATE_STATE waits for every update sent before it.
+    let state = spawn(update_state());
+    held.remove(0).respond(StatusCode::ACCEPTED, "");
+    let last = agent.next().await;
+    assert_eq!(
+        last.call(ct).r#type,
+        Some(call::Type::UpdateOperationStatus as i32)
+    );
+    let mut seen: Vec<u8> = held.iter().map(uuid).chain([uuid(&last)]).collect();
+    seen.sort_unstable();
+    assert_eq!(seen, (1..=max as u8).collect::<Vec<_>>());
+    held.push(last);
+    for req in held.drain(..max - 1) {
+        req.respond(StatusCode::ACCEPTED, "");
+        assert_nothing_arrives(&mut agent, Duration::from_millis(50)).await;
+    }
+    held.remove(0).respond(StatusCode::ACCEPTED, "");
+    let state_req = agent.next().await;
+    assert_eq!(
+        state_req.call(ct).r#type,
+        Some(call::Type::UpdateState as i32)
+    );
+
+    // And an update sent after it waits for its answer.
+    let after = spawn(status_update(9));
+    assert_nothing_arrives(&mut agent, Duration::from_millis(300)).await;
+    state_req.respond(StatusCode::ACCEPTED, "");
+    let req = agent.next().await;
+    assert_eq!(uuid(&req), 9);
+    req.respond(StatusCode::ACCEPTED, "");
+
+    for call in updates.into_iter().chain([state, after]) {
+        call.await.expect("joined").expect("202 accepted");
+    }
+    assert_eq!(agent.connections.load(Ordering::SeqCst), 1 + max);
+    agent.assert_idle();
+}
