@@ -572,7 +572,10 @@ fn reconcile(
         &p.storage_pools(capacities.iter().copied()),
         &Resources::new(),
     );
-    p.reconcile(total, &volumes, &pools).unwrap().total
+    p.reconcile(total, &volumes, &pools)
+        .unwrap()
+        .total
+        .unwrap_or_else(|| total.clone())
 }
 
 /// Mesos RecoverDuplicatedVolumes (MESOS-9965): the plugin lists one 2 GB volume twice;
@@ -1006,6 +1009,33 @@ proptest! {
         for v in first.filter(|v| v.capacity_bytes > 0) {
             prop_assert!(once.iter().any(|r| src(r).id.as_deref() == Some(v.volume_id.as_str())));
         }
+    }
+
+    /// `reconcile`'s report (changed, removed, added) is Mesos's over the whole totals:
+    /// `result != total`, `total - result`, `result - total`, entries in the same order.
+    #[test]
+    fn reconciliation_reports_the_whole_totals_difference(
+        total in prop::collection::vec(arb_resource(), 0..10),
+        listing in arb_listing(),
+        capacities in arb_capacities(),
+    ) {
+        let p = provider();
+        let total = res(&total);
+        let volumes = p.existing_volumes(&total, &listing).unwrap();
+        let pools = p.reconcile_pools(
+            &total,
+            &p.storage_pools(capacities.iter().copied()),
+            &Resources::new(),
+        );
+        let got = p.reconcile(&total, &volumes, &pools).unwrap();
+        let result = total
+            .apply_all([&volumes.cleanup, &volumes.merge.conversion, &pools.conversion])
+            .unwrap();
+        prop_assert_eq!(got.changed, result != total);
+        // The new total comes exactly when it changed.
+        prop_assert_eq!(got.total.map(|t| t.to_vec()), got.changed.then(|| result.to_vec()));
+        prop_assert_eq!(got.removed.to_vec(), (total.clone() - &result).to_vec());
+        prop_assert_eq!(got.added.to_vec(), (result.clone() - &total).to_vec());
     }
 
     /// With creates pending, the total always still holds what they consume.

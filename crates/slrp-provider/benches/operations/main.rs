@@ -524,7 +524,20 @@ impl ProviderChild {
     fn spawn(dir: &Path, agent_id: &str) -> Self {
         use std::process::Stdio;
         use tokio::io::AsyncBufReadExt as _;
-        let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
+        // `SLRP_BENCH_CHILD_WRAPPER="perf record -g -o FILE --"` runs the child under a
+        // profiler (words split at whitespace), to see the restart's phases on their own.
+        let exe = std::env::current_exe().unwrap();
+        let wrapper = std::env::var("SLRP_BENCH_CHILD_WRAPPER").unwrap_or_default();
+        let mut words = wrapper.split_whitespace();
+        let mut command = match words.next() {
+            Some(program) => {
+                let mut command = tokio::process::Command::new(program);
+                command.args(words).arg(exe);
+                command
+            }
+            None => tokio::process::Command::new(exe),
+        };
+        let mut child = command
             .arg(CHILD_ARG)
             .arg(dir)
             .arg(agent_id)
