@@ -570,6 +570,7 @@ fn raw_u32(r: &rusqlite::Row<'_>, i: usize) -> rusqlite::Result<Option<u32>> {
 /// A submitted transaction ([`Transaction::submit`]): resolves once it is durable, with
 /// the commit's error otherwise.
 #[must_use = "a submitted transaction's failure is only seen by awaiting it"]
+#[derive(Debug)]
 pub struct Durable(Option<oneshot::Receiver<Result<(), StoreError>>>);
 
 impl std::future::Future for Durable {
