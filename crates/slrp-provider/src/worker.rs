@@ -1296,13 +1296,13 @@ impl Worker {
         }
         let profiles_changed = self.live_profiles != gathered.profiles;
         self.live_profiles = gathered.profiles;
-        if reconciled.changed {
+        if let Some(total) = reconciled.total {
             tracing::info!(
                 removed = %reconciled.removed,
                 added = %reconciled.added,
                 "resources changed"
             );
-            self.state.total = reconciled.total;
+            self.state.total = total;
         }
         if reconciled.changed || profiles_changed {
             // Only the records of what changed: the cost follows the change, not the

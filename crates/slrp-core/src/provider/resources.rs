@@ -1410,7 +1410,7 @@ impl ProviderResources {
         // of it from itself each way, which with 10,000 volumes was a tenth of the start.
         if conversions.iter().all(|c| c.is_noop()) {
             return Ok(Reconciled {
-                total: total.clone(),
+                total: None,
                 changed: false,
                 removed: Resources::new(),
                 added: Resources::new(),
@@ -1430,11 +1430,12 @@ impl ProviderResources {
             .collect();
         let touched = |r: &Resource| keys.contains(&kind_key(r));
         let (before, after) = (total.filter(touched), result.filter(touched));
+        let changed = before != after;
         Ok(Reconciled {
-            changed: before != after,
+            changed,
             removed: before.clone() - &after,
             added: after - &before,
-            total: result,
+            total: changed.then_some(result),
         })
     }
 }
@@ -1626,8 +1627,9 @@ pub struct ExistingVolumes {
 /// The result of [`ProviderResources::reconcile`].
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Reconciled {
-    /// The new total.
-    pub total: Resources,
+    /// The new total if it changed; `None`: the old one stands (not copied, which with
+    /// 10,000 volumes was a copy per reconciliation for nothing).
+    pub total: Option<Resources>,
     /// Whether it differs from the old total (Mesos `result != totalResources`).
     pub changed: bool,
     /// Old total minus new (Mesos logs "Removing '…' and adding '…'").
