@@ -279,7 +279,7 @@ impl ProviderView for Slot {
 
     fn total(&self) -> Vec<slrp_proto::mesos::v1::Resource> {
         self.running()
-            .map(|r| r.status.borrow().total.clone())
+            .map(|r| r.status.borrow().total.to_vec())
             .unwrap_or_default()
     }
 

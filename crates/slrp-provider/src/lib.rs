@@ -12,6 +12,8 @@
 //!
 //! # Layout
 //!
+//! - [`allocator`]: the process allocator the `slrp` binary installs
+//!   ([`use_jemalloc!`](crate::use_jemalloc)).
 //! - [`config`]: the daemon's configuration and the ResourceProviderInfo files of
 //!   `--resource-provider-config-dir`, validated as Mesos validates them.
 //! - [`workdir`]: the refusal to start on a work directory that holds a Mesos SLRP's
@@ -27,6 +29,7 @@
 //! - [`admin`]: the admin endpoint's HTTP server (metrics, health, readiness).
 
 pub mod admin;
+pub mod allocator;
 pub mod config;
 pub mod daemon;
 pub mod import;

@@ -50,7 +50,7 @@ use slrp_core::provider::state::{ProfileDef, ProviderState, StateError};
 use slrp_core::volume::{MountPaths, VolumeError, VolumeManagerHandle};
 use slrp_profiles::{ProfileAdaptorHandle, ProfileView, ProviderKey};
 use slrp_proto::mesos::v1::resource_provider::{Call, Event, call};
-use slrp_proto::mesos::v1::{Resource, ResourceProviderId, ResourceProviderInfo, Uuid};
+use slrp_proto::mesos::v1::{ResourceProviderId, ResourceProviderInfo, Uuid};
 use slrp_store::Store;
 use slrp_types::{Backoff, DisplayChain, Jitter, JitterRng, VolumeCapability};
 use tokio::sync::{mpsc, watch};
@@ -260,8 +260,10 @@ pub struct ProviderStatus {
     /// The provider id, once assigned.
     pub provider_id: Option<String>,
     /// The total resources last computed (after operations, within
-    /// [`status_total_delay`]).
-    pub total: Vec<Resource>,
+    /// [`status_total_delay`]), in the total's order ([`Resources::iter`]). Shared
+    /// copy-on-write with the worker's own total, not a copy of it: at rest the process
+    /// holds the total once.
+    pub total: Resources,
     /// The last failure (a session that ended, a reconciliation, an UPDATE_STATE), with
     /// its cause chain; cleared by the next accepted UPDATE_STATE.
     pub last_error: Option<String>,
@@ -402,7 +404,7 @@ impl Provider {
             lifecycle: Lifecycle::Disconnected,
             agent_id: params.agent_id.clone(),
             provider_id: state.provider_id.as_ref().map(|id| id.value.clone()),
-            total: state.total.as_slice().to_vec(),
+            total: state.total.clone(),
             last_error: None,
             reconciliations: 0,
             updates_sent: 0,
@@ -740,7 +742,7 @@ impl Worker {
             s.lifecycle = self.lifecycle;
             s.agent_id.clone_from(&self.params.agent_id);
             s.provider_id = self.state.provider_id.as_ref().map(|id| id.value.clone());
-            s.total = self.state.total.to_vec();
+            s.total = self.state.total.clone();
         });
     }
 

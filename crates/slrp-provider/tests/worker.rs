@@ -469,7 +469,8 @@ async fn a_restarted_provider_resubscribes_with_its_recovered_id() {
     let recovered = provider.handle.status().borrow().clone();
     assert_eq!(recovered.provider_id.as_deref(), Some(id.as_str()));
     assert_eq!(
-        recovered.total, first,
+        recovered.total.to_vec(),
+        first,
         "the checkpointed total is recovered"
     );
     let (again, resources) = env.next_update().await;
@@ -641,6 +642,6 @@ async fn a_reconciliation_of_the_old_identity_is_not_applied_to_the_new_one() {
         before + 1,
         "only the new identity's subscription reconciliation is applied"
     );
-    assert_eq!(pool_profiles(&status.total), ["other", "test"]);
+    assert_eq!(pool_profiles(&status.total.to_vec()), ["other", "test"]);
     provider.stop().await;
 }

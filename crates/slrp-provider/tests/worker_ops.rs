@@ -268,7 +268,7 @@ async fn create_disk_then_destroy_disk() {
     assert_eq!(status.operations, 1);
     assert_eq!(status.unacknowledged, 1);
     assert_eq!(env.stored_operations().await.len(), 1);
-    env.assert_agent_agrees(&id, &status.total).await;
+    env.assert_agent_agrees(&id, &status.total.to_vec()).await;
 
     let status_uuid = update.status.uuid.clone().expect("a reliable status");
     env.send(&id, ack_event(op.as_bytes(), &status_uuid)).await;
@@ -293,8 +293,8 @@ async fn create_disk_then_destroy_disk() {
     })
     .await;
     assert_eq!(status.total.len(), 1, "{:?}", status.total);
-    assert_eq!(status.total[0].scalar, pool.scalar);
-    env.assert_agent_agrees(&id, &status.total).await;
+    assert_eq!(status.total.to_vec()[0].scalar, pool.scalar);
+    env.assert_agent_agrees(&id, &status.total.to_vec()).await;
     provider.stop().await;
 }
 
@@ -690,7 +690,7 @@ async fn a_speculative_reserve_is_applied_and_durable_at_once() {
     })
     .await;
     assert_eq!(reserved(&status), 1, "{:?}", status.total);
-    env.assert_agent_agrees(&id, &status.total).await;
+    env.assert_agent_agrees(&id, &status.total.to_vec()).await;
     let stored = env.stored_operations().await;
     assert_eq!(stored.len(), 1);
     assert!(stored[0].is_terminal(), "committed finished, never PENDING");
@@ -699,8 +699,8 @@ async fn a_speculative_reserve_is_applied_and_durable_at_once() {
     let again = env.spawn(env.ops_params(None)).await;
     let recovered = again.handle.status().borrow().total.clone();
     assert_eq!(
-        Resources::from_iter(recovered),
-        Resources::from_iter(status.total),
+        Resources::from_iter(recovered.iter()),
+        Resources::from_iter(status.total.iter()),
         "the reservation was committed with the operation"
     );
     again.stop().await;
@@ -808,7 +808,7 @@ async fn destroying_a_disk_of_a_vanished_profile_reconciles_the_pools() {
         s.reconciliations > before && s.total.is_empty()
     })
     .await;
-    env.assert_agent_agrees(&id, &status.total).await;
+    env.assert_agent_agrees(&id, &status.total.to_vec()).await;
     provider.stop().await;
 }
 

@@ -11,6 +11,9 @@ mod standalone;
 
 use std::process::ExitCode;
 
+// jemalloc with background purging (docs/benchmarks.md, figure 5).
+slrp_provider::use_jemalloc!();
+
 fn main() -> ExitCode {
     cli::main()
 }

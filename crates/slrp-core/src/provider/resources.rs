@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::sync::Arc;
 
 use slrp_csi::Volume;
 use slrp_proto::mesos::v1::resource::disk_info::Source;
@@ -239,12 +240,17 @@ fn subtractable(left: &Resource, right: &Resource) -> bool {
 ///
 /// Limitation: ranges, sets and shared resources are treated as indivisible (Mesos adds
 /// ranges and sets and counts shared copies); the provider only deals in disk scalars.
+///
+/// Memory: entries and index are shared copy-on-write, so a clone costs two reference
+/// counts and the first change of either side copies what it changes. The provider's
+/// status shares its worker's total this way: the worker holds one copy of a
+/// 10,000-entry total at rest instead of two (docs/benchmarks.md, figure 5).
 #[derive(Clone, Default)]
 pub struct Resources {
-    entries: Vec<Resource>,
+    entries: Arc<Vec<Resource>>,
     /// Built once `entries` grows past [`INDEX_FROM`] (small collections, such as the sides
     /// of a conversion, are searched faster than hashed) and kept from then on.
-    index: Option<Index>,
+    index: Option<Arc<Index>>,
 }
 
 /// Entries up to which a collection is searched linearly.
@@ -510,10 +516,11 @@ impl Resources {
 
     /// The entries, in the collection's order.
     pub fn into_vec(self) -> Vec<Resource> {
+        let entries = Arc::unwrap_or_clone(self.entries);
         let Some(index) = self.index else {
-            return self.entries;
+            return entries;
         };
-        let mut slots: Vec<Option<Resource>> = self.entries.into_iter().map(Some).collect();
+        let mut slots: Vec<Option<Resource>> = entries.into_iter().map(Some).collect();
         index
             .order
             .values()
@@ -559,17 +566,37 @@ impl Resources {
     /// none is empty (e.g. the durable total's records, one per identity). Taken as they
     /// are, without `add`'s search for an entry to merge with.
     pub(crate) fn from_normalized(entries: Vec<Resource>) -> Self {
-        let index =
-            (entries.len() > INDEX_FROM).then(|| Index::build(&entries, entries.capacity()));
-        Self { entries, index }
+        let index = (entries.len() > INDEX_FROM)
+            .then(|| Arc::new(Index::build(&entries, entries.capacity())));
+        Self {
+            entries: Arc::new(entries),
+            index,
+        }
+    }
+
+    /// The entries and the index to change (copied first if shared with a clone).
+    fn parts_mut(&mut self) -> (&mut Vec<Resource>, Option<&mut Index>) {
+        (
+            Arc::make_mut(&mut self.entries),
+            self.index.as_mut().map(Arc::make_mut),
+        )
+    }
+
+    /// Indexes the collection from now on.
+    fn build_index(&mut self) {
+        self.index = Some(Arc::new(Index::build(
+            &self.entries,
+            self.entries.capacity(),
+        )));
     }
 
     /// Room for `additional` more entries. Filling a large collection one `add` at a time
     /// regrew its vector of (large) entries again and again; with 10,000 volumes the
     /// regrowth's copies and page faults were a fifth of a reconciliation.
     fn reserve(&mut self, additional: usize) {
-        self.entries.reserve(additional);
-        if let Some(index) = &mut self.index {
+        let (entries, index) = self.parts_mut();
+        entries.reserve(additional);
+        if let Some(index) = index {
             index.seqs.reserve(additional);
             index.kinds.0.reserve(additional);
         }
@@ -595,21 +622,23 @@ impl Resources {
     }
 
     fn push(&mut self, resource: Resource, seq: Option<u64>) {
-        if let Some(index) = &mut self.index {
-            index.push(kind_key(&resource), self.entries.len(), seq);
+        let (entries, index) = self.parts_mut();
+        if let Some(index) = index {
+            index.push(kind_key(&resource), entries.len(), seq);
         }
-        self.entries.push(resource);
+        entries.push(resource);
         if self.index.is_none() && self.entries.len() > INDEX_FROM {
-            self.index = Some(Index::build(&self.entries, self.entries.capacity()));
+            self.build_index();
         }
     }
 
     fn pop(&mut self) {
-        let Some(resource) = self.entries.pop() else {
+        let (entries, index) = self.parts_mut();
+        let Some(resource) = entries.pop() else {
             return;
         };
-        if let Some(index) = &mut self.index {
-            let position = self.entries.len();
+        if let Some(index) = index {
+            let position = entries.len();
             index.kinds.remove(kind_key(&resource), position);
             if let Some(seq) = index.seqs.pop() {
                 index.order.remove(&seq);
@@ -621,11 +650,12 @@ impl Resources {
     /// collections shift the entries behind it; indexed ones move the last entry into
     /// its place (their order is kept by the sequence numbers).
     fn remove(&mut self, position: usize) -> (Resource, Option<u64>) {
-        let Some(index) = &mut self.index else {
-            return (self.entries.remove(position), None);
+        let (entries, index) = self.parts_mut();
+        let Some(index) = index else {
+            return (entries.remove(position), None);
         };
-        let last = self.entries.len() - 1;
-        let resource = self.entries.swap_remove(position);
+        let last = entries.len() - 1;
+        let resource = entries.swap_remove(position);
         let seq = index.seqs.swap_remove(position);
         index.order.remove(&seq);
         index.kinds.remove(kind_key(&resource), position);
@@ -633,7 +663,7 @@ impl Resources {
             index.order.insert(index.seqs[position], position);
             index
                 .kinds
-                .replace(kind_key(&self.entries[position]), last, position);
+                .replace(kind_key(&entries[position]), last, position);
         }
         (resource, Some(seq))
     }
@@ -641,25 +671,22 @@ impl Resources {
     /// Undoes [`Self::remove`].
     fn reinsert(&mut self, position: usize, resource: Resource, seq: Option<u64>) {
         if self.index.is_none() {
-            self.entries.insert(position, resource);
+            Arc::make_mut(&mut self.entries).insert(position, resource);
             return;
         }
         let last = self.entries.len();
         self.push(resource, seq);
-        let Some(index) = &mut self.index else {
+        let (entries, Some(index)) = self.parts_mut() else {
             return;
         };
         if position == last {
             return;
         }
-        self.entries.swap(position, last);
+        entries.swap(position, last);
         index.seqs.swap(position, last);
         index.order.insert(index.seqs[position], position);
         index.order.insert(index.seqs[last], last);
-        let (back, moved) = (
-            kind_key(&self.entries[position]),
-            kind_key(&self.entries[last]),
-        );
+        let (back, moved) = (kind_key(&entries[position]), kind_key(&entries[last]));
         // With one key both positions stay in its bucket.
         if back != moved {
             index.kinds.replace(back, last, position);
@@ -670,7 +697,9 @@ impl Resources {
     fn undo(&mut self, log: Vec<Undo>) {
         for change in log.into_iter().rev() {
             match change {
-                Undo::Scalar { position, old } => self.entries[position].scalar = old,
+                Undo::Scalar { position, old } => {
+                    Arc::make_mut(&mut self.entries)[position].scalar = old;
+                }
                 Undo::Pushed => self.pop(),
                 Undo::Removed {
                     position,
@@ -694,7 +723,7 @@ impl Resources {
         }
         match self.first(resource, |entry| addable(entry, resource)) {
             Some(position) => {
-                let entry = &mut self.entries[position];
+                let entry = &mut Arc::make_mut(&mut self.entries)[position];
                 if let Some(log) = log {
                     log.push(Undo::Scalar {
                         position,
@@ -727,7 +756,7 @@ impl Resources {
         let Some(position) = self.first(resource, |entry| subtractable(entry, resource)) else {
             return;
         };
-        let entry = &mut self.entries[position];
+        let entry = &mut Arc::make_mut(&mut self.entries)[position];
         let left = scalar_of(entry).saturating_sub(scalar_of(resource));
         if is_scalar(resource) && left > 0 {
             if let Some(log) = log {
@@ -883,7 +912,7 @@ impl Resources {
         // the limit.
         let most = conversions.iter().map(|c| c.converted.len()).sum::<usize>();
         if self.index.is_none() && self.entries.len() + most > INDEX_FROM {
-            self.index = Some(Index::build(&self.entries, self.entries.capacity()));
+            self.build_index();
         }
         let mut log = Vec::new();
         for conversion in conversions {
@@ -2123,6 +2152,46 @@ mod tests {
             }),
             ..Resource::default()
         }
+    }
+
+    #[test]
+    fn a_clone_shares_the_entries_until_one_side_changes() {
+        let disk = mount_disk;
+        let mut total: Resources = (0..20).map(|i| disk(&format!("v{i}"))).collect();
+        let snapshot = total.clone();
+        let expected = ordered(&snapshot);
+        assert!(
+            Arc::ptr_eq(&total.entries, &snapshot.entries),
+            "a clone is not a copy"
+        );
+        assert!(Arc::ptr_eq(
+            total.index.as_ref().unwrap(),
+            snapshot.index.as_ref().unwrap()
+        ));
+
+        // Every kind of change (remove by moving the last entry, append, merge, a failed
+        // apply's undo) copies on write and leaves the clone as it was.
+        total.subtract(&disk("v3"));
+        assert!(!Arc::ptr_eq(&total.entries, &snapshot.entries));
+        total.add(&disk("w"));
+        let failing = Conversion {
+            consumed: Resources::from(disk("v3")),
+            converted: Resources::new(),
+        };
+        total.apply_all_in_place([&failing]).unwrap_err();
+        assert_eq!(ordered(&snapshot), expected);
+        assert_index_exact(&snapshot);
+        assert_index_exact(&total);
+        assert_eq!(total.len(), 20);
+        assert!(!total.iter().any(|r| disk_id(r) == Some("v3")));
+        assert_eq!(total.iter().next_back().and_then(disk_id), Some("w"));
+
+        // The clone changes on its own too, without touching the original.
+        let mut clone = total.clone();
+        clone.subtract(&disk("w"));
+        assert_eq!(total.iter().next_back().and_then(disk_id), Some("w"));
+        assert_eq!(clone.len(), 19);
+        assert_index_exact(&clone);
     }
 
     #[test]

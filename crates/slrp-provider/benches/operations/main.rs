@@ -111,16 +111,14 @@ fn rss() -> String {
     format!("{:.1} MiB (anonymous {:.1})", rss / 1024.0, anon / 1024.0)
 }
 
-/// Bytes of heap in use (glibc's `mallinfo2`, every arena): what is live, without the
-/// arenas' free space that the resident set also counts.
-#[allow(
-    unsafe_code,
-    reason = "glibc's allocator statistics have no safe binding"
-)]
+// The allocator `slrp` installs (jemalloc with background purging), so that the
+// provider child's memory is what `slrp run` gets.
+slrp_provider::use_jemalloc!();
+
+/// Bytes of heap in use (jemalloc's `stats.allocated`): what is live, without the free
+/// pages the resident set may still count.
 fn heap_bytes() -> usize {
-    // SAFETY: `mallinfo2` only reads the allocator's statistics.
-    let info = unsafe { libc::mallinfo2() };
-    info.uordblks + info.hblkhd
+    slrp_provider::allocator::heap_in_use().unwrap_or(0)
 }
 
 #[allow(clippy::cast_precision_loss, reason = "MiB for display")]
