@@ -663,6 +663,9 @@ impl Worker {
             tokio::select! {
                 biased;
                 () = cancel.cancelled() => return Ok(()),
+                Some(done) = self.ops.acks.next(), if !self.ops.acks.is_empty() => {
+                    self.on_ack_durable(done)?;
+                }
                 session = self.sessions.recv() => match session {
                     Some(session) => Box::pin(self.on_session(session)).await?,
                     None if cancel.is_cancelled() => return Ok(()),

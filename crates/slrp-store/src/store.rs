@@ -567,6 +567,28 @@ fn raw_u32(r: &rusqlite::Row<'_>, i: usize) -> rusqlite::Result<Option<u32>> {
     })
 }
 
+/// A submitted transaction ([`Transaction::submit`]): resolves once it is durable, with
+/// the commit's error otherwise.
+#[must_use = "a submitted transaction's failure is only seen by awaiting it"]
+#[derive(Debug)]
+pub struct Durable(Option<oneshot::Receiver<Result<(), StoreError>>>);
+
+impl std::future::Future for Durable {
+    type Output = Result<(), StoreError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        match &mut self.0 {
+            None => std::task::Poll::Ready(Ok(())),
+            Some(done) => std::pin::Pin::new(done)
+                .poll(cx)
+                .map(|reply| reply.map_err(|_| StoreError::WriterStopped)?),
+        }
+    }
+}
+
 /// A set of changes that becomes durable all together or not at all.
 ///
 /// Changes apply in the order they were added. Many transactions committed at the same
@@ -655,8 +677,17 @@ impl Transaction {
     /// commit the store refuses further writes ([`StoreError::Poisoned`]), and whether the
     /// failed transaction reached the disk is for recovery to find out.
     pub async fn commit(self) -> Result<(), StoreError> {
+        self.submit().await?.await
+    }
+
+    /// Queues the transaction in the store's commit order and returns once it is queued,
+    /// not once it is durable: the returned [`Durable`] resolves then. A transaction
+    /// committed or submitted after this returns is applied after this one, and if this
+    /// one fails the store is poisoned, so no later one becomes durable either: a caller
+    /// whose next changes need not wait for this one's fsync can go on at once.
+    pub async fn submit(self) -> Result<Durable, StoreError> {
         if self.ops.is_empty() {
-            return Ok(());
+            return Ok(Durable(None));
         }
         let (reply, done) = oneshot::channel();
         let tx = self.store.sender()?.clone();
@@ -666,7 +697,7 @@ impl Transaction {
         })
         .await
         .map_err(|_| StoreError::WriterStopped)?;
-        done.await.map_err(|_| StoreError::WriterStopped)?
+        Ok(Durable(Some(done)))
     }
 
     /// [`Transaction::commit`] for threads outside the async runtime.

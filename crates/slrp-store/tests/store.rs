@@ -666,3 +666,22 @@ fn zero_tuning_knobs_are_refused_naming_the_field_and_create_nothing() {
         );
     }
 }
+
+/// A submitted transaction is queued before `submit` returns: one committed after it is
+/// applied after it, and its `Durable` resolves once it is on disk.
+#[tokio::test]
+async fn a_submitted_transaction_keeps_the_queue_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let mut first = store.transaction();
+    first.put(&vol("a", "CREATED")).unwrap();
+    let durable = first.submit().await.unwrap();
+    let mut second = store.transaction();
+    second.put(&vol("a", "DELETED")).unwrap();
+    second.commit().await.unwrap();
+    durable.await.unwrap();
+    drop(store);
+    let store = Store::open(dir.path()).unwrap();
+    let all: Vec<Vol> = store.load_all().await.unwrap();
+    assert_eq!(all, vec![vol("a", "DELETED")]);
+}

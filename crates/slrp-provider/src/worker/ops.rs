@@ -67,6 +67,12 @@ pub(super) struct OpFlow {
     identity: u64,
     /// PUBLISH_RESOURCES being carried out.
     pub(super) publishes: FuturesUnordered<BoxFuture<'static, ()>>,
+    /// Commits of turns that only forgot acknowledged operations, queued in the store's
+    /// order but not awaited by the turn (nothing waits for them; see `Worker::flush`).
+    pub(super) acks: FuturesUnordered<slrp_store::Durable>,
+    /// The operation counts changed in a turn whose commit is in `acks`: published once
+    /// every such commit is durable.
+    pub(super) counts_after_acks: bool,
 }
 
 impl OpFlow {
@@ -87,6 +93,8 @@ impl OpFlow {
             replay,
             identity: 0,
             publishes: FuturesUnordered::new(),
+            acks: FuturesUnordered::new(),
+            counts_after_acks: false,
         }
     }
 
@@ -95,8 +103,11 @@ impl OpFlow {
     /// stay PENDING under the old agent id, replayed if that identity comes back).
     pub(super) fn switch(&mut self, tracked: Operations) {
         let identity = self.identity + 1;
+        // Commits already queued still report their failure.
+        let acks = std::mem::take(&mut self.acks);
         *self = Self::new(tracked);
         self.identity = identity;
+        self.acks = acks;
     }
 
     /// The identity the flow serves: results started under another one are stale.
@@ -159,6 +170,9 @@ pub(super) struct Batch {
     disk: Vec<BoxFuture<'static, DiskDone>>,
     /// The operation counts of the status changed.
     counts: bool,
+    /// Something other than the removal of acknowledged operations was staged: the turn
+    /// waits for its commit.
+    awaited: bool,
 }
 
 /// Which `provider_resource` records a commit rewrites.
@@ -308,6 +322,18 @@ impl Worker {
         removed: &[uuid::Uuid],
         touched: Touched<'_>,
     ) -> Result<(), ProviderError> {
+        self.batch.awaited = true;
+        self.stage_quiet(ops, removed, touched)
+    }
+
+    /// [`Self::stage_ops`] for changes nothing waits for (the removal of an acknowledged
+    /// operation): a turn that staged only such changes does not wait for its commit.
+    fn stage_quiet(
+        &mut self,
+        ops: &[uuid::Uuid],
+        removed: &[uuid::Uuid],
+        touched: Touched<'_>,
+    ) -> Result<(), ProviderError> {
         let agent_id = self.params.agent_id.clone();
         let mut txn = match self.batch.txn.take() {
             Some(txn) => txn,
@@ -376,9 +402,27 @@ impl Worker {
     /// for it: the status updates, in order, and the volume manager calls.
     pub(super) async fn flush(&mut self) -> Result<(), ProviderError> {
         let batch = std::mem::take(&mut self.batch);
+        // A commit awaited here is durable after every queued acknowledgement commit.
+        let committed = batch.txn.is_some();
         if let Some(txn) = batch.txn {
             let store = self.deps.store.path().to_owned();
-            txn.commit()
+            let quiet = !batch.awaited && batch.sends.is_empty() && batch.disk.is_empty();
+            let durable = txn.submit().await.map_err(|source| {
+                self.checkpoint_error(StateError::Store {
+                    store: store.clone(),
+                    source,
+                })
+            })?;
+            if quiet {
+                // Only acknowledged operations were forgotten: nothing leaves the process
+                // because of it, every later commit is queued after it, and a failure
+                // poisons the store (no later commit becomes durable) and ends the
+                // worker from the loop. So the next event need not wait for its fsync.
+                self.ops.acks.push(durable);
+                self.ops.counts_after_acks |= batch.counts;
+                return Ok(());
+            }
+            durable
                 .await
                 .map_err(|source| self.checkpoint_error(StateError::Store { store, source }))?;
         }
@@ -387,7 +431,11 @@ impl Worker {
             self.ops.running.push(disk);
         }
         if batch.counts {
-            self.publish_counts();
+            if committed || self.ops.acks.is_empty() {
+                self.publish_counts();
+            } else {
+                self.ops.counts_after_acks = true;
+            }
         }
         Ok(())
     }
@@ -436,8 +484,26 @@ impl Worker {
         self.batch.counts = true;
     }
 
+    /// A queued acknowledgement commit ended: a failure ends the worker; once none is
+    /// outstanding the counts they changed are durable and published.
+    pub(super) fn on_ack_durable(
+        &mut self,
+        done: Result<(), slrp_store::StoreError>,
+    ) -> Result<(), ProviderError> {
+        done.map_err(|source| {
+            self.checkpoint_error(StateError::Store {
+                store: self.deps.store.path().to_owned(),
+                source,
+            })
+        })?;
+        if self.ops.acks.is_empty() && std::mem::take(&mut self.ops.counts_after_acks) {
+            self.publish_counts();
+        }
+        Ok(())
+    }
+
     /// Publishes the operation counts: what an observer sees tracked is durable.
-    fn publish_counts(&mut self) {
+    pub(super) fn publish_counts(&mut self) {
         let (operations, unacknowledged) =
             (self.ops.tracked.len(), self.ops.tracked.unacknowledged());
         self.status.send_if_modified(|s| {
@@ -939,7 +1005,7 @@ impl Worker {
             }
             Ok(Acked::Terminated(_)) => {
                 tracing::debug!(operation_uuid = %op, "the operation's terminal status was acknowledged; forgetting it");
-                self.stage_ops(&[], &[op], Touched::Nothing)?;
+                self.stage_quiet(&[], &[op], Touched::Nothing)?;
             }
         }
         self.after_ops_change();
