@@ -238,11 +238,13 @@ impl AgentHandle {
         let config = &self.shared.config;
         let exchange = async {
             let independent = call.r#type == Some(call::Type::UpdateOperationStatus as i32);
-            let _order = if independent {
-                Order::Shared(session.order.read().await)
+            // Held for the whole exchange (see `CallSession`).
+            let (_shared, _exclusive);
+            if independent {
+                _shared = session.order.read().await;
             } else {
-                Order::Exclusive(session.order.write().await)
-            };
+                _exclusive = session.order.write().await;
+            }
             let mut conn = session.connection(&self.shared).await?;
             let response = send(&mut conn, config, &call, Some(&session.stream_id)).await?;
             let status = response.status();
@@ -285,12 +287,6 @@ impl AgentHandle {
         }
         result
     }
-}
-
-/// Held for the whole exchange of a call: see [`CallSession`].
-enum Order<'a> {
-    Shared(#[allow(dead_code)] tokio::sync::RwLockReadGuard<'a, ()>),
-    Exclusive(#[allow(dead_code)] tokio::sync::RwLockWriteGuard<'a, ()>),
 }
 
 fn call_name(call: &Call) -> &'static str {

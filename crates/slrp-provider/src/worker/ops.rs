@@ -313,6 +313,14 @@ impl Worker {
         }
     }
 
+    /// [`Self::checkpoint_error`] for a failed commit of the store.
+    fn commit_error(&self, source: slrp_store::StoreError) -> ProviderError {
+        self.checkpoint_error(StateError::Store {
+            store: self.deps.store.path().to_owned(),
+            source,
+        })
+    }
+
     /// Stages the records of `ops` (put), `removed` (delete) and the resource records of
     /// `touched` into this turn's transaction (written as they are now, in this order);
     /// [`Self::flush`] commits it.
@@ -405,14 +413,8 @@ impl Worker {
         // A commit awaited here is durable after every queued acknowledgement commit.
         let committed = batch.txn.is_some();
         if let Some(txn) = batch.txn {
-            let store = self.deps.store.path().to_owned();
             let quiet = !batch.awaited && batch.sends.is_empty() && batch.disk.is_empty();
-            let durable = txn.submit().await.map_err(|source| {
-                self.checkpoint_error(StateError::Store {
-                    store: store.clone(),
-                    source,
-                })
-            })?;
+            let durable = txn.submit().await.map_err(|e| self.commit_error(e))?;
             if quiet {
                 // Only acknowledged operations were forgotten: nothing leaves the process
                 // because of it, every later commit is queued after it, and a failure
@@ -422,9 +424,7 @@ impl Worker {
                 self.ops.counts_after_acks |= batch.counts;
                 return Ok(());
             }
-            durable
-                .await
-                .map_err(|source| self.checkpoint_error(StateError::Store { store, source }))?;
+            durable.await.map_err(|e| self.commit_error(e))?;
         }
         self.dispatch_updates(batch.sends);
         for disk in batch.disk {
@@ -490,12 +490,7 @@ impl Worker {
         &mut self,
         done: Result<(), slrp_store::StoreError>,
     ) -> Result<(), ProviderError> {
-        done.map_err(|source| {
-            self.checkpoint_error(StateError::Store {
-                store: self.deps.store.path().to_owned(),
-                source,
-            })
-        })?;
+        done.map_err(|e| self.commit_error(e))?;
         if self.ops.acks.is_empty() && std::mem::take(&mut self.ops.counts_after_acks) {
             self.publish_counts();
         }
