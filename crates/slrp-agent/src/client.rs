@@ -236,8 +236,13 @@ impl AgentHandle {
             call.resource_provider_id = Some(session.provider_id.clone());
         }
         let config = &self.shared.config;
+        let independent = call.r#type == Some(call::Type::UpdateOperationStatus as i32);
+        // Encoded up front and the message dropped: an UPDATE_STATE holds a copy of the
+        // whole total, several times the size of its encoding, and the exchange may wait
+        // long for the agent's answer.
+        let body = encode_call(config, &call)?;
+        drop(call);
         let exchange = async {
-            let independent = call.r#type == Some(call::Type::UpdateOperationStatus as i32);
             // Held for the whole exchange (see `CallSession`).
             let (_shared, _exclusive);
             if independent {
@@ -246,7 +251,7 @@ impl AgentHandle {
                 _exclusive = session.order.write().await;
             }
             let mut conn = session.connection(&self.shared).await?;
-            let response = send(&mut conn, config, &call, Some(&session.stream_id)).await?;
+            let response = send(&mut conn, config, body, Some(&session.stream_id)).await?;
             let status = response.status();
             let body = read_error_body(response).await?;
             Ok::<_, AgentError>((status, body))
@@ -295,18 +300,21 @@ fn call_name(call: &Call) -> &'static str {
         .map_or("UNKNOWN", |t| t.as_str_name())
 }
 
-/// Encodes `call` and sends it on `conn`, returning the answer's head and body.
+/// `call` in the configured content type.
+fn encode_call(config: &AgentConfig, call: &Call) -> Result<Vec<u8>, AgentError> {
+    slrp_wire::encode(config.content_type, call).map_err(|source| AgentError::Encode {
+        call: call_name(call),
+        source,
+    })
+}
+
+/// Sends an encoded call on `conn`, returning the answer's head and body.
 async fn send(
     conn: &mut Connection,
     config: &AgentConfig,
-    call: &Call,
+    body: Vec<u8>,
     stream_id: Option<&str>,
 ) -> Result<Response<Incoming>, AgentError> {
-    let body =
-        slrp_wire::encode(config.content_type, call).map_err(|source| AgentError::Encode {
-            call: call_name(call),
-            source,
-        })?;
     let request = build_request(config, body, stream_id);
     conn.sender.ready().await.map_err(AgentError::Http)?;
     conn.sender
@@ -566,7 +574,7 @@ impl Worker {
             }),
             ..Call::default()
         };
-        let response = send(&mut conn, config, &call, None).await?;
+        let response = send(&mut conn, config, encode_call(config, &call)?, None).await?;
         let status = response.status();
         match status {
             StatusCode::OK => {}

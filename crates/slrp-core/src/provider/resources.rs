@@ -1260,9 +1260,9 @@ impl ProviderResources {
 
     /// [`Self::compute_conversion`] taking `discovered`: a caller that built it for this
     /// saves a copy of a collection as large as the total.
-    fn compute_conversion_from(
+    fn compute_conversion_from<'a>(
         &self,
-        checkpointed: &Resources,
+        checkpointed: impl IntoIterator<Item = &'a Resource>,
         discovered: Resources,
     ) -> ComputedConversion {
         let mut to_add = discovered;
@@ -1397,15 +1397,15 @@ impl ProviderResources {
             }
         }
 
-        let with_id = total.filter(|r| disk_id(r).is_some());
-        // Applying no change is a copy of the total's volumes: the common case (a
-        // conforming plugin whose listing matches) skips it.
-        let with_id = if cleanup.is_noop() {
-            with_id
+        // The common case (a conforming plugin whose listing matches) needs no copy of
+        // the total's volumes: a copy was a third of the subscription's peak of memory
+        // with 10,000 volumes.
+        let merge = if cleanup.is_noop() {
+            self.compute_conversion_from(total.iter().filter(|r| disk_id(r).is_some()), discovered)
         } else {
-            with_id.apply(&cleanup)?
+            let with_id = total.filter(|r| disk_id(r).is_some()).apply(&cleanup)?;
+            self.compute_conversion_from(&with_id, discovered)
         };
-        let merge = self.compute_conversion_from(&with_id, discovered);
         Ok(ExistingVolumes {
             cleanup,
             merge,
