@@ -393,8 +393,42 @@ async fn destroy_disk(manager: &ManagerHandle, id: &str, volume: Resource) {
     run_operation(manager, id, info).await;
 }
 
-/// Runs `total` units of `work` on `concurrency` tasks; returns units per second.
-async fn throughput<F, Fut>(concurrency: usize, total: usize, work: F) -> f64
+/// What [`throughput`] measured.
+struct Rate {
+    /// Units per second.
+    per_second: f64,
+    /// Each unit's time from start to end, sorted.
+    latencies: Vec<Duration>,
+}
+
+impl Rate {
+    /// The `q` quantile (0..=1) of the units' times, in ms.
+    fn quantile_ms(&self, q: f64) -> f64 {
+        // The index is within the sorted list; both casts are of small numbers.
+        #[allow(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            clippy::cast_precision_loss
+        )]
+        let index = ((self.latencies.len() - 1) as f64 * q).round() as usize;
+        self.latencies[index].as_secs_f64() * 1000.0
+    }
+
+    /// "median … ms, p90 …, p99 …, max …": the spread of the units' times.
+    fn spread(&self) -> String {
+        format!(
+            "median {:.2} ms, p90 {:.2}, p99 {:.2}, max {:.2}",
+            self.quantile_ms(0.5),
+            self.quantile_ms(0.9),
+            self.quantile_ms(0.99),
+            self.quantile_ms(1.0)
+        )
+    }
+}
+
+/// Runs `total` units of `work` on `concurrency` tasks; returns units per second and
+/// each unit's time.
+async fn throughput<F, Fut>(concurrency: usize, total: usize, work: F) -> Rate
 where
     F: Fn() -> Fut + Send + Sync + 'static,
     Fut: Future<Output = ()> + Send,
@@ -407,25 +441,34 @@ where
             let work = work.clone();
             let left = left.clone();
             tokio::spawn(async move {
+                let mut latencies = Vec::new();
                 while left
                     .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
                     .is_ok()
                 {
+                    let unit = Instant::now();
                     work().await;
+                    latencies.push(unit.elapsed());
                 }
+                latencies
             })
         })
         .collect();
+    let mut latencies = Vec::with_capacity(total);
     for task in tasks {
-        task.await.expect("worker task");
+        latencies.extend(task.await.expect("worker task"));
     }
     // Counts are far below 2^53.
     #[allow(clippy::cast_precision_loss)]
-    let rate = total as f64 / started.elapsed().as_secs_f64();
-    rate
+    let per_second = total as f64 / started.elapsed().as_secs_f64();
+    latencies.sort_unstable();
+    Rate {
+        per_second,
+        latencies,
+    }
 }
 
-async fn bare_pairs(socket: &Path, concurrency: usize, total: usize) -> f64 {
+async fn bare_pairs(socket: &Path, concurrency: usize, total: usize) -> Rate {
     let endpoint = CsiEndpoint::parse(&format!("unix://{}", socket.display())).unwrap();
     let client =
         CsiClient::new(endpoint, ClientConfig::default(), CsiMetrics::default()).expect("client");
@@ -456,7 +499,7 @@ async fn provider_pairs(
     pool: &Resource,
     concurrency: usize,
     total: usize,
-) -> f64 {
+) -> Rate {
     let (manager, id, pool) = (manager.clone(), id.to_owned(), pool.clone());
     throughput(concurrency, total, move || {
         let (manager, id, pool) = (manager.clone(), id.clone(), pool.clone());
@@ -778,7 +821,10 @@ async fn run(sizes: Sizes, quick: bool, dir: Option<PathBuf>) {
     let mut bare = Vec::new();
     for (concurrency, total) in sizes.pairs {
         let rate = bare_pairs(&bench.socket, concurrency, total).await;
-        eprintln!("concurrency {concurrency}: bare CSI {rate:.0} pairs/s");
+        eprintln!(
+            "concurrency {concurrency}: bare CSI {:.0} pairs/s",
+            rate.per_second
+        );
         bare.push(rate);
     }
 
@@ -791,8 +837,8 @@ async fn run(sizes: Sizes, quick: bool, dir: Option<PathBuf>) {
         value: format!(
             "{:.3} ms = {:.1}× the bare CSI pair at concurrency 1 ({:.3} ms)",
             floor.as_secs_f64() * 1000.0,
-            floor.as_secs_f64() * bare[0],
-            1000.0 / bare[0]
+            floor.as_secs_f64() * bare[0].per_second,
+            1000.0 / bare[0].per_second
         ),
         target: "",
     });
@@ -800,9 +846,12 @@ async fn run(sizes: Sizes, quick: bool, dir: Option<PathBuf>) {
     // 2: the provider with `small` volumes.
     let _small = fill(&bench.manager, &id, &pool, sizes.small).await;
     let mut at_small = Vec::new();
-    for (&(concurrency, total), &bare) in sizes.pairs.iter().zip(&bare) {
-        let ops = provider_pairs(&bench.manager, &id, &pool, concurrency, total).await;
-        eprintln!("concurrency {concurrency}: bare {bare:.0} pairs/s, provider {ops:.0} pairs/s");
+    for (&(concurrency, total), bare) in sizes.pairs.iter().zip(&bare) {
+        let rate = provider_pairs(&bench.manager, &id, &pool, concurrency, total).await;
+        let (ops, bare_ops) = (rate.per_second, bare.per_second);
+        eprintln!(
+            "concurrency {concurrency}: bare {bare_ops:.0} pairs/s, provider {ops:.0} pairs/s"
+        );
         at_small.push(ops);
         rows.push(Row {
             what: format!(
@@ -810,9 +859,9 @@ async fn run(sizes: Sizes, quick: bool, dir: Option<PathBuf>) {
                 sizes.small
             ),
             value: format!(
-                "{ops:.0} pairs/s = {:.0} disk ops/s; bare CSI {bare:.0} pairs/s; overhead {:.2}×",
+                "{ops:.0} pairs/s = {:.0} disk ops/s; bare CSI {bare_ops:.0} pairs/s; overhead {:.2}×",
                 ops * 2.0,
-                bare / ops
+                bare_ops / ops
             ),
             target: match concurrency {
                 1 => "overhead ≤ 2×",
@@ -820,6 +869,17 @@ async fn run(sizes: Sizes, quick: bool, dir: Option<PathBuf>) {
                 _ => "",
             },
         });
+        if concurrency == 1 {
+            rows.push(Row {
+                what: "… a pair's time at concurrency 1".to_owned(),
+                value: format!(
+                    "through the provider: {}; bare CSI: {}",
+                    rate.spread(),
+                    bare.spread()
+                ),
+                target: "",
+            });
+        }
     }
 
     // 3: the same with `large` volumes tracked.
@@ -836,7 +896,9 @@ async fn run(sizes: Sizes, quick: bool, dir: Option<PathBuf>) {
         if concurrency == 16 {
             continue;
         }
-        let ops = provider_pairs(&bench.manager, &id, &pool, concurrency, total).await;
+        let ops = provider_pairs(&bench.manager, &id, &pool, concurrency, total)
+            .await
+            .per_second;
         rows.push(Row {
             what: format!(
                 "pairs/s, concurrency {concurrency}: {} vs {} volumes tracked",
