@@ -861,11 +861,11 @@ fn persistent(disk: &Resource, pid: &str) -> Resource {
         id: pid.to_owned(),
         principal: None,
     });
-    info.volume = Some(slrp_proto::mesos::v1::Volume {
+    info.volume = Some(Box::new(slrp_proto::mesos::v1::Volume {
         container_path: "data".to_owned(),
         mode: slrp_proto::mesos::v1::volume::Mode::Rw as i32,
         ..slrp_proto::mesos::v1::Volume::default()
-    });
+    }));
     volume
 }
 

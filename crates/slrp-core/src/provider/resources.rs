@@ -1966,9 +1966,11 @@ mod tests {
                     principal: principal.map(str::to_owned),
                 }),
                 // Ignored by the comparison: entries equal to Mesos that still differ.
-                volume: volume.then(|| slrp_proto::mesos::v1::Volume {
-                    container_path: "data".to_owned(),
-                    ..Default::default()
+                volume: volume.then(|| {
+                    Box::new(slrp_proto::mesos::v1::Volume {
+                        container_path: "data".to_owned(),
+                        ..Default::default()
+                    })
                 }),
             })
     }

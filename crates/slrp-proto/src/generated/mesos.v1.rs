@@ -768,8 +768,8 @@ pub mod resource {
     pub struct DiskInfo {
         #[prost(message, optional, tag = "1")]
         pub persistence: ::core::option::Option<disk_info::Persistence>,
-        #[prost(message, optional, tag = "2")]
-        pub volume: ::core::option::Option<super::Volume>,
+        #[prost(message, optional, boxed, tag = "2")]
+        pub volume: ::core::option::Option<::prost::alloc::boxed::Box<super::Volume>>,
         #[prost(message, optional, tag = "3")]
         pub source: ::core::option::Option<disk_info::Source>,
     }
