@@ -3085,8 +3085,10 @@ pub mod offer {
         pub id: ::core::option::Option<super::OperationId>,
         #[prost(message, optional, tag = "2")]
         pub launch: ::core::option::Option<operation::Launch>,
-        #[prost(message, optional, tag = "7")]
-        pub launch_group: ::core::option::Option<operation::LaunchGroup>,
+        #[prost(message, optional, boxed, tag = "7")]
+        pub launch_group: ::core::option::Option<
+            ::prost::alloc::boxed::Box<operation::LaunchGroup>,
+        >,
         #[prost(message, optional, tag = "3")]
         pub reserve: ::core::option::Option<operation::Reserve>,
         #[prost(message, optional, tag = "4")]
@@ -3095,10 +3097,14 @@ pub mod offer {
         pub create: ::core::option::Option<operation::Create>,
         #[prost(message, optional, tag = "6")]
         pub destroy: ::core::option::Option<operation::Destroy>,
-        #[prost(message, optional, tag = "13")]
-        pub grow_volume: ::core::option::Option<operation::GrowVolume>,
-        #[prost(message, optional, tag = "14")]
-        pub shrink_volume: ::core::option::Option<operation::ShrinkVolume>,
+        #[prost(message, optional, boxed, tag = "13")]
+        pub grow_volume: ::core::option::Option<
+            ::prost::alloc::boxed::Box<operation::GrowVolume>,
+        >,
+        #[prost(message, optional, boxed, tag = "14")]
+        pub shrink_volume: ::core::option::Option<
+            ::prost::alloc::boxed::Box<operation::ShrinkVolume>,
+        >,
         #[prost(message, optional, tag = "15")]
         pub create_disk: ::core::option::Option<operation::CreateDisk>,
         #[prost(message, optional, tag = "16")]
