@@ -183,4 +183,34 @@ mod tests {
         // Field 2, varint, value 1 (SUBSCRIBE).
         assert_eq!(call.encode_to_vec(), vec![16, 1]);
     }
+
+    /// A provider holds its total, and the manager its view, as 10,000s of `Resource`s:
+    /// the rarely set sub-messages are boxed by the code generator (`xtask`), and a
+    /// generator change that unboxed them would double the resident set (docs/benchmarks.md).
+    #[test]
+    fn resources_and_operations_stay_small_inline() {
+        use mesos::v1::{Resource, Volume, offer};
+        let resource = std::mem::size_of::<Resource>();
+        assert!(
+            resource < std::mem::size_of::<Volume>(),
+            "a Resource is {resource} bytes inline: is DiskInfo.volume still boxed?"
+        );
+        let operation = std::mem::size_of::<offer::Operation>();
+        assert!(
+            operation < 3 * resource,
+            "an Offer.Operation is {operation} bytes inline: are its payloads still boxed?"
+        );
+        let round_trip = Resource {
+            disk: Some(mesos::v1::resource::DiskInfo {
+                volume: Some(Box::new(Volume {
+                    container_path: "data".to_owned(),
+                    ..Volume::default()
+                })),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let bytes = round_trip.encode_to_vec();
+        assert_eq!(Resource::decode(bytes.as_slice()).ok(), Some(round_trip));
+    }
 }
