@@ -107,7 +107,7 @@ struct Row {
 /// The process's resident set as `VmRSS` MiB (`RssAnon` MiB) from /proc/self/status:
 /// the anonymous part is the heap, the rest mostly the binary's mapped pages.
 fn rss() -> String {
-    let (rss, anon) = rss_kib();
+    let (rss, anon, _) = status_kib();
     format!("{:.1} MiB (anonymous {:.1})", rss / 1024.0, anon / 1024.0)
 }
 
@@ -565,16 +565,11 @@ struct OwnMemory {
     peak_rss_kib: f64,
     /// The most heap in use seen by [`HeapSampler`] since the child started.
     peak_heap: usize,
-    /// The child's jemalloc `dirty_decay_ms`.
-    decay_ms: isize,
+    /// The child's jemalloc `dirty_decay_ms`, or `unknown` if jemalloc could not tell.
+    decay_ms: String,
 }
 
 /// `VmRSS`, `RssAnon` and `VmHWM` of this process, KiB.
-fn rss_kib() -> (f64, f64) {
-    let (rss, anon, _) = status_kib();
-    (rss, anon)
-}
-
 fn status_kib() -> (f64, f64, f64) {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let field = |name: &str| -> f64 {
@@ -693,7 +688,7 @@ impl ProviderChild {
             heap: fields[2].parse().expect("heap"),
             peak_rss_kib: fields[3].parse().expect("VmHWM"),
             peak_heap: fields[4].parse().expect("peak heap"),
-            decay_ms: fields[5].parse().expect("decay"),
+            decay_ms: fields[5].to_owned(),
         }
     }
 
@@ -727,7 +722,8 @@ fn provider_child(dir: PathBuf, agent_id: String) {
                             "memory {rss} {anon} {} {peak} {} {}",
                             heap_bytes(),
                             sampler.peak(),
-                            slrp_provider::allocator::dirty_decay_ms().unwrap_or(-2),
+                            slrp_provider::allocator::dirty_decay_ms()
+                                .map_or_else(|| "unknown".to_owned(), |ms| ms.to_string()),
                         );
                     }
                     Ok(_) => {}
