@@ -53,7 +53,6 @@ fn create(ctx: &ProviderResources, id: &str) -> Conversion {
             id,
             context: &context,
             profile: "fast",
-            bytes: None,
         },
         CreatedKind::Mount,
     )

@@ -846,16 +846,11 @@ fn reconciliation_never_takes_space_of_pending_creates() {
 // ---------------------------------------------------------------------------------------
 // CREATE_DISK / DESTROY_DISK conversions (§5.4, §5.5, §6.8).
 
-fn created<'a>(
-    id: &'a str,
-    context: &'a BTreeMap<String, String>,
-    bytes: Option<u64>,
-) -> CreatedVolume<'a> {
+fn created<'a>(id: &'a str, context: &'a BTreeMap<String, String>) -> CreatedVolume<'a> {
     CreatedVolume {
         id,
         context,
         profile: "test",
-        bytes,
     }
 }
 
@@ -874,11 +869,7 @@ fn create_then_destroy_gives_the_pool_back() {
     let total = original.apply(&reserve).unwrap();
 
     let context = BTreeMap::from([("label".to_owned(), "foo".to_owned())]);
-    let create = p.created_disk(
-        &reserved,
-        &created("v1", &context, None),
-        CreatedKind::Mount,
-    );
+    let create = p.created_disk(&reserved, &created("v1", &context), CreatedKind::Mount);
     let total = total.apply(&create).unwrap();
     let disk = &total.as_slice()[0];
     let s = src(disk);
@@ -900,7 +891,7 @@ fn create_then_destroy_gives_the_pool_back() {
 
     let block = p.created_disk(
         &reserved,
-        &created("v2", &BTreeMap::new(), None),
+        &created("v2", &BTreeMap::new()),
         CreatedKind::Block,
     );
     let b = &block.converted.as_slice()[0];
@@ -936,32 +927,37 @@ fn destroying_a_disk_of_a_vanished_profile_frees_nothing_until_reconciled() {
     assert_eq!(raw, &volume(&p, "v1", 2 * GB, None));
 }
 
-/// Spec §12 item 28: a plugin that rounds sizes up. Mesos keeps the requested size; the
-/// next ListVolumes then reports a different disk, which is added as a new RAW resource
-/// while the created disk is kept as missing. With the created size recorded, nothing
-/// changes.
+/// A plugin that rounds sizes (spec §12 item 28) lists a volume larger than the disk
+/// created from it; the disk keeps the consumed size (a Mesos master aborts on a
+/// conversion that shrinks and so must be given the same quantity back), and the listing
+/// of that known id is the same disk: nothing is added, nothing is kept as missing.
 #[test]
-fn a_created_disk_has_the_size_the_plugin_created() {
+fn a_created_disk_keeps_its_size_when_the_plugin_lists_another() {
     let p = provider();
     let requested = pool(&p, "test", GB);
     let context = BTreeMap::new();
-    let listing = [listed("v1", GB + 4 * MB, &[])];
-    for (bytes, stable) in [(None, false), (Some(GB + 4 * MB), true)] {
-        let create = p.created_disk(
-            &requested,
-            &created("v1", &context, bytes),
-            CreatedKind::Mount,
-        );
-        let total = one(&requested).apply(&create).unwrap();
-        let got = p.existing_volumes(&total, &listing).unwrap();
-        assert_eq!(
+    let create = p.created_disk(&requested, &created("v1", &context), CreatedKind::Mount);
+    assert_eq!(mb(&create.converted.as_slice()[0]), 1024.0);
+    let total = one(&requested).apply(&create).unwrap();
+    for listed_bytes in [GB + 4 * MB, GB - 4 * MB, GB] {
+        let got = p
+            .existing_volumes(&total, &[listed("v1", listed_bytes, &[])])
+            .unwrap();
+        assert!(
             got.merge.conversion.is_noop(),
-            stable,
-            "{bytes:?}: {:?}",
+            "{listed_bytes}: {:?}",
             got.merge
         );
-        assert_eq!(got.merge.missing_converted.is_empty(), stable, "{bytes:?}");
+        assert!(got.merge.missing_converted.is_empty(), "{listed_bytes}");
     }
+    // A volume the total does not know takes the listed size.
+    let got = p
+        .existing_volumes(&total, &[listed("v2", GB + 4 * MB, &[])])
+        .unwrap();
+    assert_eq!(
+        got.merge.conversion.converted,
+        one(&volume(&p, "v2", GB + 4 * MB, None))
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1055,5 +1051,120 @@ proptest! {
         let pending = pending_gb.min(total_gb);
         let free = after - &in_flight;
         prop_assert_eq!(free, p.storage_pools([("a", reported_gb.saturating_sub(pending) * GB)]));
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Storage is never counted twice (issue #21): pools × reservations × operations in flight ×
+// reconciliation results.
+
+/// Whole megabytes of `r` in Mesos's fixed point (0.001 MB).
+fn fixed(r: &Resource) -> i64 {
+    (mb(r) * 1000.0).round() as i64
+}
+
+fn profile_sum(total: &Resources, profile: &str, keep: impl Fn(&Resource) -> bool) -> i64 {
+    total
+        .iter()
+        .filter(|r| src(r).profile.as_deref() == Some(profile) && src(r).id.is_none())
+        .filter(|r| keep(r))
+        .map(fixed)
+        .sum()
+}
+
+/// A CREATE_DISK in flight on a RESERVEd part of a pool: the plugin reports the pool's
+/// whole size (the new volume not counted yet). Subtracting the reserved in-flight part
+/// from the plugin's unreserved answer took nothing away, and the pool was offered whole
+/// beside the part being created.
+#[test]
+fn a_create_on_a_reserved_pool_part_is_not_offered_again() {
+    let p = provider();
+    let reserved = refined(pool(&p, "a", GB));
+    let total = res(&[pool(&p, "a", 9 * GB), reserved.clone()]);
+    let in_flight = one(&reserved);
+    let got = p.reconcile_pools(&total, &p.storage_pools([("a", 10 * GB)]), &in_flight);
+    assert!(
+        got.conversion.is_noop(),
+        "the pool is already what the plugin reports: {:?}",
+        got.conversion
+    );
+    // The plugin already counts the new volume: 9 GB left, 8 GB of it free.
+    let got = p.reconcile_pools(&total, &p.storage_pools([("a", 9 * GB)]), &in_flight);
+    let after = total.apply(&got.conversion).unwrap();
+    assert!(after.contains(&in_flight));
+    assert_eq!(after - &in_flight, res(&[pool(&p, "a", 8 * GB)]));
+}
+
+/// One part of a pool in the total: its profile, size, whether a framework RESERVEd it
+/// and how much of it a pending CREATE_DISK consumes.
+#[derive(Debug, Clone)]
+struct Part {
+    profile: &'static str,
+    gb: u64,
+    reserved: bool,
+    in_flight_gb: u64,
+}
+
+fn arb_parts() -> impl Strategy<Value = Vec<Part>> {
+    prop::collection::vec(
+        (0usize..2, 1u64..6, any::<bool>(), 0u64..6).prop_map(|(p, gb, reserved, f)| Part {
+            profile: ["a", "b"][p],
+            gb,
+            reserved,
+            in_flight_gb: f.min(gb),
+        }),
+        0..5,
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2048))]
+
+    /// Whatever the pools, their reservations, the creates in flight on them and the
+    /// plugin's answers, a reconciliation
+    /// - keeps every in-flight part in the total (the operation still applies);
+    /// - offers, per profile, at most what the plugin reports beyond the in-flight parts
+    ///   in unreserved form;
+    /// - invents no reserved storage (a reserved part survives only if it was there, as
+    ///   Mesos keeps a "missing converted" resource);
+    /// - is idempotent.
+    #[test]
+    fn storage_is_never_counted_twice(
+        default_reservations in any::<bool>(),
+        parts in arb_parts(),
+        reported in (0u64..16, 0u64..16),
+    ) {
+        let p = if default_reservations { provider() } else { provider_with(vec![]) };
+        let shape = |part: &Part, gb: u64| {
+            let r = pool(&p, part.profile, gb * GB);
+            if part.reserved { refined(r) } else { r }
+        };
+        let total: Resources = parts.iter().map(|part| shape(part, part.gb)).collect();
+        let in_flight: Resources = parts
+            .iter()
+            .filter(|part| part.in_flight_gb > 0)
+            .map(|part| shape(part, part.in_flight_gb))
+            .collect();
+        let answers = [("a", reported.0 * GB), ("b", reported.1 * GB)];
+        let got = p.reconcile_pools(&total, &p.storage_pools(answers), &in_flight);
+        let after = total.apply(&got.conversion).unwrap();
+        prop_assert!(after.contains(&in_flight));
+        let free = after.clone() - &in_flight;
+        let is_default = |r: &Resource| r.reservations == p.default_reservations();
+        for (profile, bytes) in answers {
+            let report = i64::try_from(bytes / MB).unwrap() * 1000;
+            let flying = profile_sum(&in_flight, profile, |_| true);
+            let offered = profile_sum(&free, profile, is_default);
+            prop_assert!(
+                offered <= (report - flying).max(0),
+                "profile {profile}: {offered} offered unreserved beside {flying} in flight, \
+                 the plugin reports {report}"
+            );
+            let kept = profile_sum(&free, profile, |r| !is_default(r));
+            let before = profile_sum(&(total.clone() - &in_flight), profile, |r| !is_default(r));
+            prop_assert!(kept <= before, "profile {profile}: reserved {kept} > {before} before");
+        }
+        let again = p.reconcile_pools(&after, &p.storage_pools(answers), &in_flight);
+        prop_assert!(again.conversion.is_noop(), "not idempotent: {:?}", again.conversion);
     }
 }

@@ -957,13 +957,8 @@ impl Worker {
                     s.events.queued = queued;
                     s.events.overflowed += u64::from(evicted.is_some());
                 });
-                if let Some(evicted) = evicted {
-                    tracing::error!(
-                        event = %EventKind::of(&evicted),
-                        operation_uuid = %event_operation(&evicted),
-                        bound = self.params.pending_events,
-                        "too many events waiting for READY; dropping the oldest (the status update will be resent)"
-                    );
+                if let Some(unkept) = evicted {
+                    Box::pin(self.not_queued(unkept)).await?;
                 }
             }
             Disposition::Drop { message } => {
@@ -984,6 +979,40 @@ impl Worker {
             Disposition::Warn { reason } => {
                 tracing::warn!(event = %kind, "ignoring the event: {reason}");
             }
+        }
+        Ok(())
+    }
+
+    /// An event the full queue of events waiting for READY did not keep: an operation is
+    /// DROPPED (tracked, its status sent reliably) and a publish answered FAILED, with the
+    /// texts of a provider that is not READY; an acknowledgement or reconciliation comes
+    /// again (the status is resent, the agent asks again).
+    async fn not_queued(&mut self, event: Event) -> Result<(), ProviderError> {
+        let kind = EventKind::of(&event);
+        tracing::error!(
+            event = %kind,
+            operation_uuid = %event_operation(&event),
+            bound = self.params.pending_events,
+            "too many events waiting for READY; this one is not kept"
+        );
+        let refused = match disposition(Lifecycle::Subscribed, kind) {
+            Disposition::Drop { message } | Disposition::AnswerFailed { message } => message,
+            _ => return Ok(()),
+        };
+        match kind {
+            EventKind::ApplyOperation => {
+                let Some(apply) = event.apply_operation else {
+                    return Ok(());
+                };
+                self.status.send_modify(|s| s.events.dropped += 1);
+                Box::pin(self.on_apply(apply, Some(refused))).await?;
+            }
+            EventKind::PublishResources => {
+                tracing::warn!(uuid = %event_operation(&event), "{refused}");
+                self.answer_publish_failed(&event);
+                self.status.send_modify(|s| s.events.publish_failed += 1);
+            }
+            _ => {}
         }
         Ok(())
     }
@@ -1529,20 +1558,19 @@ async fn capacities(
     Ok(answers?.into_iter().flatten().collect())
 }
 
-/// Whether a GetCapacity failure is the plugin's answer to this profile (the same question
-/// gets the same answer) rather than a state that may pass.
+/// Whether a GetCapacity failure is the plugin's verdict on this profile: the same
+/// question always gets the same answer. Only INVALID_ARGUMENT (the plugin refuses the
+/// capability or parameters) and OUT_OF_RANGE say that; UNKNOWN, INTERNAL,
+/// FAILED_PRECONDITION, ABORTED and every failure without a code (a bad answer, a stopped
+/// manager) may pass, so the reconciliation fails and is retried and the pool stays as it
+/// was: one transient error must not remove a pool and rescind its offers.
 fn capacity_refusal_is_permanent(error: &VolumeError) -> bool {
-    use slrp_core::volume::VolumeErrorKind as Kind;
-    match error.kind() {
-        Kind::Invalid | Kind::Rejected => true,
-        Kind::Conflict
-        | Kind::PluginMisbehaved
-        | Kind::Unavailable
-        | Kind::Local
-        | Kind::Internal
-        | Kind::NotReady
-        | Kind::Fatal
-        | Kind::Stopped => false,
+    match error {
+        VolumeError::Csi { source, .. } => matches!(
+            source.code(),
+            Some(slrp_csi::Code::InvalidArgument | slrp_csi::Code::OutOfRange)
+        ),
+        _ => false,
     }
 }
 

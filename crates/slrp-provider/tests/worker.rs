@@ -452,6 +452,43 @@ async fn periodic_reconciliation_survives_failures() {
     provider.stop().await;
 }
 
+/// A failed call never removes resources (issue #21): GetCapacity failing with INTERNAL
+/// or UNKNOWN (or any code but INVALID_ARGUMENT and OUT_OF_RANGE) fails the
+/// reconciliation, which is retried, and the pool stays: no UPDATE_STATE without it, no
+/// rescinded offers. Classed as the plugin's refusal of the profile, one INTERNAL removed
+/// the pool until the next reconciliation.
+#[tokio::test]
+async fn a_transient_capacity_failure_keeps_the_pool() {
+    for code in [slrp_csi::Code::Internal, slrp_csi::Code::Unknown] {
+        let mut env = Env::new(FakeCsi::full()).await;
+        env.with_profiles(&profile_doc(&["test"]));
+        let provider = env.spawn(env.params(Some(0.05), AGENT_S0)).await;
+        env.next_update().await;
+        ready(&provider.handle).await;
+        let (_, resources) = env.next_update().await;
+        assert_eq!(pool_profiles(&resources), ["test"]);
+        let before = status_until(&provider.handle, "the pool in the status", |s| {
+            s.updates_sent >= 2 && !s.total.is_empty()
+        })
+        .await;
+
+        env.fake().fail(CsiRpc::GetCapacity, code, 1);
+        let failed = status_until(&provider.handle, "a failed reconciliation", |s| {
+            s.last_error
+                .as_deref()
+                .is_some_and(|e| e.starts_with("periodic reconciliation failed"))
+        })
+        .await;
+        let after = status_until(&provider.handle, "two reconciliations more", |s| {
+            s.reconciliations >= failed.reconciliations + 2
+        })
+        .await;
+        assert_eq!(after.updates_sent, before.updates_sent, "{code:?}");
+        assert_eq!(after.total, before.total, "{code:?}");
+        provider.stop().await;
+    }
+}
+
 /// Spec §3.3: the identity is recovered before subscribing, so a restarted provider
 /// resubscribes with its id (the manager admits only a known id) and reports the total it
 /// checkpointed plus what the plugin lists now.

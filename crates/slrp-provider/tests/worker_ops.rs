@@ -470,6 +470,68 @@ async fn a_disk_operation_during_a_reconciliation_is_deferred_not_dropped() {
     provider.stop().await;
 }
 
+/// A deferred disk operation is judged against the reconciled total (issue #21): the
+/// reconciliation it waited for removed the pre-existing volume it would import (the
+/// plugin no longer lists it), so it ends DROPPED with Mesos's reconciliation text and no
+/// CSI call at all. It used to call ValidateVolume first and only then fail with "does
+/// not contain".
+#[tokio::test]
+async fn a_deferred_operation_whose_source_the_reconciliation_took_is_dropped_uncalled() {
+    let mut env = Env::new(fake_with_one_volume()).await;
+    env.with_profiles(&profile_doc(&["test"]));
+    let provider = env.spawn(env.ops_params(Some(0.05))).await;
+    // The RAW disk comes first, the pool with the profile job's UPDATE_STATE.
+    let (id, resources) = loop {
+        let (id, resources) = env.next_update().await;
+        if resources.iter().any(|r| source_of(r).profile.is_some()) {
+            break (id, resources);
+        }
+    };
+    ready(&provider.handle).await;
+    let raw = resources
+        .iter()
+        .find(|r| source_of(r).id.as_deref() == Some("vol-1"))
+        .cloned()
+        .expect("the pre-existing volume is a RAW disk");
+
+    // Hold the next periodic reconciliation before it asks anything.
+    env.fake().set_down(CsiRpc::GetCapacity, true);
+    env.fake().set_down(CsiRpc::ListVolumes, true);
+    until(|| env.fake().st().waiting_for_endpoint >= 2).await;
+    let mut import = create_disk(raw);
+    import.create_disk.as_mut().unwrap().target_profile = Some("test".to_owned());
+    let op = uuid::Uuid::new_v4();
+    env.send(&id, apply_event(import, op, &env.version())).await;
+    status_until(&provider.handle, "tracked", |s| s.operations == 1).await;
+
+    // The volume goes away before the plugin is asked.
+    env.fake()
+        .st()
+        .volumes
+        .remove(&slrp_core::volume::VolumeId::new("vol-1"));
+    env.fake().set_down(CsiRpc::GetCapacity, false);
+    env.fake().set_down(CsiRpc::ListVolumes, false);
+    let update = env.next_status(op).await;
+    assert_eq!(
+        state_of(&update.status),
+        OperationState::OperationDropped,
+        "{:?}",
+        update.status.message
+    );
+    assert_eq!(
+        update.status.message.as_deref(),
+        Some("Cannot apply operation when reconciling storage pools")
+    );
+    assert!(update.status.uuid.is_some(), "dropped reliably");
+    assert_eq!(env.fake().calls(CsiRpc::ValidateVolumeCapabilities), 0);
+    let status = status_until(&provider.handle, "the volume gone", |s| {
+        !s.total.iter().any(|r| source_of(r).id.is_some())
+    })
+    .await;
+    env.assert_agent_agrees(&id, status.total.as_slice()).await;
+    provider.stop().await;
+}
+
 /// Spec §8.5: an unacknowledged status is resent (same status uuid) with the retry
 /// interval until acknowledged; the acknowledgement stops the retries and forgets it.
 #[tokio::test]

@@ -102,6 +102,11 @@ impl OperationKind {
 /// (spec §5.2 step 1; the worker checks the state itself, [`admit`] is for READY).
 pub const NOT_READY_MESSAGE: &str = "Cannot apply operation in SUBSCRIBED state";
 
+/// Mesos's DROPPED message for a disk operation that cannot be applied because of a
+/// storage reconciliation (Mesos drops every such operation while one runs; slrp defers
+/// those it can still apply, see [`admit`]).
+pub const RECONCILING_MESSAGE: &str = "Cannot apply operation when reconciling storage pools";
+
 /// The message of the unreliable DROPPED answer to RECONCILE_OPERATIONS (§5.8(2)).
 pub const UNKNOWN_OPERATION_MESSAGE: &str = "Unknown operation";
 
@@ -197,20 +202,23 @@ pub struct AdmissionInput<'a> {
     pub tracked: bool,
 }
 
-/// The acceptance pipeline of spec §5.2 for a provider in READY, in this order:
+/// The acceptance pipeline of spec §5.2 for a provider in READY, in Mesos's order (the
+/// state was checked before: [`super::lifecycle::disposition`]):
 ///
 /// 1. an operation already tracked is a [`Admission::Duplicate`] (Mesos aborts). It comes
 ///    first: a re-delivered APPLY_OPERATION must not start a second status stream for the
 ///    same uuid, whatever the version is now;
 /// 2. a kind no provider applies (GROW_VOLUME, SHRINK_VOLUME, LAUNCH, …) is dropped with
 ///    the master's text (Mesos aborts; spec §5.1 "should drop/fail them");
-/// 3. a resource version other than the current one is dropped: `Mismatched resource
-///    version <received> (expected: <current>)`, both in canonical text;
-/// 4. during a storage reconciliation, CREATE_DISK and DESTROY_DISK are
-///    [`Admission::Defer`]red instead of Mesos's drop (§12.6): the version was checked
-///    on arrival, and a reconciliation applied first does not invalidate them because
-///    the pool part of a reconciliation leaves the resources of pending disk operations
-///    alone (`reconcile_pools`' `in_flight`).
+/// 3. during a storage reconciliation, CREATE_DISK and DESTROY_DISK are
+///    [`Admission::Defer`]red instead of Mesos's drop (§12.6) when their resource version
+///    is the current one; one built on another version is dropped with Mesos's
+///    reconciliation text ([`RECONCILING_MESSAGE`]), as Mesos would drop it, before its
+///    version is looked at. A deferred operation is judged again against the reconciled
+///    total when it resumes (the worker drops it with the same text if its source is
+///    gone or changed), so no CSI call is made for resources the reconciliation took;
+/// 4. a resource version other than the current one is dropped: `Mismatched resource
+///    version <received> (expected: <current>)`, both in canonical text.
 ///
 /// RESERVE and UNRESERVE of a storage pool, which Mesos also drops while reconciling,
 /// are accepted at once: their conversion changes no capacity the plugin reports, and the
@@ -226,23 +234,22 @@ pub fn admit(input: &AdmissionInput<'_>) -> Admission {
         return Admission::Drop(unsupported_message(input.info));
     }
     let current = input.current_version;
-    match input.received_version {
-        Some(received) if received == *current => {}
-        Some(received) => {
-            return Admission::Drop(format!(
-                "Mismatched resource version {received} (expected: {current})"
-            ));
-        }
-        None => {
-            return Admission::Drop(format!(
-                "Missing or malformed resource version (expected: {current})"
-            ));
-        }
-    }
+    let matches = input.received_version == Some(*current);
     if input.reconciling && !kind.is_speculative() {
-        Admission::Defer
-    } else {
-        Admission::Accept
+        return if matches {
+            Admission::Defer
+        } else {
+            Admission::Drop(RECONCILING_MESSAGE.to_owned())
+        };
+    }
+    match input.received_version {
+        _ if matches => Admission::Accept,
+        Some(received) => Admission::Drop(format!(
+            "Mismatched resource version {received} (expected: {current})"
+        )),
+        None => Admission::Drop(format!(
+            "Missing or malformed resource version (expected: {current})"
+        )),
     }
 }
 
@@ -706,24 +713,20 @@ pub fn plan_create_disk(
 /// status reports the converted side so, §5.4 last line; [`apply_conversions`] strips it
 /// for the total).
 ///
-/// A created volume takes the size the plugin reports (spec §12 item 28); an imported
-/// one keeps the source's size (the listing gave it; the validation does not change it).
+/// The disk keeps the size the operation consumed, whatever the plugin created or the
+/// listing said (a Mesos master aborts on a conversion that shrinks; the real size is in
+/// the volume manager's record).
 pub fn create_disk_conversion(
     ctx: &ProviderResources,
     plan: &CreateDiskPlan,
     volume: &VolumeInfo,
 ) -> Conversion {
-    let bytes = match plan.request {
-        DiskRequest::Create(_) => u64::try_from(volume.capacity_bytes).ok(),
-        DiskRequest::Import(_) => None,
-    };
     ctx.created_disk(
         &plan.source,
         &CreatedVolume {
             id: volume.id.as_str(),
             context: &volume.volume_context,
             profile: &plan.profile,
-            bytes,
         },
         plan.kind,
     )
@@ -1150,8 +1153,15 @@ mod tests {
             i.reconciling = true;
             assert_eq!(admit(&i), Admission::Accept, "{info:?}");
         }
-        // The version contract holds for deferred operations too.
+        // Mesos's order: the reconciliation before the version. One that could not be
+        // applied anyway is dropped with Mesos's reconciliation text.
         let mut i = input(&deferred[0], &current, Some(uuid::Uuid::from_u128(8)));
+        i.reconciling = true;
+        assert_eq!(admit(&i), Admission::Drop(RECONCILING_MESSAGE.to_owned()));
+        i.received_version = None;
+        assert_eq!(admit(&i), Admission::Drop(RECONCILING_MESSAGE.to_owned()));
+        // Speculative ones go on to the version check.
+        let mut i = input(&accepted[0], &current, Some(uuid::Uuid::from_u128(8)));
         i.reconciling = true;
         assert!(matches!(admit(&i), Admission::Drop(m) if m.starts_with("Mismatched")));
     }
@@ -1618,7 +1628,7 @@ mod tests {
     }
 
     #[test]
-    fn a_created_disk_keeps_the_allocation_and_takes_the_plugin_answer() {
+    fn a_created_disk_keeps_the_allocation_and_the_consumed_size() {
         let ctx = ctx();
         let source = allocated(pool(10, "fast"));
         let plan = planned(source.clone(), SourceType::Mount, None);
@@ -1640,7 +1650,8 @@ mod tests {
             Some("./csi/org.apache.mesos.csi.test/local/mounts")
         );
         assert_eq!(s.metadata.as_ref().unwrap().labels.len(), 1);
-        assert_eq!(converted.scalar.unwrap().value, 12.0);
+        // The plugin made 12 MB of the 10 asked: frameworks were given 10.
+        assert_eq!(converted.scalar.unwrap().value, 10.0);
 
         // An import keeps the listed size whatever the record says.
         let pre = preexisting(3, "vol-2", None);
@@ -1657,6 +1668,37 @@ mod tests {
         assert_eq!(s.r#type, SourceType::Block as i32);
         assert!(s.mount.is_none());
         assert_eq!(s.profile.as_deref(), Some("raw"));
+    }
+
+    /// Mesos's fixed point (`llround(value * 1000)`), in which a master compares sizes.
+    fn fixed(value: f64) -> i64 {
+        (value * 1000.0).round() as i64
+    }
+
+    /// A master aborts when a FINISHED conversion is smaller than what it consumed. On a
+    /// rounding edge, 1.0015 MB is 1002 in fixed point, but the 1,050,148 bytes asked for
+    /// (and echoed back by the plugin) are 1001; a plugin that makes less than asked is
+    /// the plain case.
+    #[test]
+    fn a_created_disk_is_never_smaller_than_what_it_consumed() {
+        let ctx = ctx();
+        let mut source = pool(1, "fast");
+        source.scalar = Some(slrp_proto::mesos::v1::value::Scalar { value: 1.0015 });
+        let plan = planned(source.clone(), SourceType::Mount, None);
+        let DiskRequest::Create(request) = &plan.request else {
+            panic!("a pool makes a CreateVolume");
+        };
+        assert_eq!(request.required_bytes, 1_050_148);
+        for created in [request.required_bytes, 1_048_576, 1] {
+            let volume = VolumeInfo {
+                id: VolumeId::new("vol-1"),
+                capacity_bytes: created,
+                volume_context: BTreeMap::new(),
+            };
+            let conversion = create_disk_conversion(&ctx, &plan, &volume);
+            let converted = conversion.converted.as_slice()[0].scalar.unwrap().value;
+            assert_eq!(fixed(converted), fixed(1.0015), "created {created} bytes");
+        }
     }
 
     // --- DESTROY_DISK -----------------------------------------------------------------

@@ -190,9 +190,12 @@ pub const DEFAULT_PENDING_EVENTS: usize = 1024;
 
 /// The events queued until READY, in arrival order, at most `capacity`.
 ///
-/// On overflow the oldest ACKNOWLEDGE_OPERATION_STATUS goes (the status update manager
-/// resends the status, so the acknowledgement comes again); without one, the oldest
-/// event.
+/// On overflow an operation is never evicted: the oldest ACKNOWLEDGE_OPERATION_STATUS
+/// goes first (the status update manager resends the status, so the acknowledgement
+/// comes again), then the oldest RECONCILE_OPERATIONS (the agent asks again); when the
+/// queue holds only APPLY_OPERATION and PUBLISH_RESOURCES, the arriving event is the one
+/// not kept. The caller answers what [`PendingEvents::push`] hands back (an operation
+/// DROPPED reliably, a publish FAILED), so nothing is lost silently.
 #[derive(Debug, Clone)]
 pub struct PendingEvents {
     events: VecDeque<Event>,
@@ -208,20 +211,24 @@ impl PendingEvents {
         }
     }
 
-    /// Queues `event`; returns the event that had to make room, if any.
+    /// Queues `event`; returns the event that is not kept (one evicted to make room, or
+    /// `event` itself), if any.
     pub fn push(&mut self, event: Event) -> Option<Event> {
-        let evicted = if self.events.len() >= self.capacity {
-            let victim = self
-                .events
-                .iter()
-                .position(|e| EventKind::of(e) == EventKind::AcknowledgeOperationStatus)
-                .unwrap_or(0);
-            self.events.remove(victim)
-        } else {
-            None
-        };
-        self.events.push_back(event);
-        evicted
+        if self.events.len() < self.capacity {
+            self.events.push_back(event);
+            return None;
+        }
+        let position = |kind| self.events.iter().position(|e| EventKind::of(e) == kind);
+        let victim = position(EventKind::AcknowledgeOperationStatus)
+            .or_else(|| position(EventKind::ReconcileOperations));
+        match victim {
+            Some(victim) => {
+                let evicted = self.events.remove(victim);
+                self.events.push_back(event);
+                evicted
+            }
+            None => Some(event),
+        }
     }
 
     /// Takes every queued event, oldest first.
@@ -418,7 +425,7 @@ mod tests {
     }
 
     #[test]
-    fn overflow_without_acks_drops_the_oldest() {
+    fn overflow_without_acks_drops_the_oldest_reconcile() {
         let mut q = PendingEvents::new(2);
         let mut first = event(event::Type::ReconcileOperations);
         first.reconcile_operations = Some(event::ReconcileOperations {
@@ -428,5 +435,34 @@ mod tests {
         q.push(event(event::Type::ReconcileOperations));
         assert_eq!(q.push(event(event::Type::ReconcileOperations)), Some(first));
         assert_eq!(q.len(), 2);
+    }
+
+    /// Issue #21: an operation waiting for READY is never evicted; a full queue of
+    /// operations hands the arriving event back (the worker answers it).
+    #[test]
+    fn overflow_never_evicts_an_operation() {
+        let mut q = PendingEvents::new(2);
+        let apply = event(event::Type::ApplyOperation);
+        let publish = event(event::Type::PublishResources);
+        assert!(q.push(apply.clone()).is_none());
+        assert!(q.push(event(event::Type::ReconcileOperations)).is_none());
+        // The reconcile makes room for the publish, not the operation.
+        assert_eq!(
+            q.push(publish.clone()).map(|e| EventKind::of(&e)),
+            Some(EventKind::ReconcileOperations)
+        );
+        // Now only operations: whatever arrives is handed back.
+        for arriving in [
+            apply.clone(),
+            publish.clone(),
+            event(event::Type::AcknowledgeOperationStatus),
+        ] {
+            assert_eq!(q.push(arriving.clone()), Some(arriving));
+        }
+        let kinds: Vec<_> = q.drain().iter().map(EventKind::of).collect();
+        assert_eq!(
+            kinds,
+            [EventKind::ApplyOperation, EventKind::PublishResources]
+        );
     }
 }

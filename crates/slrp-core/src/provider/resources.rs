@@ -1269,15 +1269,7 @@ impl ProviderResources {
         let mut to_remove = Resources::new();
         let mut missing_converted = Vec::new();
         for resource in checkpointed {
-            let source = source(resource);
-            let field = |get: fn(&Source) -> Option<&String>| source.and_then(get);
-            let unconverted = Resources::from(self.raw_disk_mb(
-                resource.scalar.map_or(0.0, |s| s.value),
-                field(|s| s.profile.as_ref()).map(String::as_str),
-                field(|s| s.vendor.as_ref()).map(String::as_str),
-                field(|s| s.id.as_ref()).map(String::as_str),
-                source.and_then(|s| s.metadata.clone()),
-            ));
+            let unconverted = Resources::from(self.unconverted(resource));
             if to_add.contains(&unconverted) {
                 to_add = to_add - &unconverted;
             } else if unconverted == Resources::from(resource.clone()) {
@@ -1295,6 +1287,21 @@ impl ProviderResources {
         }
     }
 
+    /// The "unconverted" form of `resource` (Mesos `computeConversion`): a fresh RAW disk
+    /// of the same size, profile, vendor, id and metadata with the *current* default
+    /// reservations, as the plugin's answers would make it.
+    fn unconverted(&self, resource: &Resource) -> Resource {
+        let source = source(resource);
+        let field = |get: fn(&Source) -> Option<&String>| source.and_then(get);
+        self.raw_disk_mb(
+            resource.scalar.map_or(0.0, |s| s.value),
+            field(|s| s.profile.as_ref()).map(String::as_str),
+            field(|s| s.vendor.as_ref()).map(String::as_str),
+            field(|s| s.id.as_ref()).map(String::as_str),
+            source.and_then(|s| s.metadata.clone()),
+        )
+    }
+
     /// The pool part of a reconciliation (§6.2, Mesos `getStoragePools`), with pending
     /// creates taken into account.
     ///
@@ -1309,6 +1316,12 @@ impl ProviderResources {
     /// GetCapacity already counts them. A plugin that already counts them is
     /// under-reported until the next reconciliation after the create finishes; space is
     /// never offered twice.
+    ///
+    /// The in-flight part is taken out of the checkpointed pools as it is (it is in the
+    /// total with its reservations) but out of the answers in its unconverted form: the
+    /// answers are fresh RAW disks with the default reservations, from which a RESERVEd
+    /// part (or one of a provider whose default reservations changed) would subtract
+    /// nothing, and its space would be offered twice.
     pub fn reconcile_pools(
         &self,
         total: &Resources,
@@ -1316,7 +1329,8 @@ impl ProviderResources {
         in_flight: &Resources,
     ) -> ComputedConversion {
         let checkpointed = total.filter(is_storage_pool) - in_flight;
-        self.compute_conversion_from(&checkpointed, discovered.clone() - in_flight)
+        let claimed: Resources = in_flight.iter().map(|r| self.unconverted(r)).collect();
+        self.compute_conversion_from(&checkpointed, discovered.clone() - &claimed)
     }
 
     /// The volume part of a reconciliation (§6.3, Mesos `getExistingVolumes`) from a
@@ -1327,6 +1341,9 @@ impl ProviderResources {
     /// 2. Each listed volume becomes a RAW disk with the vendor, its id, capacity and
     ///    context as metadata (none if empty) and the profile of the checkpointed
     ///    resource with that id; a repeated id in the listing is ignored after the first.
+    ///    Difference: a volume with a checkpointed resource (and a listed size) takes that
+    ///    resource's size, so a plugin whose sizes differ from the requested ones (spec
+    ///    §12 item 28) does not make a second resource of the same volume.
     /// 3. A checkpointed resource whose metadata differs from the listed context is
     ///    replaced by a copy with the listed metadata (its conversions kept).
     /// 4. [`compute_conversion`](Self::compute_conversion) over the resources with an id
@@ -1373,12 +1390,28 @@ impl ProviderResources {
             let checkpointed = by_id.get(id).copied();
             let metadata = (!volume.volume_context.is_empty())
                 .then(|| labels_from_context(&volume.volume_context));
-            discovered.add(&self.raw_disk(
-                u64::try_from(volume.capacity_bytes).unwrap_or(0),
-                checkpointed.and_then(disk_profile),
-                Some(id),
-                metadata.clone(),
-            ));
+            // A known volume keeps the size its resource has: a plugin that created more
+            // than was asked (or lists a rounded size) still has the same volume, and
+            // the disk's size is the one frameworks were given (`created_disk`). The
+            // listed size counts for volumes not in the total, and a zero listed size
+            // still means "unknown" (not discovered), as in Mesos.
+            let listed_bytes = u64::try_from(volume.capacity_bytes).unwrap_or(0);
+            let discovered_disk = match checkpointed {
+                Some(known) if listed_bytes > 0 => self.raw_disk_mb(
+                    known.scalar.map_or(0.0, |s| s.value),
+                    disk_profile(known),
+                    Some(&self.vendor),
+                    Some(id),
+                    metadata.clone(),
+                ),
+                _ => self.raw_disk(
+                    listed_bytes,
+                    checkpointed.and_then(disk_profile),
+                    Some(id),
+                    metadata.clone(),
+                ),
+            };
+            discovered.add(&discovered_disk);
             let Some(checkpointed) = checkpointed else {
                 continue;
             };
@@ -1476,12 +1509,13 @@ impl ProviderResources {
     /// it was if the context is empty) and, for MOUNT, this provider's
     /// [`mount_root`](Self::mount_root). Reservations and everything else are kept.
     ///
-    /// Difference (spec §12 item 28): Mesos keeps the requested size even when the
-    /// plugin created a different one, so the next ListVolumes reports a volume that no
-    /// longer matches and the disk is kept as "missing converted" beside a new RAW copy.
-    /// `created_bytes` (CreateVolumeResponse `capacity_bytes`; `None` or 0 = unknown)
-    /// gives the disk its real size; the pool answers of the next reconciliation account
-    /// for the difference.
+    /// The disk keeps the consumed size, as in Mesos, whatever size the plugin created:
+    /// a Mesos master applies the conversion to the framework's allocation and aborts
+    /// when a conversion changes a quantity other than by removing it (its allocator's
+    /// invariant, MESOS-8825). A plugin that rounds sizes (spec §12 item 28) is handled
+    /// by the reconciliation instead: a listed volume of a known id keeps the
+    /// checkpointed size ([`Self::existing_volumes`]); the real size is the volume
+    /// manager's record.
     pub fn created_disk(
         &self,
         source: &Resource,
@@ -1489,11 +1523,6 @@ impl ProviderResources {
         kind: CreatedKind,
     ) -> Conversion {
         let mut disk = source.clone();
-        if let Some(bytes) = created.bytes.filter(|b| *b > 0) {
-            disk.scalar = Some(Scalar {
-                value: bytes as f64 / BYTES_PER_MB,
-            });
-        }
         let s = source_mut(&mut disk);
         s.id = Some(created.id.to_owned());
         s.profile = Some(created.profile.to_owned());
@@ -1563,8 +1592,6 @@ pub struct CreatedVolume<'a> {
     pub context: &'a BTreeMap<String, String>,
     /// The profile the disk was created with.
     pub profile: &'a str,
-    /// The size the plugin reports having created, if it says.
-    pub bytes: Option<u64>,
 }
 
 /// The disk type CREATE_DISK produces.

@@ -834,7 +834,6 @@ mod tests {
                 id: "new-vol",
                 context: &BTreeMap::new(),
                 profile: "fast",
-                bytes: None,
             },
             CreatedKind::Mount,
         );
@@ -891,7 +890,6 @@ mod tests {
                         id: &format!("disk-{step}"),
                         context: &BTreeMap::new(),
                         profile: "fast",
-                        bytes: None,
                     },
                     if step % 2 == 0 {
                         CreatedKind::Mount
@@ -1006,7 +1004,6 @@ mod tests {
                                 id: &format!("disk-{n}"),
                                 context: &BTreeMap::new(),
                                 profile,
-                                bytes: None,
                             },
                             if flag { CreatedKind::Mount } else { CreatedKind::Block },
                         );

@@ -284,10 +284,11 @@ impl Worker {
 
     /// Mesos's "<total> does not contain <consumed>" when the total less what the other
     /// PENDING operations hold cannot give `consumed` (checked on the sum, so the total
-    /// is not copied on the hot path).
+    /// is not copied on the hot path). Checked with no other operation pending too: a
+    /// reconciliation may have taken or changed the source since the operation arrived.
     fn check_available(&self, uuid: &uuid::Uuid, consumed: &Resources) -> Result<(), String> {
         let held = self.held_by_others(uuid);
-        if held.is_empty() || self.state.total.contains(&(held.clone() + consumed)) {
+        if self.state.total.contains(&(held.clone() + consumed)) {
             return Ok(());
         }
         let available = self.state.total.clone() - &held;
@@ -901,10 +902,40 @@ impl Worker {
             }
             Err(message) => apply::failed_status(op, &message, &agent_id),
         };
+        self.end(uuid, kind, resync, status, applied)
+    }
+
+    /// Ends a tracked PENDING operation with DROPPED and `message` (no conversion, no
+    /// call made): one commit, metrics, the status sent reliably.
+    fn drop_pending(&mut self, uuid: uuid::Uuid, message: &str) -> Result<(), ProviderError> {
+        let Some(op) = self.ops.tracked.get(&uuid) else {
+            return Ok(());
+        };
+        if op.is_terminal() {
+            return Ok(());
+        }
+        let kind = OperationKind::of(&op.info);
+        let resync = apply::agent_applies_speculatively(&op.info);
+        let status = apply::dropped_status(op, message, &self.agent_id_proto());
+        tracing::warn!(operation_uuid = %uuid, "Dropping operation (uuid: {uuid}): {message}");
+        self.end(uuid, kind, resync, status, None)
+    }
+
+    /// The common end of [`Self::complete`] and [`Self::drop_pending`]: the terminal
+    /// `status` recorded, staged with the resources `applied` touched, counted and sent.
+    fn end(
+        &mut self,
+        uuid: uuid::Uuid,
+        kind: OperationKind,
+        resync: bool,
+        status: slrp_proto::mesos::v1::OperationStatus,
+        applied: Option<Resources>,
+    ) -> Result<(), ProviderError> {
         let failed = status.state == OperationState::OperationFailed as i32;
+        let dropped = status.state == OperationState::OperationDropped as i32;
         if failed {
             tracing::warn!(operation_uuid = %uuid, operation = ?kind, message = status.message.as_deref().unwrap_or(""), "operation failed");
-        } else {
+        } else if !dropped {
             tracing::info!(operation_uuid = %uuid, operation = ?kind, "operation finished");
         }
         let send = match self.ops.tracked.finish(&uuid, status, Instant::now()) {
@@ -923,10 +954,12 @@ impl Worker {
         metrics.pending(kind, -1);
         if failed {
             metrics.failed(kind);
+        } else if dropped {
+            metrics.dropped(kind);
         } else {
             metrics.finished(kind);
         }
-        if failed && resync {
+        if (failed || dropped) && resync {
             // The agent applied it already: resynchronize it (§5.3 last paragraph).
             self.resync_agent();
         }
@@ -937,11 +970,27 @@ impl Worker {
         Ok(())
     }
 
-    /// Applies the operations deferred during a reconciliation, in arrival order.
+    /// Applies the operations deferred during a reconciliation, in arrival order, each
+    /// judged against the reconciled total first: one whose source the reconciliation
+    /// took or changed ends DROPPED with Mesos's reconciliation text (Mesos drops every
+    /// disk operation that arrives during a reconciliation) before any CSI call, so no
+    /// volume is deleted or validated for a resource that is no longer there.
     pub(super) async fn start_deferred(&mut self) -> Result<(), ProviderError> {
         while let Some(uuid) = self.ops.deferred.pop_front() {
             let span = self.tracked_span(&uuid);
-            self.apply_operation(uuid).instrument(span).await?;
+            let stale = self
+                .ops
+                .tracked
+                .get(&uuid)
+                .map(|op| self.check_available(&uuid, &consumed_by(&op.info)));
+            match stale {
+                Some(Err(detail)) => span.in_scope(|| {
+                    tracing::warn!(operation_uuid = %uuid, %detail, "the reconciliation took or changed the deferred operation's source");
+                    self.drop_pending(uuid, apply::RECONCILING_MESSAGE)
+                })?,
+                Some(Ok(())) => self.apply_operation(uuid).instrument(span).await?,
+                None => {}
+            }
         }
         self.after_ops_change();
         Ok(())
