@@ -853,6 +853,9 @@ impl Worker {
                 .unwrap_or_else(|| update.status.clone());
             became_terminal = self.orphan_status(id, &key, &status);
         }
+        if let Some(reason) = became_terminal.as_ref().and_then(allocation_violation) {
+            self.violation(id, reason);
+        }
         let operation_uuid = update.operation_uuid.clone();
         let status_uuid = update.status.uuid.clone();
         let _ = self.messages.send(ManagerMessage::UpdateOperationStatus {
@@ -1329,6 +1332,31 @@ fn apply_finished(
     })?;
     let converted = resources::unallocated(&latest.converted_resources);
     resources::apply(total, &[(consumed, converted)])
+}
+
+/// The master's check of an operation whose record just became terminal: a
+/// FINISHED CREATE_DISK or DESTROY_DISK converts the framework's allocation
+/// (`Master::updateOperation` → `HierarchicalAllocatorProcess::updateAllocation`), which
+/// aborts the master unless the conversion keeps its scalar quantities or converts what
+/// it consumed into nothing (MESOS-8825, [`resources::check_quantities`]). Speculative
+/// operations are not checked: the master applied their conversion (its own, from the
+/// operation) when it accepted them, and ignores what the provider reports.
+fn allocation_violation(view: &OperationView) -> Option<String> {
+    let info = view.info.as_ref()?;
+    let finished = view.latest_status.state == OperationState::OperationFinished as i32;
+    if !finished || resources::is_speculative(info) {
+        return None;
+    }
+    let consumed = resources::disk_consumed(info)?;
+    let reason =
+        resources::check_quantities(&consumed, &view.latest_status.converted_resources).err()?;
+    let kind = resources::kind(info).map_or("UNKNOWN", |kind| kind.as_str_name());
+    Some(format!(
+        "FINISHED {kind} operation {}: {reason}; a conversion must keep its scalar quantities \
+         or convert what it consumes into nothing (a Mesos master's allocator aborts on this, \
+         MESOS-8825)",
+        display_uuid(&view.operation_uuid)
+    ))
 }
 
 /// Appends `status` unless one with the same status UUID is already recorded (retried

@@ -210,6 +210,17 @@ fn create_disk(source: Resource) -> offer::Operation {
     }
 }
 
+fn destroy_disk(source: Resource) -> offer::Operation {
+    offer::Operation {
+        r#type: Some(offer::operation::Type::DestroyDisk as i32),
+        id: Some(OperationId {
+            value: "destroy".to_owned(),
+        }),
+        destroy_disk: Some(offer::operation::DestroyDisk { source }),
+        ..offer::Operation::default()
+    }
+}
+
 fn reserve(resources: Vec<Resource>) -> offer::Operation {
     offer::Operation {
         r#type: Some(offer::operation::Type::Reserve as i32),
@@ -804,4 +815,117 @@ async fn resources_of_pending_disk_operations_are_not_offered() {
         .apply_operation(&id, ApplyRequest::new(create_disk(pool(&id, 40.0))))
         .await
         .expect("a terminal operation holds nothing");
+}
+
+/// Applies `info`, takes its APPLY_OPERATION and reports it FINISHED with `converted`.
+async fn finish(p: &mut Provider, info: offer::Operation, converted: Vec<Resource>) -> uuid::Uuid {
+    let uuid = p
+        .harness
+        .handle
+        .apply_operation(&p.id, ApplyRequest::new(info))
+        .await
+        .expect("applied");
+    p.expect(event::Type::ApplyOperation).await;
+    let finished = p.reliable(OperationState::OperationFinished, converted);
+    p.status(uuid, &finished).await;
+    uuid
+}
+
+/// MESOS-8825: the master's allocator (`updateAllocation`, on the FINISHED status of a
+/// CREATE_DISK or DESTROY_DISK) aborts unless the conversion keeps its scalar quantities,
+/// in its fixed point, or converts what it consumed into nothing. 1.0015 MB is 1002
+/// thousandths; the 1050148 bytes a plugin echoes back for it are 1.0014992 MB, 1001: a
+/// shrink. An equal or larger conversion passes, and so does a DESTROY_DISK into a
+/// 0-sized resource; a speculative operation's reported conversion is not the master's.
+#[tokio::test]
+async fn finished_disk_conversions_keep_or_remove_their_quantities() {
+    let mut p = Provider::start(Transport::Tcp, ContentType::Protobuf, AckPolicy::Manual).await;
+    let id = p.id.clone();
+    let mut messages = p.harness.handle.messages();
+    let violations =
+        |p: &Provider| p.harness.handle.metrics().snapshot()[metrics::PROTOCOL_VIOLATIONS];
+    let mb = |bytes: f64| bytes / 1_048_576.0;
+    p.update_state(vec![pool(&id, 100.0)], Vec::new()).await;
+
+    let shrunk = volume(&id, "shrunk", mb(1_050_148.0));
+    let create = create_disk(allocated(pool(&id, 1.0015)));
+    let uuid = finish(&mut p, create.clone(), vec![allocated(shrunk.clone())]).await;
+    assert_eq!(violations(&p), 1.0);
+    let reason = next_violation(&mut messages).await;
+    for part in [
+        &format!("FINISHED CREATE_DISK operation {uuid}"),
+        "consumed disk:1.002 and converted disk:1.001",
+        "MESOS-8825",
+    ] {
+        assert!(reason.contains(part), "{part:?} in {reason}");
+    }
+    // The agent's own conversion is fine: it holds what was consumed.
+    assert!(p.total().await.contains(&shrunk));
+
+    // Equal in fixed point (1050149 bytes are 1002 thousandths), or larger: no violation.
+    let equal = volume(&id, "equal", mb(1_050_149.0));
+    let grown = volume(&id, "grown", 2.0);
+    for converted in [equal.clone(), grown.clone()] {
+        finish(&mut p, create.clone(), vec![allocated(converted)]).await;
+        assert_eq!(violations(&p), 1.0, "{reason}");
+    }
+
+    // DESTROY_DISK: into a 0-sized pool or nothing is a complete removal; into a pool of
+    // the same size is kept; into a smaller pool is a shrink.
+    finish(&mut p, destroy_disk(allocated(grown)), vec![pool(&id, 0.0)]).await;
+    finish(&mut p, destroy_disk(allocated(equal)), Vec::new()).await;
+    assert_eq!(violations(&p), 1.0);
+    let kept = volume(&id, "kept", 1.002);
+    finish(&mut p, create.clone(), vec![kept.clone()]).await;
+    assert_eq!(violations(&p), 1.0);
+    let destroy = finish(
+        &mut p,
+        destroy_disk(allocated(shrunk)),
+        vec![pool(&id, 0.5)],
+    )
+    .await;
+    assert_eq!(violations(&p), 2.0);
+    let reason = next_violation(&mut messages).await;
+    assert!(
+        reason.contains(&format!("FINISHED DESTROY_DISK operation {destroy}"))
+            && reason.contains("consumed disk:1.001 and converted disk:0.5"),
+        "{reason}"
+    );
+    finish(&mut p, destroy_disk(kept), vec![pool(&id, 1.002)]).await;
+    assert_eq!(violations(&p), 2.0);
+
+    // A speculative operation's converted resources are not checked (the master applied
+    // its own conversion when it accepted it).
+    finish(
+        &mut p,
+        reserve(vec![reserved(pool(&id, 1.0))]),
+        vec![reserved(pool(&id, 0.5))],
+    )
+    .await;
+    assert_eq!(violations(&p), 2.0);
+
+    // The master checks an operation the agent forgot (absent from an UPDATE_STATE) too:
+    // it still tracks it.
+    let mut request = ApplyRequest::new(create);
+    request.deliver = false;
+    let lost = p
+        .harness
+        .handle
+        .apply_operation(&id, request)
+        .await
+        .expect("recorded");
+    p.update_state(p.total().await, Vec::new()).await;
+    p.expect(event::Type::ReconcileOperations).await;
+    let finished = p.reliable(
+        OperationState::OperationFinished,
+        vec![volume(&id, "lost", 1.0)],
+    );
+    p.status(lost, &finished).await;
+    assert_eq!(violations(&p), 3.0);
+    let reason = next_violation(&mut messages).await;
+    assert!(
+        reason.contains(&format!("FINISHED CREATE_DISK operation {lost}")),
+        "{reason}"
+    );
+    p.expect_nothing_queued().await;
 }
