@@ -878,18 +878,42 @@ impl Worker {
         }
     }
 
-    /// The master's acknowledgement as the agent forwards it (spec §2.9 step 7): the
-    /// event goes to the provider, and an operation whose last status is terminal leaves
-    /// the agent's table (even if the provider could not be reached: its next
-    /// `UPDATE_STATE` brings the operation back, as on the agent). Unlike a Mesos agent,
-    /// an acknowledgement for an operation the agent no longer tracks is still forwarded,
-    /// so a provider whose earlier acknowledgement was lost stops retrying.
+    /// The master's acknowledgement as the agent handles it (spec §2.9 step 7, Mesos
+    /// `Slave::operationStatusAcknowledgement`). The master's record of an operation the
+    /// agent forgot ends with the acknowledgement of its terminal status. The agent looks
+    /// the operation up in its table: one it does not track (never applied through it,
+    /// forgotten by an `UPDATE_STATE`, or removed by an earlier acknowledgement) drops the
+    /// acknowledgement with a warning, so the provider gets nothing and keeps retrying
+    /// until an `UPDATE_STATE` brings the operation back, as with Mesos. A tracked one is
+    /// forwarded to the provider and, if its last status is terminal, leaves the table
+    /// (even if the provider could not be reached: its next `UPDATE_STATE` brings it
+    /// back, as on the agent).
     fn acknowledge(
         &mut self,
         id: &str,
         operation_uuid: &ProtoUuid,
         status_uuid: ProtoUuid,
     ) -> Result<(), SendEventError> {
+        let key = &operation_uuid.value;
+        if self.orphans.get(key).is_some_and(|orphan| {
+            orphan.provider_id == id && is_terminal(orphan.view.latest_status.state)
+        }) && let Some(orphan) = self.orphans.remove(key)
+        {
+            self.completed.insert(key.clone(), &orphan.view);
+        }
+        let tracked = self
+            .agents
+            .get(id)
+            .is_some_and(|agent| agent.operations.contains_key(key));
+        if !tracked {
+            tracing::warn!(
+                provider = %id,
+                operation = %display_uuid(operation_uuid),
+                status = %display_uuid(&status_uuid),
+                "dropping operation status acknowledgement: the agent does not track the operation",
+            );
+            return Ok(());
+        }
         let event = Event {
             r#type: Some(event::Type::AcknowledgeOperationStatus as i32),
             acknowledge_operation_status: Some(event::AcknowledgeOperationStatus {
@@ -900,7 +924,6 @@ impl Worker {
         };
         let sent = self.send_event(id, event);
         if let Some(agent) = self.agents.get_mut(id) {
-            let key = &operation_uuid.value;
             let terminal = agent
                 .operations
                 .get(key)
@@ -909,13 +932,6 @@ impl Worker {
             if terminal && let Some(view) = agent.operations.remove(key) {
                 self.completed.insert(key.clone(), &view);
             }
-        }
-        let key = &operation_uuid.value;
-        if self.orphans.get(key).is_some_and(|orphan| {
-            orphan.provider_id == id && is_terminal(orphan.view.latest_status.state)
-        }) && let Some(orphan) = self.orphans.remove(key)
-        {
-            self.completed.insert(key.clone(), &orphan.view);
         }
         sent
     }

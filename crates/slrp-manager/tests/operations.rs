@@ -498,34 +498,130 @@ async fn ack_policies() {
     let id = p.id.clone();
     p.update_state(vec![common::disk(&id, 10.0)], Vec::new())
         .await;
-    // Statuses of operations the agent never applied: only the master's side acts.
+    // Operations the agent tracks: it drops acknowledgements of the others.
+    let mut ops = Vec::new();
+    for _ in 0..4 {
+        let info = reserve(vec![reserved(common::disk(&id, 1.0))]);
+        ops.push(
+            p.harness
+                .handle
+                .apply_operation(&id, ApplyRequest::new(info))
+                .await
+                .expect("applied"),
+        );
+        p.expect(event::Type::ApplyOperation).await;
+    }
 
     // Auto: a status with a uuid is acknowledged at once, one without is not.
-    let op = uuid::Uuid::new_v4();
     let failed = p.reliable(OperationState::OperationFailed, Vec::new());
-    p.status(op, &failed).await;
+    p.status(ops[0], &failed).await;
     let ack = p.expect(event::Type::AcknowledgeOperationStatus).await;
     let ack = ack.acknowledge_operation_status.expect("payload");
-    assert_eq!(ack.operation_uuid, proto(op));
+    assert_eq!(ack.operation_uuid, proto(ops[0]));
     assert_eq!(ack.status_uuid, failed.uuid.clone().expect("uuid"));
     let unreliable = OperationStatus {
         uuid: None,
         ..failed.clone()
     };
-    p.status(op, &unreliable).await;
+    p.status(ops[1], &unreliable).await;
     p.expect_nothing_queued().await;
 
     // DropFirst(2): two updates are lost on the way to the master, the third is acked.
     p.harness.handle.set_ack_policy(AckPolicy::DropFirst(2));
-    p.status(op, &failed).await;
-    p.status(op, &failed).await;
+    p.status(ops[2], &failed).await;
+    p.status(ops[2], &failed).await;
     p.expect_nothing_queued().await;
-    p.status(op, &failed).await;
-    p.expect(event::Type::AcknowledgeOperationStatus).await;
+    p.status(ops[2], &failed).await;
+    let ack = p.expect(event::Type::AcknowledgeOperationStatus).await;
+    assert_eq!(
+        ack.acknowledge_operation_status
+            .expect("payload")
+            .operation_uuid,
+        proto(ops[2])
+    );
 
     // Manual: never by itself.
     p.harness.handle.set_ack_policy(AckPolicy::Manual);
-    p.status(op, &failed).await;
+    p.status(ops[3], &failed).await;
+    p.expect_nothing_queued().await;
+}
+
+/// As `Slave::operationStatusAcknowledgement`: the agent drops an acknowledgement of an
+/// operation it does not track (logged), so the provider never hears of it and nothing
+/// comes back to life; an operation an `UPDATE_STATE` brought back is tracked again.
+#[tokio::test]
+async fn acknowledgements_of_operations_the_agent_does_not_track_are_dropped() {
+    let mut p = Provider::start(Transport::Unix, ContentType::Protobuf, AckPolicy::Manual).await;
+    let id = p.id.clone();
+    let handle = p.harness.handle.clone();
+    p.update_state(vec![pool(&id, 100.0)], Vec::new()).await;
+    let info = create_disk(allocated(pool(&id, 40.0)));
+    let uuid = handle
+        .apply_operation(&id, ApplyRequest::new(info.clone()))
+        .await
+        .expect("applied");
+    p.expect(event::Type::ApplyOperation).await;
+    let finished = p.reliable(
+        OperationState::OperationFinished,
+        vec![allocated(volume(&id, "vol-1", 40.0))],
+    );
+    p.status(uuid, &finished).await;
+    let total = p.total().await;
+    let status_uuid =
+        uuid::Uuid::from_slice(&finished.uuid.clone().expect("uuid").value).expect("uuid");
+    handle
+        .acknowledge(&id, uuid, status_uuid)
+        .await
+        .expect("acknowledged");
+    p.expect(event::Type::AcknowledgeOperationStatus).await;
+    assert!(p.operations().await.is_empty());
+
+    // The master acknowledges again: the agent no longer tracks the operation.
+    handle
+        .acknowledge(&id, uuid, status_uuid)
+        .await
+        .expect("the master's send succeeds");
+    p.expect_nothing_queued().await;
+    // The provider resends (as if the first acknowledgement were lost) and the master
+    // acknowledges the resend: dropped too, and nothing is converted or recorded again.
+    handle.set_ack_policy(AckPolicy::Auto);
+    p.status(uuid, &finished).await;
+    p.expect_nothing_queued().await;
+    assert!(p.operations().await.is_empty());
+    assert_eq!(p.total().await, total);
+    assert_eq!(p.terminal(uuid).await.latest_status.state, finished.state);
+    // An operation the agent never saw.
+    handle
+        .acknowledge(&id, uuid::Uuid::new_v4(), uuid::Uuid::new_v4())
+        .await
+        .expect("the master's send succeeds");
+    p.expect_nothing_queued().await;
+
+    // The provider lists it in its UPDATE_STATE: the agent adopts it, and the
+    // acknowledgement of its next resend reaches the provider and removes it again.
+    p.update_state(
+        total.clone(),
+        vec![Operation {
+            framework_id: None,
+            agent_id: None,
+            info,
+            latest_status: finished.clone(),
+            statuses: vec![finished.clone()],
+            uuid: proto(uuid),
+        }],
+    )
+    .await;
+    assert_eq!(p.operations().await.len(), 1);
+    p.status(uuid, &finished).await;
+    let ack = p.expect(event::Type::AcknowledgeOperationStatus).await;
+    assert_eq!(
+        ack.acknowledge_operation_status
+            .expect("payload")
+            .operation_uuid,
+        proto(uuid)
+    );
+    assert!(p.operations().await.is_empty());
+    assert_eq!(p.total().await, total);
     p.expect_nothing_queued().await;
 }
 
@@ -640,9 +736,10 @@ async fn an_operation_crossing_an_update_state_keeps_its_status() {
     p.status(uuid, &dropped).await;
     let view = waiting.await.expect("terminal");
     assert_eq!(view.latest_status, dropped);
-    p.expect(event::Type::AcknowledgeOperationStatus).await;
-    assert_eq!(handle.wait_terminal(uuid, WAIT).await, Ok(view));
+    // The master acknowledges it (its record ends there); the agent, which forgot the
+    // operation, drops the acknowledgement, as Mesos's does.
     p.expect_nothing_queued().await;
+    assert_eq!(handle.wait_terminal(uuid, WAIT).await, Ok(view));
 }
 
 #[tokio::test]
