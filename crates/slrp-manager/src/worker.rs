@@ -651,7 +651,10 @@ impl Worker {
             let record = match previous.remove(&key) {
                 // Known to both: a terminal state in the update is already reflected in
                 // its total, so it only overwrites the agent's non-terminal latest status
-                // (and the later status update then converts nothing).
+                // (and the later status update then converts nothing). Only
+                // `latest_status` is taken, as by Mesos's agent: its `statuses` stay those
+                // of the status updates the agent received (an acknowledgement removes the
+                // operation once the last of them is terminal).
                 Some(mut known) => {
                     if is_terminal(operation.latest_status.state)
                         && !is_terminal(known.latest_status.state)
@@ -659,12 +662,10 @@ impl Worker {
                         known.latest_status = operation.latest_status.clone();
                         became_terminal.push(known.clone());
                     }
-                    for status in &operation.statuses {
-                        push_dedup(&mut known.statuses, status);
-                    }
                     known
                 }
-                // Unknown to the agent (it restarted, or the apply was not seen): adopted.
+                // Unknown to the agent (it restarted, or the apply was not seen): adopted
+                // whole, as Mesos's `addOperation(new Operation(...))`.
                 None => OperationView {
                     operation_uuid: operation.uuid.clone(),
                     framework_id: operation.framework_id.clone(),

@@ -1026,3 +1026,78 @@ async fn finished_disk_conversions_keep_or_remove_their_quantities() {
     );
     p.expect_nothing_queued().await;
 }
+
+/// Mesos's agent takes only `latest_status` from the operations of an `UPDATE_STATE` it
+/// already tracks (and only a terminal one); their statuses are those of the status
+/// updates it received.
+#[tokio::test]
+async fn update_state_takes_only_the_latest_status_of_a_known_operation() {
+    let mut p = Provider::start(Transport::Tcp, ContentType::Json, AckPolicy::Manual).await;
+    let id = p.id.clone();
+    p.update_state(vec![pool(&id, 100.0)], Vec::new()).await;
+    let info = create_disk(pool(&id, 40.0));
+    let uuid = p
+        .harness
+        .handle
+        .apply_operation(&id, ApplyRequest::new(info.clone()))
+        .await
+        .expect("applied");
+    p.expect(event::Type::ApplyOperation).await;
+    let finished = p.reliable(
+        OperationState::OperationFinished,
+        vec![volume(&id, "vol", 40.0)],
+    );
+    let listed = |latest_status: &OperationStatus, statuses: Vec<OperationStatus>| Operation {
+        framework_id: None,
+        agent_id: None,
+        info: info.clone(),
+        latest_status: latest_status.clone(),
+        statuses,
+        uuid: proto(uuid),
+    };
+    let total = vec![pool(&id, 60.0), volume(&id, "vol", 40.0)];
+
+    // Non-terminal in the update: nothing changes.
+    let pending = OperationStatus {
+        state: OperationState::OperationPending as i32,
+        ..OperationStatus::default()
+    };
+    p.update_state(
+        vec![pool(&id, 100.0)],
+        vec![listed(&pending, vec![finished.clone()])],
+    )
+    .await;
+    let operations = p.operations().await;
+    assert_eq!(
+        operations[0].latest_status.state,
+        OperationState::OperationPending as i32
+    );
+    assert!(operations[0].statuses.is_empty(), "{operations:?}");
+
+    // Terminal: its latest status is taken, its statuses are not.
+    p.update_state(
+        total.clone(),
+        vec![listed(&finished, vec![finished.clone()])],
+    )
+    .await;
+    let operations = p.operations().await;
+    assert_eq!(operations[0].latest_status, finished);
+    assert!(operations[0].statuses.is_empty(), "{operations:?}");
+
+    // The status update brings the status (once), and converts nothing.
+    p.status(uuid, &finished).await;
+    let with_id = OperationStatus {
+        operation_id: info.id.clone(),
+        ..finished.clone()
+    };
+    assert_eq!(p.operations().await[0].statuses, vec![with_id.clone()]);
+    let other = p.reliable(OperationState::OperationFailed, Vec::new());
+    p.update_state(
+        total.clone(),
+        vec![listed(&finished, vec![finished.clone(), other])],
+    )
+    .await;
+    assert_eq!(p.operations().await[0].statuses, vec![with_id]);
+    assert_eq!(p.total().await, total);
+    p.expect_nothing_queued().await;
+}
