@@ -417,7 +417,10 @@ impl ManagerHandle {
 
     /// Acknowledges one status of an operation as the master does (spec §2.9 step 7):
     /// ACKNOWLEDGE_OPERATION_STATUS to the provider; if the operation's last status is
-    /// terminal, the agent forgets the operation.
+    /// terminal, the agent forgets the operation. An operation the agent does not track
+    /// (never applied through it, forgotten, or already acknowledged terminal) gets no
+    /// event: the agent drops the acknowledgement with a warning, as Mesos's
+    /// `operationStatusAcknowledgement` does, and the call succeeds as the master's send.
     ///
     /// # Errors
     /// [`SendEventError`]: not subscribed, or the event could not be queued.

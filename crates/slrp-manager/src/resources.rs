@@ -423,6 +423,62 @@ pub(crate) fn describe<'a>(resources: impl IntoIterator<Item = &'a Resource>) ->
     out
 }
 
+/// Mesos `Resources::createStrippedScalarQuantity`: the scalar quantities by name, in
+/// thousandths (each resource's `llround(value × 1000)`, summed as Mesos adds scalars);
+/// a name whose quantity is zero is left out, as `Resources` drops empty resources.
+fn scalar_quantities(resources: &[Resource]) -> BTreeMap<&str, i64> {
+    let mut quantities = BTreeMap::new();
+    for resource in resources {
+        if let Some(millis) = amount(resource) {
+            *quantities.entry(resource.name.as_str()).or_insert(0) += millis;
+        }
+    }
+    quantities.retain(|_, millis| *millis != 0);
+    quantities
+}
+
+fn describe_quantities(quantities: &BTreeMap<&str, i64>) -> String {
+    if quantities.is_empty() {
+        return "nothing".to_owned();
+    }
+    let parts: Vec<String> = quantities
+        .iter()
+        .map(|(name, millis)| format!("{name}:{}", float(*millis)))
+        .collect();
+    parts.join("; ")
+}
+
+/// The master allocator's invariant on a conversion of allocated resources
+/// (`HierarchicalAllocatorProcess::updateAllocation`, MESOS-8825): it either keeps its
+/// scalar quantities or removes what it consumes completely (converts it into nothing).
+/// Mesos subtracts the framework's stripped quantities after the conversion from those
+/// before (a subtraction that stops at zero, so a grow passes) and `CHECK_EQ`s the
+/// difference against the consumed quantities of the conversions whose converted side is
+/// empty: a conversion into something smaller aborts the master. A conversion that
+/// consumes nothing is skipped, as there. Err: the quantities of both sides, for the
+/// message.
+pub(crate) fn check_quantities(
+    consumed: &[Resource],
+    converted: &[Resource],
+) -> Result<(), String> {
+    if consumed.iter().all(is_empty) || converted.iter().all(is_empty) {
+        return Ok(());
+    }
+    let before = scalar_quantities(consumed);
+    let after = scalar_quantities(converted);
+    let shrinks = before
+        .iter()
+        .any(|(name, millis)| after.get(name).copied().unwrap_or(0) < *millis);
+    if shrinks {
+        return Err(format!(
+            "consumed {} and converted {}",
+            describe_quantities(&before),
+            describe_quantities(&after)
+        ));
+    }
+    Ok(())
+}
+
 /// The operation type, when the event carries a known one.
 pub(crate) fn kind(info: &offer::Operation) -> Option<offer::operation::Type> {
     info.r#type
@@ -691,6 +747,38 @@ mod tests {
         )
         .expect("rounds to 60.000");
         assert_eq!(total.to_vec(), vec![volume]);
+    }
+
+    /// MESOS-8825 in the master's fixed point: 1.0015 MB is 1002 thousandths
+    /// (`llround(1001.5)`), the 1050148 bytes a plugin echoes back for it are 1.0014992 MB,
+    /// 1001 thousandths: a shrink; 1050149 bytes are 1002 again.
+    #[test]
+    fn conversions_keep_or_remove_their_quantities() {
+        let mb = |bytes: f64| bytes / 1_048_576.0;
+        let pool = |size: f64| with_source(disk(size), SourceType::Raw, None);
+        let volume = |size: f64| with_source(disk(size), SourceType::Mount, Some("v"));
+        let consumed = [pool(1.0015)];
+        let error = check_quantities(&consumed, &[volume(mb(1_050_148.0))])
+            .expect_err("1001 < 1002 thousandths");
+        assert_eq!(error, "consumed disk:1.002 and converted disk:1.001");
+        for kept in [mb(1_050_149.0), 1.0015, 1.002, 2.0] {
+            check_quantities(&consumed, &[volume(kept)]).expect("kept or grown");
+        }
+        // Converted into nothing: removed completely (a 0-sized resource, or one below
+        // half a thousandth, is nothing).
+        for nothing in [vec![], vec![volume(0.0)], vec![volume(0.0004)]] {
+            check_quantities(&consumed, &nothing).expect("removed");
+        }
+        // Consuming nothing is not checked.
+        check_quantities(&[], &[volume(1.0)]).expect("nothing consumed");
+        check_quantities(&[pool(0.0)], &[volume(1.0)]).expect("nothing consumed");
+        // Quantities add up per name; another name does not make up for a missing one.
+        check_quantities(&consumed, &[volume(0.501), pool(0.501)]).expect("1002");
+        assert!(check_quantities(&consumed, &[volume(0.501), pool(0.5)]).is_err());
+        let mut other = disk(5.0);
+        other.name = "mem".to_owned();
+        let error = check_quantities(&consumed, &[other]).expect_err("no disk left");
+        assert_eq!(error, "consumed disk:1.002 and converted mem:5");
     }
 
     #[test]

@@ -651,7 +651,10 @@ impl Worker {
             let record = match previous.remove(&key) {
                 // Known to both: a terminal state in the update is already reflected in
                 // its total, so it only overwrites the agent's non-terminal latest status
-                // (and the later status update then converts nothing).
+                // (and the later status update then converts nothing). Only
+                // `latest_status` is taken, as by Mesos's agent: its `statuses` stay those
+                // of the status updates the agent received (an acknowledgement removes the
+                // operation once the last of them is terminal).
                 Some(mut known) => {
                     if is_terminal(operation.latest_status.state)
                         && !is_terminal(known.latest_status.state)
@@ -659,12 +662,10 @@ impl Worker {
                         known.latest_status = operation.latest_status.clone();
                         became_terminal.push(known.clone());
                     }
-                    for status in &operation.statuses {
-                        push_dedup(&mut known.statuses, status);
-                    }
                     known
                 }
-                // Unknown to the agent (it restarted, or the apply was not seen): adopted.
+                // Unknown to the agent (it restarted, or the apply was not seen): adopted
+                // whole, as Mesos's `addOperation(new Operation(...))`.
                 None => OperationView {
                     operation_uuid: operation.uuid.clone(),
                     framework_id: operation.framework_id.clone(),
@@ -853,6 +854,9 @@ impl Worker {
                 .unwrap_or_else(|| update.status.clone());
             became_terminal = self.orphan_status(id, &key, &status);
         }
+        if let Some(reason) = became_terminal.as_ref().and_then(allocation_violation) {
+            self.violation(id, reason);
+        }
         let operation_uuid = update.operation_uuid.clone();
         let status_uuid = update.status.uuid.clone();
         let _ = self.messages.send(ManagerMessage::UpdateOperationStatus {
@@ -875,18 +879,42 @@ impl Worker {
         }
     }
 
-    /// The master's acknowledgement as the agent forwards it (spec §2.9 step 7): the
-    /// event goes to the provider, and an operation whose last status is terminal leaves
-    /// the agent's table (even if the provider could not be reached: its next
-    /// `UPDATE_STATE` brings the operation back, as on the agent). Unlike a Mesos agent,
-    /// an acknowledgement for an operation the agent no longer tracks is still forwarded,
-    /// so a provider whose earlier acknowledgement was lost stops retrying.
+    /// The master's acknowledgement as the agent handles it (spec §2.9 step 7, Mesos
+    /// `Slave::operationStatusAcknowledgement`). The master's record of an operation the
+    /// agent forgot ends with the acknowledgement of its terminal status. The agent looks
+    /// the operation up in its table: one it does not track (never applied through it,
+    /// forgotten by an `UPDATE_STATE`, or removed by an earlier acknowledgement) drops the
+    /// acknowledgement with a warning, so the provider gets nothing and keeps retrying
+    /// until an `UPDATE_STATE` brings the operation back, as with Mesos. A tracked one is
+    /// forwarded to the provider and, if its last status is terminal, leaves the table
+    /// (even if the provider could not be reached: its next `UPDATE_STATE` brings it
+    /// back, as on the agent).
     fn acknowledge(
         &mut self,
         id: &str,
         operation_uuid: &ProtoUuid,
         status_uuid: ProtoUuid,
     ) -> Result<(), SendEventError> {
+        let key = &operation_uuid.value;
+        if self.orphans.get(key).is_some_and(|orphan| {
+            orphan.provider_id == id && is_terminal(orphan.view.latest_status.state)
+        }) && let Some(orphan) = self.orphans.remove(key)
+        {
+            self.completed.insert(key.clone(), &orphan.view);
+        }
+        let tracked = self
+            .agents
+            .get(id)
+            .is_some_and(|agent| agent.operations.contains_key(key));
+        if !tracked {
+            tracing::warn!(
+                provider = %id,
+                operation = %display_uuid(operation_uuid),
+                status = %display_uuid(&status_uuid),
+                "dropping operation status acknowledgement: the agent does not track the operation",
+            );
+            return Ok(());
+        }
         let event = Event {
             r#type: Some(event::Type::AcknowledgeOperationStatus as i32),
             acknowledge_operation_status: Some(event::AcknowledgeOperationStatus {
@@ -897,7 +925,6 @@ impl Worker {
         };
         let sent = self.send_event(id, event);
         if let Some(agent) = self.agents.get_mut(id) {
-            let key = &operation_uuid.value;
             let terminal = agent
                 .operations
                 .get(key)
@@ -906,13 +933,6 @@ impl Worker {
             if terminal && let Some(view) = agent.operations.remove(key) {
                 self.completed.insert(key.clone(), &view);
             }
-        }
-        let key = &operation_uuid.value;
-        if self.orphans.get(key).is_some_and(|orphan| {
-            orphan.provider_id == id && is_terminal(orphan.view.latest_status.state)
-        }) && let Some(orphan) = self.orphans.remove(key)
-        {
-            self.completed.insert(key.clone(), &orphan.view);
         }
         sent
     }
@@ -1329,6 +1349,31 @@ fn apply_finished(
     })?;
     let converted = resources::unallocated(&latest.converted_resources);
     resources::apply(total, &[(consumed, converted)])
+}
+
+/// The master's check of an operation whose record just became terminal: a
+/// FINISHED CREATE_DISK or DESTROY_DISK converts the framework's allocation
+/// (`Master::updateOperation` → `HierarchicalAllocatorProcess::updateAllocation`), which
+/// aborts the master unless the conversion keeps its scalar quantities or converts what
+/// it consumed into nothing (MESOS-8825, [`resources::check_quantities`]). Speculative
+/// operations are not checked: the master applied their conversion (its own, from the
+/// operation) when it accepted them, and ignores what the provider reports.
+fn allocation_violation(view: &OperationView) -> Option<String> {
+    let info = view.info.as_ref()?;
+    let finished = view.latest_status.state == OperationState::OperationFinished as i32;
+    if !finished || resources::is_speculative(info) {
+        return None;
+    }
+    let consumed = resources::disk_consumed(info)?;
+    let reason =
+        resources::check_quantities(&consumed, &view.latest_status.converted_resources).err()?;
+    let kind = resources::kind(info).map_or("UNKNOWN", |kind| kind.as_str_name());
+    Some(format!(
+        "FINISHED {kind} operation {}: {reason}; a conversion must keep its scalar quantities \
+         or convert what it consumes into nothing (a Mesos master's allocator aborts on this, \
+         MESOS-8825)",
+        display_uuid(&view.operation_uuid)
+    ))
 }
 
 /// Appends `status` unless one with the same status UUID is already recorded (retried

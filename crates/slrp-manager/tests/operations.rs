@@ -210,6 +210,17 @@ fn create_disk(source: Resource) -> offer::Operation {
     }
 }
 
+fn destroy_disk(source: Resource) -> offer::Operation {
+    offer::Operation {
+        r#type: Some(offer::operation::Type::DestroyDisk as i32),
+        id: Some(OperationId {
+            value: "destroy".to_owned(),
+        }),
+        destroy_disk: Some(offer::operation::DestroyDisk { source }),
+        ..offer::Operation::default()
+    }
+}
+
 fn reserve(resources: Vec<Resource>) -> offer::Operation {
     offer::Operation {
         r#type: Some(offer::operation::Type::Reserve as i32),
@@ -487,34 +498,130 @@ async fn ack_policies() {
     let id = p.id.clone();
     p.update_state(vec![common::disk(&id, 10.0)], Vec::new())
         .await;
-    // Statuses of operations the agent never applied: only the master's side acts.
+    // Operations the agent tracks: it drops acknowledgements of the others.
+    let mut ops = Vec::new();
+    for _ in 0..4 {
+        let info = reserve(vec![reserved(common::disk(&id, 1.0))]);
+        ops.push(
+            p.harness
+                .handle
+                .apply_operation(&id, ApplyRequest::new(info))
+                .await
+                .expect("applied"),
+        );
+        p.expect(event::Type::ApplyOperation).await;
+    }
 
     // Auto: a status with a uuid is acknowledged at once, one without is not.
-    let op = uuid::Uuid::new_v4();
     let failed = p.reliable(OperationState::OperationFailed, Vec::new());
-    p.status(op, &failed).await;
+    p.status(ops[0], &failed).await;
     let ack = p.expect(event::Type::AcknowledgeOperationStatus).await;
     let ack = ack.acknowledge_operation_status.expect("payload");
-    assert_eq!(ack.operation_uuid, proto(op));
+    assert_eq!(ack.operation_uuid, proto(ops[0]));
     assert_eq!(ack.status_uuid, failed.uuid.clone().expect("uuid"));
     let unreliable = OperationStatus {
         uuid: None,
         ..failed.clone()
     };
-    p.status(op, &unreliable).await;
+    p.status(ops[1], &unreliable).await;
     p.expect_nothing_queued().await;
 
     // DropFirst(2): two updates are lost on the way to the master, the third is acked.
     p.harness.handle.set_ack_policy(AckPolicy::DropFirst(2));
-    p.status(op, &failed).await;
-    p.status(op, &failed).await;
+    p.status(ops[2], &failed).await;
+    p.status(ops[2], &failed).await;
     p.expect_nothing_queued().await;
-    p.status(op, &failed).await;
-    p.expect(event::Type::AcknowledgeOperationStatus).await;
+    p.status(ops[2], &failed).await;
+    let ack = p.expect(event::Type::AcknowledgeOperationStatus).await;
+    assert_eq!(
+        ack.acknowledge_operation_status
+            .expect("payload")
+            .operation_uuid,
+        proto(ops[2])
+    );
 
     // Manual: never by itself.
     p.harness.handle.set_ack_policy(AckPolicy::Manual);
-    p.status(op, &failed).await;
+    p.status(ops[3], &failed).await;
+    p.expect_nothing_queued().await;
+}
+
+/// As `Slave::operationStatusAcknowledgement`: the agent drops an acknowledgement of an
+/// operation it does not track (logged), so the provider never hears of it and nothing
+/// comes back to life; an operation an `UPDATE_STATE` brought back is tracked again.
+#[tokio::test]
+async fn acknowledgements_of_operations_the_agent_does_not_track_are_dropped() {
+    let mut p = Provider::start(Transport::Unix, ContentType::Protobuf, AckPolicy::Manual).await;
+    let id = p.id.clone();
+    let handle = p.harness.handle.clone();
+    p.update_state(vec![pool(&id, 100.0)], Vec::new()).await;
+    let info = create_disk(allocated(pool(&id, 40.0)));
+    let uuid = handle
+        .apply_operation(&id, ApplyRequest::new(info.clone()))
+        .await
+        .expect("applied");
+    p.expect(event::Type::ApplyOperation).await;
+    let finished = p.reliable(
+        OperationState::OperationFinished,
+        vec![allocated(volume(&id, "vol-1", 40.0))],
+    );
+    p.status(uuid, &finished).await;
+    let total = p.total().await;
+    let status_uuid =
+        uuid::Uuid::from_slice(&finished.uuid.clone().expect("uuid").value).expect("uuid");
+    handle
+        .acknowledge(&id, uuid, status_uuid)
+        .await
+        .expect("acknowledged");
+    p.expect(event::Type::AcknowledgeOperationStatus).await;
+    assert!(p.operations().await.is_empty());
+
+    // The master acknowledges again: the agent no longer tracks the operation.
+    handle
+        .acknowledge(&id, uuid, status_uuid)
+        .await
+        .expect("the master's send succeeds");
+    p.expect_nothing_queued().await;
+    // The provider resends (as if the first acknowledgement were lost) and the master
+    // acknowledges the resend: dropped too, and nothing is converted or recorded again.
+    handle.set_ack_policy(AckPolicy::Auto);
+    p.status(uuid, &finished).await;
+    p.expect_nothing_queued().await;
+    assert!(p.operations().await.is_empty());
+    assert_eq!(p.total().await, total);
+    assert_eq!(p.terminal(uuid).await.latest_status.state, finished.state);
+    // An operation the agent never saw.
+    handle
+        .acknowledge(&id, uuid::Uuid::new_v4(), uuid::Uuid::new_v4())
+        .await
+        .expect("the master's send succeeds");
+    p.expect_nothing_queued().await;
+
+    // The provider lists it in its UPDATE_STATE: the agent adopts it, and the
+    // acknowledgement of its next resend reaches the provider and removes it again.
+    p.update_state(
+        total.clone(),
+        vec![Operation {
+            framework_id: None,
+            agent_id: None,
+            info,
+            latest_status: finished.clone(),
+            statuses: vec![finished.clone()],
+            uuid: proto(uuid),
+        }],
+    )
+    .await;
+    assert_eq!(p.operations().await.len(), 1);
+    p.status(uuid, &finished).await;
+    let ack = p.expect(event::Type::AcknowledgeOperationStatus).await;
+    assert_eq!(
+        ack.acknowledge_operation_status
+            .expect("payload")
+            .operation_uuid,
+        proto(uuid)
+    );
+    assert!(p.operations().await.is_empty());
+    assert_eq!(p.total().await, total);
     p.expect_nothing_queued().await;
 }
 
@@ -629,9 +736,10 @@ async fn an_operation_crossing_an_update_state_keeps_its_status() {
     p.status(uuid, &dropped).await;
     let view = waiting.await.expect("terminal");
     assert_eq!(view.latest_status, dropped);
-    p.expect(event::Type::AcknowledgeOperationStatus).await;
-    assert_eq!(handle.wait_terminal(uuid, WAIT).await, Ok(view));
+    // The master acknowledges it (its record ends there); the agent, which forgot the
+    // operation, drops the acknowledgement, as Mesos's does.
     p.expect_nothing_queued().await;
+    assert_eq!(handle.wait_terminal(uuid, WAIT).await, Ok(view));
 }
 
 #[tokio::test]
@@ -804,4 +912,192 @@ async fn resources_of_pending_disk_operations_are_not_offered() {
         .apply_operation(&id, ApplyRequest::new(create_disk(pool(&id, 40.0))))
         .await
         .expect("a terminal operation holds nothing");
+}
+
+/// Applies `info`, takes its APPLY_OPERATION and reports it FINISHED with `converted`.
+async fn finish(p: &mut Provider, info: offer::Operation, converted: Vec<Resource>) -> uuid::Uuid {
+    let uuid = p
+        .harness
+        .handle
+        .apply_operation(&p.id, ApplyRequest::new(info))
+        .await
+        .expect("applied");
+    p.expect(event::Type::ApplyOperation).await;
+    let finished = p.reliable(OperationState::OperationFinished, converted);
+    p.status(uuid, &finished).await;
+    uuid
+}
+
+/// MESOS-8825: the master's allocator (`updateAllocation`, on the FINISHED status of a
+/// CREATE_DISK or DESTROY_DISK) aborts unless the conversion keeps its scalar quantities,
+/// in its fixed point, or converts what it consumed into nothing. 1.0015 MB is 1002
+/// thousandths; the 1050148 bytes a plugin echoes back for it are 1.0014992 MB, 1001: a
+/// shrink. An equal or larger conversion passes, and so does a DESTROY_DISK into a
+/// 0-sized resource; a speculative operation's reported conversion is not the master's.
+#[tokio::test]
+async fn finished_disk_conversions_keep_or_remove_their_quantities() {
+    let mut p = Provider::start(Transport::Tcp, ContentType::Protobuf, AckPolicy::Manual).await;
+    let id = p.id.clone();
+    let mut messages = p.harness.handle.messages();
+    let violations =
+        |p: &Provider| p.harness.handle.metrics().snapshot()[metrics::PROTOCOL_VIOLATIONS];
+    let mb = |bytes: f64| bytes / 1_048_576.0;
+    p.update_state(vec![pool(&id, 100.0)], Vec::new()).await;
+
+    let shrunk = volume(&id, "shrunk", mb(1_050_148.0));
+    let create = create_disk(allocated(pool(&id, 1.0015)));
+    let uuid = finish(&mut p, create.clone(), vec![allocated(shrunk.clone())]).await;
+    assert_eq!(violations(&p), 1.0);
+    let reason = next_violation(&mut messages).await;
+    for part in [
+        &format!("FINISHED CREATE_DISK operation {uuid}"),
+        "consumed disk:1.002 and converted disk:1.001",
+        "MESOS-8825",
+    ] {
+        assert!(reason.contains(part), "{part:?} in {reason}");
+    }
+    // The agent's own conversion is fine: it holds what was consumed.
+    assert!(p.total().await.contains(&shrunk));
+
+    // Equal in fixed point (1050149 bytes are 1002 thousandths), or larger: no violation.
+    let equal = volume(&id, "equal", mb(1_050_149.0));
+    let grown = volume(&id, "grown", 2.0);
+    for converted in [equal.clone(), grown.clone()] {
+        finish(&mut p, create.clone(), vec![allocated(converted)]).await;
+        assert_eq!(violations(&p), 1.0, "{reason}");
+    }
+
+    // DESTROY_DISK: into a 0-sized pool or nothing is a complete removal; into a pool of
+    // the same size is kept; into a smaller pool is a shrink.
+    finish(&mut p, destroy_disk(allocated(grown)), vec![pool(&id, 0.0)]).await;
+    finish(&mut p, destroy_disk(allocated(equal)), Vec::new()).await;
+    assert_eq!(violations(&p), 1.0);
+    let kept = volume(&id, "kept", 1.002);
+    finish(&mut p, create.clone(), vec![kept.clone()]).await;
+    assert_eq!(violations(&p), 1.0);
+    let destroy = finish(
+        &mut p,
+        destroy_disk(allocated(shrunk)),
+        vec![pool(&id, 0.5)],
+    )
+    .await;
+    assert_eq!(violations(&p), 2.0);
+    let reason = next_violation(&mut messages).await;
+    assert!(
+        reason.contains(&format!("FINISHED DESTROY_DISK operation {destroy}"))
+            && reason.contains("consumed disk:1.001 and converted disk:0.5"),
+        "{reason}"
+    );
+    finish(&mut p, destroy_disk(kept), vec![pool(&id, 1.002)]).await;
+    assert_eq!(violations(&p), 2.0);
+
+    // A speculative operation's converted resources are not checked (the master applied
+    // its own conversion when it accepted it).
+    finish(
+        &mut p,
+        reserve(vec![reserved(pool(&id, 1.0))]),
+        vec![reserved(pool(&id, 0.5))],
+    )
+    .await;
+    assert_eq!(violations(&p), 2.0);
+
+    // The master checks an operation the agent forgot (absent from an UPDATE_STATE) too:
+    // it still tracks it.
+    let mut request = ApplyRequest::new(create);
+    request.deliver = false;
+    let lost = p
+        .harness
+        .handle
+        .apply_operation(&id, request)
+        .await
+        .expect("recorded");
+    p.update_state(p.total().await, Vec::new()).await;
+    p.expect(event::Type::ReconcileOperations).await;
+    let finished = p.reliable(
+        OperationState::OperationFinished,
+        vec![volume(&id, "lost", 1.0)],
+    );
+    p.status(lost, &finished).await;
+    assert_eq!(violations(&p), 3.0);
+    let reason = next_violation(&mut messages).await;
+    assert!(
+        reason.contains(&format!("FINISHED CREATE_DISK operation {lost}")),
+        "{reason}"
+    );
+    p.expect_nothing_queued().await;
+}
+
+/// Mesos's agent takes only `latest_status` from the operations of an `UPDATE_STATE` it
+/// already tracks (and only a terminal one); their statuses are those of the status
+/// updates it received.
+#[tokio::test]
+async fn update_state_takes_only_the_latest_status_of_a_known_operation() {
+    let mut p = Provider::start(Transport::Tcp, ContentType::Json, AckPolicy::Manual).await;
+    let id = p.id.clone();
+    p.update_state(vec![pool(&id, 100.0)], Vec::new()).await;
+    let info = create_disk(pool(&id, 40.0));
+    let uuid = p
+        .harness
+        .handle
+        .apply_operation(&id, ApplyRequest::new(info.clone()))
+        .await
+        .expect("applied");
+    p.expect(event::Type::ApplyOperation).await;
+    let finished = p.reliable(
+        OperationState::OperationFinished,
+        vec![volume(&id, "vol", 40.0)],
+    );
+    let listed = |latest_status: &OperationStatus, statuses: Vec<OperationStatus>| Operation {
+        framework_id: None,
+        agent_id: None,
+        info: info.clone(),
+        latest_status: latest_status.clone(),
+        statuses,
+        uuid: proto(uuid),
+    };
+    let total = vec![pool(&id, 60.0), volume(&id, "vol", 40.0)];
+
+    // Non-terminal in the update: nothing changes.
+    let pending = OperationStatus {
+        state: OperationState::OperationPending as i32,
+        ..OperationStatus::default()
+    };
+    p.update_state(
+        vec![pool(&id, 100.0)],
+        vec![listed(&pending, vec![finished.clone()])],
+    )
+    .await;
+    let operations = p.operations().await;
+    assert_eq!(
+        operations[0].latest_status.state,
+        OperationState::OperationPending as i32
+    );
+    assert!(operations[0].statuses.is_empty(), "{operations:?}");
+
+    // Terminal: its latest status is taken, its statuses are not.
+    p.update_state(
+        total.clone(),
+        vec![listed(&finished, vec![finished.clone()])],
+    )
+    .await;
+    let operations = p.operations().await;
+    assert_eq!(operations[0].latest_status, finished);
+    assert!(operations[0].statuses.is_empty(), "{operations:?}");
+
+    // The status update brings the status (once), and converts nothing.
+    p.status(uuid, &finished).await;
+    let with_id = OperationStatus {
+        operation_id: info.id.clone(),
+        ..finished.clone()
+    };
+    assert_eq!(p.operations().await[0].statuses, vec![with_id.clone()]);
+    let other = p.reliable(OperationState::OperationFailed, Vec::new());
+    p.update_state(
+        total.clone(),
+        vec![listed(&finished, vec![finished.clone(), other])],
+    )
+    .await;
+    assert_eq!(p.operations().await[0].statuses, vec![with_id]);
+    assert_eq!(p.total().await, total);
+    p.expect_nothing_queued().await;
 }
