@@ -1,13 +1,14 @@
 //! Crash-safe per-volume metadata under `<root>/meta/` and the root lock.
 //!
-//! One JSON file per volume, `<id>.json`, replaced atomically: write `<id>.json.tmp` →
-//! fsync → rename over `<id>.json` → fsync the directory. A reader therefore sees either the
-//! old or the new record, never a torn one, and a record that `put` returned for survives a
-//! crash. Leftover `.tmp` files are the debris of a crash mid-write and are removed on open.
+//! One JSON file per volume, `<id>.json`, replaced atomically by
+//! [`slrp_types::write_atomic`]: write `<id>.json.tmp` → fsync → rename over `<id>.json` →
+//! fsync the directory. A reader therefore sees either the old or the new record, never a
+//! torn one, and a record that `put` returned for survives a crash. Leftover `.tmp` files
+//! are the debris of a crash mid-write and are removed on open.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 
 use nix::fcntl::{Flock, FlockArg};
@@ -202,33 +203,16 @@ fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> Sto
 
 /// Writes `data` to `path` atomically and durably (see the module docs).
 pub(crate) fn write_atomic(path: &Path, data: &[u8]) -> Result<(), StoreError> {
-    let dir = path.parent().unwrap_or(Path::new("/"));
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    // A crash may have left a tmp file behind; it holds nothing we need.
-    match fs::remove_file(&tmp) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io_err("removing", &tmp)(e)),
-    }
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&tmp)
-        .map_err(io_err("creating", &tmp))?;
-    f.write_all(data).map_err(io_err("writing", &tmp))?;
-    f.sync_all().map_err(io_err("fsyncing", &tmp))?;
-    drop(f);
-    fs::rename(&tmp, path).map_err(io_err("renaming over", path))?;
-    sync_dir(dir)
+    slrp_types::write_atomic(path, data).map_err(|e| StoreError::Io {
+        op: e.step.as_str(),
+        path: e.path,
+        source: e.source,
+    })
 }
 
 /// Makes a directory entry change (create, rename, unlink) durable.
 pub(crate) fn sync_dir(dir: &Path) -> Result<(), StoreError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io_err("fsyncing directory", dir))
+    slrp_types::sync_dir(dir).map_err(io_err("fsyncing directory", dir))
 }
 
 /// The `<root>/meta` directory.

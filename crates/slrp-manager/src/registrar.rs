@@ -2,10 +2,11 @@
 //!
 //! Mesos keeps this registry under the agent's meta directory so that a provider that
 //! resubscribes after an agent restart is admitted again. Here it is one small JSON file,
-//! `<state_dir>/resource_provider_registry.json`, replaced atomically (write a temporary
-//! file, fsync, rename, fsync the directory) on every change. It holds a handful of
-//! records and changes only on admission and removal, so a whole-file rewrite is cheaper
-//! and simpler than a database. Without a state dir the registry lives in memory.
+//! `<state_dir>/resource_provider_registry.json`, replaced atomically by
+//! [`slrp_types::write_atomic`] (write a temporary file, fsync, rename, fsync the
+//! directory) on every change. It holds a handful of records and changes only on admission
+//! and removal, so a whole-file rewrite is cheaper and simpler than a database. Without a
+//! state dir the registry lives in memory.
 //!
 //! The file also holds the agent ID the manager serves on GET_AGENT, so that a restarted
 //! manager is the same agent. Mesos keeps the registry under `meta/slaves/<agent_id>/`: an
@@ -14,7 +15,6 @@
 //! are forgotten), which is what lets a test restart the manager as a re-registered agent.
 
 use std::collections::BTreeMap;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -218,17 +218,7 @@ fn write_atomically(path: &Path, file: &RegistryFile) -> Result<(), RegistrarErr
     let bytes = serde_json::to_vec_pretty(file)
         .map_err(std::io::Error::other)
         .map_err(error)?;
-    let temp = path.with_extension("json.tmp");
-    let mut out = std::fs::File::create(&temp).map_err(error)?;
-    out.write_all(&bytes).map_err(error)?;
-    out.sync_all().map_err(error)?;
-    std::fs::rename(&temp, path).map_err(error)?;
-    if let Some(dir) = path.parent() {
-        std::fs::File::open(dir)
-            .and_then(|dir| dir.sync_all())
-            .map_err(error)?;
-    }
-    Ok(())
+    slrp_types::write_atomic(path, &bytes).map_err(|e| error(e.into()))
 }
 
 #[cfg(test)]

@@ -12,13 +12,14 @@
 //! not.
 //!
 //! # Crash safety
-//! Written as `<file>.tmp` → fsync → rename over `<file>` → fsync of the directory, so a crash
-//! leaves either the old or the new file, never a torn one.
+//! Written by [`slrp_types::write_atomic`]: `<file>.tmp` (a stale one from a crash is
+//! removed first; we are the only writer) → fsync → rename over `<file>` → fsync of the
+//! directory, so a crash leaves either the old or the new file, never a torn one.
 
 use std::{
     collections::BTreeMap,
     fs,
-    io::{self, Read, Write},
+    io::{self, Read},
     path::{Path, PathBuf},
 };
 
@@ -229,40 +230,11 @@ pub(crate) fn save(path: &Path, table: &ProfileTable, limit: usize) -> Result<()
             limit,
         });
     }
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or_else(|| Path::new("."));
-    let mut tmp_name = path.as_os_str().to_owned();
-    tmp_name.push(".tmp");
-    let tmp = PathBuf::from(tmp_name);
-    let io_err = |op, p: &Path, source| PersistError::Io {
-        op,
-        path: p.to_owned(),
-        source,
-    };
-    // A leftover from a crash mid-write is garbage by construction (the rename never
-    // happened); we are the only writer.
-    match fs::remove_file(&tmp) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io_err("removing stale temporary", &tmp, e)),
-    }
-    let mut file = fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&tmp)
-        .map_err(|e| io_err("creating temporary", &tmp, e))?;
-    file.write_all(&bytes)
-        .map_err(|e| io_err("writing temporary", &tmp, e))?;
-    file.sync_all()
-        .map_err(|e| io_err("syncing temporary", &tmp, e))?;
-    drop(file);
-    fs::rename(&tmp, path).map_err(|e| io_err("renaming temporary over", path, e))?;
-    fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| io_err("syncing directory", dir, e))?;
-    Ok(())
+    slrp_types::write_atomic(path, &bytes).map_err(|e| PersistError::Io {
+        op: e.step.as_str(),
+        path: e.path,
+        source: e.source,
+    })
 }
 
 /// CRC-32 (IEEE 802.3, reflected, as zlib's `crc32`), bitwise: state files are small.

@@ -178,15 +178,12 @@ fn read_record(dir: &Path) -> Option<PidRecord> {
     }
 }
 
+/// Replaces `dir/pid.json` with [`slrp_types::write_atomic`] (via `pid.json.tmp`). Durable
+/// before the plugin is probed, the directory included: a record lost in a crash (or a
+/// power loss) would let a second copy start.
 fn write_record(dir: &Path, record: &PidRecord) -> io::Result<()> {
-    use std::io::Write;
-    let tmp = dir.join("pid.json.tmp");
     let bytes = serde_json::to_vec(record).map_err(io::Error::other)?;
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(&bytes)?;
-    // Durable before rename: a record lost in a crash would let a second copy start.
-    f.sync_all()?;
-    std::fs::rename(&tmp, dir.join(RECORD))
+    slrp_types::write_atomic(&dir.join(RECORD), &bytes).map_err(io::Error::from)
 }
 
 /// Local processes (the default backend): each container is a process group slrp
@@ -394,4 +391,36 @@ pub(crate) async fn retire_processes(
     let root = ProcessBackend::default().root(spec, cfg);
     recover_processes(&none, &root, cfg, metrics).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn record(pid: i32) -> PidRecord {
+        PidRecord {
+            process: ProcessId { pid, start_time: 7 },
+            config_hash: "hash".to_owned(),
+            boot_id: Some("boot".to_owned()),
+        }
+    }
+
+    /// The pid record goes through the crash-safe writer (whose tests cover the fsyncs of
+    /// the file and the directory): a crash's leftover does not block it, and it leaves
+    /// only `pid.json` behind.
+    #[test]
+    fn the_pid_record_is_replaced_whole_past_a_crash_s_leftover() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("pid.json.tmp"), b"{\"proc").unwrap();
+        write_record(dir.path(), &record(1)).unwrap();
+        write_record(dir.path(), &record(2)).unwrap();
+        assert_eq!(read_record(dir.path()), Some(record(2)));
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, [RECORD]);
+    }
 }

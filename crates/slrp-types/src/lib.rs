@@ -2,7 +2,7 @@
 //!
 //! # Overview
 //! Everything here is a type or a pure computation that more than one layer uses: how an
-//! error is printed with its causes, the kernel boot id, gRPC code names, size strings,
+//! error is printed with its causes, how a file is replaced crash-safely, the kernel boot id, gRPC code names, size strings,
 //! the backoff schedule, the provider key profiles are selected by, and volume
 //! capabilities with their Mesos and CSI conversions. Crates above re-export what is part
 //! of their own API (e.g. `slrp_csi::VolumeCapability`), so callers need not know the
@@ -10,6 +10,9 @@
 //!
 //! # Layout
 //! - [`chain`]: [`DisplayChain`], `outer: cause: root cause` for logs and messages.
+//! - [`atomic`]: [`write_atomic`] and [`AtomicWrite`], the one crash-safe file writer
+//!   (temporary file, fsync, rename, fsync of the directory) every durable file outside the
+//!   state store goes through.
 //! - [`boot`]: [`BootId`] and [`read_boot_id`].
 //! - [`grpc`]: [`parse_code`] (gRPC code names).
 //! - [`size`]: [`parse_size`], [`format_size`] (`64MiB`, `10GiB`, `1G`, `1.5GiB`).
@@ -23,7 +26,8 @@
 //! # Invariants
 //! - No tokio and no async: nothing here waits. The only I/O is reading the boot id, one
 //!   small file under `/proc`, and a token file, done synchronously because each happens
-//!   once at start-up (or once per `slrp ctl` run).
+//!   once at start-up (or once per `slrp ctl` run), and replacing a file with
+//!   [`write_atomic`], synchronous `std` I/O that async callers run in `spawn_blocking`.
 //! - Wire types come from `slrp-proto` (which links tonic, and so tokio, into the graph:
 //!   accepted, since every user of this crate already links both; this crate's own code
 //!   uses neither runtime). `tonic` is used only for its `Code` enum.
@@ -32,6 +36,7 @@
 //! # Limitations
 //! - The CSI v1 `volume_mount_group` field is not modelled (nothing in Mesos sets it).
 
+pub mod atomic;
 pub mod backoff;
 pub mod boot;
 pub mod capability;
@@ -43,6 +48,7 @@ pub mod provider;
 pub mod size;
 pub mod token;
 
+pub use atomic::{AtomicWrite, AtomicWriteError, AtomicWriteStep, sync_dir, write_atomic};
 pub use backoff::{
     Backoff, BackoffError, Jitter, JitterRng, MESOS_BACKOFF_BASE, MESOS_BACKOFF_MAX,
 };

@@ -37,6 +37,7 @@ use prost_reflect::{
 use slrp_proto::mesos::v1::Resource;
 use slrp_proto::mesos::v1::resource::ReservationInfo;
 use slrp_proto::mesos::v1::resource::reservation_info::Type as ReservationType;
+use slrp_types::AtomicWrite;
 
 use crate::json::descriptor_of;
 use crate::required::{MissingField, check_required};
@@ -301,33 +302,24 @@ pub fn encode_message<M: Message>(msg: &M) -> Vec<u8> {
 /// a temporary file with a six-character random name in the same directory (so a crash
 /// leaves a `mkstemp`-style leftover, never a torn checkpoint), which is renamed over
 /// `path`. With `sync`, the file is fsynced before the rename and the directory after it.
+/// The steps are [`slrp_types::AtomicWrite`]'s, with
+/// [`random_temp_name`](slrp_types::AtomicWrite::random_temp_name).
 ///
 /// Resources are written as given: call [`downgrade_message`] first to write what Mesos
 /// writes.
 ///
 /// # Errors
-/// Any I/O error creating the directory, writing, syncing or renaming; the temporary file
-/// is removed on failure.
+/// Any I/O error creating the directory, writing, syncing or renaming (the message names
+/// the step); the temporary file is removed on failure.
 pub fn write_message<M: Message>(path: &Path, msg: &M, sync: bool) -> io::Result<()> {
-    let dir = match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => dir,
-        _ => Path::new("."),
-    };
-    std::fs::create_dir_all(dir)?;
-    let mut temp = tempfile::Builder::new()
-        .prefix("")
-        .suffix("")
-        .rand_bytes(6)
-        .tempfile_in(dir)?;
-    temp.write_all(&encode_message(msg))?;
-    if sync {
-        temp.as_file().sync_all()?;
+    if let Some(dir) = path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
     }
-    temp.persist(path).map_err(|e| e.error)?;
-    if sync {
-        File::open(dir)?.sync_all()?;
-    }
-    Ok(())
+    AtomicWrite::new()
+        .random_temp_name()
+        .durable(sync)
+        .write(path, &encode_message(msg))
+        .map_err(io::Error::from)
 }
 
 /// Reads a record stream (`operation.updates`): every record up to the first one that is

@@ -7,8 +7,6 @@
 //! host crash kills the containers too, and the boot id then says they are gone. They are
 //! written 0600: a launch's environment may hold SECRET values.
 
-use std::io::Write as _;
-use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -69,19 +67,14 @@ pub(crate) fn write(
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(error)?;
     }
-    let temp = path.with_extension("json.tmp");
     // The launch may carry SECRET values of its command's environment: readable by the
-    // owner only, from the first byte (created with the mode, not chmod'ed after).
-    let _ = std::fs::remove_file(&temp);
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
+    // owner only, from the first byte (created with the mode, not chmod'ed after). Not
+    // fsync'ed (see the module docs); `<id>.json.tmp` leftovers are skipped by `read_all`.
+    slrp_types::AtomicWrite::new()
         .mode(0o600)
-        .open(&temp)
-        .map_err(error)?;
-    file.write_all(&bytes).map_err(error)?;
-    drop(file);
-    std::fs::rename(&temp, &path).map_err(error)
+        .durable(false)
+        .write(&path, &bytes)
+        .map_err(|e| error(e.into()))
 }
 
 pub(crate) fn remove(path: &Path) {

@@ -353,8 +353,10 @@ pub(crate) fn ensure_profiles_file(layout: &Layout) -> Result<(), DefaultsError>
     write_new(&path, &profiles())
 }
 
-/// Writes `value` as pretty JSON through a temporary file and a rename, so that a crash
-/// leaves either no file (written again at the next start) or the whole of it.
+/// Writes `value` as pretty JSON with [`slrp_types::write_atomic`] (a temporary file, an
+/// fsync, a rename and an fsync of the directory), so that a crash leaves either no file
+/// (written again at the next start) or the whole of it, and a power loss after the write
+/// does not lose it (a regenerated file would re-measure the pools).
 fn write_new(path: &Path, value: &Value) -> Result<(), DefaultsError> {
     let failed = |source| DefaultsError::Write {
         path: path.to_owned(),
@@ -365,21 +367,7 @@ fn write_new(path: &Path, value: &Value) -> Result<(), DefaultsError> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(failed)?;
     }
-    let tmp = path.with_extension("json.tmp");
-    let file = std::fs::File::create(&tmp).and_then(|mut f| {
-        std::io::Write::write_all(&mut f, &text)?;
-        f.sync_all()
-    });
-    file.and_then(|()| std::fs::rename(&tmp, path))
-        .map_err(failed)?;
-    // The rename is durable only once the directory is: without this a power loss can
-    // lose the file, and a regenerated one re-measures the pools.
-    match path.parent() {
-        Some(dir) => std::fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(failed),
-        None => Ok(()),
-    }
+    slrp_types::write_atomic(path, &text).map_err(|e| failed(e.into()))
 }
 
 #[cfg(test)]
