@@ -933,20 +933,11 @@ impl Worker {
 
     async fn on_event(&mut self, event: Event) -> Result<(), ProviderError> {
         let kind = EventKind::of(&event);
-        // The subscription reconciliation is done and its UPDATE_STATE on the way: Mesos is
-        // READY from here on, and the manager, which has the UPDATE_STATE, may send
-        // operations before its answer reaches us. They wait for READY instead of being
-        // dropped as if the provider were still reconciling.
         let reconciled = self.lifecycle == Lifecycle::Subscribed
             && self
                 .ready_from_send
                 .is_some_and(|(_, session)| session == self.session);
-        let disposition = match disposition(self.lifecycle, kind) {
-            Disposition::Drop { .. } | Disposition::AnswerFailed { .. } if reconciled => {
-                Disposition::Queue
-            }
-            other => other,
-        };
+        let disposition = disposition(self.lifecycle, reconciled, kind);
         match disposition {
             Disposition::Handle => Box::pin(self.on_ready_event(event)).await?,
             Disposition::Queue => {
@@ -995,7 +986,7 @@ impl Worker {
             bound = self.params.pending_events,
             "too many events waiting for READY; this one is not kept"
         );
-        let refused = match disposition(Lifecycle::Subscribed, kind) {
+        let refused = match disposition(Lifecycle::Subscribed, false, kind) {
             Disposition::Drop { message } | Disposition::AnswerFailed { message } => message,
             _ => return Ok(()),
         };
@@ -1077,11 +1068,16 @@ impl Worker {
         self.arm_periodic();
         if let Some(profiles) = &self.deps.profiles {
             match profiles.subscribe(self.key.clone()).await {
-                Ok(rx) => {
-                    // The view holds the current profiles at once (Mesos's `watch` returns
-                    // immediately when the provider's set differs): update now.
+                Ok(mut rx) => {
+                    // Mesos's `watch` returns at once only when the adaptor's set differs
+                    // from the provider's (the profiles of its checkpointed pools): then
+                    // update now. Otherwise the subscription reconciliation, which used
+                    // those profiles, is current, and the next change wakes the watch.
+                    let differs = !rx.borrow_and_update().keys().eq(self.live_profiles.keys());
                     self.watch = Some(rx);
-                    self.jobs.mark(JobKind::Profiles);
+                    if differs {
+                        self.jobs.mark(JobKind::Profiles);
+                    }
                 }
                 Err(error) => {
                     tracing::error!(error = %DisplayChain(&error), "the disk profile adaptor stopped; profiles are not watched");

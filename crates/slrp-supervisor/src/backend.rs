@@ -229,6 +229,20 @@ impl ContainerBackend for ProcessBackend {
                 backend: "process",
                 source,
             })?;
+            let ignored = not_applied(&c.raw.0);
+            if !ignored.is_empty() {
+                // Not refused: a Mesos file written for the agent still runs here. But a
+                // plugin configured to run as another user or in an image must not run as
+                // slrp's user on the host without a word.
+                tracing::warn!(
+                    plugin = %plugin,
+                    container = index,
+                    fields = ?ignored,
+                    "the process backend does not apply these fields: the plugin runs its \
+                     command on the host as slrp's user; [plugins] backend = \"agent\" has \
+                     the agent apply them"
+                );
+            }
         }
         Ok(())
     }
@@ -393,6 +407,23 @@ pub(crate) async fn retire_processes(
     Ok(())
 }
 
+/// The fields of a plugin container's configuration the process backend does not apply
+/// (Mesos's agent would): the command's user, the container's resources and its
+/// `ContainerInfo` (image, volumes).
+fn not_applied(info: &slrp_proto::mesos::v1::CsiPluginContainerInfo) -> Vec<&'static str> {
+    [
+        (
+            "command.user",
+            info.command.as_ref().is_some_and(|c| c.user.is_some()),
+        ),
+        ("resources", !info.resources.is_empty()),
+        ("container", info.container.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(field, set)| set.then_some(field))
+    .collect()
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -422,5 +453,25 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names, [RECORD]);
+    }
+
+    #[test]
+    fn the_fields_the_process_backend_does_not_apply_are_named() {
+        use slrp_proto::mesos::v1::{CommandInfo, ContainerInfo, CsiPluginContainerInfo, Resource};
+        let mut info = CsiPluginContainerInfo {
+            command: Some(CommandInfo {
+                value: Some("plugin".to_owned()),
+                ..CommandInfo::default()
+            }),
+            ..CsiPluginContainerInfo::default()
+        };
+        assert!(super::not_applied(&info).is_empty());
+        info.command.as_mut().unwrap().user = Some("nobody".to_owned());
+        info.resources.push(Resource::default());
+        info.container = Some(ContainerInfo::default());
+        assert_eq!(
+            super::not_applied(&info),
+            ["command.user", "resources", "container"]
+        );
     }
 }

@@ -141,8 +141,19 @@ pub enum Disposition {
 /// reachable only through an event already in flight when a session ended; they are
 /// treated like SUBSCRIBED (queue, drop, answer FAILED) with the state's name in the
 /// message, where Mesos asserts.
-pub fn disposition(state: Lifecycle, kind: EventKind) -> Disposition {
+///
+/// `reconciled`: in SUBSCRIBED, the subscription reconciliation of this session is done
+/// and its UPDATE_STATE on the way. Mesos is READY from there on, and the manager, which
+/// has the UPDATE_STATE, may send operations before its answer reaches the provider:
+/// they wait for READY (queued) instead of being dropped as if the provider were still
+/// reconciling. It changes nothing in the other states.
+pub fn disposition(state: Lifecycle, reconciled: bool, kind: EventKind) -> Disposition {
     match (state, kind) {
+        (Lifecycle::Subscribed, EventKind::ApplyOperation | EventKind::PublishResources)
+            if reconciled =>
+        {
+            Disposition::Queue
+        }
         (_, EventKind::Teardown) => Disposition::Ignore,
         (_, EventKind::Unknown) => Disposition::Warn {
             reason: "unknown event type".to_owned(),
@@ -356,7 +367,20 @@ mod tests {
         ];
         for (kind, expected) in rows {
             for (state, want) in STATES.iter().zip(expected) {
-                assert_eq!(disposition(*state, kind), want, "{kind} in {state}");
+                assert_eq!(disposition(*state, false, kind), want, "{kind} in {state}");
+                // Once the subscription's UPDATE_STATE is on its way, operations wait
+                // for READY in SUBSCRIBED; nothing else changes.
+                let reconciled = match (*state, kind) {
+                    (Lifecycle::Subscribed, K::ApplyOperation | K::PublishResources) => {
+                        Disposition::Queue
+                    }
+                    _ => disposition(*state, false, kind),
+                };
+                assert_eq!(
+                    disposition(*state, true, kind),
+                    reconciled,
+                    "{kind} in {state}"
+                );
             }
         }
     }

@@ -17,6 +17,8 @@
 //!   for READY.
 //! - [`state`]: the durable provider state (identity, total resources, pool profiles), one
 //!   store record keyed by the agent id (§3.3, §8.4).
+//! - [`ledger`]: what PENDING operations hold of the total, and the checks an operation
+//!   passes against it before any CSI call (also when a deferred one resumes).
 //! - [`resources`]: the Mesos `Resources` algebra (§6.9), the provider context
 //!   ([`resources::ProviderResources`]: provider id, vendor, default reservations, MOUNT
 //!   root), raw disk resources (§6.1), storage pools (§6.2), existing volumes (§6.3),
@@ -32,6 +34,7 @@
 //! See `docs/resources.md`.
 
 pub mod apply;
+pub mod ledger;
 pub mod lifecycle;
 pub mod operations;
 pub mod persistent;

@@ -30,13 +30,12 @@ use futures_util::stream::FuturesUnordered;
 use slrp_core::provider::apply::{
     self, Admission, AdmissionInput, CreateDiskPlan, DiskRequest, OperationKind,
 };
+use slrp_core::provider::ledger::{self, Resumption, consumed_by, strip};
 use slrp_core::provider::operations::{
     Acked, Operations, TrackedOperation, stage_operation, stage_operation_removal,
 };
 use slrp_core::provider::persistent::remove_persistent_data;
-use slrp_core::provider::resources::{
-    Conversion, Resources, is_storage_pool, pool_profile_changes, pool_profiles,
-};
+use slrp_core::provider::resources::{Conversion, Resources, pool_profile_changes, pool_profiles};
 use slrp_core::provider::state::StateError;
 use slrp_core::volume::{MountPaths, VolumeError, VolumeInfo};
 use slrp_proto::mesos::v1::resource_provider::{Call, call, event};
@@ -203,30 +202,6 @@ pub(super) fn count_recovered(metrics: &crate::metrics::ProviderMetrics, tracked
     }
 }
 
-/// `resource` without its allocation info (spec §5.6 step 1).
-fn strip(resource: &Resource) -> Resource {
-    let mut resource = resource.clone();
-    resource.allocation_info = None;
-    resource
-}
-
-/// The resources an operation takes out of the total (allocation info stripped).
-fn consumed_by(info: &slrp_proto::mesos::v1::offer::Operation) -> Resources {
-    match OperationKind::of(info) {
-        OperationKind::CreateDisk => info.create_disk.iter().map(|c| strip(&c.source)).collect(),
-        OperationKind::DestroyDisk => info.destroy_disk.iter().map(|d| strip(&d.source)).collect(),
-        kind if kind.is_speculative() => apply::speculative_conversions(info)
-            .map(|conversions| {
-                conversions
-                    .iter()
-                    .flat_map(|c| c.consumed.iter().map(strip))
-                    .collect()
-            })
-            .unwrap_or_default(),
-        _ => Resources::new(),
-    }
-}
-
 /// Whether a speculative operation has I/O to do before its conversion (DESTROY removes
 /// the persistent volumes' data): it is then committed PENDING first, so a crash during
 /// the removal replays it instead of losing it.
@@ -260,39 +235,12 @@ impl Worker {
     /// The storage pool resources PENDING operations consume: a reconciliation keeps them
     /// (spec §6.2; `reconcile_pools`' `in_flight`).
     pub(super) fn in_flight(&self) -> Resources {
-        self.ops
-            .tracked
-            .iter()
-            .filter(|op| !op.is_terminal())
-            .flat_map(|op| consumed_by(&op.info).into_vec())
-            .filter(is_storage_pool)
-            .collect()
+        ledger::in_flight(&self.ops.tracked)
     }
 
-    /// What the PENDING operations other than `except` consume (running, deferred or
-    /// waiting for replay): their resources are still in the total but promised, so no
-    /// other operation may take them (a master never offers them; a stale or duplicate
-    /// event could).
-    fn held_by_others(&self, except: &uuid::Uuid) -> Resources {
-        self.ops
-            .tracked
-            .iter()
-            .filter(|op| !op.is_terminal() && op.uuid != *except)
-            .flat_map(|op| consumed_by(&op.info).into_vec())
-            .collect()
-    }
-
-    /// Mesos's "<total> does not contain <consumed>" when the total less what the other
-    /// PENDING operations hold cannot give `consumed` (checked on the sum, so the total
-    /// is not copied on the hot path). Checked with no other operation pending too: a
-    /// reconciliation may have taken or changed the source since the operation arrived.
+    /// [`ledger::check_available`] against the current total.
     fn check_available(&self, uuid: &uuid::Uuid, consumed: &Resources) -> Result<(), String> {
-        let held = self.held_by_others(uuid);
-        if self.state.total.contains(&(held.clone() + consumed)) {
-            return Ok(());
-        }
-        let available = self.state.total.clone() - &held;
-        Err(format!("{available} does not contain {consumed}"))
+        ledger::check_available(&self.state.total, &self.ops.tracked, uuid, consumed)
     }
 
     /// Commits the records of `ops` (put), `removed` (delete) and the resource records of
@@ -572,6 +520,12 @@ impl Worker {
                 received_version: parse_uuid(&apply.resource_version_uuid),
                 tracked,
             }),
+        };
+        let admission = match admission {
+            Admission::Defer => {
+                ledger::confirm_deferral(&self.state.total, &self.ops.tracked, &uuid, &apply.info)
+            }
+            other => other,
         };
         let kind = OperationKind::of(&apply.info);
         let resync = apply::agent_applies_speculatively(&apply.info);
@@ -978,17 +932,12 @@ impl Worker {
     pub(super) async fn start_deferred(&mut self) -> Result<(), ProviderError> {
         while let Some(uuid) = self.ops.deferred.pop_front() {
             let span = self.tracked_span(&uuid);
-            let stale = self
-                .ops
-                .tracked
-                .get(&uuid)
-                .map(|op| self.check_available(&uuid, &consumed_by(&op.info)));
-            match stale {
-                Some(Err(detail)) => span.in_scope(|| {
+            match ledger::judge_deferred(&self.state.total, &self.ops.tracked, &uuid) {
+                Some(Resumption::Drop { message, detail }) => span.in_scope(|| {
                     tracing::warn!(operation_uuid = %uuid, %detail, "the reconciliation took or changed the deferred operation's source");
-                    self.drop_pending(uuid, apply::RECONCILING_MESSAGE)
+                    self.drop_pending(uuid, message)
                 })?,
-                Some(Ok(())) => self.apply_operation(uuid).instrument(span).await?,
+                Some(Resumption::Apply) => self.apply_operation(uuid).instrument(span).await?,
                 None => {}
             }
         }
