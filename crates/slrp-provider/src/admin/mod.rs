@@ -22,9 +22,11 @@
 //!   no task uses the volume: the agent is not asked.
 //!
 //! The rest of the admin API (status, resources, volumes, operations, profiles, plugins,
-//! disks, publish) is specified in `docs/admin-api.md`: the read routes are in `read`,
-//! the actions in `act`, their bodies in [`api`]. Every refusal is an
-//! [`api::ErrorBody`] naming the request field that was wrong, when one was.
+//! disks, publish) is specified in `docs/admin-api.md`: the read routes are in
+//! `read_routes`, the action routes in `action_routes` (the embedded manager's side of
+//! the actions is [`ManagerActions`], in [`manager_actions`]), their bodies in [`api`].
+//! Every refusal is an [`api::ErrorBody`] naming the request field that was wrong, when
+//! one was.
 //!
 //! # The socket
 //!
@@ -57,12 +59,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::AdminToken;
 
-mod act;
-pub mod actions;
+mod action_routes;
 pub mod api;
-mod read;
+pub mod manager_actions;
+mod read_routes;
 
-pub use actions::{ActionError, BoxFuture, ManagerActions};
+pub use manager_actions::{ActionError, BoxFuture, ManagerActions};
 
 /// What the admin endpoint needs to know about one provider. The daemon implements it over
 /// the provider's status and metrics; tests implement it with fakes.
@@ -263,20 +265,20 @@ pub fn router(state: AdminState) -> axum::Router {
     axum::Router::new()
         .route("/health", get(|| async { "OK\n" }))
         .route("/ready", get(ready))
-        .route("/status", get(read::status))
-        .route("/resources", get(read::resources))
-        .route("/volumes", get(read::volumes))
-        .route("/volumes/{id}", get(read::volume))
-        .route("/operations", get(read::operations))
-        .route("/operations/{uuid}", get(read::operation))
-        .route("/profiles", get(read::profiles))
-        .route("/plugins", get(read::plugins))
+        .route("/status", get(read_routes::status))
+        .route("/resources", get(read_routes::resources))
+        .route("/volumes", get(read_routes::volumes))
+        .route("/volumes/{id}", get(read_routes::volume))
+        .route("/operations", get(read_routes::operations))
+        .route("/operations/{uuid}", get(read_routes::operation))
+        .route("/profiles", get(read_routes::profiles))
+        .route("/plugins", get(read_routes::plugins))
         .route("/metrics", get(metrics))
         .route("/metrics/snapshot", get(snapshot))
-        .route("/disks", post(act::create_disk))
-        .route("/disks/destroy", post(act::destroy_disk))
-        .route("/volumes/publish", post(act::publish))
-        .route("/volumes/unpublish", post(act::unpublish))
+        .route("/disks", post(action_routes::create_disk))
+        .route("/disks/destroy", post(action_routes::destroy_disk))
+        .route("/volumes/publish", post(action_routes::publish))
+        .route("/volumes/unpublish", post(action_routes::unpublish))
         .fallback(unknown_route)
         .method_not_allowed_fallback(wrong_method)
         .with_state(state)
