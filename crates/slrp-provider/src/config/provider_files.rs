@@ -228,7 +228,7 @@ pub fn check_plugin_backend(
     };
     let checked = match backend {
         PluginBackend::Process => slrp_supervisor::deployment_from_info(&storage.plugin).map(drop),
-        PluginBackend::Agent => slrp_supervisor::agent::check_container_ids(
+        PluginBackend::Agent => slrp_supervisor::agent_backend::check_container_ids(
             &provider.info.r#type,
             &provider.info.name,
             &storage.plugin,
