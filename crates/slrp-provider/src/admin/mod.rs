@@ -9,7 +9,7 @@
 //!   `error`, when present, is why the provider failed or the last error it reported).
 //! - `GET /metrics`: OpenMetrics text of the daemon's registry.
 //! - `GET /metrics/snapshot`: a JSON object of Mesos-style names to numbers (spec §9), the
-//!   union of every provider's [`ProviderView::snapshot`], as a Mesos agent's
+//!   union of every provider's [`AdminProvider::snapshot`], as a Mesos agent's
 //!   `/metrics/snapshot` shows them.
 //! - `POST /volumes/unpublish` with `{"provider": "<type>.<name>", "volume_id": "…"}`
 //!   (`provider` may be left out when the daemon runs one provider): unpublishes and
@@ -68,7 +68,7 @@ pub use manager_actions::{ActionError, BoxFuture, ManagerActions};
 
 /// What the admin endpoint needs to know about one provider. The daemon implements it over
 /// the provider's status and metrics; tests implement it with fakes.
-pub trait ProviderView: Send + Sync + 'static {
+pub trait AdminProvider: Send + Sync + 'static {
     /// `<rp type>.<rp name>`.
     fn key(&self) -> String;
     /// The lifecycle state's Mesos name (`READY`, …), or the daemon's step while the
@@ -165,7 +165,7 @@ impl std::fmt::Debug for DaemonExtras {
 /// What the routes read: the providers, the metrics registry and the daemon's extras.
 #[derive(Clone)]
 pub struct AdminState {
-    providers: Arc<Vec<Arc<dyn ProviderView>>>,
+    providers: Arc<Vec<Arc<dyn AdminProvider>>>,
     registry: Arc<Registry>,
     extras: DaemonExtras,
 }
@@ -183,14 +183,14 @@ impl std::fmt::Debug for AdminState {
 
 impl AdminState {
     /// The state for these providers and this registry (complete: nothing registers later).
-    pub fn new(providers: Vec<Arc<dyn ProviderView>>, registry: Registry) -> Self {
+    pub fn new(providers: Vec<Arc<dyn AdminProvider>>, registry: Registry) -> Self {
         Self::with_extras(providers, registry, DaemonExtras::default())
     }
 
     /// As [`AdminState::new`], with the daemon's mode and actions; the manager's metrics
     /// are registered into `registry` here.
     pub fn with_extras(
-        providers: Vec<Arc<dyn ProviderView>>,
+        providers: Vec<Arc<dyn AdminProvider>>,
         mut registry: Registry,
         extras: DaemonExtras,
     ) -> Self {
@@ -242,7 +242,7 @@ impl AdminState {
         (status, body)
     }
 
-    /// Refreshes every provider's read-on-scrape gauges ([`ProviderView::refresh_metrics`]).
+    /// Refreshes every provider's read-on-scrape gauges ([`AdminProvider::refresh_metrics`]).
     pub async fn refresh_metrics(&self) {
         for p in self.providers.iter() {
             p.refresh_metrics().await;
@@ -345,7 +345,7 @@ pub(crate) fn bad_field(field: &str, error: impl Into<String>) -> Refusal {
 
 impl AdminState {
     /// The provider a request names, or the only one.
-    fn provider(&self, key: Option<&str>) -> Result<&Arc<dyn ProviderView>, Refusal> {
+    fn provider(&self, key: Option<&str>) -> Result<&Arc<dyn AdminProvider>, Refusal> {
         match key {
             Some(key) => self
                 .providers
@@ -373,7 +373,7 @@ impl AdminState {
     }
 
     /// The running volume manager of `provider`, or 503.
-    fn volume_manager(provider: &Arc<dyn ProviderView>) -> Result<VolumeManagerHandle, Refusal> {
+    fn volume_manager(provider: &Arc<dyn AdminProvider>) -> Result<VolumeManagerHandle, Refusal> {
         provider.volumes().ok_or_else(|| {
             refusal(
                 StatusCode::SERVICE_UNAVAILABLE,
