@@ -62,7 +62,7 @@ pub use error::{
 pub use metrics::ManagerMetrics;
 pub use operator::OPERATOR_PATHS;
 pub use server::{ENDPOINT_PATHS, STREAM_ID_HEADER};
-pub use worker::{ManagerMessage, OperationView, ProviderView};
+pub use worker::{ManagerMessage, OperationView, SubscribedProvider};
 
 use crate::registrar::Registrar;
 use crate::server::{Ctx, Listener};
@@ -348,7 +348,7 @@ impl ManagerHandle {
     ///
     /// # Errors
     /// [`ManagerError::Stopped`].
-    pub async fn providers(&self) -> Result<Vec<ProviderView>, ManagerError> {
+    pub async fn providers(&self) -> Result<Vec<SubscribedProvider>, ManagerError> {
         self.ask(|reply| Command::Providers { reply })
             .await
             .ok_or(ManagerError::Stopped)

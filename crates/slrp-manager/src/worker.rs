@@ -90,7 +90,7 @@ pub enum ManagerMessage {
 
 /// The agent's view of one subscribed provider.
 #[derive(Debug, Clone)]
-pub struct ProviderView {
+pub struct SubscribedProvider {
     /// The provider's info, with its ID.
     pub info: ResourceProviderInfo,
     /// The current subscription's stream ID.
@@ -281,7 +281,7 @@ pub(crate) enum Command {
         stream_id: Uuid,
     },
     Providers {
-        reply: oneshot::Sender<Vec<ProviderView>>,
+        reply: oneshot::Sender<Vec<SubscribedProvider>>,
     },
     SendEvent {
         id: String,
@@ -1114,8 +1114,8 @@ impl Worker {
         let _ = pending.reply.send(result);
     }
 
-    fn providers(&self) -> Vec<ProviderView> {
-        let mut views: Vec<ProviderView> = self
+    fn providers(&self) -> Vec<SubscribedProvider> {
+        let mut views: Vec<SubscribedProvider> = self
             .subscribed
             .iter()
             .map(|(id, sub)| {
@@ -1125,7 +1125,7 @@ impl Worker {
                     .map(|agent| agent.operations.values().cloned().collect())
                     .unwrap_or_default();
                 operations.sort_by(|a, b| a.operation_uuid.value.cmp(&b.operation_uuid.value));
-                ProviderView {
+                SubscribedProvider {
                     info: sub.info.clone(),
                     stream_id: sub.stream_id,
                     resources: sub.resources.clone(),
@@ -1135,7 +1135,7 @@ impl Worker {
             })
             .collect();
         views.sort_by(|a, b| {
-            let key = |view: &ProviderView| view.info.id.as_ref().map(|id| id.value.clone());
+            let key = |view: &SubscribedProvider| view.info.id.as_ref().map(|id| id.value.clone());
             key(a).cmp(&key(b))
         });
         views

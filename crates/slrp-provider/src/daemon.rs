@@ -67,7 +67,7 @@ use tracing::Instrument as _;
 
 use crate::admin::api::{PluginHealth, ProfileSummary};
 use crate::admin::{
-    AdminError, AdminListener, AdminState, AdminTcpListener, BoxFuture, DaemonExtras, ProviderView,
+    AdminError, AdminListener, AdminProvider, AdminState, AdminTcpListener, BoxFuture, DaemonExtras,
 };
 use crate::config::{AdminListen, DaemonConfig, ProviderConfig};
 use crate::import::MesosImport;
@@ -229,7 +229,7 @@ impl Slot {
     }
 }
 
-impl ProviderView for Slot {
+impl AdminProvider for Slot {
     fn key(&self) -> String {
         self.key.clone()
     }
@@ -644,9 +644,9 @@ async fn start_admin(
         None => None,
     };
     tracing::info!(socket = %listener.path().display(), "admin endpoint listening");
-    let views: Vec<Arc<dyn ProviderView>> = slots
+    let views: Vec<Arc<dyn AdminProvider>> = slots
         .iter()
-        .map(|slot| Arc::clone(slot) as Arc<dyn ProviderView>)
+        .map(|slot| Arc::clone(slot) as Arc<dyn AdminProvider>)
         .collect();
     let admin_state = AdminState::with_extras(views, registry, extras);
     if let Some(tcp) = tcp {

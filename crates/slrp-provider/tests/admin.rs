@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
-use slrp_provider::admin::{AdminError, AdminListener, AdminState, ProviderView};
+use slrp_provider::admin::{AdminError, AdminListener, AdminProvider, AdminState};
 use tokio_util::sync::CancellationToken;
 
 struct Fake {
@@ -21,7 +21,7 @@ struct Fake {
     value: f64,
 }
 
-impl ProviderView for Fake {
+impl AdminProvider for Fake {
     fn key(&self) -> String {
         self.key.to_owned()
     }

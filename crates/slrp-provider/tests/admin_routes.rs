@@ -1,5 +1,5 @@
 //! The read and action routes of `docs/admin-api.md` over a real unix socket, with fakes
-//! of `ProviderView` and `ManagerActions` and a real volume manager over the fake plugin.
+//! of `AdminProvider` and `ManagerActions` and a real volume manager over the fake plugin.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -26,7 +26,7 @@ use slrp_provider::admin::api::{
     self, CreateDisk, DestroyDisk, Mode, OperationSummary, PluginHealth, ProfileSummary, VolumeRef,
 };
 use slrp_provider::admin::{
-    ActionError, AdminListener, AdminState, BoxFuture, DaemonExtras, ManagerActions, ProviderView,
+    ActionError, AdminListener, AdminProvider, AdminState, BoxFuture, DaemonExtras, ManagerActions,
 };
 use slrp_test_support::fake_csi::FakeCsi;
 use slrp_test_support::harness::{Harness, create_req};
@@ -46,7 +46,7 @@ struct View {
     operations: Vec<TrackedOperation>,
 }
 
-impl ProviderView for View {
+impl AdminProvider for View {
     fn key(&self) -> String {
         A.to_owned()
     }

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use prometheus_client::registry::Registry;
-use slrp_provider::admin::{AdminState, AdminTcpListener, ProviderView};
+use slrp_provider::admin::{AdminProvider, AdminState, AdminTcpListener};
 use slrp_provider::config::AdminToken;
 use tokio_util::sync::CancellationToken;
 
@@ -17,7 +17,7 @@ const TOKEN: &str = "expected-token-7f3a";
 
 struct Ready;
 
-impl ProviderView for Ready {
+impl AdminProvider for Ready {
     fn key(&self) -> String {
         "org.apache.mesos.rp.local.storage.a".to_owned()
     }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use prometheus_client::registry::Registry;
 use slrp_core::volume::{StateName, VolumeManagerHandle};
 use slrp_csi::{Code, CsiRpc, VolumeId};
-use slrp_provider::admin::{AdminListener, AdminState, ProviderView};
+use slrp_provider::admin::{AdminListener, AdminProvider, AdminState};
 use slrp_test_support::fake_csi::FakeCsi;
 use slrp_test_support::harness::{Harness, create_req};
 use tokio_util::sync::CancellationToken;
@@ -23,7 +23,7 @@ struct View {
     volumes: Option<VolumeManagerHandle>,
 }
 
-impl ProviderView for View {
+impl AdminProvider for View {
     fn key(&self) -> String {
         self.key.to_owned()
     }
@@ -87,7 +87,7 @@ fn serve(views: Vec<View>) -> Served {
     let socket = dir.path().join("admin.sock");
     let views = views
         .into_iter()
-        .map(|v| Arc::new(v) as Arc<dyn ProviderView>)
+        .map(|v| Arc::new(v) as Arc<dyn AdminProvider>)
         .collect();
     let state = AdminState::new(views, Registry::default());
     let listener = AdminListener::bind(&socket).unwrap();

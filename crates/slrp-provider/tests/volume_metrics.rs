@@ -12,7 +12,7 @@ use std::sync::Arc;
 use prometheus_client::registry::Registry;
 use slrp_core::volume::VolumeManagerHandle;
 use slrp_csi::{Code, CsiRpc};
-use slrp_provider::admin::{AdminListener, AdminState, BoxFuture, ProviderView};
+use slrp_provider::admin::{AdminListener, AdminProvider, AdminState, BoxFuture};
 use slrp_provider::metrics::ProviderMetrics;
 use slrp_test_support::fake_csi::FakeCsi;
 use slrp_test_support::harness::{Harness, create_req};
@@ -26,7 +26,7 @@ struct View {
     volumes: Option<VolumeManagerHandle>,
 }
 
-impl ProviderView for View {
+impl AdminProvider for View {
     fn key(&self) -> String {
         KEY.to_owned()
     }

@@ -2,7 +2,7 @@
 //! health, backoff: shared) and what launches, waits for, stops and recovers a container.
 //!
 //! Two backends exist: [`ProcessBackend`] (local processes, pid records under
-//! `<runtime_dir>/containers`; the default) and [`crate::agent::AgentBackend`] (the agent's
+//! `<runtime_dir>/containers`; the default) and [`crate::agent_backend::AgentBackend`] (the agent's
 //! standalone containers through its operator API, Mesos's layout under
 //! `<work_dir>/csi/<plugin type>/<plugin name>/containers`).
 
@@ -17,7 +17,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use slrp_types::DisplayChain;
 
-use crate::agent::AgentBackend;
+use crate::agent_backend::AgentBackend;
 use crate::metrics::SupervisorMetrics;
 use crate::process::{self, ExitInfo, Liveness, PluginProcess, ProcessId};
 use crate::spec::{

@@ -15,7 +15,7 @@
 //! - [`spec`]: `CSIPluginInfo` → [`PluginDeployment`] (service assignment, commands, ids).
 //! - [`supervisor`]: [`Supervisor`], [`SupervisorHandle`], [`SupervisorConfig`], workers.
 //! - [`backend`]: the [`ContainerBackend`] / [`PluginRun`] seam and [`ProcessBackend`].
-//! - [`agent`]: [`AgentBackend`], containers through the agent's operator API.
+//! - [`agent_backend`]: [`AgentBackend`], containers through the agent's operator API.
 //! - [`process`]: process groups, identity by pid + start time ([`ProcReader`] seam),
 //!   the no-leak guard.
 //! - [`readiness`]: [`ReadinessCheck`] and [`CsiProbe`].
@@ -48,7 +48,7 @@
 //! - A socket removed under a running plugin is noticed by the next health probe and
 //!   repaired by a restart, not in place.
 
-pub mod agent;
+pub mod agent_backend;
 pub mod backend;
 pub mod metrics;
 pub mod process;
@@ -56,7 +56,7 @@ pub mod readiness;
 pub mod spec;
 pub mod supervisor;
 
-pub use agent::{AgentBackend, AgentBackendConfig, RemoveSandboxes};
+pub use agent_backend::{AgentBackend, AgentBackendConfig, RemoveSandboxes};
 pub use backend::{ContainerBackend, PluginRun, ProcessBackend};
 pub use metrics::{SupervisorMetrics, TerminationCause};
 pub use process::{LaunchError, ProcFs, ProcReader};

@@ -95,7 +95,7 @@ pub struct SupervisorConfig {
     /// replaceable so tests can simulate an unreadable `/proc`).
     pub proc_reader: Arc<dyn ProcReader>,
     /// Where the containers run: [`ProcessBackend`] (local processes, the default) or
-    /// [`crate::agent::AgentBackend`] (the agent's standalone containers).
+    /// [`crate::agent_backend::AgentBackend`] (the agent's standalone containers).
     pub backend: Arc<dyn ContainerBackend>,
 }
 
@@ -234,7 +234,7 @@ pub enum SupervisorError {
         container: String,
         /// Why (boxed: large, and a cold path).
         #[source]
-        source: Box<crate::agent::AgentBackendError>,
+        source: Box<crate::agent_backend::AgentBackendError>,
     },
     /// The container failed for good (e.g. the agent refused it); it is not restarted.
     #[error("container {container} failed and is not restarted: {reason}")]
@@ -425,7 +425,7 @@ pub(crate) fn remove_endpoint_dir(container_dir: &Path) {
             .and_then(|n| n.to_str())
             .is_some_and(|n| {
                 n.starts_with(PROCESS_SOCKET_PREFIX)
-                    || n.starts_with(crate::agent::SOCKET_DIR_PREFIX)
+                    || n.starts_with(crate::agent_backend::SOCKET_DIR_PREFIX)
             });
         if ours {
             let _ = std::fs::remove_dir_all(&target);

@@ -9,7 +9,7 @@
 //!   `error`, when present, is why the provider failed or the last error it reported).
 //! - `GET /metrics`: OpenMetrics text of the daemon's registry.
 //! - `GET /metrics/snapshot`: a JSON object of Mesos-style names to numbers (spec §9), the
-//!   union of every provider's [`ProviderView::snapshot`], as a Mesos agent's
+//!   union of every provider's [`AdminProvider::snapshot`], as a Mesos agent's
 //!   `/metrics/snapshot` shows them.
 //! - `POST /volumes/unpublish` with `{"provider": "<type>.<name>", "volume_id": "…"}`
 //!   (`provider` may be left out when the daemon runs one provider): unpublishes and
@@ -22,9 +22,11 @@
 //!   no task uses the volume: the agent is not asked.
 //!
 //! The rest of the admin API (status, resources, volumes, operations, profiles, plugins,
-//! disks, publish) is specified in `docs/admin-api.md`: the read routes are in `read`,
-//! the actions in `act`, their bodies in [`api`]. Every refusal is an
-//! [`api::ErrorBody`] naming the request field that was wrong, when one was.
+//! disks, publish) is specified in `docs/admin-api.md`: the read routes are in
+//! `read_routes`, the action routes in `action_routes` (the embedded manager's side of
+//! the actions is [`ManagerActions`], in [`manager_actions`]), their bodies in [`api`].
+//! Every refusal is an [`api::ErrorBody`] naming the request field that was wrong, when
+//! one was.
 //!
 //! # The socket
 //!
@@ -57,16 +59,16 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::AdminToken;
 
-mod act;
-pub mod actions;
+mod action_routes;
 pub mod api;
-mod read;
+pub mod manager_actions;
+mod read_routes;
 
-pub use actions::{ActionError, BoxFuture, ManagerActions};
+pub use manager_actions::{ActionError, BoxFuture, ManagerActions};
 
 /// What the admin endpoint needs to know about one provider. The daemon implements it over
 /// the provider's status and metrics; tests implement it with fakes.
-pub trait ProviderView: Send + Sync + 'static {
+pub trait AdminProvider: Send + Sync + 'static {
     /// `<rp type>.<rp name>`.
     fn key(&self) -> String;
     /// The lifecycle state's Mesos name (`READY`, …), or the daemon's step while the
@@ -163,7 +165,7 @@ impl std::fmt::Debug for DaemonExtras {
 /// What the routes read: the providers, the metrics registry and the daemon's extras.
 #[derive(Clone)]
 pub struct AdminState {
-    providers: Arc<Vec<Arc<dyn ProviderView>>>,
+    providers: Arc<Vec<Arc<dyn AdminProvider>>>,
     registry: Arc<Registry>,
     extras: DaemonExtras,
 }
@@ -181,14 +183,14 @@ impl std::fmt::Debug for AdminState {
 
 impl AdminState {
     /// The state for these providers and this registry (complete: nothing registers later).
-    pub fn new(providers: Vec<Arc<dyn ProviderView>>, registry: Registry) -> Self {
+    pub fn new(providers: Vec<Arc<dyn AdminProvider>>, registry: Registry) -> Self {
         Self::with_extras(providers, registry, DaemonExtras::default())
     }
 
     /// As [`AdminState::new`], with the daemon's mode and actions; the manager's metrics
     /// are registered into `registry` here.
     pub fn with_extras(
-        providers: Vec<Arc<dyn ProviderView>>,
+        providers: Vec<Arc<dyn AdminProvider>>,
         mut registry: Registry,
         extras: DaemonExtras,
     ) -> Self {
@@ -240,7 +242,7 @@ impl AdminState {
         (status, body)
     }
 
-    /// Refreshes every provider's read-on-scrape gauges ([`ProviderView::refresh_metrics`]).
+    /// Refreshes every provider's read-on-scrape gauges ([`AdminProvider::refresh_metrics`]).
     pub async fn refresh_metrics(&self) {
         for p in self.providers.iter() {
             p.refresh_metrics().await;
@@ -263,20 +265,20 @@ pub fn router(state: AdminState) -> axum::Router {
     axum::Router::new()
         .route("/health", get(|| async { "OK\n" }))
         .route("/ready", get(ready))
-        .route("/status", get(read::status))
-        .route("/resources", get(read::resources))
-        .route("/volumes", get(read::volumes))
-        .route("/volumes/{id}", get(read::volume))
-        .route("/operations", get(read::operations))
-        .route("/operations/{uuid}", get(read::operation))
-        .route("/profiles", get(read::profiles))
-        .route("/plugins", get(read::plugins))
+        .route("/status", get(read_routes::status))
+        .route("/resources", get(read_routes::resources))
+        .route("/volumes", get(read_routes::volumes))
+        .route("/volumes/{id}", get(read_routes::volume))
+        .route("/operations", get(read_routes::operations))
+        .route("/operations/{uuid}", get(read_routes::operation))
+        .route("/profiles", get(read_routes::profiles))
+        .route("/plugins", get(read_routes::plugins))
         .route("/metrics", get(metrics))
         .route("/metrics/snapshot", get(snapshot))
-        .route("/disks", post(act::create_disk))
-        .route("/disks/destroy", post(act::destroy_disk))
-        .route("/volumes/publish", post(act::publish))
-        .route("/volumes/unpublish", post(act::unpublish))
+        .route("/disks", post(action_routes::create_disk))
+        .route("/disks/destroy", post(action_routes::destroy_disk))
+        .route("/volumes/publish", post(action_routes::publish))
+        .route("/volumes/unpublish", post(action_routes::unpublish))
         .fallback(unknown_route)
         .method_not_allowed_fallback(wrong_method)
         .with_state(state)
@@ -343,7 +345,7 @@ pub(crate) fn bad_field(field: &str, error: impl Into<String>) -> Refusal {
 
 impl AdminState {
     /// The provider a request names, or the only one.
-    fn provider(&self, key: Option<&str>) -> Result<&Arc<dyn ProviderView>, Refusal> {
+    fn provider(&self, key: Option<&str>) -> Result<&Arc<dyn AdminProvider>, Refusal> {
         match key {
             Some(key) => self
                 .providers
@@ -371,7 +373,7 @@ impl AdminState {
     }
 
     /// The running volume manager of `provider`, or 503.
-    fn volume_manager(provider: &Arc<dyn ProviderView>) -> Result<VolumeManagerHandle, Refusal> {
+    fn volume_manager(provider: &Arc<dyn AdminProvider>) -> Result<VolumeManagerHandle, Refusal> {
         provider.volumes().ok_or_else(|| {
             refusal(
                 StatusCode::SERVICE_UNAVAILABLE,

@@ -19,7 +19,7 @@ use axum::http::StatusCode;
 use prometheus_client::registry::Registry;
 use slrp_manager::{
     AckPolicy, ApplyRequest, ManagerError, ManagerHandle, OperationError, OperationView,
-    ProviderView, PublishError,
+    PublishError, SubscribedProvider,
 };
 use slrp_proto::mesos::v1::resource::disk_info::source::Type as SourceType;
 use slrp_proto::mesos::v1::{OperationState, Resource, offer};
@@ -107,14 +107,14 @@ impl StandaloneActions {
         });
     }
 
-    async fn providers(&self) -> Result<Vec<ProviderView>, ActionError> {
+    async fn providers(&self) -> Result<Vec<SubscribedProvider>, ActionError> {
         self.manager.providers().await.map_err(manager_stopped)
     }
 
     /// The provider `key` names, or the only one: the route checked the name (and that
     /// there is only one when none is given), so what is left is the manager's side, a
     /// provider that has not subscribed (yet, or again).
-    async fn provider(&self, key: Option<&str>) -> Result<ProviderView, ActionError> {
+    async fn provider(&self, key: Option<&str>) -> Result<SubscribedProvider, ActionError> {
         self.providers()
             .await?
             .into_iter()
@@ -475,7 +475,7 @@ fn wait_of(wait: bool, timeout_seconds: Option<u64>) -> Option<Duration> {
     wait.then(|| timeout_seconds.map_or(DEFAULT_WAIT, Duration::from_secs))
 }
 
-fn provider_id(view: &ProviderView) -> String {
+fn provider_id(view: &SubscribedProvider) -> String {
     view.info
         .id
         .as_ref()

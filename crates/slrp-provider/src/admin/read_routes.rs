@@ -13,7 +13,7 @@ use slrp_proto::mesos::v1::Resource;
 use slrp_types::DisplayChain;
 
 use super::api::{self, OperationSummary, VolumeSummary};
-use super::{AdminState, ProviderView, Refusal, field_refusal, refusal, volume_records};
+use super::{AdminProvider, AdminState, Refusal, field_refusal, refusal, volume_records};
 
 pub(super) async fn status(State(state): State<AdminState>) -> Json<api::Status> {
     let mut providers = Vec::with_capacity(state.providers.len());
@@ -67,7 +67,7 @@ fn source_id(r: &Resource) -> Option<&str> {
 /// One volume manager record as the admin API shows it; the profile comes from the
 /// provider's resources (the record does not keep it).
 fn summary(
-    provider: &dyn ProviderView,
+    provider: &dyn AdminProvider,
     record: &VolumeRecord,
     total: &[Resource],
     paths: Option<&MountPaths>,
@@ -125,7 +125,7 @@ fn summary(
 
 /// The volumes of one provider (none while its volume manager does not run).
 pub(super) async fn provider_volumes(
-    p: &Arc<dyn ProviderView>,
+    p: &Arc<dyn AdminProvider>,
 ) -> Result<Vec<VolumeSummary>, Refusal> {
     let Some(handle) = p.volumes() else {
         return Ok(Vec::new());

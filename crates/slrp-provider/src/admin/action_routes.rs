@@ -16,7 +16,7 @@ use slrp_types::DisplayChain;
 
 use super::api::{CreateDisk, DestroyDisk, OperationSummary, VolumeChanged, VolumeRef};
 use super::{
-    AdminState, ManagerActions, ProviderView, Refusal, bad_field, refusal, unknown_volume,
+    AdminProvider, AdminState, ManagerActions, Refusal, bad_field, refusal, unknown_volume,
     volume_error_status, volume_records, volume_state,
 };
 
@@ -176,7 +176,7 @@ pub(super) async fn destroy_disk(
 /// under whoever writes through it and delete the data. A Mesos master refuses to
 /// destroy under a running task; in standalone mode the operator's publish stands in
 /// for that task. A volume the volume manager does not track is the actions' 404.
-async fn refuse_in_use(provider: &Arc<dyn ProviderView>, volume_id: &str) -> Result<(), Refusal> {
+async fn refuse_in_use(provider: &Arc<dyn AdminProvider>, volume_id: &str) -> Result<(), Refusal> {
     use slrp_core::volume::StateName;
     let volumes = AdminState::volume_manager(provider)?;
     let id = VolumeId::new(volume_id.to_owned());
@@ -222,7 +222,7 @@ const VOLUME_REF: &str = r#"{"provider": "<type>.<name>", "volume_id": "<id>"}"#
 
 /// The volume a [`VolumeRef`] names, on its provider's running volume manager.
 struct Target<'a> {
-    provider: &'a Arc<dyn ProviderView>,
+    provider: &'a Arc<dyn AdminProvider>,
     volumes: slrp_core::volume::VolumeManagerHandle,
     /// Where that volume manager mounts, read together with it: the provider's paths may
     /// go away (a plugin restart) while the request runs.
