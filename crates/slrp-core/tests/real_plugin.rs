@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use slrp_core::volume::manager::failpoints as vfp;
 use slrp_core::volume::*;
-use slrp_csi::{ClientConfig, CsiClient, CsiEndpoint, CsiMetrics, RetryConfig, VolumeCapability};
+use slrp_csi::{ClientConfig, CsiClient, CsiEndpoint, CsiMetrics, VolumeCapability};
 use slrp_store::Store;
 use tokio_util::sync::CancellationToken;
 
@@ -111,9 +111,7 @@ impl Env {
     fn client(&self) -> CsiClient {
         CsiClient::new(
             CsiEndpoint::from_path(self.socket()).unwrap(),
-            ClientConfig::default()
-                .rpc_timeout(Duration::from_secs(30))
-                .retry(RetryConfig::none()),
+            ClientConfig::default().rpc_timeout(Duration::from_secs(30)),
             CsiMetrics::default(),
         )
         .unwrap()

@@ -39,7 +39,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use slrp_core::volume::*;
-use slrp_csi::{ClientConfig, CsiClient, CsiEndpoint, CsiMetrics, RetryConfig};
+use slrp_csi::{ClientConfig, CsiClient, CsiEndpoint, CsiMetrics};
 use slrp_store::Store;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio_util::sync::CancellationToken;
@@ -94,9 +94,7 @@ impl Layout {
     fn client(&self) -> CsiClient {
         CsiClient::new(
             CsiEndpoint::from_path(self.socket()).unwrap(),
-            ClientConfig::default()
-                .rpc_timeout(Duration::from_secs(30))
-                .retry(RetryConfig::none()),
+            ClientConfig::default().rpc_timeout(Duration::from_secs(30)),
             CsiMetrics::default(),
         )
         .unwrap()

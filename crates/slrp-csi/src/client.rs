@@ -11,10 +11,9 @@ use tonic::transport::Channel;
 use tokio::time::Instant;
 
 use crate::endpoint::{CsiEndpoint, SocketAlias, is_connect_failure, is_too_long, lazy_channel};
-use crate::error::{CsiError, CsiRpc, RetryClass};
+use crate::error::{CsiError, CsiRpc};
 use crate::metrics::{CsiMetrics, Outcome};
 use crate::readiness::EndpointReadiness;
-use crate::retry::{RetryConfig, RetryPolicy, retry};
 use crate::types::*;
 use crate::{v0, v1};
 
@@ -32,16 +31,16 @@ pub enum VersionSelect {
 }
 
 /// Client settings.
+///
+/// There is no retry setting: a call is one attempt. Callers that retry run their calls
+/// through [`crate::retry()`] (the volume manager, `slrp csi --retries`).
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
     /// Version selection.
     pub version: VersionSelect,
     /// Deadline of every RPC attempt (sent as `grpc-timeout` and enforced locally).
     pub rpc_timeout: Duration,
-    /// Retry policies per RPC.
-    pub retry: RetryConfig,
-    /// Fires on shutdown: in-flight calls and retry waits stop at once with
-    /// [`CsiError::Cancelled`].
+    /// Fires on shutdown: calls in flight stop at once with [`CsiError::Cancelled`].
     pub cancel: CancellationToken,
 }
 
@@ -50,7 +49,6 @@ impl Default for ClientConfig {
         Self {
             version: VersionSelect::Auto,
             rpc_timeout: DEFAULT_RPC_TIMEOUT,
-            retry: RetryConfig::default(),
             cancel: CancellationToken::new(),
         }
     }
@@ -68,13 +66,6 @@ impl ClientConfig {
     #[must_use]
     pub fn rpc_timeout(mut self, t: Duration) -> Self {
         self.rpc_timeout = t;
-        self
-    }
-
-    /// Sets the retry policies.
-    #[must_use]
-    pub fn retry(mut self, r: RetryConfig) -> Self {
-        self.retry = r;
         self
     }
 
@@ -296,17 +287,9 @@ impl CsiClient {
     /// [`CsiError::UnknownVersion`] if both versions are `UNIMPLEMENTED`; otherwise the
     /// failure of the probe.
     pub async fn probe(&self) -> Result<ProbeResult, CsiError> {
-        self.probe_under(CsiRpc::Probe).await
-    }
-
-    /// `Probe` retried under the policy of `policy_of`: detection before the first call
-    /// of an RPC is part of that call, so a plugin that is still starting does not fail a
-    /// `CreateVolume` that its own policy would have retried.
-    async fn probe_under(&self, policy_of: CsiRpc) -> Result<ProbeResult, CsiError> {
         let known = self.known_version();
-        let policy = self.inner.config.retry.policy(policy_of);
         let (version, ready) = self
-            .call_with(CsiRpc::Probe, policy, known, |ch, _, t| async move {
+            .call(CsiRpc::Probe, known, |ch, _, t| async move {
                 match known {
                     Some(CsiVersion::V1) => Ok((CsiVersion::V1, v1::probe(ch, t).await?)),
                     Some(CsiVersion::V0) => Ok((CsiVersion::V0, v0::probe(ch, t).await?)),
@@ -410,11 +393,11 @@ impl CsiClient {
         .await
     }
 
-    /// `CreateVolume` (retried by default on `DEADLINE_EXCEEDED`/`UNAVAILABLE`).
+    /// `CreateVolume`, one attempt (Mesos retries it on `DEADLINE_EXCEEDED`/`UNAVAILABLE`:
+    /// run it through [`crate::retry()`] for that).
     ///
     /// # Errors
-    /// [`CsiError::InvalidRequest`] for an empty name; otherwise the RPC's failure after
-    /// the retry policy gave up.
+    /// [`CsiError::InvalidRequest`] for an empty name; otherwise the RPC's failure.
     pub async fn create_volume(&self, req: &CreateVolumeRequest) -> Result<Volume, CsiError> {
         if req.name.is_empty() {
             return Err(CsiError::InvalidRequest {
@@ -431,11 +414,12 @@ impl CsiClient {
         .await
     }
 
-    /// `DeleteVolume` (retried by default). A `NOT_FOUND` answer is returned as an error
-    /// whose [`CsiError::retry_class`] is [`RetryClass::AlreadyDone`].
+    /// `DeleteVolume`, one attempt (retried by Mesos as `CreateVolume`). A `NOT_FOUND`
+    /// answer is returned as an error whose [`CsiError::retry_class`] is
+    /// [`RetryClass::AlreadyDone`](crate::RetryClass::AlreadyDone).
     ///
     /// # Errors
-    /// The RPC's failure after the retry policy gave up.
+    /// The RPC's failure.
     pub async fn delete_volume(&self, id: &VolumeId, secrets: &Secrets) -> Result<(), CsiError> {
         self.versioned(CsiRpc::DeleteVolume, |ch, v, t| async move {
             match v {
@@ -599,7 +583,8 @@ impl CsiClient {
     /// `NodeUnstageVolume`.
     ///
     /// # Errors
-    /// The RPC's failure (`NOT_FOUND` classifies as [`RetryClass::AlreadyDone`]).
+    /// The RPC's failure (`NOT_FOUND` classifies as
+    /// [`RetryClass::AlreadyDone`](crate::RetryClass::AlreadyDone)).
     pub async fn node_unstage(&self, id: &VolumeId, staging_path: &str) -> Result<(), CsiError> {
         self.versioned(CsiRpc::NodeUnstageVolume, |ch, v, t| async move {
             match v {
@@ -627,7 +612,8 @@ impl CsiClient {
     /// `NodeUnpublishVolume`.
     ///
     /// # Errors
-    /// The RPC's failure (`NOT_FOUND` classifies as [`RetryClass::AlreadyDone`]).
+    /// The RPC's failure (`NOT_FOUND` classifies as
+    /// [`RetryClass::AlreadyDone`](crate::RetryClass::AlreadyDone)).
     pub async fn node_unpublish(&self, id: &VolumeId, target_path: &str) -> Result<(), CsiError> {
         self.versioned(CsiRpc::NodeUnpublishVolume, |ch, v, t| async move {
             match v {
@@ -677,7 +663,8 @@ impl CsiClient {
 
     // === plumbing ===
 
-    /// An RPC that needs the version: detect it first, then [`CsiClient::call`].
+    /// An RPC that needs the version: detect it first, then [`CsiClient::call`]. The
+    /// detection is part of the call: a caller that retries `rpc` retries it too.
     async fn versioned<'a, T, F, Fut>(&'a self, rpc: CsiRpc, op: F) -> Result<T, CsiError>
     where
         F: Fn(Channel, CsiVersion, Duration) -> Fut + 'a,
@@ -685,18 +672,14 @@ impl CsiClient {
     {
         let version = match self.known_version() {
             Some(v) => v,
-            None => {
-                self.probe_under(rpc)
-                    .await
-                    .map_err(|e| e.waited_for(rpc))?
-                    .version
-            }
+            None => self.probe().await.map_err(|e| e.waited_for(rpc))?.version,
         };
         self.call(rpc, Some(version), move |ch, _, t| op(ch, version, t))
             .await
     }
 
-    /// Runs attempts of `rpc` under its retry policy (if any) and the cancellation token.
+    /// One attempt of `rpc`, ended at once with [`CsiError::Cancelled`] when the
+    /// cancellation token fires. Never retried here (see [`crate::retry()`]).
     async fn call<T, F, Fut>(
         &self,
         rpc: CsiRpc,
@@ -707,44 +690,11 @@ impl CsiClient {
         F: Fn(Channel, Option<CsiVersion>, Duration) -> Fut,
         Fut: Future<Output = Result<T, AttemptError>>,
     {
-        self.call_with(rpc, self.inner.config.retry.policy(rpc), version, op)
-            .await
-    }
-
-    /// Runs attempts of `rpc` under `policy` (none = one attempt) and the cancellation
-    /// token.
-    async fn call_with<T, F, Fut>(
-        &self,
-        rpc: CsiRpc,
-        policy: Option<&RetryPolicy>,
-        version: Option<CsiVersion>,
-        op: F,
-    ) -> Result<T, CsiError>
-    where
-        F: Fn(Channel, Option<CsiVersion>, Duration) -> Fut,
-        Fut: Future<Output = Result<T, AttemptError>>,
-    {
-        let cancel = &self.inner.config.cancel;
-        let attempt = || self.attempt(rpc, version, &op);
-        let outcome = match policy {
-            Some(policy) => {
-                let classify = |e: &CsiError| {
-                    if policy.retries(e) {
-                        RetryClass::Transient
-                    } else {
-                        RetryClass::Permanent
-                    }
-                };
-                let what = format!("{rpc} on {}", self.inner.endpoint);
-                retry(&what, attempt, classify, policy, cancel).await
-            }
-            None => tokio::select! {
-                biased;
-                () = cancel.cancelled() => None,
-                r = attempt() => Some(r),
-            },
-        };
-        outcome.unwrap_or(Err(CsiError::Cancelled { rpc }))
+        tokio::select! {
+            biased;
+            () = self.inner.config.cancel.cancelled() => Err(CsiError::Cancelled { rpc }),
+            r = self.attempt(rpc, version, &op) => r,
+        }
     }
 
     /// One attempt: readiness wait, metrics guard, deadline, error mapping. The deadline

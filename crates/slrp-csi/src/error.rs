@@ -270,7 +270,7 @@ impl CsiError {
 
     /// Classifies the error for callers that decide between retrying, failing and
     /// treating the call as done. This is the general classification; which transient
-    /// failures are actually retried is [`crate::RetryPolicy`]'s decision.
+    /// failures are actually retried is the caller's [`crate::RetryPolicy`]'s decision.
     pub fn retry_class(&self) -> RetryClass {
         match self {
             Self::Rpc { rpc, code, .. } => classify_code(*rpc, *code),

@@ -6,16 +6,19 @@
 //! or `csi.v0` (0.2 and 0.3 plugins): the version is detected on first use by probing v1
 //! and then v0 on `UNIMPLEMENTED` (as Mesos does, spec §4.1.5) or forced by
 //! [`ClientConfig::version`]. Every attempt has a deadline ([`DEFAULT_RPC_TIMEOUT`]),
-//! is counted in [`CsiMetrics`] with Mesos's semantics, and is retried according to a
-//! per-RPC [`RetryPolicy`] (by default Mesos's: `CreateVolume` and `DeleteVolume` on
-//! `DEADLINE_EXCEEDED`/`UNAVAILABLE`, jittered exponential backoff 10 s … 10 min).
+//! is counted in [`CsiMetrics`] with Mesos's semantics. A call is one attempt: the client
+//! never retries. Callers that do (the volume manager, `slrp csi --retries`) run their
+//! calls through the one loop, [`retry()`], under a per-RPC [`RetryPolicy`] (by default
+//! Mesos's: `CreateVolume` and `DeleteVolume` on `DEADLINE_EXCEEDED`/`UNAVAILABLE`,
+//! jittered exponential backoff 10 s … 10 min), so no call is retried at two layers.
 //!
 //! # Layout
 //! - [`client`]: [`CsiClient`], [`ClientConfig`], version detection, the attempt wrapper.
 //! - [`types`]: domain types (volumes, capabilities, requests, results).
 //! - [`error`]: [`CsiError`], [`CsiRpc`], [`RetryClass`] and the code classification.
-//! - [`retry`](mod@retry): [`RetryPolicy`], [`RetryConfig`], the [`retry()`] loop (backoff
-//!   bounds and jitter come from `slrp_types::backoff` and are re-exported).
+//! - [`retry`](mod@retry): [`RetryPolicy`], [`RetryConfig`] and the [`retry()`] loop, for
+//!   the client's callers (backoff bounds and jitter come from `slrp_types::backoff` and
+//!   are re-exported).
 //! - Capability types ([`VolumeCapability`], [`AccessMode`], [`AccessType`]) and their
 //!   wire conversions live in `slrp-types` and are re-exported through [`types`].
 //! - [`metrics`]: [`CsiMetrics`] (pending/finished/failed/cancelled, latency).
@@ -32,7 +35,8 @@
 //!   with another version gets `UNIMPLEMENTED` errors, not silent re-detection.
 //! - Every attempt sent ends in exactly one of finished/failed/cancelled (drop guard);
 //!   one refused before sending (`Unsupported`) counts nowhere.
-//! - Cancellation ([`ClientConfig::cancel`]) ends an attempt or a retry wait at once.
+//! - Cancellation ([`ClientConfig::cancel`]) ends an attempt at once.
+//! - The client makes one attempt per call; only [`retry()`] retries.
 //! - A managed client sends nothing while its endpoint is down; the wait counts against
 //!   the attempt's deadline and ends in [`CsiError::NotReady`] (nothing sent).
 //!

@@ -1,9 +1,17 @@
-//! Retry policy (data) and the one retry loop that executes it.
+//! Retry policy (data) and the one loop that executes it, for the callers of a
+//! [`CsiClient`](crate::CsiClient).
+//!
+//! The client makes exactly one attempt per call; a caller that retries runs its calls
+//! through [`retry()`]. In the daemon that caller is the volume manager (its
+//! `VolumeManagerConfig::retry`, wrapping each attempt in its concurrency permit and the
+//! wait for a restarting plugin); `slrp csi --retries N` is the other one. One layer
+//! retries, so a call is never retried once per layer.
 //!
 //! Mesos retries only `CreateVolume` and `DeleteVolume`, only on `DEADLINE_EXCEEDED` and
 //! `UNAVAILABLE`, forever, and the n-th retry (n ≥ 1) waits a uniformly random time in
-//! `[0, min(10 s · 2^(n-1), 10 min)]` (spec §4.3, `src/csi/constants.hpp`). That is the
-//! default here; every part of it is configurable per RPC.
+//! `[0, min(10 s · 2^(n-1), 10 min)]` (spec §4.3 and §12 item 15, `src/csi/constants.hpp`);
+//! every other RPC and code fails on its first error. That is [`RetryConfig::default`];
+//! every part of it is configurable per RPC.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -11,14 +19,11 @@ use std::future::Future;
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
 
-use crate::error::{CsiError, CsiRpc, RetryClass};
+use crate::error::{CsiError, CsiRpc};
 
 pub use slrp_types::backoff::{
     Backoff, BackoffError, Jitter, JitterRng, MESOS_BACKOFF_BASE, MESOS_BACKOFF_MAX,
 };
-
-/// Attempts after which retries are logged at WARN instead of INFO.
-const WARN_AFTER_ATTEMPTS: u32 = 3;
 
 /// Retry policy of one RPC.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -114,155 +119,151 @@ impl RetryConfig {
     }
 }
 
-/// Runs `op` until it succeeds, fails with a non-transient error, runs out of attempts,
-/// or `cancel` fires.
+/// Runs `attempt` under `policy` (`None`: one attempt) until it succeeds, fails with an
+/// error the policy does not retry, runs out of attempts, or `cancel` fires during a
+/// backoff.
 ///
-/// Returns `None` when cancelled; the attempt in flight at that moment is dropped at once.
-/// `what` names the operation in every log line.
+/// Each attempt is awaited to its end: bounding it is the client's business (its
+/// deadline and [`ClientConfig::cancel`](crate::ClientConfig::cancel)). A `cancel` during
+/// a backoff ends the call at once with the last attempt's error, so the caller treats
+/// it as any failed call (the volume manager keeps the volume in flight, or its
+/// CreateVolume intent). Every retry is logged at INFO, naming `rpc`, the attempt, the
+/// wait and the error.
+///
+/// # Errors
+/// The last attempt's error.
 ///
 /// # Cancel safety
 /// Dropping the returned future drops the attempt in flight; nothing else is left behind.
-pub async fn retry<T, E, F, Fut>(
-    what: &str,
-    mut op: F,
-    classify: impl Fn(&E) -> RetryClass,
-    policy: &RetryPolicy,
+pub async fn retry<T, F, Fut>(
+    rpc: CsiRpc,
+    policy: Option<&RetryPolicy>,
     cancel: &CancellationToken,
-) -> Option<Result<T, E>>
+    mut attempt: F,
+) -> Result<T, CsiError>
 where
     F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, E>>,
-    E: std::error::Error + 'static,
+    Fut: Future<Output = Result<T, CsiError>>,
 {
-    let mut jitter = JitterRng::new(policy.jitter);
-    let mut attempt: u32 = 1;
+    let mut jitter = policy.map(|p| JitterRng::new(p.jitter));
+    let mut n: u32 = 1;
     loop {
-        let result = tokio::select! {
-            biased;
-            () = cancel.cancelled() => return None,
-            r = op() => r,
-        };
-        let err = match result {
-            Ok(v) => return Some(Ok(v)),
+        let err = match attempt().await {
+            Ok(v) => return Ok(v),
             Err(e) => e,
         };
-        let class = classify(&err);
-        let exhausted = policy.max_attempts.is_some_and(|max| attempt >= max);
-        if class != RetryClass::Transient || exhausted {
-            return Some(Err(err));
+        let (Some(policy), Some(jitter)) = (policy, jitter.as_mut()) else {
+            return Err(err);
+        };
+        let exhausted = policy.max_attempts.is_some_and(|max| n >= max);
+        if !policy.retries(&err) || exhausted {
+            return Err(err);
         }
-        let delay = policy.backoff.delay(attempt, &mut jitter);
-        if attempt >= WARN_AFTER_ATTEMPTS {
-            tracing::warn!(%what, attempt, ?delay, error = %slrp_types::DisplayChain(&err), "retrying after transient failure");
-        } else {
-            tracing::info!(%what, attempt, ?delay, error = %slrp_types::DisplayChain(&err), "retrying after transient failure");
-        }
+        let delay = policy.backoff.delay(n, jitter);
+        tracing::info!(%rpc, attempt = n, ?delay, error = %slrp_types::DisplayChain(&err),
+            "CSI call failed transiently; retrying after a backoff");
         tokio::select! {
             biased;
-            () = cancel.cancelled() => return None,
+            () = cancel.cancelled() => return Err(err),
             () = tokio::time::sleep(delay) => {}
         }
-        attempt = attempt.saturating_add(1);
+        n = n.saturating_add(1);
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
+    use std::sync::Mutex;
     use std::sync::atomic::{AtomicU32, Ordering};
-
     use std::time::Duration;
 
     use tokio::time::Instant;
 
     use super::*;
 
+    fn status(code: Code) -> CsiError {
+        CsiError::status(CsiRpc::CreateVolume, code, "scripted")
+    }
+
     #[tokio::test(start_paused = true)]
-    async fn retry_follows_schedule_until_success() {
-        let calls = Arc::new(AtomicU32::new(0));
+    async fn retry_follows_the_mesos_schedule_until_success() {
+        let calls = AtomicU32::new(0);
         let start = Instant::now();
-        let times = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let times = Mutex::new(Vec::new());
         let policy = RetryPolicy::mesos().with_jitter(Jitter::None);
         let out = retry(
-            "test",
+            CsiRpc::CreateVolume,
+            Some(&policy),
+            &CancellationToken::new(),
             || {
-                let calls = calls.clone();
-                let times = times.clone();
+                times.lock().unwrap().push(start.elapsed().as_secs());
+                let n = calls.fetch_add(1, Ordering::SeqCst);
                 async move {
-                    times.lock().unwrap().push(start.elapsed().as_secs());
-                    if calls.fetch_add(1, Ordering::SeqCst) < 4 {
-                        Err(std::io::Error::other("busy"))
-                    } else {
-                        Ok(42)
+                    match n {
+                        0 | 1 => Err(status(Code::Unavailable)),
+                        2 | 3 => Err(status(Code::DeadlineExceeded)),
+                        _ => Ok(42),
                     }
                 }
             },
-            |_| RetryClass::Transient,
-            &policy,
-            &CancellationToken::new(),
         )
         .await;
-        assert!(matches!(out, Some(Ok(42))), "{out:?}");
+        assert_eq!(out.unwrap(), 42);
         // Waits of 10, 20, 40, 80 seconds between the five attempts.
         assert_eq!(*times.lock().unwrap(), vec![0, 10, 30, 70, 150]);
     }
 
     #[tokio::test(start_paused = true)]
-    async fn retry_stops_on_permanent_and_on_attempt_limit() {
+    async fn retry_stops_on_an_unretried_code_on_the_attempt_limit_and_without_a_policy() {
         let policy = RetryPolicy::mesos()
             .with_jitter(Jitter::None)
             .with_max_attempts(Some(3));
-        let calls = AtomicU32::new(0);
-        let out: Option<Result<(), std::io::Error>> = retry(
-            "t",
-            || {
-                calls.fetch_add(1, Ordering::SeqCst);
-                async { Err(std::io::Error::other("x")) }
-            },
-            |_| RetryClass::Transient,
-            &policy,
-            &CancellationToken::new(),
-        )
-        .await;
-        assert!(matches!(out, Some(Err(_))));
-        assert_eq!(calls.load(Ordering::SeqCst), 3);
-
-        let calls = AtomicU32::new(0);
-        let out: Option<Result<(), std::io::Error>> = retry(
-            "t",
-            || {
-                calls.fetch_add(1, Ordering::SeqCst);
-                async { Err(std::io::Error::other("x")) }
-            },
-            |_| RetryClass::Permanent,
-            &RetryPolicy::mesos(),
-            &CancellationToken::new(),
-        )
-        .await;
-        assert!(matches!(out, Some(Err(_))));
-        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        let count = |policy: Option<&RetryPolicy>, code: Code| {
+            let policy = policy.cloned();
+            async move {
+                let calls = AtomicU32::new(0);
+                let out: Result<(), CsiError> = retry(
+                    CsiRpc::CreateVolume,
+                    policy.as_ref(),
+                    &CancellationToken::new(),
+                    || {
+                        calls.fetch_add(1, Ordering::SeqCst);
+                        async move { Err(status(code)) }
+                    },
+                )
+                .await;
+                assert_eq!(out.unwrap_err().code(), Some(code));
+                calls.load(Ordering::SeqCst)
+            }
+        };
+        assert_eq!(count(Some(&policy), Code::Unavailable).await, 3);
+        // ABORTED is transient (`retry_class`) but not in Mesos's codes.
+        assert_eq!(count(Some(&policy), Code::Aborted).await, 1);
+        assert_eq!(count(Some(&policy), Code::Internal).await, 1);
+        assert_eq!(count(None, Code::Unavailable).await, 1);
     }
 
     #[tokio::test(start_paused = true)]
-    async fn cancellation_stops_a_backoff_wait_at_once() {
+    async fn cancellation_ends_a_backoff_at_once_with_the_last_error() {
         let cancel = CancellationToken::new();
         let policy = RetryPolicy::mesos().with_jitter(Jitter::None);
         let c2 = cancel.clone();
         tokio::spawn(async move {
+            // Not synchronisation: the elapsed time is the stimulus (a cancel that
+            // arrives during the second backoff).
             tokio::time::sleep(Duration::from_secs(15)).await;
             c2.cancel();
         });
         let start = Instant::now();
-        let out: Option<Result<(), std::io::Error>> = retry(
-            "t",
-            || async { Err(std::io::Error::other("busy")) },
-            |_| RetryClass::Transient,
-            &policy,
-            &cancel,
-        )
+        let calls = AtomicU32::new(0);
+        let out: Result<(), CsiError> = retry(CsiRpc::DeleteVolume, Some(&policy), &cancel, || {
+            calls.fetch_add(1, Ordering::SeqCst);
+            async { Err(status(Code::Unavailable)) }
+        })
         .await;
-        assert!(out.is_none());
+        assert_eq!(out.unwrap_err().code(), Some(Code::Unavailable));
         // Cancelled during the second wait (10 s + 20 s), at 15 s, not at its end.
         assert_eq!(start.elapsed().as_secs(), 15);
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
     }
 }

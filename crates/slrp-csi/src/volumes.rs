@@ -14,9 +14,9 @@ use crate::types::{
 
 /// Volume lifecycle RPCs of one plugin (controller and node services).
 ///
-/// Every method has the contract of the [`CsiClient`] method of the same name: deadlines
-/// and retries are the implementation's business, errors are classified
-/// [`CsiError`]s, and `NOT_FOUND` from the calls that remove something comes back as an
+/// Every method has the contract of the [`CsiClient`] method of the same name: one
+/// attempt, whose deadline is the implementation's business (retries are the caller's,
+/// through [`crate::retry()`]), errors are classified [`CsiError`]s, and `NOT_FOUND` from the calls that remove something comes back as an
 /// error whose [`CsiError::retry_class`] is [`crate::RetryClass::AlreadyDone`].
 pub trait CsiVolumes: Send + Sync + 'static {
     /// Waits, at most one call deadline, until the endpoint serving `rpc` takes calls

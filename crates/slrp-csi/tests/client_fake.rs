@@ -60,11 +60,34 @@ fn plain_create() -> CreateVolumeRequest {
     }
 }
 
-fn deterministic() -> RetryConfig {
-    let policy = RetryPolicy::mesos().with_jitter(Jitter::None);
-    RetryConfig::none()
-        .with(CsiRpc::CreateVolume, policy.clone())
-        .with(CsiRpc::DeleteVolume, policy)
+/// Mesos's retry policy without jitter: waits of exactly 10, 20, 40, … s.
+fn deterministic() -> RetryPolicy {
+    RetryPolicy::mesos().with_jitter(Jitter::None)
+}
+
+/// [`plain_create`] retried by the caller, as the volume manager does, under
+/// [`deterministic`].
+async fn create_retried(c: &CsiClient) -> Result<Volume, CsiError> {
+    let (req, policy) = (plain_create(), deterministic());
+    retry(
+        CsiRpc::CreateVolume,
+        Some(&policy),
+        &CancellationToken::new(),
+        || c.create_volume(&req),
+    )
+    .await
+}
+
+/// A `DeleteVolume` of volume `v` retried by the caller under `policy`.
+async fn delete_retried(c: &CsiClient, policy: &RetryPolicy) -> Result<(), CsiError> {
+    let (id, secrets) = (VolumeId::new("v"), Secrets::default());
+    retry(
+        CsiRpc::DeleteVolume,
+        Some(policy),
+        &CancellationToken::new(),
+        || c.delete_volume(&id, &secrets),
+    )
+    .await
 }
 
 #[tokio::test]
@@ -329,7 +352,7 @@ async fn v1_only_access_mode_is_rejected_for_v0_without_a_call() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn create_volume_retries_unavailable_on_the_mesos_schedule() {
+async fn a_caller_retrying_create_volume_follows_the_mesos_schedule() {
     let p = FakePlugin::start(Serve::V1).await;
     p.script.fail_times("CreateVolume", Code::Unavailable, 3);
     p.script
@@ -337,11 +360,9 @@ async fn create_volume_retries_unavailable_on_the_mesos_schedule() {
     reply_volume_v(&p);
     let c = client(
         &p,
-        ClientConfig::default()
-            .version(VersionSelect::Force(CsiVersion::V1))
-            .retry(deterministic()),
+        ClientConfig::default().version(VersionSelect::Force(CsiVersion::V1)),
     );
-    let v = c.create_volume(&plain_create()).await.unwrap();
+    let v = create_retried(&c).await.unwrap();
     assert_eq!(v.volume_id.as_str(), "v");
     // Waits of 10, 20, 40 and 80 s (ceilings, jitter off) between five attempts.
     assert_eq!(
@@ -360,27 +381,20 @@ async fn create_volume_retries_unavailable_on_the_mesos_schedule() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn version_detection_before_a_retried_call_is_retried_under_its_policy() {
+async fn version_detection_is_part_of_the_call_a_caller_retries() {
     // The plugin is still starting when the first call (a CreateVolume) arrives: the
-    // probe that detects its version must be retried like the CreateVolume would be.
+    // probe that detects its version fails the call, and the caller's retry of the
+    // CreateVolume detects again, as its own retries would.
     let p = FakePlugin::start(Serve::V1).await;
     p.script.fail_times("Probe", Code::Unavailable, 2);
     p.script.reply("Probe", pb1::ProbeResponse { ready: None });
     reply_volume_v(&p);
-    let c = client(&p, ClientConfig::default().retry(deterministic()));
-    let v = c.create_volume(&plain_create()).await.unwrap();
+    let c = client(&p, ClientConfig::default());
+    let v = create_retried(&c).await.unwrap();
     assert_eq!(v.volume_id.as_str(), "v");
     assert_eq!(c.known_version(), Some(CsiVersion::V1));
     assert_eq!(p.script.call_times("Probe"), vec![0, 10, 30]);
     assert_eq!(p.script.call_times("CreateVolume"), vec![30]);
-
-    // RPCs without a retry policy still fail at once while the version is unknown.
-    let p = FakePlugin::start(Serve::V1).await;
-    p.script.fail_times("Probe", Code::Unavailable, 1);
-    let c = client(&p, ClientConfig::default().retry(deterministic()));
-    let err = c.node_info().await.unwrap_err();
-    assert_eq!(err.code(), Some(Code::Unavailable));
-    assert_eq!(p.script.call_times("Probe"), vec![0]);
 }
 
 #[tokio::test(start_paused = true)]
@@ -391,13 +405,9 @@ async fn full_jitter_waits_stay_below_their_ceilings() {
     let policy = RetryPolicy::mesos().with_jitter(Jitter::Seeded(42));
     let c = client(
         &p,
-        ClientConfig::default()
-            .version(VersionSelect::Force(CsiVersion::V1))
-            .retry(RetryConfig::none().with(CsiRpc::DeleteVolume, policy)),
+        ClientConfig::default().version(VersionSelect::Force(CsiVersion::V1)),
     );
-    c.delete_volume(&VolumeId::new("v"), &Secrets::default())
-        .await
-        .unwrap();
+    delete_retried(&c, &policy).await.unwrap();
     let times = p.script.call_times("DeleteVolume");
     assert_eq!(times.len(), 7);
     for (n, w) in times.windows(2).enumerate() {
@@ -414,25 +424,42 @@ async fn full_jitter_waits_stay_below_their_ceilings() {
     assert!(times[6] < 10 + 20 + 40 + 80 + 160 + 320);
 }
 
-#[tokio::test]
-async fn other_rpcs_fail_on_the_first_transient_error_by_default() {
+/// The client never retries, not even the calls Mesos retries: a retry there would be a
+/// second layer under the volume manager's (a call retried once per layer).
+#[tokio::test(start_paused = true)]
+async fn every_call_is_one_attempt_even_create_and_delete_volume() {
     let p = FakePlugin::start(Serve::V1).await;
+    p.script.fail_times("CreateVolume", Code::Unavailable, 1);
+    reply_volume_v(&p);
+    p.script
+        .fail_times("DeleteVolume", Code::DeadlineExceeded, 1);
+    p.script.reply("DeleteVolume", pb1::DeleteVolumeResponse {});
     p.script.fail_times("GetCapacity", Code::Unavailable, 1);
     let c = client(
         &p,
         ClientConfig::default().version(VersionSelect::Force(CsiVersion::V1)),
     );
+    let err = c.create_volume(&plain_create()).await.unwrap_err();
+    assert_eq!(err.code(), Some(Code::Unavailable));
+    let err = c
+        .delete_volume(&VolumeId::new("v"), &Secrets::default())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some(Code::DeadlineExceeded));
     let err = c
         .capacity(&[VolumeCapability::mount_default()], &StringMap::new())
         .await
         .unwrap_err();
     assert_eq!(err.code(), Some(Code::Unavailable));
     assert_eq!(err.retry_class(), RetryClass::Transient);
-    assert_eq!(p.script.call_names(), vec!["GetCapacity"]);
+    assert_eq!(
+        p.script.call_names(),
+        vec!["CreateVolume", "DeleteVolume", "GetCapacity"]
+    );
 }
 
 #[tokio::test(start_paused = true)]
-async fn deadline_expires_as_timeout_and_is_retried_for_delete() {
+async fn deadline_expires_as_timeout_and_a_caller_retries_it_for_delete() {
     let p = FakePlugin::start(Serve::V1).await;
     p.script.reply("DeleteVolume", pb1::DeleteVolumeResponse {});
     p.script
@@ -443,18 +470,14 @@ async fn deadline_expires_as_timeout_and_is_retried_for_delete() {
         .delay_once("GetPluginInfo", Duration::from_secs(120));
     let c = client(
         &p,
-        ClientConfig::default()
-            .version(VersionSelect::Force(CsiVersion::V1))
-            .retry(deterministic()),
+        ClientConfig::default().version(VersionSelect::Force(CsiVersion::V1)),
     );
     let err = c.plugin_info().await.unwrap_err();
     assert!(
         matches!(err, CsiError::Timeout { after, .. } if after == DEFAULT_RPC_TIMEOUT),
         "{err:?}"
     );
-    c.delete_volume(&VolumeId::new("v"), &Secrets::default())
-        .await
-        .unwrap();
+    delete_retried(&c, &deterministic()).await.unwrap();
     // First attempt hits the 60 s deadline, the retry follows 10 s later.
     let times = p.script.call_times("DeleteVolume");
     assert_eq!(times.len(), 2);
@@ -463,15 +486,15 @@ async fn deadline_expires_as_timeout_and_is_retried_for_delete() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn cancellation_stops_the_retry_loop_at_once() {
+async fn cancellation_ends_a_call_in_flight_at_once() {
     let p = FakePlugin::start(Serve::V1).await;
-    p.script.fail_times("CreateVolume", Code::Unavailable, 100);
+    reply_volume_v(&p);
+    p.script.delay_once("CreateVolume", Duration::from_secs(50));
     let cancel = CancellationToken::new();
     let c = client(
         &p,
         ClientConfig::default()
             .version(VersionSelect::Force(CsiVersion::V1))
-            .retry(deterministic())
             .cancel(cancel.clone()),
     );
     let c2 = cancel.clone();
@@ -491,7 +514,8 @@ async fn cancellation_stops_the_retry_loop_at_once() {
         "{err:?}"
     );
     assert_eq!(start.elapsed().as_secs(), 25);
-    assert_eq!(p.script.call_times("CreateVolume"), vec![0, 10]);
+    assert_eq!(p.script.call_times("CreateVolume"), vec![0]);
+    assert_eq!(c.metrics().cancelled(CsiRpc::CreateVolume), 1);
 }
 
 #[tokio::test(start_paused = true)]

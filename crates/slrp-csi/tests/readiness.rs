@@ -19,9 +19,7 @@ use support::{FakePlugin, Serve};
 use tokio::sync::watch;
 
 fn config(timeout: Duration) -> ClientConfig {
-    ClientConfig::default()
-        .rpc_timeout(timeout)
-        .retry(RetryConfig::none())
+    ClientConfig::default().rpc_timeout(timeout)
 }
 
 fn managed(socket: &Path, ready: EndpointReadiness, timeout: Duration) -> CsiClient {

@@ -1,6 +1,7 @@
 //! `CsiClient` against the real `slrp-csi-local` binary, in its v1 and v0 modes, with its
-//! fault injection driving the retry and deadline paths. Real time (a separate process
-//! cannot follow paused tokio time), so backoffs are scaled down to milliseconds.
+//! fault injection driving the deadline path and a caller's retries (`slrp_csi::retry`).
+//! Real time (a separate process cannot follow paused tokio time), so backoffs are
+//! scaled down to milliseconds.
 
 // An integration-test crate: all of it is test code (the lints target library code).
 #![allow(
@@ -13,6 +14,7 @@ use std::time::Duration;
 
 use slrp_csi::*;
 use slrp_test_support::Plugin;
+use tokio_util::sync::CancellationToken;
 
 fn client(p: &Plugin, cfg: ClientConfig) -> CsiClient {
     CsiClient::new(
@@ -23,14 +25,24 @@ fn client(p: &Plugin, cfg: ClientConfig) -> CsiClient {
     .unwrap()
 }
 
-fn fast_retries() -> RetryConfig {
-    let policy = RetryPolicy::mesos()
+/// Mesos's codes, at most 10 attempts 20 ms doubling to 100 ms apart.
+fn fast_retries() -> RetryPolicy {
+    RetryPolicy::mesos()
         .with_backoff(Backoff::new(Duration::from_millis(20), Duration::from_millis(100)).unwrap())
         .with_jitter(Jitter::None)
-        .with_max_attempts(Some(10));
-    RetryConfig::none()
-        .with(CsiRpc::CreateVolume, policy.clone())
-        .with(CsiRpc::DeleteVolume, policy)
+        .with_max_attempts(Some(10))
+}
+
+/// `CreateVolume` retried by the caller under [`fast_retries`].
+async fn create_retried(c: &CsiClient, req: &CreateVolumeRequest) -> Result<Volume, CsiError> {
+    let policy = fast_retries();
+    retry(
+        CsiRpc::CreateVolume,
+        Some(&policy),
+        &CancellationToken::new(),
+        || c.create_volume(req),
+    )
+    .await
 }
 
 fn create(name: &str, bytes: i64) -> CreateVolumeRequest {
@@ -112,8 +124,10 @@ async fn v0_mode_volume_lifecycle_is_detected_as_v0() {
 async fn injected_unavailable_is_retried_until_success() {
     let p = Plugin::start("v1").await;
     p.set_faults(r#"[{"rpc": "CreateVolume", "fail": "UNAVAILABLE", "times": 3}]"#);
-    let c = client(&p, ClientConfig::default().retry(fast_retries()));
-    c.create_volume(&create("retried", 1 << 20)).await.unwrap();
+    let c = client(&p, ClientConfig::default());
+    create_retried(&c, &create("retried", 1 << 20))
+        .await
+        .unwrap();
     let m = c.metrics();
     assert_eq!(m.failed(CsiRpc::CreateVolume), 3);
     assert_eq!(m.finished(CsiRpc::CreateVolume), 1);
@@ -125,15 +139,19 @@ async fn injected_delay_past_the_deadline_is_a_timeout_then_retried() {
     let p = Plugin::start("v1").await;
     let c = client(
         &p,
-        ClientConfig::default()
-            .rpc_timeout(Duration::from_millis(500))
-            .retry(fast_retries()),
+        ClientConfig::default().rpc_timeout(Duration::from_millis(500)),
     );
     let v = c.create_volume(&create("slow", 1 << 20)).await.unwrap();
     p.set_faults(r#"[{"rpc": "DeleteVolume", "delay_ms": 2000, "times": 1}]"#);
-    c.delete_volume(&v.volume_id, &Secrets::default())
-        .await
-        .unwrap();
+    let (policy, secrets) = (fast_retries(), Secrets::default());
+    retry(
+        CsiRpc::DeleteVolume,
+        Some(&policy),
+        &CancellationToken::new(),
+        || c.delete_volume(&v.volume_id, &secrets),
+    )
+    .await
+    .unwrap();
     let m = c.metrics();
     assert_eq!(
         m.failed(CsiRpc::DeleteVolume),
@@ -142,7 +160,7 @@ async fn injected_delay_past_the_deadline_is_a_timeout_then_retried() {
     );
     assert_eq!(m.finished(CsiRpc::DeleteVolume), 1);
 
-    // Not retried by default: GetCapacity fails with the deadline.
+    // Not retried (the client never retries): GetCapacity fails with the deadline.
     p.set_faults(r#"[{"rpc": "GetCapacity", "delay_ms": 2000, "times": 1}]"#);
     let err = c
         .capacity(&[VolumeCapability::mount_default()], &StringMap::new())
@@ -155,8 +173,8 @@ async fn injected_delay_past_the_deadline_is_a_timeout_then_retried() {
 async fn injected_non_retryable_code_fails_at_once() {
     let p = Plugin::start("v0").await;
     p.set_faults(r#"[{"rpc": "CreateVolume", "fail": "INTERNAL", "message": "boom"}]"#);
-    let c = client(&p, ClientConfig::default().retry(fast_retries()));
-    let err = c.create_volume(&create("x", 1 << 20)).await.unwrap_err();
+    let c = client(&p, ClientConfig::default());
+    let err = create_retried(&c, &create("x", 1 << 20)).await.unwrap_err();
     assert_eq!(err.code(), Some(Code::Internal));
     assert_eq!(c.metrics().failed(CsiRpc::CreateVolume), 1);
 }

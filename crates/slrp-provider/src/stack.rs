@@ -89,6 +89,7 @@ pub struct StackConfig {
     pub plugins_on_cancel: StopPlugins,
     /// Which CSI calls of the volume manager are retried and how (Mesos's: CreateVolume
     /// and DeleteVolume on `DEADLINE_EXCEEDED`/`UNAVAILABLE`, 10 s doubling to 10 min).
+    /// The only retries of the provider's CSI calls: its clients make one attempt each.
     pub volume_retry: RetryConfig,
 }
 
@@ -317,9 +318,8 @@ impl PluginStack {
         check_target_path_root(&plugin_info).map_err(failed(&provider, StackStep::PluginConfig))?;
         let deployment = deployment_for(&plugin_info, cfg.supervisor.backend.checks())
             .map_err(|e| failed(&provider, StackStep::PluginConfig)(e.into()))?;
-        let client_cfg = ClientConfig::default()
-            .rpc_timeout(cfg.rpc_timeout)
-            .retry(RetryConfig::none());
+        // One attempt per call: the volume manager alone retries (`volume_retry`).
+        let client_cfg = ClientConfig::default().rpc_timeout(cfg.rpc_timeout);
 
         let (plugin, services) = match deployment {
             PluginDeployment::Managed(spec) => {

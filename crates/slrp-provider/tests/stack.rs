@@ -1,7 +1,8 @@
 //! One provider's plugin stack over the real bundled plugin (`slrp-csi-local`), from a
 //! ResourceProviderInfo in Mesos's JSON format: the startup RPC budget of Mesos's test
 //! `CsiPluginRpcMetrics` (health probes do not count), node-only plugins, a failing
-//! `prepareServices` that leaves no plugin behind, and adoption across a restart.
+//! `prepareServices` that leaves no plugin behind, adoption across a restart, and the
+//! volume manager as the one layer that retries a CSI call.
 //!
 //! Real time: the plugin is a separate process. Waits are on conditions with timeouts.
 
@@ -17,6 +18,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use slrp_csi::CsiRpc;
+use slrp_csi::retry::{Backoff, Jitter, RetryConfig, RetryPolicy};
 use slrp_proto::csi::v1 as pb;
 use slrp_proto::mesos::v1 as mesos;
 use slrp_provider::metrics::ProviderMetrics;
@@ -624,5 +626,56 @@ async fn a_leftover_stopped_at_start_is_no_termination_of_this_run() {
     );
     // Mesos's counter: no plugin of this run has terminated.
     assert_eq!(snapshot_value(&m2, "container_terminations"), 0.0);
+    stack.shutdown(StopPlugins::Stop).await;
+}
+
+/// A call the volume manager retries is retried there and nowhere else (spec §4.3: every
+/// attempt is one RPC). With a policy of 3 attempts and a plugin that keeps answering
+/// UNAVAILABLE, the plugin sees exactly 3 CreateVolume calls and the provider's CSI
+/// metrics count 3 failed attempts. A retry layer in the stack's clients would multiply
+/// that (or, under Mesos's unlimited policy, never end).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_the_volume_manager_retries_is_retried_by_it_alone() {
+    let env = Env::new();
+    let m = ProviderMetrics::new(RP_TYPE, "test");
+    let mut cfg = env.config(env.info("test", &[BOTH]));
+    let policy = RetryPolicy::mesos()
+        .with_backoff(Backoff::new(Duration::from_millis(10), Duration::from_millis(10)).unwrap())
+        .with_jitter(Jitter::None)
+        .with_max_attempts(Some(3));
+    cfg.volume_retry = RetryConfig::none().with(CsiRpc::CreateVolume, policy);
+    let stack = within(PluginStack::start(cfg, &m, CancellationToken::new()))
+        .await
+        .unwrap();
+    env.set_faults(r#"[{"rpc": "CreateVolume", "fail": "UNAVAILABLE", "times": 100}]"#);
+
+    let err = within(stack.volumes().create(slrp_core::volume::CreateVolume {
+        name: "retried".into(),
+        required_bytes: 1 << 20,
+        limit_bytes: 0,
+        capability: slrp_csi::VolumeCapability::mount_default(),
+        parameters: Default::default(),
+    }))
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(&err, slrp_core::volume::VolumeError::Csi { source, .. }
+            if source.code() == Some(slrp_csi::Code::Unavailable)),
+        "{err:?}"
+    );
+    let left: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(env.path("faults.json")).unwrap()).unwrap();
+    assert_eq!(
+        left[0]["times"], 97,
+        "CreateVolume calls the plugin saw: {left}"
+    );
+    let csi = m.csi();
+    assert_eq!(
+        (
+            csi.failed(CsiRpc::CreateVolume),
+            csi.finished(CsiRpc::CreateVolume)
+        ),
+        (3, 0)
+    );
     stack.shutdown(StopPlugins::Stop).await;
 }

@@ -7,7 +7,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use slrp_csi::{ClientConfig, CsiClient, CsiEndpoint, CsiMetrics, RetryConfig};
+use slrp_csi::{ClientConfig, CsiClient, CsiEndpoint, CsiMetrics};
 use slrp_types::DisplayChain;
 
 /// Result of one readiness check.
@@ -60,9 +60,7 @@ impl CsiProbe {
             return Ok(c.clone());
         }
         let endpoint = CsiEndpoint::from_path(socket).map_err(|e| e.to_string())?;
-        let cfg = ClientConfig::default()
-            .rpc_timeout(self.timeout)
-            .retry(RetryConfig::none());
+        let cfg = ClientConfig::default().rpc_timeout(self.timeout);
         let c = CsiClient::new(endpoint, cfg, self.metrics.clone()).map_err(|e| e.to_string())?;
         clients.insert(socket.to_owned(), c.clone());
         Ok(c)

@@ -131,9 +131,7 @@ impl Env {
 }
 
 fn client_config(timeout: Duration) -> ClientConfig {
-    ClientConfig::default()
-        .rpc_timeout(timeout)
-        .retry(RetryConfig::none())
+    ClientConfig::default().rpc_timeout(timeout)
 }
 
 fn ready_pid(h: &SupervisorHandle, service: Service) -> i32 {

@@ -32,6 +32,8 @@ pub(crate) struct CsiArgs {
     timeout: Duration,
     /// Retries of CreateVolume/DeleteVolume on UNAVAILABLE/DEADLINE_EXCEEDED, with Mesos's
     /// backoff (10 s doubling). 0 = fail on the first error.
+    // The client itself never retries: these go through `slrp_csi::retry`, the loop the
+    // daemon's volume manager uses.
     #[arg(long, default_value_t = 0, global = true)]
     retries: u32,
     #[command(subcommand)]
@@ -323,18 +325,14 @@ pub(crate) async fn run(args: CsiArgs) -> anyhow::Result<ExitCode> {
         VersionArg::V0 => VersionSelect::Force(CsiVersion::V0),
         VersionArg::V1 => VersionSelect::Force(CsiVersion::V1),
     };
-    let retry = if args.retries == 0 {
-        RetryConfig::none()
-    } else {
-        let policy = RetryPolicy::mesos().with_max_attempts(Some(args.retries.saturating_add(1)));
-        RetryConfig::none()
-            .with(CsiRpc::CreateVolume, policy.clone())
-            .with(CsiRpc::DeleteVolume, policy)
-    };
+    // Only CreateVolume and DeleteVolume are retried (Mesos's rule), and only when asked.
+    let policy = (args.retries > 0)
+        .then(|| RetryPolicy::mesos().with_max_attempts(Some(args.retries.saturating_add(1))));
+    // Nothing cancels a backoff but the operator's ^C, which ends the process.
+    let no_cancel = tokio_util::sync::CancellationToken::new();
     let cfg = ClientConfig::default()
         .version(version)
-        .rpc_timeout(args.timeout)
-        .retry(retry);
+        .rpc_timeout(args.timeout);
     let client = CsiClient::new(endpoint.clone(), cfg, CsiMetrics::default())
         .with_context(|| format!("preparing a client for {endpoint}"))?;
     let json = args.json;
@@ -446,7 +444,11 @@ pub(crate) async fn run(args: CsiArgs) -> anyhow::Result<ExitCode> {
                 parameters: pairs(&parameters, "--parameter")?,
                 secrets: Secrets::default(),
             };
-            let v = client.create_volume(&req).await.with_context(ctx)?;
+            let v = retry(CsiRpc::CreateVolume, policy.as_ref(), &no_cancel, || {
+                client.create_volume(&req)
+            })
+            .await
+            .with_context(ctx)?;
             emit(json, &v, || {
                 format!(
                     "volume_id:      {}\ncapacity_bytes: {}\nvolume_context: {}",
@@ -458,7 +460,10 @@ pub(crate) async fn run(args: CsiArgs) -> anyhow::Result<ExitCode> {
         }
         CsiCommand::DeleteVolume { id } => {
             let id = VolumeId::new(id);
-            let gone = match client.delete_volume(&id, &Secrets::default()).await {
+            let secrets = Secrets::default();
+            let delete = || client.delete_volume(&id, &secrets);
+            let result = retry(CsiRpc::DeleteVolume, policy.as_ref(), &no_cancel, delete).await;
+            let gone = match result {
                 Ok(()) => false,
                 Err(e) if e.retry_class() == RetryClass::AlreadyDone => true,
                 Err(e) => return Err(anyhow::Error::new(e).context(ctx())),

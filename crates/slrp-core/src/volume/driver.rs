@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use slrp_csi::retry::{JitterRng, RetryPolicy};
+use slrp_csi::retry::{RetryPolicy, retry};
 use slrp_csi::{
     ControllerPublishRequest, CsiError, CsiRpc, CsiVolumes, NodePublishRequest, NodeStageRequest,
     RetryClass, Secrets, StringMap, VolumeId,
@@ -323,7 +323,7 @@ impl<C: CsiVolumes> Ctx<C> {
     /// its intent stays, as after any failed call).
     pub(super) async fn call<T, F, Fut>(&self, rpc: CsiRpc, attempt: F) -> Result<T, CsiError>
     where
-        F: FnMut() -> Fut,
+        F: Fn() -> Fut,
         Fut: Future<Output = Result<T, CsiError>>,
     {
         self.call_with(rpc, self.cfg.retry.policy(rpc), attempt)
@@ -339,7 +339,7 @@ impl<C: CsiVolumes> Ctx<C> {
         attempt: F,
     ) -> Result<T, CsiError>
     where
-        F: FnMut() -> Fut,
+        F: Fn() -> Fut,
         Fut: Future<Output = Result<T, CsiError>>,
     {
         let started = tokio::time::Instant::now();
@@ -350,52 +350,30 @@ impl<C: CsiVolumes> Ctx<C> {
         result
     }
 
+    /// One attempt after another under `policy`, through the one retry loop
+    /// ([`slrp_csi::retry()`]; the client never retries, so a call is retried here only).
     async fn retrying<T, F, Fut>(
         &self,
         rpc: CsiRpc,
         policy: Option<&RetryPolicy>,
-        mut attempt: F,
+        attempt: F,
     ) -> Result<T, CsiError>
     where
-        F: FnMut() -> Fut,
+        F: Fn() -> Fut,
         Fut: Future<Output = Result<T, CsiError>>,
     {
-        let mut jitter = policy.map(|p| JitterRng::new(p.jitter));
-        let mut n: u32 = 1;
-        loop {
+        let attempt = &attempt;
+        retry(rpc, policy, &self.cancel, || async move {
             // A plugin that is restarting is waited for before taking a permit: calls
             // waiting for one container's endpoint must not hold off the calls to another
             // (or to the same one once it is back). Not cut short by shutdown: a job
             // finishing within the shutdown grace still makes its next calls, and the
             // wait is bounded by one call deadline.
-            let result = match self.csi.endpoint_ready(rpc).await {
-                Err(e) => Err(e),
-                Ok(()) => {
-                    // Never closed; if it were, calls would simply run unlimited.
-                    let _permit = self.permits.acquire().await.ok();
-                    attempt().await
-                }
-            };
-            let err = match result {
-                Ok(v) => return Ok(v),
-                Err(e) => e,
-            };
-            let (Some(policy), Some(jitter)) = (policy, jitter.as_mut()) else {
-                return Err(err);
-            };
-            let exhausted = policy.max_attempts.is_some_and(|max| n >= max);
-            if !policy.retries(&err) || exhausted {
-                return Err(err);
-            }
-            let delay = policy.backoff.delay(n, jitter);
-            tracing::info!(%rpc, attempt = n, ?delay, error = %DisplayChain(&err),
-                "CSI call failed transiently; retrying after a backoff");
-            tokio::select! {
-                biased;
-                () = self.cancel.cancelled() => return Err(err),
-                () = tokio::time::sleep(delay) => {}
-            }
-            n = n.saturating_add(1);
-        }
+            self.csi.endpoint_ready(rpc).await?;
+            // Never closed; if it were, calls would simply run unlimited.
+            let _permit = self.permits.acquire().await.ok();
+            attempt().await
+        })
+        .await
     }
 }

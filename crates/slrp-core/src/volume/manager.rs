@@ -41,7 +41,9 @@
 //! in-flight state is durable before the RPC is sent) → RPC → `finish` → **commit**.
 //! A failed RPC keeps the in-flight state (Mesos's rule): the next request for the
 //! volume, or recovery, re-drives or undoes it. `NOT_FOUND` from an undo RPC counts as
-//! done. Deadlines and retries of each RPC are the CSI client's (`slrp_csi::ClientConfig`).
+//! done. Deadlines of each RPC are the CSI client's (`slrp_csi::ClientConfig`); retries are
+//! the manager's alone ([`VolumeManagerConfig::retry`], run through `slrp_csi::retry`),
+//! since the client makes one attempt per call.
 //!
 //! CreateVolume is made safe by an intent record ([`CreateVolume`], kind
 //! `volume_create`, key = name) committed before the RPC; the volume record and the
@@ -150,11 +152,11 @@ pub struct VolumeManagerConfig {
     pub target_path: TargetPath,
     /// How long running jobs may take to finish on shutdown.
     pub shutdown_grace: Duration,
-    /// Which CSI calls the manager retries, and how (default Mesos's: CreateVolume and
-    /// DeleteVolume on `UNAVAILABLE`/`DEADLINE_EXCEEDED`, without limit). The manager
-    /// retries so that a call waiting out a backoff holds no concurrency permit; the
-    /// client it is given should therefore not retry these calls itself
-    /// (`ClientConfig::retry(RetryConfig::none())`).
+    /// Which CSI calls the manager retries, and how (default Mesos's, spec §4.3:
+    /// CreateVolume and DeleteVolume on `UNAVAILABLE`/`DEADLINE_EXCEEDED`, without limit,
+    /// jittered backoff 10 s doubling to 10 min). The only retries of the manager's calls:
+    /// the CSI client makes one attempt per call. A call waiting out a backoff holds no
+    /// concurrency permit.
     pub retry: RetryConfig,
     /// First wait before a CreateVolume intent that recovery could not settle is tried
     /// again in the background; doubled per attempt up to 10 min. Default 10 s (Mesos's
