@@ -31,7 +31,6 @@ use slrp_core::provider::apply::{self, Admission, AdmissionInput, DiskRequest};
 use slrp_core::provider::ledger::{self, Resumption};
 use slrp_core::provider::operations::{Operations, StatusRetry, TrackedOperation};
 use slrp_core::provider::resources::{ProviderResources, Resources, is_storage_pool};
-use slrp_core::provider::state::ProfileDef;
 use slrp_core::volume::VolumeInfo;
 use slrp_csi::{Volume, VolumeCapability, VolumeId};
 use slrp_proto::mesos::v1::offer::operation::{CreateDisk, DestroyDisk, Reserve};
@@ -41,6 +40,7 @@ use slrp_proto::mesos::v1::resource::{AllocationInfo, ReservationInfo};
 use slrp_proto::mesos::v1::{
     AgentId, OperationState, Resource, ResourceProviderId, offer, value::Scalar,
 };
+use slrp_types::ProfileInfo;
 
 const MB: u64 = 1_048_576;
 const PROFILES: [&str; 2] = ["a", "b"];
@@ -120,7 +120,7 @@ impl Plugin {
 
 struct Model {
     ctx: ProviderResources,
-    profiles: BTreeMap<String, ProfileDef>,
+    profiles: BTreeMap<String, ProfileInfo>,
     total: Resources,
     ops: Operations,
     /// Operations whose CSI call runs (the worker's `running`).
@@ -200,7 +200,7 @@ impl Model {
             defaults,
         )
         .unwrap();
-        let def = ProfileDef {
+        let def = ProfileInfo {
             capability: VolumeCapability::mount_default().to_mesos().unwrap(),
             parameters: BTreeMap::new(),
         };

@@ -145,20 +145,7 @@ pub struct ProviderRef {
     pub provider_name: String,
 }
 
-pub use slrp_types::ProviderKey;
-
-/// What a profile translates to: the capability and the `CreateVolume` parameters.
-///
-/// Equality is protobuf equality of the capability (the devolved Mesos form always sets
-/// `fs_type`, so "unset" and "empty" cannot differ) plus map equality of the parameters,
-/// which is what Mesos compares when it enforces immutability.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ProfileInfo {
-    /// The volume capability in the Mesos form used in checkpoints.
-    pub capability: VolumeCapability,
-    /// Passed verbatim to `CreateVolume`, `GetCapacity` and `ValidateVolumeCapabilities`.
-    pub parameters: BTreeMap<String, String>,
-}
+pub use slrp_types::{ProfileInfo, ProviderKey};
 
 /// One validated profile: its selector and its translation.
 #[derive(Debug, Clone, PartialEq, Eq)]

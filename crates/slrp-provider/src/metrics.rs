@@ -44,7 +44,7 @@ use slrp_core::provider::apply::OperationKind;
 use slrp_core::volume::{CallObserver, JobCounts, StateName, VolumeManagerHandle, VolumeRecord};
 use slrp_csi::{CsiMetrics, CsiRpc, VolumeId};
 use slrp_supervisor::SupervisorMetrics;
-use slrp_types::DisplayChain;
+use slrp_types::{DisplayChain, ProviderKey};
 
 /// The label that tells providers apart in an OpenMetrics registry.
 pub const PROVIDER_LABEL: &str = "provider";
@@ -68,7 +68,7 @@ impl MetricsFamilies {
     /// provider would share its exported series but not its snapshot's termination
     /// total.
     pub fn provider(&self, rp_type: &str, rp_name: &str) -> ProviderMetrics {
-        let id = format!("{rp_type}.{rp_name}");
+        let id = ProviderKey::new(rp_type, rp_name, None).to_string();
         ProviderMetrics {
             inner: Arc::new(Inner {
                 csi: self.csi.with_label(PROVIDER_LABEL, &id),

@@ -53,7 +53,7 @@ use slrp_supervisor::{
     CsiProbe, PluginDeployment, Service, SpecError, Supervisor, SupervisorConfig, SupervisorError,
     SupervisorHandle, deployment_for,
 };
-use slrp_types::DisplayChain;
+use slrp_types::{DisplayChain, ProviderKey};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -307,7 +307,7 @@ impl PluginStack {
         metrics: &ProviderMetrics,
         cancel: CancellationToken,
     ) -> Result<Self, StackError> {
-        let provider = format!("{}.{}", cfg.info.r#type, cfg.info.name);
+        let provider = ProviderKey::from(&cfg.info).to_string();
         let plugin_info = cfg
             .info
             .storage

@@ -24,6 +24,7 @@
 use std::path::{Path, PathBuf};
 
 use slrp_proto::mesos::v1::ResourceProviderInfo;
+use slrp_types::ProviderKey;
 
 use crate::import::MesosImport;
 
@@ -105,7 +106,7 @@ pub fn check_work_dir(
     info: &ResourceProviderInfo,
     imported: &[MesosImport],
 ) -> Result<(), WorkDirError> {
-    let key = format!("{}.{}", info.r#type, info.name);
+    let key = ProviderKey::from(info).to_string();
     let provider_what = || format!("provider {key}");
     let slaves = work_dir.join("meta").join("slaves");
     let mut agents = entries(&slaves)?;

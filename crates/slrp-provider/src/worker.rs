@@ -46,9 +46,9 @@ use slrp_core::provider::operations::{
 use slrp_core::provider::resources::{
     DisplayResource, ProfileChange, ProviderResources, ResourceError, Resources,
 };
-use slrp_core::provider::state::{ProfileDef, ProviderState, StateError};
+use slrp_core::provider::state::{ProviderState, StateError};
 use slrp_core::volume::{MountPaths, VolumeError, VolumeManagerHandle};
-use slrp_profiles::{ProfileAdaptorHandle, ProfileView, ProviderKey};
+use slrp_profiles::{ProfileAdaptorHandle, ProfileInfo, ProfileView, ProviderKey};
 use slrp_proto::mesos::v1::resource_provider::{Call, Event, call};
 use slrp_proto::mesos::v1::{ResourceProviderId, ResourceProviderInfo, Uuid};
 use slrp_store::Store;
@@ -539,7 +539,7 @@ impl Jobs {
 /// What a reconciliation learnt from the plugin (and, for a profile job, the adaptor).
 struct Gathered {
     /// The profile map to use from now on.
-    profiles: BTreeMap<String, ProfileDef>,
+    profiles: BTreeMap<String, ProfileInfo>,
     /// Available bytes per profile.
     capacities: Vec<(String, u64)>,
     /// Every volume the plugin lists.
@@ -603,10 +603,10 @@ struct Worker {
     /// Identity, total and the checkpointed pool profiles.
     state: ProviderState,
     /// The profile map (§7.3): every profile translated for this provider.
-    live_profiles: BTreeMap<String, ProfileDef>,
+    live_profiles: BTreeMap<String, ProfileInfo>,
     /// `live_profiles` when `state.profiles` was last computed from the whole total: while
     /// the map is the same, a commit updates only the profiles of the pools it touched.
-    profiles_basis: Option<BTreeMap<String, ProfileDef>>,
+    profiles_basis: Option<BTreeMap<String, ProfileInfo>>,
     pending_events: PendingEvents,
     /// Tracked operations, running disk operations, deferred ones, the status timer.
     ops: ops::OpFlow,
@@ -1474,7 +1474,7 @@ async fn recover_operations(
 async fn update_profiles(
     adaptor: &ProfileAdaptorHandle,
     key: &ProviderKey,
-    profiles: &mut BTreeMap<String, ProfileDef>,
+    profiles: &mut BTreeMap<String, ProfileInfo>,
     reported: &BTreeSet<String>,
 ) {
     let change = ProfileChange::between(profiles.keys().map(String::as_str), reported);
@@ -1491,13 +1491,7 @@ async fn update_profiles(
     for (name, result) in translated {
         match result {
             Ok(info) => {
-                profiles.insert(
-                    name.clone(),
-                    ProfileDef {
-                        capability: info.capability,
-                        parameters: info.parameters,
-                    },
-                );
+                profiles.insert(name.clone(), info);
             }
             Err(error) => {
                 tracing::warn!(profile = %name, error = %DisplayChain(&error), "cannot translate profile; leaving it out");
@@ -1516,7 +1510,7 @@ async fn update_profiles(
 /// reconciliation, which is retried, so a transient error never removes a pool.
 async fn capacities(
     volumes: &VolumeManagerHandle,
-    profiles: &BTreeMap<String, ProfileDef>,
+    profiles: &BTreeMap<String, ProfileInfo>,
 ) -> Result<Vec<(String, u64)>, ReconcileError> {
     let asks = profiles.iter().map(|(name, def)| async move {
         let capability = match VolumeCapability::from_mesos(&def.capability) {
@@ -1630,7 +1624,7 @@ mod tests {
         let mut view = adaptor.subscribe(key.clone()).await.unwrap();
         view.wait_for(|v| v.contains_key("fast")).await.unwrap();
 
-        let old = ProfileDef {
+        let old = ProfileInfo {
             capability: Default::default(),
             parameters: BTreeMap::new(),
         };

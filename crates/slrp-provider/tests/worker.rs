@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use slrp_core::provider::lifecycle::Lifecycle;
 use slrp_core::provider::resources::{ProviderResources, Resources};
-use slrp_core::provider::state::{ProfileDef, ProviderState};
+use slrp_core::provider::state::ProviderState;
 use slrp_csi::CsiRpc;
 use slrp_manager::ManagerMessage;
 use slrp_proto::mesos::v1::resource::disk_info::source::Type as SourceType;
@@ -18,6 +18,7 @@ use slrp_proto::mesos::v1::resource_provider::{Event, event};
 use slrp_proto::mesos::v1::{Resource, ResourceProviderId, Uuid};
 use slrp_provider::worker::{Provider, ProviderError};
 use slrp_test_support::fake_csi::FakeCsi;
+use slrp_types::ProfileInfo;
 use worker_env::*;
 
 /// Mesos NoResource: without profiles and volumes, the first UPDATE_STATE after
@@ -321,12 +322,12 @@ async fn failed_update_state_is_retried_not_fatal() {
 }
 
 /// A plugin that already has volume `vol-1` of 1 GiB (pre-existing, no CreateVolume).
-fn mount_profile() -> ProfileDef {
+fn mount_profile() -> ProfileInfo {
     use slrp_proto::mesos::v1::volume::source::csi_volume::VolumeCapability;
     use slrp_proto::mesos::v1::volume::source::csi_volume::volume_capability::{
         AccessMode, AccessType, MountVolume, access_mode,
     };
-    ProfileDef {
+    ProfileInfo {
         capability: VolumeCapability {
             access_mode: AccessMode {
                 mode: access_mode::Mode::SingleNodeWriter as i32,

@@ -2,11 +2,11 @@
 //!
 //! # Overview
 //! Everything here is a type or a pure computation that more than one layer uses: how an
-//! error is printed with its causes, how a file is replaced crash-safely, the kernel boot id, gRPC code names, size strings,
-//! the backoff schedule, the provider key profiles are selected by, and volume
-//! capabilities with their Mesos and CSI conversions. Crates above re-export what is part
-//! of their own API (e.g. `slrp_csi::VolumeCapability`), so callers need not know the
-//! home.
+//! error is printed with its causes, how a file is replaced crash-safely, the kernel boot
+//! id, gRPC code names, size strings, the backoff schedule, the provider key profiles are
+//! selected by, what a profile translates to, and volume capabilities with their Mesos and
+//! CSI conversions. Crates above re-export what is part of their own API (e.g.
+//! `slrp_csi::VolumeCapability`), so callers need not know the home.
 //!
 //! # Layout
 //! - [`chain`]: [`DisplayChain`], `outer: cause: root cause` for logs and messages.
@@ -18,6 +18,7 @@
 //! - [`size`]: [`parse_size`], [`format_size`] (`64MiB`, `10GiB`, `1G`, `1.5GiB`).
 //! - [`backoff`]: [`Backoff`], [`Jitter`], [`JitterRng`] (full-jitter exponential).
 //! - [`provider`]: [`ProviderKey`], what profile selectors match.
+//! - [`profile`]: [`ProfileInfo`], what a profile translates to.
 //! - [`id`]: [`validate_id`], Mesos's rules for IDs that name directories.
 //! - [`operation`]: [`is_terminal_state`], Mesos's terminal operation states.
 //! - [`capability`]: [`VolumeCapability`] and its Mesos / CSI v0 / CSI v1 conversions.
@@ -44,6 +45,7 @@ pub mod chain;
 pub mod grpc;
 pub mod id;
 pub mod operation;
+pub mod profile;
 pub mod provider;
 pub mod size;
 pub mod token;
@@ -58,6 +60,7 @@ pub use chain::DisplayChain;
 pub use grpc::parse_code;
 pub use id::{IdError, validate_id};
 pub use operation::is_terminal_state;
+pub use profile::ProfileInfo;
 pub use provider::ProviderKey;
 pub use size::{SizeError, format_size, parse_size};
 pub use token::{TokenFileError, read_token_file};

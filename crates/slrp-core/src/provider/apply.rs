@@ -15,13 +15,13 @@ use slrp_proto::mesos::v1::volume::source::csi_volume::volume_capability::Access
 use slrp_proto::mesos::v1::{
     AgentId, Labels, OperationState, OperationStatus, Resource, ResourceProviderId,
 };
+use slrp_types::ProfileInfo;
 
 use super::operations::{TrackedOperation, proto_uuid};
 use super::resources::{
     Conversion, CreatedKind, CreatedVolume, DisplayResource, ProviderResources, ResourceError,
     Resources,
 };
-use super::state::ProfileDef;
 use crate::volume::{CreateVolume, ValidateVolume, VolumeError, VolumeInfo};
 
 /// The operation types the provider tells apart, for metrics and for how it applies them.
@@ -628,7 +628,7 @@ fn megabytes_to_bytes(megabytes: f64) -> i64 {
 pub fn plan_create_disk(
     info: &offer::Operation,
     operation: &uuid::Uuid,
-    profiles: &BTreeMap<String, ProfileDef>,
+    profiles: &BTreeMap<String, ProfileInfo>,
 ) -> Result<CreateDiskPlan, String> {
     let create = info
         .create_disk
@@ -796,7 +796,7 @@ pub fn destroy_disk_conversion(
     ctx: &ProviderResources,
     source: &Resource,
     deprovisioned: bool,
-    profiles: &BTreeMap<String, ProfileDef>,
+    profiles: &BTreeMap<String, ProfileInfo>,
 ) -> super::resources::DestroyedDisk {
     ctx.destroyed_disk(source, deprovisioned, |p| profiles.contains_key(p))
 }
@@ -1009,8 +1009,8 @@ mod tests {
         }
     }
 
-    fn profiles() -> BTreeMap<String, ProfileDef> {
-        let def = |capability: VolumeCapability| ProfileDef {
+    fn profiles() -> BTreeMap<String, ProfileInfo> {
+        let def = |capability: VolumeCapability| ProfileInfo {
             capability: capability.to_mesos().unwrap(),
             parameters: [("kind".to_owned(), "ssd".to_owned())].into(),
         };

@@ -31,21 +31,12 @@ use std::path::{Path, PathBuf};
 
 use prost::Message;
 use serde::{Deserialize, Serialize};
-use slrp_proto::mesos::v1::volume::source::csi_volume::VolumeCapability;
 use slrp_proto::mesos::v1::{Labels, Resource, ResourceProviderId};
 use slrp_store::{Kind, Record, Store, StoreError, Transaction};
+use slrp_types::ProfileInfo;
 use slrp_wire::JsonError;
 
 use super::resources::{DisplayResource, Resources};
-
-/// What a profile means to the provider (spec §7.3: name → capability and parameters).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ProfileDef {
-    /// The volume capability, in the Mesos form the profile adaptor translates to.
-    pub capability: VolumeCapability,
-    /// The parameters passed to CreateVolume and GetCapacity.
-    pub parameters: BTreeMap<String, String>,
-}
 
 /// The provider state as the worker holds it.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -56,7 +47,7 @@ pub struct ProviderState {
     pub total: Resources,
     /// The profiles of the storage pools in `total` (spec §8.2: exactly those are
     /// checkpointed).
-    pub profiles: BTreeMap<String, ProfileDef>,
+    pub profiles: BTreeMap<String, ProfileInfo>,
 }
 
 impl ProviderState {
@@ -67,7 +58,7 @@ impl ProviderState {
     pub fn checkpoint(
         provider_id: Option<ResourceProviderId>,
         total: Resources,
-        known: &BTreeMap<String, ProfileDef>,
+        known: &BTreeMap<String, ProfileInfo>,
     ) -> Self {
         let profiles = super::resources::pool_profiles(&total)
             .into_iter()
@@ -251,7 +242,7 @@ impl ProviderState {
                 .map_err(decode(format!("the capability of profile {name:?}")))?;
             profiles.insert(
                 name,
-                ProfileDef {
+                ProfileInfo {
                     capability,
                     parameters: stored.parameters,
                 },
@@ -615,6 +606,7 @@ mod tests {
     use crate::provider::resources::{Conversion, CreatedKind, CreatedVolume, ProviderResources};
     use slrp_proto::mesos::v1::Label;
     use slrp_proto::mesos::v1::resource::AllocationInfo;
+    use slrp_proto::mesos::v1::volume::source::csi_volume::VolumeCapability;
     use slrp_proto::mesos::v1::volume::source::csi_volume::volume_capability::{
         AccessMode, AccessType, BlockVolume, access_mode,
     };
@@ -633,8 +625,8 @@ mod tests {
         .unwrap()
     }
 
-    fn block() -> ProfileDef {
-        ProfileDef {
+    fn block() -> ProfileInfo {
+        ProfileInfo {
             capability: VolumeCapability {
                 access_mode: AccessMode {
                     mode: access_mode::Mode::SingleNodeWriter as i32,
@@ -645,7 +637,7 @@ mod tests {
         }
     }
 
-    fn profiles() -> BTreeMap<String, ProfileDef> {
+    fn profiles() -> BTreeMap<String, ProfileInfo> {
         BTreeMap::from([("fast".to_owned(), block())])
     }
 

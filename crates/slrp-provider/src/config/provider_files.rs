@@ -33,6 +33,7 @@ use std::path::{Path, PathBuf};
 
 use slrp_proto::mesos::v1::csi_plugin_container_info::Service;
 use slrp_proto::mesos::v1::{ResourceProviderId, ResourceProviderInfo};
+use slrp_types::ProviderKey;
 
 use super::{ConfigError, PluginBackend};
 
@@ -66,7 +67,7 @@ impl ProviderConfig {
 
 /// `<rp type>.<rp name>` of a provider.
 pub fn provider_key(info: &ResourceProviderInfo) -> String {
-    format!("{}.{}", info.r#type, info.name)
+    ProviderKey::from(info).to_string()
 }
 
 fn plugin_of(info: &ResourceProviderInfo) -> (String, String) {

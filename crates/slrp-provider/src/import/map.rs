@@ -5,12 +5,12 @@ use std::collections::BTreeMap;
 
 use slrp_core::provider::apply::{DiskRequest, plan_create_disk};
 use slrp_core::provider::operations::{TrackedOperation, status_uuid};
-use slrp_core::provider::state::ProfileDef;
 use slrp_core::volume::{BootId, SecretRef, VolumeRecord, VolumeSpec, VolumeState};
 use slrp_csi::{StringMap, VolumeCapability, VolumeId};
 use slrp_proto::mesos::csi::state::volume_state::State as Mesos;
 use slrp_proto::mesos::v1::secret::Type as SecretType;
 use slrp_proto::mesos::v1::{Operation, OperationState, Resource, Secret};
+use slrp_types::ProfileInfo;
 
 use super::mesos::{StreamRead, VolumeRead};
 
@@ -40,7 +40,7 @@ pub(super) struct MappedVolume {
 /// named by the operation uuid, was sent).
 pub(super) fn pending_creates(
     operations: &[Operation],
-    profiles: &BTreeMap<String, ProfileDef>,
+    profiles: &BTreeMap<String, ProfileInfo>,
 ) -> Vec<(uuid::Uuid, VolumeCapability, StringMap)> {
     operations
         .iter()

@@ -32,13 +32,14 @@ use slrp_core::provider::operations::{
 };
 use slrp_core::provider::resources::{DisplayResource, Resources, is_storage_pool};
 use slrp_core::provider::state::{
-    ProfileDef, ProviderRecord, ProviderResourceRecord, ProviderState, StateError,
+    ProviderRecord, ProviderResourceRecord, ProviderState, StateError,
 };
 use slrp_core::volume::{
     BootId, CreateVolume, MountPaths, MountTable, ProcMountTable, VolumeRecord, read_boot_id,
 };
 use slrp_proto::mesos::v1::{OperationState, ResourceProviderId};
 use slrp_store::{Record, Store, StoreError, Transaction};
+use slrp_types::ProfileInfo;
 
 use crate::config::ProviderConfig;
 
@@ -179,14 +180,14 @@ pub fn plan(
     let mut operations_in_state = Vec::new();
     if let Some(read) = &read {
         let rp_state = read.state.clone().unwrap_or_default();
-        let profiles: BTreeMap<String, ProfileDef> = rp_state
+        let profiles: BTreeMap<String, ProfileInfo> = rp_state
             .storage
             .iter()
             .flat_map(|s| &s.profiles)
             .map(|(name, p)| {
                 (
                     name.clone(),
-                    ProfileDef {
+                    ProfileInfo {
                         capability: p.capability.clone(),
                         parameters: p
                             .parameters
