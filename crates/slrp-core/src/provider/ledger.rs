@@ -70,7 +70,7 @@ pub fn held_by_others(ops: &Operations, except: &uuid::Uuid) -> Resources {
 /// have taken or changed the source since the operation arrived.
 ///
 /// # Errors
-/// Mesos's "<available> does not contain <consumed>".
+/// Mesos's "`<available>` does not contain `<consumed>`".
 pub fn check_available(
     total: &Resources,
     ops: &Operations,
