@@ -666,13 +666,23 @@ impl Worker {
                 }
                 // Unknown to the agent (it restarted, or the apply was not seen): adopted
                 // whole, as Mesos's `addOperation(new Operation(...))`.
-                None => OperationView {
-                    operation_uuid: operation.uuid.clone(),
-                    framework_id: operation.framework_id.clone(),
-                    info: Some(operation.info.clone()),
-                    latest_status: operation.latest_status.clone(),
-                    statuses: operation.statuses.clone(),
-                },
+                None => {
+                    let view = OperationView {
+                        operation_uuid: operation.uuid.clone(),
+                        framework_id: operation.framework_id.clone(),
+                        info: Some(operation.info.clone()),
+                        latest_status: operation.latest_status.clone(),
+                        statuses: operation.statuses.clone(),
+                    };
+                    // One the master waits for (e.g. an operation this update's
+                    // predecessor orphaned, dropped by the provider meanwhile) ends here:
+                    // its status update, if it comes after, finds it terminal and would
+                    // wake nobody.
+                    if is_terminal(view.latest_status.state) {
+                        became_terminal.push(view.clone());
+                    }
+                    view
+                }
             };
             agent.operations.insert(key, record);
         }
