@@ -742,6 +742,55 @@ async fn an_operation_crossing_an_update_state_keeps_its_status() {
     assert_eq!(handle.wait_terminal(uuid, WAIT).await, Ok(view));
 }
 
+/// The same crossing, with the provider's next UPDATE_STATE (it resynchronizes the agent
+/// after dropping a speculative operation) reaching the agent before the DROPPED status:
+/// the update adopts the orphaned operation in its terminal state, and whoever waits for
+/// it learns so then; the status update that follows finds it terminal. The waiter used
+/// to be woken by nothing (the crash storm's "did not become terminal within 60s").
+#[tokio::test]
+async fn an_orphan_an_update_state_adopts_terminal_wakes_its_waiter() {
+    let mut p = Provider::start(Transport::Unix, ContentType::Protobuf, AckPolicy::Auto).await;
+    let id = p.id.clone();
+    let handle = p.harness.handle.clone();
+    p.update_state(vec![common::disk(&id, 10.0)], Vec::new())
+        .await;
+    let info = reserve(vec![reserved(common::disk(&id, 4.0))]);
+    let uuid = handle
+        .apply_operation(&id, ApplyRequest::new(info.clone()))
+        .await
+        .expect("applied");
+    p.expect(event::Type::ApplyOperation).await;
+    let mut waiting = Box::pin(handle.wait_terminal(uuid, WAIT));
+    start_polling(&mut waiting).await;
+    p.update_state(vec![common::disk(&id, 10.0)], Vec::new())
+        .await;
+    p.expect(event::Type::ReconcileOperations).await;
+    let dropped = OperationStatus {
+        message: Some("Mismatched resource version".to_owned()),
+        ..p.reliable(OperationState::OperationDropped, Vec::new())
+    };
+    let operation = Operation {
+        framework_id: None,
+        agent_id: None,
+        info,
+        latest_status: dropped.clone(),
+        statuses: vec![dropped.clone()],
+        uuid: proto(uuid),
+    };
+    p.update_state(vec![common::disk(&id, 10.0)], vec![operation])
+        .await;
+    let view = waiting.await.expect("terminal");
+    assert_eq!(view.latest_status, dropped);
+    p.status(uuid, &dropped).await;
+    assert_eq!(
+        handle
+            .wait_terminal(uuid, WAIT)
+            .await
+            .map(|v| v.latest_status),
+        Ok(dropped)
+    );
+}
+
 #[tokio::test]
 async fn update_state_reconciles_the_operation_table() {
     let mut p = Provider::start(Transport::Tcp, ContentType::Json, AckPolicy::Manual).await;
