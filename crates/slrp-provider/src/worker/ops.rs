@@ -885,8 +885,9 @@ impl Worker {
         status: slrp_proto::mesos::v1::OperationStatus,
         applied: Option<Resources>,
     ) -> Result<(), ProviderError> {
-        let failed = status.state == OperationState::OperationFailed as i32;
-        let dropped = status.state == OperationState::OperationDropped as i32;
+        let state = status.state;
+        let failed = state == OperationState::OperationFailed as i32;
+        let dropped = state == OperationState::OperationDropped as i32;
         if failed {
             tracing::warn!(operation_uuid = %uuid, operation = ?kind, message = status.message.as_deref().unwrap_or(""), "operation failed");
         } else if !dropped {
@@ -904,15 +905,8 @@ impl Worker {
             Some(touched) => self.stage_ops(&[uuid], &[], Touched::Some(&touched))?,
             None => self.stage_ops(&[uuid], &[], Touched::Nothing)?,
         }
-        let metrics = self.deps.metrics.operations();
-        metrics.pending(kind, -1);
-        if failed {
-            metrics.failed(kind);
-        } else if dropped {
-            metrics.dropped(kind);
-        } else {
-            metrics.finished(kind);
-        }
+        self.deps.metrics.operations().pending(kind, -1);
+        count_state(&self.deps.metrics, kind, state);
         if (failed || dropped) && resync {
             // The agent applied it already: resynchronize it (§5.3 last paragraph).
             self.resync_agent();
