@@ -36,7 +36,9 @@
 pub mod apply;
 pub mod ledger;
 pub mod lifecycle;
+pub mod machine;
 pub mod operations;
 pub mod persistent;
+pub mod publish;
 pub mod resources;
 pub mod state;

@@ -29,7 +29,7 @@ use slrp_proto::mesos::v1::{
     AgentId, FrameworkId, Operation, OperationState, OperationStatus, ResourceProviderId, Uuid,
     offer,
 };
-use slrp_store::{Kind, Record, Store, Transaction};
+use slrp_store::{Changes, Kind, Record, Store};
 use slrp_types::{Jitter, JitterRng};
 use tokio::time::Instant;
 
@@ -804,7 +804,7 @@ pub async fn load_operations(
 /// # Errors
 /// [`StateError::Encode`]; [`StateError::Stage`] for a key the store refuses.
 pub fn stage_operation(
-    txn: &mut Transaction,
+    txn: &mut Changes,
     agent_id: &str,
     op: &TrackedOperation,
 ) -> Result<(), StateError> {
@@ -821,7 +821,7 @@ pub fn stage_operation(
 /// # Errors
 /// [`StateError::Stage`] for a key the store refuses.
 pub fn stage_operation_removal(
-    txn: &mut Transaction,
+    txn: &mut Changes,
     agent_id: &str,
     uuid: &uuid::Uuid,
 ) -> Result<(), StateError> {
@@ -1396,9 +1396,9 @@ mod tests {
         let store = open_store(dir.path()).await;
         let (a, b, other) = (pending(), pending(), pending());
         let mut txn = store.transaction();
-        stage_operation(&mut txn, "agent-1", &a).unwrap();
-        stage_operation(&mut txn, "agent-1", &b).unwrap();
-        stage_operation(&mut txn, "agent-2", &other).unwrap();
+        stage_operation(txn.changes(), "agent-1", &a).unwrap();
+        stage_operation(txn.changes(), "agent-1", &b).unwrap();
+        stage_operation(txn.changes(), "agent-2", &other).unwrap();
         txn.commit().await.unwrap();
         let mut loaded = load_operations(&store, "agent-1").await.unwrap();
         loaded.sort_by_key(|op| op.uuid);
@@ -1407,7 +1407,7 @@ mod tests {
         assert_eq!(loaded, expected);
 
         let mut txn = store.transaction();
-        stage_operation_removal(&mut txn, "agent-1", &a.uuid).unwrap();
+        stage_operation_removal(txn.changes(), "agent-1", &a.uuid).unwrap();
         txn.commit().await.unwrap();
         assert_eq!(load_operations(&store, "agent-1").await.unwrap(), vec![b]);
         assert_eq!(
