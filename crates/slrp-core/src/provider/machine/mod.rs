@@ -32,6 +32,8 @@
 
 mod ops;
 mod reconcile;
+#[cfg(test)]
+mod tests;
 
 pub use ops::operation_span;
 
@@ -129,9 +131,9 @@ pub enum Input {
         /// The new agent id.
         agent_id: String,
         /// Its provider state.
-        state: ProviderState,
+        state: Box<ProviderState>,
         /// Its tracked operations.
-        tracked: Operations,
+        tracked: Box<Operations>,
     },
     /// A job of [`Effect::StartJob`] ended.
     JobDone(JobDone),
@@ -493,8 +495,8 @@ impl Jobs {
     fn waiting(&self, state: Lifecycle) -> bool {
         match state {
             Lifecycle::Ready => self.subscription || self.periodic || self.profiles || self.pools,
-            state if state.is_subscribed() => self.subscription,
-            _ => false,
+            Lifecycle::Subscribed => self.subscription,
+            Lifecycle::Recovering | Lifecycle::Disconnected | Lifecycle::Connected => false,
         }
     }
 
@@ -572,6 +574,8 @@ pub struct Machine {
     running: HashMap<uuid::Uuid, Running>,
     /// PUBLISH_RESOURCES being carried out.
     publishes: usize,
+    /// Events that arrived while a DESTROY removed its data, in arrival order.
+    held: VecDeque<Event>,
     /// The status retry deadline armed (`None`: disarmed).
     status_armed: Option<Instant>,
     /// The resource version (spec §6.6): changed with every change of the total the agent
@@ -644,6 +648,7 @@ impl Machine {
             identity: 0,
             running: HashMap::new(),
             publishes: 0,
+            held: VecDeque::new(),
             status_armed: None,
             resource_version: uuid::Uuid::new_v4(),
             jobs: Jobs::default(),
@@ -685,7 +690,7 @@ impl Machine {
                 agent_id,
                 state,
                 tracked,
-            } => self.on_identity(agent_id, state, tracked)?,
+            } => self.on_identity(agent_id, *state, *tracked)?,
             Input::JobDone(done) => self.on_job_done(done, now)?,
             Input::Sent {
                 seq,
@@ -788,6 +793,31 @@ impl Machine {
     /// The identity results must carry (bumped by an agent-id switch).
     pub fn identity(&self) -> u64 {
         self.identity
+    }
+
+    /// Whether the machine takes manager events now: not while a DESTROY removes its
+    /// persistent volumes' data (the agent applied it already, so it must be complete
+    /// before the next operation is looked at, as Mesos's synchronous removal is). Events
+    /// fed meanwhile are held in order; the driver stops reading them, which keeps the
+    /// manager's stream under backpressure as a blocked Mesos actor would.
+    pub fn accepts_events(&self) -> bool {
+        !self.removing()
+    }
+
+    fn removing(&self) -> bool {
+        self.running
+            .values()
+            .any(|r| matches!(r, Running::Persistent(_)))
+    }
+
+    /// Handles the events held during a data removal, until another removal starts.
+    fn release_held(&mut self, now: Instant) -> Result<(), MachineError> {
+        while !self.removing()
+            && let Some(event) = self.held.pop_front()
+        {
+            self.on_event(event, now)?;
+        }
+        Ok(())
     }
 
     /// The agent id of the current identity.
@@ -910,6 +940,7 @@ impl Machine {
         self.tracked = tracked;
         self.deferred.clear();
         self.running.clear();
+        self.held.clear();
         self.cfg.agent_id = agent_id;
         self.state = state;
         self.profiles_basis = None;
@@ -946,6 +977,9 @@ impl Machine {
         }
         self.session += 1;
         self.send.ready_from = None;
+        // An UPDATE_STATE of the last session fails with it; its answer is stale, and this
+        // session's first UPDATE_STATE must not wait for it.
+        self.send.in_flight = None;
         // What the last session did not send, the subscription reconciliation sends.
         self.send.needed = false;
         self.send.failures = 0;
@@ -983,6 +1017,10 @@ impl Machine {
 
     fn on_event(&mut self, event: Event, now: Instant) -> Result<(), MachineError> {
         use super::lifecycle::{Disposition, disposition};
+        if self.removing() {
+            self.held.push_back(event);
+            return Ok(());
+        }
         let kind = EventKind::of(&event);
         let reconciled = self.lifecycle == Lifecycle::Subscribed
             && self
@@ -1055,7 +1093,11 @@ impl Machine {
                 tracing::warn!(uuid = %event_operation(&event), "{refused}");
                 self.answer_publish_failed(&event);
             }
-            _ => {}
+            EventKind::Subscribed
+            | EventKind::AcknowledgeOperationStatus
+            | EventKind::ReconcileOperations
+            | EventKind::Teardown
+            | EventKind::Unknown => {}
         }
         Ok(())
     }
@@ -1111,7 +1153,11 @@ impl Machine {
         // After the loops: a disk operation queued for READY is deferred behind the first
         // profile update (Mesos drops it then) instead of meeting an empty profile map.
         for event in self.pending_events.drain() {
-            self.on_ready_event(event, now)?;
+            if self.removing() {
+                self.held.push_back(event);
+            } else {
+                self.on_ready_event(event, now)?;
+            }
         }
         self.observe(|o| o.events.queued = 0);
         Ok(())

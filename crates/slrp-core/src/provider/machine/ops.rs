@@ -261,7 +261,7 @@ impl Machine {
             Admission::Defer => {
                 ledger::confirm_deferral(&self.state.total, &self.tracked, &uuid, &apply.info)
             }
-            other => other,
+            decided @ (Admission::Accept | Admission::Drop(_) | Admission::Duplicate) => decided,
         };
         let kind = OperationKind::of(&apply.info);
         let resync = agent_applies_speculatively(&apply.info);
@@ -422,7 +422,11 @@ impl Machine {
                     Ok(())
                 }
             },
-            _ => {
+            OperationKind::Reserve
+            | OperationKind::Unreserve
+            | OperationKind::Create
+            | OperationKind::Destroy
+            | OperationKind::Unsupported => {
                 // GROW_VOLUME, SHRINK_VOLUME, …: the master rejects them for provider
                 // resources; Mesos would abort (§5.1). FAILED instead.
                 let name = info
@@ -534,10 +538,11 @@ impl Machine {
             return Ok(());
         };
         let span = self.tracked_span(&uuid);
-        let _entered = span.enter();
+        let entered = span.enter();
         self.complete(uuid, result.map(|()| conversions), now)?;
         self.after_ops_change();
-        Ok(())
+        drop(entered);
+        self.release_held(now)
     }
 
     /// Completes a PENDING operation (§5.6): conversions applied to the total (allocation
