@@ -360,3 +360,61 @@ fn operations_after_a_destroy_wait_for_its_data_removal() {
     );
     assert!(m.accepts_events());
 }
+
+/// Difference O4 (docs/mesos-differences.md): a speculative operation dropped in READY
+/// (here for a stale resource version) gets a new resource version and an UPDATE_STATE,
+/// since the agent applied it already; a dropped disk operation changes neither.
+#[test]
+fn a_dropped_speculative_operation_resynchronizes_the_agent() {
+    let pool = persistent_disk("vol-1", false);
+    let mut m = machine(Resources::from(pool.clone()));
+    ready(&mut m);
+    let stale = |m: &Machine, info: offer::Operation| {
+        let mut input = apply(m, uuid::Uuid::new_v4(), info);
+        if let Input::Event(event) = &mut input
+            && let Some(apply) = event.apply_operation.as_mut()
+        {
+            apply.resource_version_uuid = Uuid {
+                value: uuid::Uuid::new_v4().as_bytes().to_vec(),
+            };
+        }
+        input
+    };
+    let before = m.resource_version();
+    let unreserve = offer::Operation {
+        r#type: Some(OpType::Unreserve as i32),
+        unreserve: Some(Unreserve {
+            resources: vec![pool.clone()],
+        }),
+        ..offer::Operation::default()
+    };
+    let input = stale(&m, unreserve);
+    let effects = step(&mut m, input);
+    assert_ne!(m.resource_version(), before, "a new resource version");
+    let Some(Effect::UpdateState { call, .. }) = effects
+        .iter()
+        .find(|e| matches!(e, Effect::UpdateState { .. }))
+    else {
+        panic!("an UPDATE_STATE resynchronizes the agent: {effects:?}");
+    };
+    let sent = call.update_state.as_ref().unwrap();
+    assert_eq!(
+        sent.resource_version_uuid.value,
+        m.resource_version().as_bytes().to_vec()
+    );
+
+    let version = m.resource_version();
+    let destroy_disk = offer::Operation {
+        r#type: Some(OpType::DestroyDisk as i32),
+        destroy_disk: Some(slrp_proto::mesos::v1::offer::operation::DestroyDisk { source: pool }),
+        ..offer::Operation::default()
+    };
+    let input = stale(&m, destroy_disk);
+    let effects = step(&mut m, input);
+    assert_eq!(m.resource_version(), version);
+    assert_eq!(
+        send(&effects),
+        None,
+        "the agent applies no disk operation itself"
+    );
+}
