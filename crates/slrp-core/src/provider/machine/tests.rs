@@ -9,6 +9,9 @@
 )]
 
 use std::collections::BTreeMap;
+use std::time::Duration;
+
+use slrp_types::{Backoff, Jitter};
 
 use slrp_proto::mesos::v1::offer::operation::{Destroy, Type as OpType, Unreserve};
 use slrp_proto::mesos::v1::resource::DiskInfo;
