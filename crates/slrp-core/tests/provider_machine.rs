@@ -34,7 +34,7 @@ use slrp_core::provider::ledger;
 use slrp_core::provider::lifecycle::Lifecycle;
 use slrp_core::provider::machine::{
     Config, DiskCall, DiskDone, DiskOutcome, Effect, Gathered, Input, JobDone, JobKind, JobTicket,
-    Machine, ReconcileError, Timer,
+    Machine, ReconcileError, SendFailure, Timer,
 };
 use slrp_core::provider::operations::{Operations, StatusRetry, load_operations};
 use slrp_core::provider::resources::{Resources, is_storage_pool};
@@ -677,7 +677,10 @@ impl World {
         let result = if ok {
             Ok(())
         } else {
-            Err("503 Service Unavailable".to_owned())
+            Err(SendFailure {
+                message: "503 Service Unavailable".to_owned(),
+                refused: false,
+            })
         };
         self.feed(Input::Sent {
             seq,

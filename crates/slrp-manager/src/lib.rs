@@ -53,7 +53,7 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub use config::{AckPolicy, Listen, ManagerConfig, Secret};
+pub use config::{AckPolicy, DEFAULT_MAX_BODY_BYTES, Listen, ManagerConfig, Secret};
 pub use containers::{ContainerState, ContainerView, kill_recorded_containers};
 pub use error::{
     ConfigError, ContainerError, ManagerError, OperationError, PublishError, RegistrarError,

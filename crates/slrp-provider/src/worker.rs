@@ -413,6 +413,31 @@ impl Provider {
     }
 }
 
+/// What the machine learns of a failed UPDATE_STATE of `bytes` bytes (protobuf): a
+/// refusal (4xx) is not resent unchanged, and one for the body's size says which limit and
+/// how to raise it (only slrp's embedded manager has one; a Mesos agent takes any size).
+fn send_failure(error: &AgentError, bytes: usize) -> machine::SendFailure {
+    let message = DisplayChain(error).to_string();
+    match error {
+        AgentError::Rejected { status, .. } if status.as_u16() == 413 => machine::SendFailure {
+            message: format!(
+                "{message}: the provider's total is {bytes} bytes (protobuf); raise the \
+                     manager's body limit (slrp standalone: max_body_bytes in the [manager] \
+                     table of slrp.toml)"
+            ),
+            refused: true,
+        },
+        AgentError::Rejected { .. } => machine::SendFailure {
+            message,
+            refused: true,
+        },
+        _ => machine::SendFailure {
+            message,
+            refused: false,
+        },
+    }
+}
+
 fn checkpoint_error(label: &str, source: StateError) -> ProviderError {
     ProviderError::Checkpoint {
         provider: label.to_owned(),
@@ -650,11 +675,10 @@ impl Worker {
             Effect::Notify { call, about } => self.notify(*call, about),
             Effect::UpdateState { seq, session, call } => {
                 let agent = self.agent.clone();
+                // Named in the error of a refusal: the size is what a limit compares.
+                let bytes = prost::Message::encoded_len(&*call);
                 self.tasks.push(Box::pin(async move {
-                    let result = agent
-                        .call(*call)
-                        .await
-                        .map_err(|e| DisplayChain(&e).to_string());
+                    let result = agent.call(*call).await.map_err(|e| send_failure(&e, bytes));
                     Input::Sent {
                         seq,
                         session,

@@ -81,6 +81,9 @@ pub enum SettingError {
     /// The profile adaptor refuses its settings.
     #[error("the profile adaptor refuses them")]
     Profiles(#[source] slrp_profiles::ConfigError),
+    /// Not a size.
+    #[error("not a size")]
+    Size(#[source] slrp_types::SizeError),
 }
 
 fn setting(field: &'static str, source: SettingError) -> ConfigError {
@@ -229,6 +232,9 @@ pub struct DaemonConfig {
     /// Bounds of the retries of CreateVolume and DeleteVolume after `DEADLINE_EXCEEDED` or
     /// `UNAVAILABLE` (Mesos: 10 s doubling to 10 min, spec §4.3).
     pub csi_retry: Backoff,
+    /// `[manager] max_body_bytes`: the embedded manager's body limit (`None`: its
+    /// default, `slrp_manager::DEFAULT_MAX_BODY_BYTES`).
+    pub manager_max_body_bytes: Option<usize>,
 }
 
 /// The `[retries]` table: Mesos's retry intervals, shortened by tests (no test may wait
@@ -328,6 +334,19 @@ pub struct DaemonConfigFile {
     /// Retry intervals of status updates and CSI calls.
     #[serde(default)]
     pub retries: RetriesFile,
+    /// The embedded manager of `slrp standalone`.
+    #[serde(default)]
+    pub manager: ManagerFile,
+}
+
+/// The `[manager]` table: the embedded resource provider manager of `slrp standalone`
+/// (`slrp run` talks to a Mesos agent and refuses the table).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ManagerFile {
+    /// Largest request body the manager accepts (a size: `128MiB`, `1GiB`). A provider's
+    /// UPDATE_STATE carries its whole total, ~390 bytes per volume in JSON.
+    pub max_body_bytes: Option<String>,
 }
 
 /// The flags of `slrp run`, each overriding its config file setting.
@@ -633,6 +652,17 @@ impl DaemonConfig {
             ("retries.csi_max", retries.csi_max.as_ref()),
             Backoff::MESOS,
         )?;
+        let manager_max_body_bytes = match &file.manager.max_body_bytes {
+            None => None,
+            Some(v) => {
+                let bytes = slrp_types::parse_size(v)
+                    .map_err(|e| setting("manager.max_body_bytes", SettingError::Size(e)))?;
+                if bytes == 0 {
+                    return Err(setting("manager.max_body_bytes", SettingError::Zero));
+                }
+                Some(usize::try_from(bytes).unwrap_or(usize::MAX))
+            }
+        };
         let profiles = file
             .profiles
             .map(slrp_profiles::ProfilesConfig::try_from)
@@ -662,6 +692,7 @@ impl DaemonConfig {
             plugin_ready_timeout,
             status_update_retry,
             csi_retry,
+            manager_max_body_bytes,
         })
     }
 

@@ -107,8 +107,8 @@ pub enum Input {
         seq: u64,
         /// The `session` of the effect.
         session: u64,
-        /// The manager's verdict, or the failure with its causes.
-        result: Result<(), String>,
+        /// The manager's verdict, or the failure.
+        result: Result<(), SendFailure>,
     },
     /// A timer armed with [`Effect::Arm`] fired.
     Fired(Timer),
@@ -133,6 +133,16 @@ pub enum Input {
     },
     /// A publish of [`Effect::Publish`] was answered.
     PublishDone,
+}
+
+/// Why an UPDATE_STATE was not accepted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SendFailure {
+    /// What happened, with its causes (and, for a refusal, what to change).
+    pub message: String,
+    /// The manager refused this call itself (a 4xx: a body over its limit, a call it does
+    /// not take): the same call would be refused again.
+    pub refused: bool,
 }
 
 /// The timers the machine arms.

@@ -39,7 +39,7 @@ mod tests;
 pub use interface::{
     Config, DiskCall, DiskDone, DiskOutcome, Effect, EventStats, Gathered, Input, JobDone, JobKind,
     JobTicket, MachineError, Notice, Observed, OpMetric, Ready, ReconcileError,
-    STATUS_TOTAL_INTERVAL, STATUS_TOTAL_MAX_INTERVAL, Timer, status_total_delay,
+    STATUS_TOTAL_INTERVAL, STATUS_TOTAL_MAX_INTERVAL, SendFailure, Timer, status_total_delay,
 };
 pub use ops::operation_span;
 
@@ -954,7 +954,7 @@ impl Machine {
         &mut self,
         seq: u64,
         session: u64,
-        result: Result<(), String>,
+        result: Result<(), SendFailure>,
         now: Instant,
     ) -> Result<(), MachineError> {
         if self.send.in_flight == Some((seq, session)) {
@@ -977,8 +977,19 @@ impl Machine {
                     self.become_ready(now)?;
                 }
             }
-            Err(error) => {
-                let chain = format!("UPDATE_STATE failed: {error}");
+            Err(failure) if failure.refused => {
+                // The same body would be refused again (e.g. a total over the manager's
+                // body limit): resending it unchanged every backoff only fills the log.
+                // The next change of the total, or the next session (a manager restarted
+                // with a higher limit), sends again.
+                let chain = format!("UPDATE_STATE refused by the manager: {}", failure.message);
+                tracing::error!(
+                    "{chain}; not resent until the total changes or the provider resubscribes"
+                );
+                self.set_error(chain);
+            }
+            Err(failure) => {
+                let chain = format!("UPDATE_STATE failed: {}", failure.message);
                 self.set_error(chain.clone());
                 if !current {
                     // The next subscription reconciles and sends again.

@@ -221,7 +221,10 @@ fn an_update_state_of_an_ended_session_does_not_block_the_next() {
         Input::Sent {
             seq,
             session,
-            result: Err("session ended".to_owned()),
+            result: Err(SendFailure {
+                message: "session ended".to_owned(),
+                refused: false,
+            }),
         },
     );
     assert_eq!(
@@ -253,7 +256,10 @@ fn a_failed_update_state_is_resent_when_its_timer_fires() {
         Input::Sent {
             seq,
             session,
-            result: Err("503".to_owned()),
+            result: Err(SendFailure {
+                message: "503".to_owned(),
+                refused: false,
+            }),
         },
     );
     assert!(
@@ -420,4 +426,57 @@ fn a_dropped_speculative_operation_resynchronizes_the_agent() {
         None,
         "the agent applies no disk operation itself"
     );
+}
+
+/// Issue #25: an UPDATE_STATE the manager refuses (a total over its body limit) is not
+/// resent unchanged every backoff; its reason stays in the status, and the next session
+/// (a manager restarted with a higher limit) sends again and becomes READY.
+#[test]
+fn a_refused_update_state_is_not_resent_unchanged() {
+    let mut m = machine(Resources::new());
+    step(&mut m, Input::Connected);
+    let ticket = job(&step(&mut m, Input::Subscribed { provider_id: rp() })).unwrap();
+    let (seq, session) = send(&step(&mut m, nothing_found(ticket))).unwrap();
+    let message = "413 Request body exceeds the limit of 4194304 bytes".to_owned();
+    let effects = step(
+        &mut m,
+        Input::Sent {
+            seq,
+            session,
+            result: Err(SendFailure {
+                message: message.clone(),
+                refused: true,
+            }),
+        },
+    );
+    assert!(
+        !effects
+            .iter()
+            .any(|e| matches!(e, Effect::Arm(Timer::SendRetry, _))),
+        "no retry of the same body: {effects:?}"
+    );
+    assert_eq!(send(&effects), None);
+    let error = m.observed().unwrap().last_error.clone().unwrap();
+    assert!(error.contains(&message), "{error}");
+    assert_eq!(m.lifecycle(), Lifecycle::Subscribed);
+
+    step(
+        &mut m,
+        Input::Disconnected {
+            reason: "manager restarted".to_owned(),
+            not_admitted: false,
+        },
+    );
+    step(&mut m, Input::Connected);
+    let ticket = job(&step(&mut m, Input::Subscribed { provider_id: rp() })).unwrap();
+    let (seq, session) = send(&step(&mut m, nothing_found(ticket))).expect("sent again");
+    step(
+        &mut m,
+        Input::Sent {
+            seq,
+            session,
+            result: Ok(()),
+        },
+    );
+    assert_eq!(m.lifecycle(), Lifecycle::Ready);
 }
