@@ -16,6 +16,9 @@
 //! (libFuzzer's `cov:`, instrumented edges reached, and `ft:`, features), corpus size,
 //! seconds, and the crashes saved (files under `<target dir>/fuzz-work/artifacts/`).
 
+// The budgets are wall-clock time of external fuzzer processes; no tokio timer is involved.
+#![allow(clippy::disallowed_types)]
+
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -142,12 +145,19 @@ fn parse(v: Option<&String>) -> anyhow::Result<u64> {
         .context("not a whole number")
 }
 
+/// Builds the driver. Its lock file is the workspace's, copied afresh (and git-ignored):
+/// every crate the targets link resolves to the version the daemon is built and tested
+/// with, and a dependency change in the workspace needs no second lock file kept in step;
+/// cargo adds only the driver's own dependencies (`libfuzzer-sys`, pinned, and its two).
 fn build(paths: &Paths) -> anyhow::Result<()> {
+    let fuzz = paths.root.join("fuzz");
+    fs::copy(paths.root.join("Cargo.lock"), fuzz.join("Cargo.lock"))
+        .context("copying Cargo.lock into fuzz/")?;
     let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .current_dir(paths.root.join("fuzz"))
+        .current_dir(&fuzz)
         .env("RUSTFLAGS", RUSTFLAGS)
         .env("CARGO_TARGET_DIR", &paths.build)
-        .args(["build", "--release", "--locked", "--target", &host()?])
+        .args(["build", "--release", "--target", &host()?])
         .status()
         .context("running cargo build for fuzz/")?;
     if !status.success() {
