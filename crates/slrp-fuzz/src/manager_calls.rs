@@ -39,7 +39,10 @@ pub fn run(data: &[u8]) {
             };
             let again = provider_call(ct, &bytes)
                 .unwrap_or_else(|e| panic!("an accepted call, as {ct}, is refused: {e}"));
-            assert!(same(&call, &again), "{ct} round trip changed the call");
+            assert!(
+                same(&call, &again),
+                "{ct} round trip changed the call:\n{call:?}\n{again:?}"
+            );
         }
     } else {
         let dir = Path::new("/var/lib/slrp/containers");
