@@ -392,7 +392,17 @@ impl DaemonConfigFile {
             path: path.to_owned(),
             source,
         })?;
-        let mut file: Self = toml::from_str(&text).map_err(|source| ConfigError::ParseConfig {
+        Self::parse(path, &text)
+    }
+
+    /// Parses the text of the config file at `path` (which only names the file in errors
+    /// and is the base of its relative paths): what [`DaemonConfigFile::load`] does after
+    /// reading the file. The fuzz target `daemon_config` calls it.
+    ///
+    /// # Errors
+    /// [`ConfigError::ParseConfig`] (which names an unknown key and its line).
+    pub fn parse(path: &Path, text: &str) -> Result<Self, ConfigError> {
+        let mut file: Self = toml::from_str(text).map_err(|source| ConfigError::ParseConfig {
             path: path.to_owned(),
             source,
         })?;

@@ -25,7 +25,7 @@ pub use daemon::{
 };
 pub use provider_files::{
     DecodeError, InfoError, ProviderConfig, STORAGE_PROVIDER_TYPE, check_plugin_backend,
-    load_provider_dir, load_provider_file, provider_key, validate_info,
+    load_provider_dir, load_provider_file, parse_provider_file, provider_key, validate_info,
 };
 
 /// Why the configuration cannot be used. Every variant names the file or the setting.
