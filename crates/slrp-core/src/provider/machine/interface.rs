@@ -202,7 +202,7 @@ pub enum Effect {
         targets: Vec<PersistentVolume>,
     },
     /// Publish these volumes (in parallel; the answer says OK iff all were), answer the
-    /// manager with [`publish_answer`], then [`Input::PublishDone`].
+    /// manager with [`publish_answer`](super::publish_answer), then [`Input::PublishDone`].
     Publish {
         /// The provider id to answer with.
         provider_id: Option<ResourceProviderId>,
@@ -235,9 +235,9 @@ pub enum Effect {
     Arm(Timer, Instant),
     /// Disarm `timer`.
     Disarm(Timer),
-    /// The observed total is out of date: copy [`Machine::total`] into the status.
+    /// The observed total is out of date: copy [`Machine::total`](super::Machine::total) into the status.
     PublishTotal,
-    /// The operation counts changed; publish [`Machine::counts`] once every commit
+    /// The operation counts changed; publish [`Machine::counts`](super::Machine::counts) once every commit
     /// staged so far is durable.
     PublishCounts,
     /// Count into the operation metrics (spec §9).
