@@ -2,7 +2,8 @@
 //! instrumentation on the stable toolchain and runs the targets of `crates/slrp-fuzz`.
 //!
 //! * `fuzz build` builds the driver.
-//! * `fuzz run [--seconds N] [TARGET...]`: every target (or those named) for N seconds
+//! * `fuzz run [--seconds N | --runs N] [TARGET...]`: every target (or those named) for N
+//!   seconds, or N executions (the same work on every machine; CI's way)
 //!   (default 20) from the committed corpus; new inputs go to a scratch corpus, so the
 //!   run does not change the repository. Fails if any target saved a crash, a timeout or
 //!   an out-of-memory input. CI runs this.
@@ -101,12 +102,14 @@ pub(crate) fn main(root: &Path, args: &[String]) -> anyhow::Result<()> {
         .split_first()
         .map_or(("", &[][..]), |(c, r)| (c.as_str(), r));
     let mut amount = None;
+    let mut runs = None;
     let mut named = Vec::new();
     let mut it = rest.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "--seconds" => amount = Some(parse(it.next())?),
             "--minutes" => amount = Some(parse(it.next())? * 60),
+            "--runs" => runs = Some(parse(it.next())?),
             other if other.starts_with('-') => bail!("unknown option {other}"),
             other => named.push(other.to_owned()),
         }
@@ -116,7 +119,10 @@ pub(crate) fn main(root: &Path, args: &[String]) -> anyhow::Result<()> {
         "run" => {
             build(&paths)?;
             let list = targets(root, &named)?;
-            campaign(&paths, &list, amount.unwrap_or(20), false)
+            // A number of runs is the same work on every machine: with the fixed seed, CI
+            // meets the inputs a run here met. The time is then only a bound.
+            let seconds = amount.unwrap_or(if runs.is_some() { 600 } else { 20 });
+            campaign(&paths, &list, seconds, false, runs)
         }
         "soak" => {
             let Some(seconds) = amount else {
@@ -124,7 +130,7 @@ pub(crate) fn main(root: &Path, args: &[String]) -> anyhow::Result<()> {
             };
             build(&paths)?;
             let list = targets(root, &named)?;
-            campaign(&paths, &list, seconds, true)
+            campaign(&paths, &list, seconds, true, None)
         }
         "merge" => {
             build(&paths)?;
@@ -134,7 +140,7 @@ pub(crate) fn main(root: &Path, args: &[String]) -> anyhow::Result<()> {
             Ok(())
         }
         _ => bail!(
-            "usage: cargo xtask fuzz <build | run [--seconds N] | soak --minutes N | merge> [TARGET...]"
+            "usage: cargo xtask fuzz <build | run [--seconds N | --runs N] | soak --minutes N | merge> [TARGET...]"
         ),
     }
 }
@@ -218,7 +224,13 @@ fn artifacts(dir: &Path) -> Vec<PathBuf> {
     found
 }
 
-fn campaign(paths: &Paths, list: &[String], seconds: u64, soak: bool) -> anyhow::Result<()> {
+fn campaign(
+    paths: &Paths,
+    list: &[String],
+    seconds: u64,
+    soak: bool,
+    runs: Option<u64>,
+) -> anyhow::Result<()> {
     let binary = paths.binary()?;
     let mut rows = Vec::new();
     let mut failed = Vec::new();
@@ -262,6 +274,9 @@ fn campaign(paths: &Paths, list: &[String], seconds: u64, soak: bool) -> anyhow:
                 // again on the next run, not by chance once. SLRP_FUZZ_SEED picks another.
                 let seed = std::env::var("SLRP_FUZZ_SEED").unwrap_or_else(|_| "1".to_owned());
                 cmd.arg(format!("-seed={seed}"));
+            }
+            if let Some(runs) = runs {
+                cmd.arg(format!("-runs={runs}"));
             }
             cmd.arg(&corpus).arg(&committed);
             let out = cmd

@@ -67,7 +67,9 @@ pub(crate) fn put_chunk(out: &mut Vec<u8>, bytes: &[u8]) {
     out.extend_from_slice(bytes);
 }
 
-/// Two messages are the same: equal, or (a NaN makes `==` false) equal encodings.
-pub(crate) fn same<M: prost::Message + PartialEq>(a: &M, b: &M) -> bool {
-    a == b || a.encode_to_vec() == b.encode_to_vec()
+/// Two messages are the same: equal, or (a NaN makes `==` false) equal encodings, or
+/// (a NaN's payload bits do not survive JSON, which spells every NaN `"NaN"`) equal but
+/// for NaN payloads, which `Debug` does not show.
+pub(crate) fn same<M: prost::Message + PartialEq + std::fmt::Debug>(a: &M, b: &M) -> bool {
+    a == b || a.encode_to_vec() == b.encode_to_vec() || format!("{a:?}") == format!("{b:?}")
 }
