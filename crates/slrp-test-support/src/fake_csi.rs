@@ -378,6 +378,19 @@ impl CsiVolumes for FakeCsi {
                             id
                         }
                     };
+                    // What the CSI client does with an answer it refuses (an id slrp
+                    // cannot store, a volume over limit_bytes): the plugin has created the
+                    // volume; the caller hears which one, if the id can be sent back.
+                    if let Some(how) = req.parameters.get("refused_answer") {
+                        return Err(CsiError::InvalidResponse {
+                            rpc: CsiRpc::CreateVolume,
+                            violation: slrp_csi::Violation::AboveLimit {
+                                capacity: i64::MAX,
+                                limit: req.limit_bytes,
+                            },
+                            created: (how != "no_id").then(|| id.clone()),
+                        });
+                    }
                     let v = &st.volumes[&id];
                     Ok(Volume {
                         volume_id: id.clone(),

@@ -208,7 +208,14 @@ impl<C: CsiVolumes> Ctx<C> {
                     Ok(_) => false,
                     Err(e) => self.intent_kept(&name).await.unwrap_or(!e.is_fatal()),
                 };
-                if kept && reply.is_none() && !matches!(&result, Err(e) if e.is_fatal()) {
+                // A refused answer's volume still to delete is retried in the background
+                // whoever asked: nobody replays a create of a refused name for it.
+                let owes_deletion = matches!(&result,
+                    Err(VolumeError::CreateRefused { refusal, .. }) if refusal.cleanup.is_pending());
+                if kept
+                    && (reply.is_none() || owes_deletion)
+                    && !matches!(&result, Err(e) if e.is_fatal())
+                {
                     retry = Some((req, attempt.saturating_add(1)));
                 }
                 let summary = match &result {
@@ -288,7 +295,8 @@ impl<C: CsiVolumes> Ctx<C> {
         }
     }
 
-    /// Whether the CreateVolume intent for `name` is still on disk after a create job.
+    /// Whether something is still owed for `name` after a create job: its CreateVolume
+    /// intent is on disk, or a refused answer's volume still has to be deleted.
     async fn intent_kept(&self, name: &str) -> Result<bool, VolumeError> {
         let intent: Option<CreateVolume> =
             self.store
@@ -298,7 +306,13 @@ impl<C: CsiVolumes> Ctx<C> {
                     subject: Subject::Name(name.to_owned()),
                     source,
                 })?;
-        Ok(intent.is_some())
+        if intent.is_some() {
+            return Ok(true);
+        }
+        Ok(self
+            .refused_record(name)
+            .await?
+            .is_some_and(|r| r.cleanup.is_pending()))
     }
 
     /// A request for a tracked volume succeeds only with the capability and parameters
@@ -357,6 +371,17 @@ impl<C: CsiVolumes> Ctx<C> {
             subject: Subject::Name(req.name.clone()),
             source,
         };
+        // A name whose answer was refused is never created again: the plugin would make
+        // the same volume and slrp would refuse it again. What it owes is the deletion.
+        if let Some(refused) = self.refused_record(&req.name).await? {
+            return Err(match self.settle_refused(refused, retried).await {
+                Ok(refusal) | Err((refusal, None)) => VolumeError::CreateRefused {
+                    name: req.name.clone(),
+                    refusal: Box::new(refusal),
+                },
+                Err((_, Some(fatal))) => fatal,
+            });
+        }
         let prior_intent = self
             .store
             .get::<CreateVolume>(&req.name)
@@ -397,6 +422,11 @@ impl<C: CsiVolumes> Ctx<C> {
         injected(failpoints::AFTER_CALL)?;
         let volume = match result {
             Ok(v) => v,
+            Err(CsiError::InvalidResponse {
+                violation, created, ..
+            }) => {
+                return Err(self.refuse_create(req, &violation, created, retried).await);
+            }
             Err(source) => {
                 // The intent survives only what may have created the volume: a refusal by
                 // the plugin (RESOURCE_EXHAUSTED, OUT_OF_RANGE, INVALID_ARGUMENT, ...)
