@@ -37,5 +37,6 @@ pub mod metrics;
 pub mod publish;
 pub mod services;
 pub mod stack;
+mod warn_once;
 pub mod workdir;
 pub mod worker;

@@ -440,6 +440,7 @@ impl Provider {
             job: None,
             retry: None,
             job_failures: 0,
+            listed_twice: crate::warn_once::WarnOnChange::default(),
             periodic: None,
             loops_started: false,
             watch: None,
@@ -620,6 +621,8 @@ struct Worker {
     /// A failed job waits here for its next attempt.
     retry: Option<(Pin<Box<Sleep>>, JobKind)>,
     job_failures: u32,
+    /// Volumes the plugin lists twice, warned about once per change (`warn_once`).
+    listed_twice: crate::warn_once::WarnOnChange,
     periodic: Option<Pin<Box<Sleep>>>,
     /// The periodic loop and the profile watch run once per process (§3.6).
     loops_started: bool,
@@ -1304,7 +1307,7 @@ impl Worker {
         for duplicate in &volumes.duplicates {
             tracing::warn!(resource = %DisplayResource(duplicate), "Removing duplicated volume");
         }
-        for id in &volumes.repeated_in_listing {
+        for id in self.listed_twice.fresh(&volumes.repeated_in_listing) {
             tracing::warn!(volume_id = %id, "Dropping duplicated volume");
         }
         for id in &volumes.drifted {
