@@ -68,7 +68,7 @@ pub use endpoint::{CsiEndpoint, MAX_SOCKET_PATH, SocketAlias};
 pub use error::{CsiError, CsiRpc, RetryClass};
 pub use metrics::CsiMetrics;
 pub use readiness::{CsiServices, EndpointReadiness, EndpointStatus};
-pub use retry::{Backoff, Jitter, RetryConfig, RetryPolicy, retry};
+pub use retry::{Backoff, Jitter, RetryConfig, RetryPolicy, retry, retry_observed};
 pub use types::*;
 pub use volumes::CsiVolumes;
 

@@ -315,6 +315,10 @@ impl AdminProvider for Slot {
         self.metrics.volumes().last_error(id.as_str())
     }
 
+    fn create_retry(&self, name: &str) -> Option<crate::metrics::CreateRetry> {
+        self.metrics.volumes().create_retry(name)
+    }
+
     fn refresh_metrics(&self) -> BoxFuture<'_, ()> {
         Box::pin(async move {
             self.metrics

@@ -411,7 +411,7 @@ impl<C: CsiVolumes> Ctx<C> {
             None
         };
         let result = self
-            .call_with(CsiRpc::CreateVolume, policy, || async {
+            .create_call(&req.name, policy, || async {
                 let r = self.csi.create_volume(&request).await;
                 if r.as_ref().is_err_and(CsiError::may_have_taken_effect) {
                     effect.store(true, std::sync::atomic::Ordering::Relaxed);

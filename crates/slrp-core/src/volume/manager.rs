@@ -188,6 +188,17 @@ pub trait CallObserver: Send + Sync + std::fmt::Debug {
     fn volume_moved(&self, id: &slrp_csi::VolumeId) {
         let _ = id;
     }
+
+    /// The CreateVolume of `name` failed transiently (`error`, its cause chain) and is
+    /// tried again after `next_retry_in`: what operators see of a create that is stuck.
+    fn create_retrying(&self, name: &str, error: &str, next_retry_in: Duration) {
+        let _ = (name, error, next_retry_in);
+    }
+
+    /// The CreateVolume of `name` ended, whatever the outcome: no retry is pending.
+    fn create_ended(&self, name: &str) {
+        let _ = name;
+    }
 }
 
 /// Who creates the target path of NodePublishVolume, and so what the manager checks

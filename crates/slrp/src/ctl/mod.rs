@@ -618,6 +618,8 @@ fn operation_text(o: &OperationSummary) -> String {
         ("message", or_dash(o.message.as_deref())),
         ("framework", or_dash(o.framework_id.as_deref())),
         ("volume", or_dash(o.volume_id.as_deref())),
+        ("last error", or_dash(o.last_error.as_deref())),
+        ("next retry", or_dash(o.next_retry.as_deref())),
     ]);
     out.push('\n');
     let mut t = Table::new(&["STATUS", "STATE", "ACKNOWLEDGED", "MESSAGE"]);
@@ -664,11 +666,21 @@ fn operations_text(ops: &[OperationSummary]) -> String {
                 o.r#type.clone(),
                 o.state.clone(),
                 or_dash(o.volume_id.as_deref()),
-                or_dash(o.message.as_deref()),
+                operation_message(o),
             ],
         ));
     }
     rendered(&t, "no operations")
+}
+
+/// The status message, or for a pending operation whose call waits for a retry, why and
+/// until when.
+fn operation_message(o: &OperationSummary) -> String {
+    match (&o.last_error, &o.next_retry) {
+        (Some(error), Some(next)) => format!("retrying at {next} after: {error}"),
+        (Some(error), None) => format!("retrying after: {error}"),
+        (None, _) => or_dash(o.message.as_deref()),
+    }
 }
 
 fn profiles_text(profiles: &[ProfileSummary]) -> String {
