@@ -154,7 +154,7 @@ impl AttemptError {
             },
             Self::Invalid { violation, created } => CsiError::InvalidResponse {
                 rpc,
-                violation,
+                violation: Box::new(violation),
                 created,
             },
             Self::UnknownVersion => CsiError::UnknownVersion {
@@ -625,7 +625,7 @@ impl CsiClient {
             if let Err(violation) = budget.take(&page) {
                 return Err(CsiError::InvalidResponse {
                     rpc: CsiRpc::ListVolumes,
-                    violation,
+                    violation: Box::new(violation),
                     created: None,
                 });
             }

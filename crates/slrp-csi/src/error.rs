@@ -181,8 +181,9 @@ pub enum CsiError {
     InvalidResponse {
         /// The RPC.
         rpc: CsiRpc,
-        /// The rule or bound it breaks.
-        violation: Violation,
+        /// The rule or bound it breaks (boxed: it is large, and the error is passed by
+        /// value everywhere).
+        violation: Box<Violation>,
         /// The id of the volume a refused CreateVolume answer names, when it is one slrp
         /// can send back (non-empty, at most [`crate::answer::MAX_CLEANUP_ID_BYTES`]):
         /// the plugin created that volume, and the caller deletes it.

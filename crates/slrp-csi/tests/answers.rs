@@ -70,6 +70,14 @@ fn entry(id: &str, capacity: i64) -> pb1::list_volumes_response::Entry {
 
 const MIB: i64 = 1 << 20;
 
+/// The rule a refused answer broke.
+fn violation_of(err: &CsiError) -> Option<&Violation> {
+    match err {
+        CsiError::InvalidResponse { violation, .. } => Some(violation),
+        _ => None,
+    }
+}
+
 type Context = HashMap<String, String>;
 
 #[tokio::test]
@@ -207,14 +215,7 @@ async fn a_listing_with_new_tokens_forever_ends_at_its_bound() {
     let (c, metrics) = client(&p, limits);
     let err = c.list_volumes(0).await.unwrap_err();
     assert!(
-        matches!(
-            &err,
-            CsiError::InvalidResponse {
-                rpc: CsiRpc::ListVolumes,
-                violation: Violation::Listing { max: 50, .. },
-                ..
-            }
-        ),
+        matches!(violation_of(&err), Some(Violation::Listing { max: 50, .. })),
         "{err:?}"
     );
     assert_eq!(
@@ -247,14 +248,11 @@ async fn a_page_token_over_the_bound_is_refused() {
     let err = c.list_volumes_page(0, None).await.unwrap_err();
     assert!(
         matches!(
-            &err,
-            CsiError::InvalidResponse {
-                violation: Violation::TooLong {
-                    field: "next_token",
-                    ..
-                },
+            violation_of(&err),
+            Some(Violation::TooLong {
+                field: "next_token",
                 ..
-            }
+            })
         ),
         "{err:?}"
     );
@@ -332,14 +330,11 @@ async fn oversized_maps_in_other_answers_are_refused() {
     let err = c.plugin_info().await.unwrap_err();
     assert!(
         matches!(
-            &err,
-            CsiError::InvalidResponse {
-                violation: Violation::MapTooLarge {
-                    field: "manifest",
-                    ..
-                },
+            violation_of(&err),
+            Some(Violation::MapTooLarge {
+                field: "manifest",
                 ..
-            }
+            })
         ),
         "{err:?}"
     );
@@ -354,14 +349,11 @@ async fn oversized_maps_in_other_answers_are_refused() {
     let err = c.controller_publish(&req).await.unwrap_err();
     assert!(
         matches!(
-            &err,
-            CsiError::InvalidResponse {
-                violation: Violation::MapTooLarge {
-                    field: "publish_context",
-                    ..
-                },
+            violation_of(&err),
+            Some(Violation::MapTooLarge {
+                field: "publish_context",
                 ..
-            }
+            })
         ),
         "{err:?}"
     );

@@ -384,10 +384,10 @@ impl CsiVolumes for FakeCsi {
                     if let Some(how) = req.parameters.get("refused_answer") {
                         return Err(CsiError::InvalidResponse {
                             rpc: CsiRpc::CreateVolume,
-                            violation: slrp_csi::Violation::AboveLimit {
+                            violation: Box::new(slrp_csi::Violation::AboveLimit {
                                 capacity: i64::MAX,
                                 limit: req.limit_bytes,
-                            },
+                            }),
                             created: (how != "no_id").then(|| id.clone()),
                         });
                     }

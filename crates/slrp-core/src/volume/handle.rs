@@ -249,7 +249,7 @@ impl VolumeManagerHandle {
                     subject: Subject::None,
                     source: CsiError::InvalidResponse {
                         rpc: CsiRpc::ListVolumes,
-                        violation,
+                        violation: Box::new(violation),
                         created: None,
                     },
                 });
