@@ -12,7 +12,7 @@
 //! config file).
 //!
 //! What happens to an answer that breaks a rule ([`Violation`]):
-//! - **refused**: the call fails with [`CsiError::InvalidResponse`] naming the rule and
+//! - **refused**: the call fails with [`CsiError::InvalidResponse`](crate::CsiError::InvalidResponse) naming the rule and
 //!   the bound (and, for CreateVolume, the id of what the plugin created, when it gave
 //!   one that can be sent back, so the caller can delete it);
 //! - **entry skipped**: one bad entry of a ListVolumes page (no volume, an empty or
