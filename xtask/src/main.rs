@@ -8,6 +8,8 @@
 //! * `cargo xtask crate-graph [--write|--check]` prints the workspace crate graph from
 //!   `cargo metadata`, writes it into `docs/architecture.md`, or checks the doc shows it;
 //!   a test runs the check, so a stale doc fails the test suite.
+//! * `cargo xtask fuzz <build|run|soak|merge>` builds and runs the fuzz targets
+//!   (`fuzz/`, `crates/slrp-fuzz`; see `fuzz.rs` and docs/testing.md).
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -17,6 +19,7 @@ use std::process::ExitCode;
 use anyhow::{Context as _, bail};
 use prost::Message as _;
 
+mod fuzz;
 mod graph;
 
 fn main() -> ExitCode {
@@ -52,7 +55,10 @@ fn run() -> anyhow::Result<()> {
             print!("{}", graph::render(&graph::read(&root)?)?);
             Ok(())
         }
-        _ => bail!("usage: cargo xtask <codegen|check-codegen|crate-graph [--write|--check]>"),
+        Some("fuzz") => fuzz::main(&root, &args[1..]),
+        _ => bail!(
+            "usage: cargo xtask <codegen|check-codegen|crate-graph [--write|--check]|fuzz ...>"
+        ),
     }
 }
 

@@ -282,7 +282,10 @@ impl AgentHandle {
             s if s == StatusCode::SERVICE_UNAVAILABLE || s == StatusCode::NOT_FOUND => {
                 Err(AgentError::Unavailable { status, body })
             }
-            s if s.is_client_error() => Err(AgentError::Rejected { status, body }),
+            s if s.is_client_error() => {
+                self.shared.metrics.calls_refused.inc();
+                Err(AgentError::Rejected { status, body })
+            }
             s => Err(AgentError::Protocol {
                 detail: format!("{s} to a {name} call: {body:?}"),
             }),

@@ -27,10 +27,13 @@ pub struct Metrics {
     pub calls: Counter,
     /// Calls that did not get a 202.
     pub call_failures: Counter,
+    /// Calls the agent refused with a 4xx other than 404 (a body over its limit, a call it
+    /// does not accept): the same call would be refused again, so it is not resent as is.
+    pub calls_refused: Counter,
 }
 
 /// Names and help texts, in the order of [`Metrics`]' fields.
-const DESCRIPTIONS: [(&str, &str); 6] = [
+const DESCRIPTIONS: [(&str, &str); 7] = [
     (
         "subscribe_attempts",
         "Connection and SUBSCRIBE attempts to the agent",
@@ -46,10 +49,14 @@ const DESCRIPTIONS: [(&str, &str); 6] = [
     ),
     ("calls", "Calls sent to the agent"),
     ("call_failures", "Calls to the agent that were not accepted"),
+    (
+        "calls_refused",
+        "Calls the agent refused (4xx): the same call would be refused again",
+    ),
 ];
 
 /// Registers `metrics` (in the order of [`DESCRIPTIONS`]) under `agent_`.
-fn register_all<M: Metric + Clone>(registry: &mut Registry, metrics: [&M; 6]) {
+fn register_all<M: Metric + Clone>(registry: &mut Registry, metrics: [&M; 7]) {
     let sub = registry.sub_registry_with_prefix("agent");
     for ((name, help), metric) in DESCRIPTIONS.into_iter().zip(metrics) {
         sub.register(name, help, metric.clone());
@@ -69,6 +76,7 @@ impl Metrics {
                 &m.undecodable_records,
                 &m.calls,
                 &m.call_failures,
+                &m.calls_refused,
             ],
         );
         m
@@ -90,6 +98,7 @@ pub struct MetricFamilies {
     undecodable_records: CounterFamily,
     calls: CounterFamily,
     call_failures: CounterFamily,
+    calls_refused: CounterFamily,
 }
 
 impl MetricFamilies {
@@ -106,6 +115,7 @@ impl MetricFamilies {
             undecodable_records: series(&self.undecodable_records),
             calls: series(&self.calls),
             call_failures: series(&self.call_failures),
+            calls_refused: series(&self.calls_refused),
         }
     }
 
@@ -120,6 +130,7 @@ impl MetricFamilies {
                 &self.undecodable_records,
                 &self.calls,
                 &self.call_failures,
+                &self.calls_refused,
             ],
         );
     }

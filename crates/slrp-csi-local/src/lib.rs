@@ -26,6 +26,8 @@
 //!   send the socket path there (grpc C-core, grpc-java), so any gRPC client can call;
 //! - [`endpoint`]: claiming the socket (one plugin per endpoint) and giving it back;
 //! - [`server`]: serving and shutdown; [`shutdown_signal`].
+//! - `fuzzing` (hidden): the CSI services on a request's bytes, for the fuzz targets of
+//!   `crates/slrp-fuzz`.
 //!
 //! # Invariants
 //! - No request string becomes a path component unless it passed the id check (ids are
@@ -62,6 +64,8 @@ mod csi;
 pub mod endpoint;
 pub mod error;
 pub mod faults;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod host;
 mod ids;
 pub mod plugin;

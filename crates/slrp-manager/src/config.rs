@@ -102,14 +102,24 @@ impl std::fmt::Debug for Secret {
     }
 }
 
+/// The default bound on a request body: 128 MiB. A provider's UPDATE_STATE carries its
+/// whole total (spec §3.4), about 390 bytes per MOUNT disk in JSON and 220 in protobuf
+/// (100,000 volumes: 39 MB and 22 MB, measured by
+/// `the_default_body_limit_fits_100k_volumes`), so either fits with room to spare.
+/// At 4 MiB, a provider past ~13,000 volumes could not come back after a restart (issue
+/// #25). A Mesos agent sets no bound; this one keeps a broken client from growing the
+/// process without end.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 128 * 1024 * 1024;
+
 impl ManagerConfig {
-    /// Defaults: 4 MiB bodies, 30 s body timeout, 1024 queued events, 1024 messages.
+    /// Defaults: [`DEFAULT_MAX_BODY_BYTES`] bodies, 30 s body timeout, 1024 queued events,
+    /// 1024 messages.
     #[must_use]
     pub fn new(listen: Listen) -> Self {
         Self {
             listen,
             state_dir: None,
-            max_body_bytes: 4 * 1024 * 1024,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             body_timeout: Duration::from_secs(30),
             event_queue: 1024,
             message_buffer: 1024,
@@ -187,6 +197,70 @@ impl ManagerConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue #25: the UPDATE_STATE of a provider with 100,000 MOUNT disks (the resources
+    /// the provider reports, with ids and mount roots of real lengths) fits the default
+    /// body limit, in protobuf and in JSON.
+    #[test]
+    fn the_default_body_limit_fits_100k_volumes() {
+        use slrp_proto::mesos::v1::resource::disk_info::{Source, source};
+        use slrp_proto::mesos::v1::resource::{DiskInfo, ReservationInfo, reservation_info};
+        use slrp_proto::mesos::v1::resource_provider::{Call, call};
+        use slrp_proto::mesos::v1::{Resource, ResourceProviderId, Uuid, value};
+
+        let provider = ResourceProviderId {
+            value: "6d1c9b44-3b0a-4c43-9a7e-1f7f2e0c8d11".to_owned(),
+        };
+        let disk = |n: usize| Resource {
+            provider_id: Some(provider.clone()),
+            name: "disk".to_owned(),
+            r#type: value::Type::Scalar as i32,
+            scalar: Some(value::Scalar { value: 1024.0 }),
+            reservations: vec![ReservationInfo {
+                r#type: Some(reservation_info::Type::Dynamic as i32),
+                role: Some("storage".to_owned()),
+                ..ReservationInfo::default()
+            }],
+            disk: Some(DiskInfo {
+                source: Some(Source {
+                    r#type: source::Type::Mount as i32,
+                    mount: Some(source::Mount {
+                        root: Some("./csi/org.apache.mesos.csi.local/local/mounts".to_owned()),
+                    }),
+                    vendor: Some("org.apache.mesos.csi.local.local".to_owned()),
+                    id: Some(format!("{:032x}-{n:08}", u128::MAX - n as u128)),
+                    profile: Some("fast-ssd".to_owned()),
+                    ..Source::default()
+                }),
+                ..DiskInfo::default()
+            }),
+            ..Resource::default()
+        };
+        let call = Call {
+            r#type: Some(call::Type::UpdateState as i32),
+            resource_provider_id: Some(provider.clone()),
+            update_state: Some(call::UpdateState {
+                operations: Vec::new(),
+                resources: (0..100_000).map(disk).collect(),
+                resource_version_uuid: Uuid { value: vec![7; 16] },
+            }),
+            ..Call::default()
+        };
+        let defaults = ManagerConfig::new(Listen::Unix("/run/m.sock".into()));
+        for content_type in [
+            slrp_wire::ContentType::Protobuf,
+            slrp_wire::ContentType::Json,
+        ] {
+            let body = slrp_wire::encode(content_type, &call)
+                .unwrap_or_else(|e| unreachable!("encoding: {e}"));
+            assert!(
+                body.len() * 2 < defaults.max_body_bytes,
+                "{content_type:?}: {} bytes for 100,000 volumes, limit {}",
+                body.len(),
+                defaults.max_body_bytes
+            );
+        }
+    }
 
     #[test]
     fn rejects_non_loopback_and_zero_limits() {

@@ -20,6 +20,8 @@
 //! - [`validation`]: Mesos's call validation (§2.6).
 //! - [`registrar`]: durable record of admitted and removed provider IDs.
 //! - [`metrics`]: Mesos-named metrics.
+//! - `fuzzing` (hidden): the body decoding and validation of both APIs, for the fuzz
+//!   targets of `crates/slrp-fuzz`.
 //! - this file: [`EmbeddedManager::spawn`], [`ManagerHandle`], [`ManagerGuard`].
 //!
 //! # Invariants
@@ -32,6 +34,8 @@
 pub mod config;
 mod containers;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod jwt;
 pub mod metrics;
 mod operator;
@@ -53,7 +57,7 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub use config::{AckPolicy, Listen, ManagerConfig, Secret};
+pub use config::{AckPolicy, DEFAULT_MAX_BODY_BYTES, Listen, ManagerConfig, Secret};
 pub use containers::{ContainerState, ContainerView, kill_recorded_containers};
 pub use error::{
     ConfigError, ContainerError, ManagerError, OperationError, PublishError, RegistrarError,

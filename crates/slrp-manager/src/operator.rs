@@ -402,7 +402,7 @@ fn get_agent(agent: &AgentInfo, accept: ContentType) -> Response<Body> {
 }
 
 /// Mesos's `deserialize<v1::agent::Call>` texts; after the prefix the parser's own words.
-fn decode_call(content_type: ContentType, bytes: &[u8]) -> Result<Call, String> {
+pub(crate) fn decode_call(content_type: ContentType, bytes: &[u8]) -> Result<Call, String> {
     match content_type {
         ContentType::Protobuf => slrp_wire::decode::<Call>(ContentType::Protobuf, bytes)
             .map_err(|_| "Failed to parse body into a protobuf object".to_owned()),

@@ -366,7 +366,7 @@ fn stopped() -> Response<Body> {
 
 /// Spec §2.2 step 4, with Mesos's texts. The parser's own message differs from Mesos's
 /// (serde_json vs picojson); the prefix is the same.
-fn decode_call(content_type: ContentType, bytes: &[u8]) -> Result<Call, String> {
+pub(crate) fn decode_call(content_type: ContentType, bytes: &[u8]) -> Result<Call, String> {
     match content_type {
         ContentType::Protobuf => slrp_wire::decode::<Call>(ContentType::Protobuf, bytes)
             .map_err(|_| "Failed to parse body into Call protobuf".to_owned()),

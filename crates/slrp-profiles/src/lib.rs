@@ -48,6 +48,7 @@
 //! - [`adaptor`]: the worker task and its handle (subscribe, translate, poll, status).
 //! - [`metrics`]: the adaptor's prometheus metrics.
 //! - `persist`: the crash-safe state file with the last good table.
+//! - `fuzzing` (hidden): entry points for the fuzz targets of `crates/slrp-fuzz`.
 //!
 //! # Invariants
 //! - A name, once seen, keeps its capability and parameters forever (also across restarts,
@@ -72,6 +73,8 @@
 pub mod adaptor;
 pub mod config;
 pub mod document;
+#[doc(hidden)]
+pub mod fuzzing;
 mod lenient;
 pub mod metrics;
 mod persist;

@@ -37,6 +37,5 @@ pub mod metrics;
 pub mod publish;
 pub mod services;
 pub mod stack;
-mod warn_once;
 pub mod workdir;
 pub mod worker;

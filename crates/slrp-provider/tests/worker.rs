@@ -281,7 +281,7 @@ async fn reconciliation_finishing_after_a_disconnect_does_not_set_ready() {
 /// Spec §12 item 12: an UPDATE_STATE the manager refuses (its body is over the manager's
 /// limit) is retried with backoff and is not fatal; the next subscription sends it again.
 #[tokio::test]
-async fn failed_update_state_is_retried_not_fatal() {
+async fn a_refused_update_state_says_why_and_recovers_when_the_limit_is_raised() {
     let fake = FakeCsi::full();
     for n in 0..20 {
         let id = format!("volume-with-a-long-name-to-make-the-update-large-{n:03}");
@@ -307,12 +307,34 @@ async fn failed_update_state_is_retried_not_fatal() {
         task,
         cancel,
     };
-    // Every failed call is an UPDATE_STATE: nothing else is sent before READY.
-    slrp_test_support::harness::until(|| metrics.call_failures.get() >= 3).await;
-    let status = provider.handle.status().borrow().clone();
+    // The only call before READY is the UPDATE_STATE; the manager refuses its body.
+    slrp_test_support::harness::until(|| metrics.calls_refused.get() >= 1).await;
+    let mut status = provider.handle.status();
+    let status = status
+        .wait_for(|s| {
+            s.last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("refused"))
+        })
+        .await
+        .unwrap()
+        .clone();
     assert_ne!(status.lifecycle, Lifecycle::Ready);
-    assert!(status.last_error.is_some(), "{status:?}");
+    let error = status.last_error.unwrap();
+    for part in [
+        "exceeds the limit of 2048 bytes",
+        "max_body_bytes",
+        "bytes (protobuf)",
+    ] {
+        assert!(error.contains(part), "{part:?} missing in {error:?}");
+    }
+    // Not resent unchanged: the provider's backoff is milliseconds here, so a retry loop
+    // would have sent it again many times meanwhile.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(metrics.calls_refused.get(), 1);
+    assert_eq!(metrics.call_failures.get(), 1);
 
+    // A manager with a higher limit is a new session: the subscription sends again.
     env.restart_manager(4 * 1024 * 1024).await;
     let (_, resources) = env.next_update().await;
     assert_eq!(resources.len(), 20);

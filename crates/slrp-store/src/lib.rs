@@ -67,7 +67,7 @@ mod writer;
 pub use error::{Corruption, IoClass, SqliteError, StoreError, StoreOp};
 pub use record::{Kind, MAX_KEY_LEN, RawRecord, Record};
 pub use store::{
-    APPLICATION_ID, DB_FILE, Durable, FORMAT_VERSION, LOCK_FILE, Store, StoreConfig, StoreStats,
-    Transaction,
+    APPLICATION_ID, Changes, DB_FILE, Durable, FORMAT_VERSION, LOCK_FILE, Store, StoreConfig,
+    StoreStats, Transaction,
 };
 pub use writer::failpoints;

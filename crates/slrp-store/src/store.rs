@@ -409,9 +409,14 @@ impl Store {
 
     /// Starts a transaction. Nothing is written until [`Transaction::commit`].
     pub fn transaction(&self) -> Transaction {
+        self.transaction_with(Changes::new())
+    }
+
+    /// A transaction of `changes` staged elsewhere.
+    pub fn transaction_with(&self, changes: Changes) -> Transaction {
         Transaction {
             store: self.clone(),
-            ops: Vec::new(),
+            changes,
         }
     }
 
@@ -589,28 +594,36 @@ impl std::future::Future for Durable {
     }
 }
 
-/// A set of changes that becomes durable all together or not at all.
+/// Changes to the store, staged without touching it: the pure half of a
+/// [`Transaction`]. Code that decides what to write (the provider machine) builds these
+/// without a store handle; [`Store::transaction_with`] or [`Transaction::append`] makes
+/// them a transaction.
 ///
-/// Changes apply in the order they were added. Many transactions committed at the same
-/// time from different tasks share one fsync (group commit), but each stays atomic.
-#[must_use = "a transaction does nothing until committed"]
-pub struct Transaction {
-    store: Store,
+/// Changes apply in the order they were added.
+#[derive(Default)]
+pub struct Changes {
     ops: Vec<Op>,
 }
 
-impl fmt::Debug for Transaction {
+impl fmt::Debug for Changes {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // Values may hold operator data; show only what is touched.
         let touched: Vec<String> = self.ops.iter().map(Op::describe).collect();
-        f.debug_struct("Transaction")
-            .field("ops", &touched)
-            .finish()
+        f.debug_struct("Changes").field("ops", &touched).finish()
     }
 }
 
-impl Transaction {
+impl Changes {
+    /// No changes.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
     /// Inserts or replaces `record` under its key.
+    ///
+    /// # Errors
+    /// For a key the store refuses (empty, too long, with NUL) or a record that does not
+    /// encode.
     pub fn put<R: Record>(&mut self, record: &R) -> Result<&mut Self, StoreError> {
         let key = record.key();
         check_key(R::KIND, &key)?;
@@ -636,11 +649,17 @@ impl Transaction {
     }
 
     /// Deletes the record of `R`'s kind under `key` (nothing happens if there is none).
+    ///
+    /// # Errors
+    /// For a key the store refuses.
     pub fn delete<R: Record>(&mut self, key: &str) -> Result<&mut Self, StoreError> {
         self.delete_kind(R::KIND, key)
     }
 
     /// Deletes the record of `kind` under `key`, for kinds the caller has no type for.
+    ///
+    /// # Errors
+    /// For a key the store refuses.
     pub fn delete_kind(&mut self, kind: Kind, key: &str) -> Result<&mut Self, StoreError> {
         check_key(kind, key)?;
         self.ops.push(Op::Delete {
@@ -661,14 +680,84 @@ impl Transaction {
         self
     }
 
-    /// Number of changes in the transaction.
+    /// Adds `other`'s changes after these.
+    pub fn append(&mut self, other: Changes) {
+        self.ops.extend(other.ops);
+    }
+
+    /// Number of changes.
     pub fn len(&self) -> usize {
         self.ops.len()
     }
 
-    /// Whether the transaction has no changes.
+    /// Whether there are no changes.
     pub fn is_empty(&self) -> bool {
         self.ops.is_empty()
+    }
+}
+
+/// A set of changes that becomes durable all together or not at all.
+///
+/// Changes apply in the order they were added. Many transactions committed at the same
+/// time from different tasks share one fsync (group commit), but each stays atomic.
+#[must_use = "a transaction does nothing until committed"]
+pub struct Transaction {
+    store: Store,
+    changes: Changes,
+}
+
+impl fmt::Debug for Transaction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Transaction")
+            .field("changes", &self.changes)
+            .finish()
+    }
+}
+
+impl Transaction {
+    /// Inserts or replaces `record` under its key.
+    pub fn put<R: Record>(&mut self, record: &R) -> Result<&mut Self, StoreError> {
+        self.changes.put(record)?;
+        Ok(self)
+    }
+
+    /// Deletes the record of `R`'s kind under `key` (nothing happens if there is none).
+    pub fn delete<R: Record>(&mut self, key: &str) -> Result<&mut Self, StoreError> {
+        self.changes.delete::<R>(key)?;
+        Ok(self)
+    }
+
+    /// Deletes the record of `kind` under `key`, for kinds the caller has no type for.
+    pub fn delete_kind(&mut self, kind: Kind, key: &str) -> Result<&mut Self, StoreError> {
+        self.changes.delete_kind(kind, key)?;
+        Ok(self)
+    }
+
+    /// Deletes every record of `R`'s kind whose key starts with `prefix` (all of them for an
+    /// empty prefix), e.g. an operation's whole status stream.
+    pub fn delete_prefix<R: Record>(&mut self, prefix: &str) -> &mut Self {
+        self.changes.delete_prefix::<R>(prefix);
+        self
+    }
+
+    /// The staged changes, for code that stages into [`Changes`].
+    pub fn changes(&mut self) -> &mut Changes {
+        &mut self.changes
+    }
+
+    /// Adds `changes` after what is staged.
+    pub fn append(&mut self, changes: Changes) {
+        self.changes.append(changes);
+    }
+
+    /// Number of changes in the transaction.
+    pub fn len(&self) -> usize {
+        self.changes.len()
+    }
+
+    /// Whether the transaction has no changes.
+    pub fn is_empty(&self) -> bool {
+        self.changes.is_empty()
     }
 
     /// Makes every change durable, atomically. Returns once they are on stable storage.
@@ -686,13 +775,13 @@ impl Transaction {
     /// one fails the store is poisoned, so no later one becomes durable either: a caller
     /// whose next changes need not wait for this one's fsync can go on at once.
     pub async fn submit(self) -> Result<Durable, StoreError> {
-        if self.ops.is_empty() {
+        if self.changes.is_empty() {
             return Ok(Durable(None));
         }
         let (reply, done) = oneshot::channel();
         let tx = self.store.sender()?.clone();
         tx.send(Request {
-            ops: self.ops,
+            ops: self.changes.ops,
             reply,
         })
         .await
@@ -705,13 +794,13 @@ impl Transaction {
     /// # Panics
     /// When called from within an async execution context (tokio forbids blocking there).
     pub fn commit_blocking(self) -> Result<(), StoreError> {
-        if self.ops.is_empty() {
+        if self.changes.is_empty() {
             return Ok(());
         }
         let (reply, done) = oneshot::channel();
         let tx = self.store.sender()?.clone();
         tx.blocking_send(Request {
-            ops: self.ops,
+            ops: self.changes.ops,
             reply,
         })
         .map_err(|_| StoreError::WriterStopped)?;

@@ -77,6 +77,15 @@ fn configure(args: &RunArgs) -> Result<DaemonConfig, ExitCode> {
         None => Ok(DaemonConfigFile::default()),
     };
     let resolved = file.and_then(|file| DaemonConfig::resolve(file.apply(args.overrides())));
+    if let Ok(config) = &resolved
+        && config.manager_max_body_bytes.is_some()
+    {
+        // A setting that would do nothing is a mistake to point out, not to ignore.
+        eprintln!(
+            "error: '[manager] max_body_bytes' is for slrp standalone's embedded manager; slrp run talks to a Mesos agent, which sets no body limit (remove the setting)"
+        );
+        return Err(ExitCode::from(EX_CONFIG));
+    }
     resolved.map_err(|e| {
         eprintln!("error: {}", DisplayChain(&e));
         match e {

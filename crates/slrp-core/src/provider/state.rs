@@ -32,7 +32,7 @@ use std::path::{Path, PathBuf};
 use prost::Message;
 use serde::{Deserialize, Serialize};
 use slrp_proto::mesos::v1::{Labels, Resource, ResourceProviderId};
-use slrp_store::{Kind, Record, Store, StoreError, Transaction};
+use slrp_store::{Changes, Kind, Record, Store, StoreError};
 use slrp_types::ProfileInfo;
 use slrp_wire::JsonError;
 
@@ -137,7 +137,7 @@ impl ProviderState {
     /// [`StateError::Encode`]; [`StateError::Stage`] for a key the store refuses.
     pub fn stage(
         &self,
-        txn: &mut Transaction,
+        txn: &mut Changes,
         agent_id: &str,
         touched: Option<&Resources>,
     ) -> Result<(), StateError> {
@@ -304,7 +304,7 @@ impl ProviderState {
     /// then poisoned: fatal, conventions §4.4 rule 5).
     pub async fn save(&self, store: &Store, agent_id: &str) -> Result<(), StateError> {
         let mut txn = store.transaction();
-        self.stage(&mut txn, agent_id, None)?;
+        self.stage(txn.changes(), agent_id, None)?;
         txn.commit().await.map_err(|source| StateError::Store {
             store: store.path().to_owned(),
             source,
@@ -312,7 +312,7 @@ impl ProviderState {
     }
 }
 
-fn put<R: Record>(txn: &mut Transaction, record: &R) -> Result<(), StateError> {
+fn put<R: Record>(txn: &mut Changes, record: &R) -> Result<(), StateError> {
     txn.put(record).map_err(|source| StateError::Stage {
         key: record.key(),
         source,
@@ -832,7 +832,9 @@ mod tests {
         state.total = state.total.apply(&created).unwrap();
         let touched = created.consumed.clone() + &created.converted;
         let mut txn = store.transaction();
-        state.stage(&mut txn, "agent-S0", Some(&touched)).unwrap();
+        state
+            .stage(txn.changes(), "agent-S0", Some(&touched))
+            .unwrap();
         // The provider record, the pool's record and the new disk's.
         assert_eq!(txn.len(), 3);
         txn.commit().await.unwrap();
@@ -850,7 +852,7 @@ mod tests {
         state.total = state.total.apply(&gone).unwrap();
         let mut txn = store.transaction();
         state
-            .stage(&mut txn, "agent-S0", Some(&gone.consumed))
+            .stage(txn.changes(), "agent-S0", Some(&gone.consumed))
             .unwrap();
         assert_eq!(txn.len(), 2);
         txn.commit().await.unwrap();
@@ -895,7 +897,9 @@ mod tests {
             state.total = state.total.apply(&conversion).unwrap();
             let touched = conversion.consumed.clone() + &conversion.converted;
             let mut txn = store.transaction();
-            state.stage(&mut txn, "agent-S0", Some(&touched)).unwrap();
+            state
+                .stage(txn.changes(), "agent-S0", Some(&touched))
+                .unwrap();
             txn.commit().await.unwrap();
             assert_eq!(
                 ProviderState::load(&store, "agent-S0").await.unwrap(),
@@ -982,7 +986,7 @@ mod tests {
             .collect();
             let mut state = ProviderState::checkpoint(Some(c.provider_id().clone()), total, &known);
             let mut txn = store.transaction();
-            state.stage(&mut txn, "agent-S0", None).unwrap();
+            state.stage(txn.changes(), "agent-S0", None).unwrap();
             txn.commit_blocking().unwrap();
             let mut disks: Vec<Resource> = Vec::new();
             for (n, (action, arg, flag)) in steps.into_iter().enumerate() {
@@ -1015,7 +1019,7 @@ mod tests {
                     }
                 };
                 let mut txn = store.transaction();
-                state.stage(&mut txn, "agent-S0", touched.as_ref()).unwrap();
+                state.stage(txn.changes(), "agent-S0", touched.as_ref()).unwrap();
                 txn.commit_blocking().unwrap();
                 proptest::prop_assert_eq!(&load_blocking(&store), &state, "after step {}", n);
                 let identities: BTreeSet<String> = state.total.iter().map(identity_digest).collect();

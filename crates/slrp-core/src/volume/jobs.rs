@@ -450,6 +450,24 @@ impl<C: CsiVolumes> Ctx<C> {
                 });
             }
         };
+        // An id that cannot name the volume's directory under the mount root (an empty
+        // one, or one whose encoding exceeds a file name) could never be staged or
+        // published: refuse the answer before any record exists, and drop the intent (a
+        // replay would get the same answer). Found by the `csi_answers` fuzz target.
+        if let Err(e) = self.cfg.mount_paths.volume_dir(&volume.volume_id) {
+            let mut tx = self.store.transaction();
+            tx.delete::<CreateVolume>(&req.name).map_err(store_err)?;
+            tx.commit().await.map_err(store_err)?;
+            tracing::warn!(volume = %volume.volume_id, name = %req.name, error = %e,
+                "CreateVolume returned a volume id that cannot be a directory name");
+            return Err(VolumeError::PluginMisbehaved {
+                rpc: CsiRpc::CreateVolume,
+                what: format!(
+                    "returned volume id {:?}, which cannot be a directory name: {e}",
+                    volume.volume_id.as_str()
+                ),
+            });
+        }
         // Spec §4.8: an id that is already tracked (validated, or created under another
         // name) is a failure, never a reason to overwrite that volume's record. The intent
         // goes: a replay would get the same answer. Memory equals disk, and the volume's

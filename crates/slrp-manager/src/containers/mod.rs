@@ -15,7 +15,7 @@
 //! No isolation: no cgroups, namespaces, filesystem or resource limits; volumes are
 //! accepted only where the container path is the host path (what the Mesos SLRP sends).
 
-mod checkpoint;
+pub(crate) mod checkpoint;
 mod process;
 pub(crate) mod validate;
 

@@ -94,6 +94,9 @@ pub enum SettingError {
         /// Why that is the highest.
         why: &'static str,
     },
+    /// Not a size.
+    #[error("not a size")]
+    Size(#[source] slrp_types::SizeError),
 }
 
 fn setting(field: &'static str, source: SettingError) -> ConfigError {
@@ -242,6 +245,9 @@ pub struct DaemonConfig {
     /// Bounds of the retries of CreateVolume and DeleteVolume after `DEADLINE_EXCEEDED` or
     /// `UNAVAILABLE` (Mesos: 10 s doubling to 10 min, spec §4.3).
     pub csi_retry: Backoff,
+    /// `[manager] max_body_bytes`: the embedded manager's body limit (`None`: its
+    /// default, `slrp_manager::DEFAULT_MAX_BODY_BYTES`).
+    pub manager_max_body_bytes: Option<usize>,
     /// How much of a plugin's answers slrp accepts (`[csi]`, docs/csi-client.md).
     pub csi_limits: slrp_csi::AnswerLimits,
 }
@@ -421,6 +427,19 @@ pub struct DaemonConfigFile {
     /// Bounds on plugin answers.
     #[serde(default)]
     pub csi: CsiFile,
+    /// The embedded manager of `slrp standalone`.
+    #[serde(default)]
+    pub manager: ManagerFile,
+}
+
+/// The `[manager]` table: the embedded resource provider manager of `slrp standalone`
+/// (`slrp run` talks to a Mesos agent and refuses the table).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ManagerFile {
+    /// Largest request body the manager accepts (a size: `128MiB`, `1GiB`). A provider's
+    /// UPDATE_STATE carries its whole total, ~390 bytes per volume in JSON.
+    pub max_body_bytes: Option<String>,
 }
 
 /// The flags of `slrp run`, each overriding its config file setting.
@@ -466,7 +485,17 @@ impl DaemonConfigFile {
             path: path.to_owned(),
             source,
         })?;
-        let mut file: Self = toml::from_str(&text).map_err(|source| ConfigError::ParseConfig {
+        Self::parse(path, &text)
+    }
+
+    /// Parses the text of the config file at `path` (which only names the file in errors
+    /// and is the base of its relative paths): what [`DaemonConfigFile::load`] does after
+    /// reading the file. The fuzz target `daemon_config` calls it.
+    ///
+    /// # Errors
+    /// [`ConfigError::ParseConfig`] (which names an unknown key and its line).
+    pub fn parse(path: &Path, text: &str) -> Result<Self, ConfigError> {
+        let mut file: Self = toml::from_str(text).map_err(|source| ConfigError::ParseConfig {
             path: path.to_owned(),
             source,
         })?;
@@ -727,6 +756,17 @@ impl DaemonConfig {
             Backoff::MESOS,
         )?;
         let csi_limits = csi_limits(&file.csi)?;
+        let manager_max_body_bytes = match &file.manager.max_body_bytes {
+            None => None,
+            Some(v) => {
+                let bytes = slrp_types::parse_size(v)
+                    .map_err(|e| setting("manager.max_body_bytes", SettingError::Size(e)))?;
+                if bytes == 0 {
+                    return Err(setting("manager.max_body_bytes", SettingError::Zero));
+                }
+                Some(usize::try_from(bytes).unwrap_or(usize::MAX))
+            }
+        };
         let profiles = file
             .profiles
             .map(slrp_profiles::ProfilesConfig::try_from)
@@ -757,6 +797,7 @@ impl DaemonConfig {
             status_update_retry,
             csi_retry,
             csi_limits,
+            manager_max_body_bytes,
         })
     }
 

@@ -19,13 +19,13 @@ mod provider_files;
 
 pub use daemon::{
     ADMIN_SOCKET_NAME, AdminFile, AdminListen, AdminTcp, AdminToken, AgentFile,
-    DEFAULT_SHUTDOWN_GRACE, DEFAULT_STATE_DIR, DaemonConfig, DaemonConfigFile, Overrides,
-    PluginBackend, PluginsFile, PluginsOnExit, RemoveSandboxes, RetriesFile, SettingError,
-    provider_state_dir,
+    DEFAULT_SHUTDOWN_GRACE, DEFAULT_STATE_DIR, DaemonConfig, DaemonConfigFile, ManagerFile,
+    Overrides, PluginBackend, PluginsFile, PluginsOnExit, RemoveSandboxes, RetriesFile,
+    SettingError, provider_state_dir,
 };
 pub use provider_files::{
     DecodeError, InfoError, ProviderConfig, STORAGE_PROVIDER_TYPE, check_plugin_backend,
-    load_provider_dir, load_provider_file, provider_key, validate_info,
+    load_provider_dir, load_provider_file, parse_provider_file, provider_key, validate_info,
 };
 
 /// Why the configuration cannot be used. Every variant names the file or the setting.

@@ -291,12 +291,23 @@ pub fn load_provider_file(path: &Path) -> Result<ProviderConfig, ConfigError> {
         path: path.to_owned(),
         source,
     })?;
+    parse_provider_file(path, &text)
+}
+
+/// Decodes and validates the bytes of the provider file at `path` (which only names the
+/// file in errors): what [`load_provider_file`] does after reading it. The fuzz target
+/// `provider_info` calls it.
+///
+/// # Errors
+/// [`ConfigError::DecodeProvider`] or [`ConfigError::InvalidProvider`], naming the file
+/// (and the field).
+pub fn parse_provider_file(path: &Path, text: &[u8]) -> Result<ProviderConfig, ConfigError> {
     let decode_failed = |(field, source): (String, DecodeError)| ConfigError::DecodeProvider {
         path: path.to_owned(),
         field,
         source: Box::new(source),
     };
-    let value: serde_json::Value = serde_json::from_slice(&text)
+    let value: serde_json::Value = serde_json::from_slice(text)
         .map_err(|e| decode_failed((".".to_owned(), DecodeError::Json(e))))?;
     let info = match decode_info(&value, true) {
         Ok(info) => info,

@@ -700,11 +700,11 @@ impl ImportPlan {
         }
         if let Some(state) = &self.state {
             state
-                .stage(&mut txn, agent, None)
+                .stage(txn.changes(), agent, None)
                 .map_err(ImportError::Build)?;
         }
         for op in &self.operations {
-            stage_operation(&mut txn, agent, &op.op).map_err(ImportError::Build)?;
+            stage_operation(txn.changes(), agent, &op.op).map_err(ImportError::Build)?;
         }
         put(&mut txn, &self.marker)?;
         txn.commit()

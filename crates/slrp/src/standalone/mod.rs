@@ -287,6 +287,9 @@ async fn serve(config: DaemonConfig, layout: &Layout) -> ExitCode {
     }
     let mut manager_config = ManagerConfig::new(Listen::Unix(layout.manager_socket()));
     manager_config.state_dir = Some(layout.manager_dir());
+    if let Some(bytes) = config.manager_max_body_bytes {
+        manager_config.max_body_bytes = bytes;
+    }
     manager_config.ack_policy = AckPolicy::Auto;
     let ack_policy = manager_config.ack_policy;
     // Its own token: the manager must outlive the daemon's shutdown, so that the

@@ -1,23 +1,23 @@
 //! [`WarnOnChange`]: a warning about a plugin's listing that would repeat at every
-//! reconciliation, logged when what it says changes instead.
+//! reconciliation, logged when what it says changes instead (issue #26).
 //!
 //! A plugin that lists a volume twice does so at every reconciliation; at a 1 s interval
 //! a warning per duplicate per reconciliation is thousands of lines a minute that say
-//! nothing new and bury what does. The worker asks [`WarnOnChange::fresh`] for the items
+//! nothing new and bury what does. The provider asks [`WarnOnChange::fresh`] for the items
 //! it would warn about: only those it did not warn about last time come back, so each is
 //! logged once when it appears, and again only if it goes away and comes back.
 
 use std::collections::BTreeSet;
 
 /// The items warned about at the last reconciliation; see the module docs.
-#[derive(Debug, Default)]
-pub(crate) struct WarnOnChange {
+#[derive(Debug, Default, Clone)]
+pub struct WarnOnChange {
     last: BTreeSet<String>,
 }
 
 impl WarnOnChange {
     /// The items of `now` that were not in the last call's `now`; `now` is remembered.
-    pub(crate) fn fresh<'a>(&mut self, now: &'a [String]) -> Vec<&'a str> {
+    pub fn fresh<'a>(&mut self, now: &'a [String]) -> Vec<&'a str> {
         let fresh = now
             .iter()
             .filter(|item| !self.last.contains(item.as_str()))
