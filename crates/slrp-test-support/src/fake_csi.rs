@@ -365,7 +365,13 @@ impl CsiVolumes for FakeCsi {
                         None => {
                             st.next_id += 1;
                             st.created += 1;
-                            let id = VolumeId::new(format!("vol-{}", st.next_id));
+                            // A test may choose the id (one the manager must refuse).
+                            let id = VolumeId::new(
+                                req.parameters
+                                    .get("volume_id")
+                                    .cloned()
+                                    .unwrap_or_else(|| format!("vol-{}", st.next_id)),
+                            );
                             st.by_name.insert(req.name.clone(), id.clone());
                             st.volumes.insert(
                                 id.clone(),

@@ -19,6 +19,7 @@ use super::handle::{CreateVolume, Reply, ValidateVolume, VolumeInfo};
 use super::manager::{VolumeManagerConfig, failpoints, injected};
 use super::plan::RecoveryGoal;
 use super::recovery::{RecoveryResult, recovery_summary};
+use super::refused::Refusal;
 use super::schedule::{Class, Key};
 use super::state::{Goal, VolumeRecord, VolumeSpec, VolumeState};
 
@@ -425,7 +426,9 @@ impl<C: CsiVolumes> Ctx<C> {
             Err(CsiError::InvalidResponse {
                 violation, created, ..
             }) => {
-                return Err(self.refuse_create(req, &violation, created, retried).await);
+                return Err(self
+                    .refuse_create(req, Refusal::from(&*violation), created, retried)
+                    .await);
             }
             Err(source) => {
                 // The intent survives only what may have created the volume: a refusal by
@@ -452,21 +455,15 @@ impl<C: CsiVolumes> Ctx<C> {
         };
         // An id that cannot name the volume's directory under the mount root (an empty
         // one, or one whose encoding exceeds a file name) could never be staged or
-        // published: refuse the answer before any record exists, and drop the intent (a
-        // replay would get the same answer). Found by the `csi_answers` fuzz target.
+        // published: the answer is refused before any record exists and settled like
+        // one the client refused (its volume deleted, the name never created again).
+        // Found by the `csi_answers` fuzz target.
         if let Err(e) = self.cfg.mount_paths.volume_dir(&volume.volume_id) {
-            let mut tx = self.store.transaction();
-            tx.delete::<CreateVolume>(&req.name).map_err(store_err)?;
-            tx.commit().await.map_err(store_err)?;
-            tracing::warn!(volume = %volume.volume_id, name = %req.name, error = %e,
-                "CreateVolume returned a volume id that cannot be a directory name");
-            return Err(VolumeError::PluginMisbehaved {
-                rpc: CsiRpc::CreateVolume,
-                what: format!(
-                    "returned volume id {:?}, which cannot be a directory name: {e}",
-                    volume.volume_id.as_str()
-                ),
-            });
+            let id = volume.volume_id;
+            let created = (!id.as_str().is_empty()).then_some(id);
+            return Err(self
+                .refuse_create(req, Refusal::of_path(&e), created, retried)
+                .await);
         }
         // Spec §4.8: an id that is already tracked (validated, or created under another
         // name) is a failure, never a reason to overwrite that volume's record. The intent

@@ -32,6 +32,7 @@ use super::error::{Subject, VolumeError};
 use super::handle::CreateVolume;
 use super::jobs::Ctx;
 use super::manager::{failpoints, injected};
+use super::paths::PathError;
 
 /// What became of the volume behind a refused CreateVolume answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -135,6 +136,41 @@ impl fmt::Display for RefusedCreate {
     }
 }
 
+/// Why an answer is refused: a rule of the CSI client's (`slrp_csi::Violation`), or the
+/// volume manager's own (an id that cannot name a mount directory).
+pub(super) struct Refusal {
+    /// The rule's name.
+    pub(super) rule: &'static str,
+    /// What was wrong, never the offending value.
+    pub(super) reason: String,
+}
+
+impl From<&Violation> for Refusal {
+    fn from(v: &Violation) -> Self {
+        Self {
+            rule: v.rule(),
+            reason: v.to_string(),
+        }
+    }
+}
+
+impl Refusal {
+    /// An id the client accepted that still cannot be the volume's directory name.
+    pub(super) fn of_path(e: &PathError) -> Self {
+        let reason = match e {
+            PathError::EmptyId => "volume_id is empty".to_owned(),
+            PathError::TooLong { len, .. } => format!(
+                "volume_id encodes to {len} bytes, more than a directory name may have (255)"
+            ),
+            PathError::BadEncoding { .. } | PathError::BadPluginName { .. } => e.to_string(),
+        };
+        Self {
+            rule: "unusable_id",
+            reason,
+        }
+    }
+}
+
 impl<C: CsiVolumes> Ctx<C> {
     /// The refused record of `name`, if its create was refused before.
     pub(super) async fn refused_record(
@@ -158,14 +194,14 @@ impl<C: CsiVolumes> Ctx<C> {
     pub(super) async fn refuse_create(
         &self,
         req: &CreateVolume,
-        violation: &Violation,
+        refusal: Refusal,
         created: Option<VolumeId>,
         retried: bool,
     ) -> VolumeError {
         let record = RefusedCreate {
             request: req.clone(),
-            rule: violation.rule().to_owned(),
-            reason: violation.to_string(),
+            rule: refusal.rule.to_owned(),
+            reason: refusal.reason,
             cleanup: match created {
                 Some(volume_id) => RefusedCleanup::Deleting {
                     volume_id,
@@ -189,7 +225,7 @@ impl<C: CsiVolumes> Ctx<C> {
         if let Err(e) = tx.commit().await {
             return store_err(e);
         }
-        tracing::warn!(name = %req.name, rule = violation.rule(), reason = %record.reason, cleanup = %record.cleanup,
+        tracing::warn!(name = %req.name, rule = refusal.rule, reason = %record.reason, cleanup = %record.cleanup,
             "CreateVolume answer refused; the name is never created again");
         match self.settle_refused(record, retried).await {
             Ok(record) | Err((record, None)) => VolumeError::CreateRefused {
