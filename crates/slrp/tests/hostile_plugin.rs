@@ -623,6 +623,12 @@ async fn a_retried_create_shows_its_last_error_and_next_retry() {
     );
     let text = s.d.ctl(&["operations"]).await;
     assert!(text.stdout.contains("retrying at"), "{}", text.describe());
+    let detail = s.d.ctl(&["operations", &uuid]).await;
+    assert!(
+        detail.stdout.contains("last error:") && detail.stdout.contains("next retry:"),
+        "{}",
+        detail.describe()
+    );
     // Once the plugin answers, the operation finishes and the retry state is gone.
     s.plugin.set(Misbehaviour::default());
     let ops =
