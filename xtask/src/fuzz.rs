@@ -257,6 +257,12 @@ fn campaign(paths: &Paths, list: &[String], seconds: u64, soak: bool) -> anyhow:
             if dict.is_file() {
                 cmd.arg(format!("-dict={}", dict.display()));
             }
+            if !soak {
+                // A run (CI's) explores the same way each time: what it finds is found
+                // again on the next run, not by chance once. SLRP_FUZZ_SEED picks another.
+                let seed = std::env::var("SLRP_FUZZ_SEED").unwrap_or_else(|_| "1".to_owned());
+                cmd.arg(format!("-seed={seed}"));
+            }
             cmd.arg(&corpus).arg(&committed);
             let out = cmd
                 .output()

@@ -565,6 +565,13 @@ async fn under_run_mode_the_manager_actions_are_403_and_unknown_routes_404() {
     let (status, json) = get_json(&s.socket, "/disks").await;
     assert_eq!(status, 405, "{json}");
     assert!(json["error"].is_string(), "{json}");
+    // A path parameter that is not UTF-8 once percent-decoded: the API's JSON error, not
+    // axum's plain text (the admin_api fuzz target's first finding).
+    for path in ["/operations/12%9a", "/volumes/v%ff"] {
+        let (status, json) = get_json(&s.socket, path).await;
+        assert_eq!(status, 400, "{path}: {json}");
+        assert!(json["error"].is_string(), "{path}: {json}");
+    }
     s.stop().await;
 }
 

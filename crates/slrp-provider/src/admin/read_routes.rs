@@ -5,8 +5,9 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::{FromRequestParts, Path, State};
 use axum::http::StatusCode;
+use axum::http::request::Parts;
 use slrp_core::volume::{MountPaths, RefusedCreate, StateName, VolumeRecord};
 use slrp_csi::answer::shown;
 use slrp_csi::{AccessType, VolumeId};
@@ -15,6 +16,25 @@ use slrp_types::DisplayChain;
 
 use super::api::{self, OperationSummary, VolumeSummary};
 use super::{AdminProvider, AdminState, Refusal, field_refusal, refusal, volume_records};
+
+/// The one path parameter of a route, percent-decoded. One that does not decode (say,
+/// `%9a`: not UTF-8) is refused with the API's JSON error like every other refusal, not
+/// with axum's plain-text one (found by the `admin_api` fuzz target).
+pub(super) struct Segment(String);
+
+impl<S: Send + Sync> FromRequestParts<S> for Segment {
+    type Rejection = Refusal;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match Path::<String>::from_request_parts(parts, state).await {
+            Ok(Path(segment)) => Ok(Self(segment)),
+            Err(rejection) => Err(refusal(
+                StatusCode::BAD_REQUEST,
+                format!("the request path: {}", rejection.body_text()),
+            )),
+        }
+    }
+}
 
 pub(super) async fn status(State(state): State<AdminState>) -> Json<api::Status> {
     let mut providers = Vec::with_capacity(state.providers.len());
@@ -185,7 +205,7 @@ pub(super) async fn volumes(
 
 pub(super) async fn volume(
     State(state): State<AdminState>,
-    Path(id): Path<String>,
+    Segment(id): Segment,
 ) -> Result<Json<VolumeSummary>, Refusal> {
     for p in state.providers.iter() {
         if let Some(found) = provider_volumes(p)
@@ -248,7 +268,7 @@ pub(super) async fn operations(
 
 pub(super) async fn operation(
     State(state): State<AdminState>,
-    Path(uuid): Path<String>,
+    Segment(uuid): Segment,
 ) -> Result<Json<OperationSummary>, Refusal> {
     let Ok(parsed) = uuid::Uuid::parse_str(&uuid) else {
         return Err(super::bad_field(
