@@ -19,6 +19,8 @@
 //! - [`provider`]: [`provider::resources`], the provider's resource arithmetic (resource
 //!   shapes, storage pools, pre-existing volumes, Mesos's `computeConversion` and the
 //!   `Resources` algebra), pure; the provider's driver comes with issue #10.
+//! - [`warn_once`]: [`warn_once::WarnOnChange`], a warning that would repeat at every
+//!   reconciliation, let through once per change.
 //!
 //! # Invariants
 //!
@@ -43,3 +45,4 @@
 
 pub mod provider;
 pub mod volume;
+pub mod warn_once;

@@ -8,7 +8,10 @@
 //! - recovery leaves no in-flight state, no unfinished deletion and no CreateVolume intent;
 //! - the operation converges to its goal;
 //! - nothing leaked: the plugin's volumes are exactly the tracked ones;
-//! - nothing was created twice: the plugin created exactly one volume.
+//! - nothing was created twice: the plugin created exactly one volume;
+//! - a CreateVolume answer the client refuses (`Op::CreateRefused`) ends with its volume
+//!   deleted, a `RefusedCreate` record and no intent, and the name is never created
+//!   again, whatever the crash point.
 //!
 //! The enumeration stops for a point once the operation completes without reaching its
 //! `k`-th evaluation, so every reachable crash point is covered, whatever the number of
@@ -37,6 +40,8 @@ const POINTS: [&str; 5] = [
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Op {
     Create,
+    /// A create whose answer the client refuses after the plugin made the volume.
+    CreateRefused,
     Publish,
     Unpublish,
     Delete,
@@ -46,7 +51,7 @@ const NAME: &str = "op-uuid-1";
 
 /// Brings the volume into the state the operation starts from; returns its id.
 async fn setup(op: Op, handle: &VolumeManagerHandle) -> Option<VolumeId> {
-    if op == Op::Create {
+    if matches!(op, Op::Create | Op::CreateRefused) {
         return None;
     }
     let v = handle.create(create_req(NAME)).await.unwrap();
@@ -63,6 +68,18 @@ async fn run(
 ) -> Result<(), VolumeError> {
     match op {
         Op::Create => handle.create(create_req(NAME)).await.map(|_| ()),
+        // Settled is done: the refusal is the operation's end, whatever the point.
+        Op::CreateRefused => match handle.create(refused_create_req(NAME, "id")).await {
+            Err(VolumeError::CreateRefused { refusal, .. }) => {
+                assert!(
+                    matches!(refusal.cleanup, RefusedCleanup::Deleted { .. }),
+                    "{refusal:?}"
+                );
+                Ok(())
+            }
+            Ok(v) => panic!("a refused answer created {v:?}"),
+            Err(e) => Err(e),
+        },
         Op::Publish => handle.publish(id.unwrap()).await.map(|_| ()),
         Op::Unpublish => handle.unpublish(id.unwrap()).await,
         Op::Delete => handle.delete(id.unwrap()).await.map(|_| ()),
@@ -82,6 +99,7 @@ async fn check_converged(op: Op, h: &Harness, m: &Running, what: &str) {
     assert_eq!(h.fake.st().created, 1, "{what}: created exactly once");
     let want = match op {
         Op::Create => Some(StateName::Created),
+        Op::CreateRefused => None,
         Op::Publish => Some(StateName::Published),
         Op::Unpublish => Some(StateName::NodeReady),
         Op::Delete => None,
@@ -202,11 +220,39 @@ async fn check_after_restart(op: Op, h: &Harness, what: &str, crashed: bool) {
     let _ = report;
     m.stop().await.unwrap();
     assert!(h.stored_intents().is_empty(), "{what}: intent left");
+    if op == Op::CreateRefused {
+        let refusals = h.stored_refusals();
+        assert_eq!(refusals.len(), 1, "{what}: {refusals:?}");
+        assert!(
+            matches!(refusals[0].cleanup, RefusedCleanup::Deleted { .. }),
+            "{what}: {refusals:?}"
+        );
+        // Converged means settled for good: another create of the name sends nothing.
+        let m = h.start();
+        within(m.handle.ready()).await.unwrap();
+        let calls = h.fake.calls(CsiRpc::CreateVolume);
+        assert!(matches!(
+            m.handle.create(refused_create_req(NAME, "id")).await,
+            Err(VolumeError::CreateRefused { .. })
+        ));
+        assert_eq!(
+            h.fake.calls(CsiRpc::CreateVolume),
+            calls,
+            "{what}: re-created"
+        );
+        assert_eq!(h.fake.st().created, 1, "{what}");
+        m.stop().await.unwrap();
+    }
 }
 
 #[tokio::test]
 async fn crash_anywhere_in_create() {
     crash_everywhere(Op::Create).await;
+}
+
+#[tokio::test]
+async fn crash_anywhere_in_a_refused_create() {
+    crash_everywhere(Op::CreateRefused).await;
 }
 
 #[tokio::test]

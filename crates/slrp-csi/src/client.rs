@@ -10,6 +10,10 @@ use tonic::transport::Channel;
 
 use tokio::time::Instant;
 
+use crate::answer::{
+    AnswerCheck, AnswerLimits, ListingBudget, MAX_CLEANUP_ID_BYTES, Violation, check_created,
+    check_id, check_map, check_size, check_string, check_volume_identity,
+};
 use crate::endpoint::{CsiEndpoint, SocketAlias, is_connect_failure, is_too_long, lazy_channel};
 use crate::error::{CsiError, CsiRpc};
 use crate::metrics::{CsiMetrics, Outcome};
@@ -42,6 +46,8 @@ pub struct ClientConfig {
     pub rpc_timeout: Duration,
     /// Fires on shutdown: calls in flight stop at once with [`CsiError::Cancelled`].
     pub cancel: CancellationToken,
+    /// How much of the plugin's answers is accepted ([`crate::answer`]).
+    pub limits: AnswerLimits,
 }
 
 impl Default for ClientConfig {
@@ -50,6 +56,7 @@ impl Default for ClientConfig {
             version: VersionSelect::Auto,
             rpc_timeout: DEFAULT_RPC_TIMEOUT,
             cancel: CancellationToken::new(),
+            limits: AnswerLimits::default(),
         }
     }
 }
@@ -75,6 +82,13 @@ impl ClientConfig {
         self.cancel = c;
         self
     }
+
+    /// Sets the bounds on the plugin's answers.
+    #[must_use]
+    pub fn limits(mut self, l: AnswerLimits) -> Self {
+        self.limits = l;
+        self
+    }
 }
 
 /// Failure of one attempt inside a backend, before it is tied to an RPC name.
@@ -82,13 +96,26 @@ impl ClientConfig {
 pub(crate) enum AttemptError {
     Status(tonic::Status),
     Unsupported(&'static str),
-    InvalidResponse(String),
+    /// The answer breaks a rule; `created` names what a refused CreateVolume created.
+    Invalid {
+        violation: Violation,
+        created: Option<VolumeId>,
+    },
     UnknownVersion,
 }
 
+impl From<Violation> for AttemptError {
+    fn from(violation: Violation) -> Self {
+        Self::Invalid {
+            violation,
+            created: None,
+        }
+    }
+}
+
 impl AttemptError {
-    pub(crate) fn invalid(what: &str) -> Self {
-        Self::InvalidResponse(what.to_owned())
+    pub(crate) fn missing(field: &'static str) -> Self {
+        Violation::Missing { field }.into()
     }
 
     fn into_csi(
@@ -97,6 +124,7 @@ impl AttemptError {
         version: Option<CsiVersion>,
         endpoint: &CsiEndpoint,
         timeout: Duration,
+        limits: &AnswerLimits,
     ) -> CsiError {
         match self {
             // tonic enforces the `grpc-timeout` we send and reports its expiry as
@@ -117,19 +145,44 @@ impl AttemptError {
             Self::Status(s) => CsiError::Rpc {
                 rpc,
                 code: s.code(),
-                source: s,
+                source: bounded_status(s, limits.max_string_bytes),
             },
             Self::Unsupported(what) => CsiError::Unsupported {
                 rpc,
                 version: version.unwrap_or(CsiVersion::V0),
                 what,
             },
-            Self::InvalidResponse(what) => CsiError::InvalidResponse { rpc, what },
+            Self::Invalid { violation, created } => CsiError::InvalidResponse {
+                rpc,
+                violation: Box::new(violation),
+                created,
+            },
             Self::UnknownVersion => CsiError::UnknownVersion {
                 endpoint: endpoint.to_string(),
             },
         }
     }
+}
+
+/// `status` with its message cut to `max` bytes (at a character boundary), so a plugin's
+/// error text cannot carry megabytes into the log, the state or an operation's status.
+fn bounded_status(status: tonic::Status, max: usize) -> tonic::Status {
+    let message = status.message();
+    if message.len() <= max {
+        return status;
+    }
+    let mut end = max;
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    tonic::Status::new(
+        status.code(),
+        format!(
+            "{}… (cut at {max} of {} bytes)",
+            &message[..end],
+            message.len()
+        ),
+    )
 }
 
 /// Whether `status` is tonic's report of the client-side deadline expiring.
@@ -188,6 +241,8 @@ struct Inner {
     version: OnceLock<CsiVersion>,
     config: ClientConfig,
     metrics: CsiMetrics,
+    /// The checks of every answer, with the client's limits.
+    answers: AnswerCheck,
     /// The supervisor's view of the endpoint, for managed plugins: attempts wait for it
     /// to be up. `None` (unmanaged endpoints): every attempt is sent at once.
     readiness: Option<EndpointReadiness>,
@@ -241,6 +296,7 @@ impl CsiClient {
         if let VersionSelect::Force(v) = config.version {
             let _ = version.set(v);
         }
+        let answers = AnswerCheck::new(config.limits, metrics.clone(), &endpoint.to_string());
         Ok(Self {
             inner: Arc::new(Inner {
                 endpoint,
@@ -248,6 +304,7 @@ impl CsiClient {
                 version,
                 config,
                 metrics,
+                answers,
                 readiness,
                 _alias: alias,
             }),
@@ -307,11 +364,16 @@ impl CsiClient {
     /// # Errors
     /// The RPC's failure, classified (see [`CsiError::retry_class`]).
     pub async fn plugin_info(&self) -> Result<PluginInfo, CsiError> {
+        let limits = &self.inner.config.limits;
         self.versioned(CsiRpc::GetPluginInfo, |ch, v, t| async move {
-            match v {
+            let info = match v {
                 CsiVersion::V1 => v1::plugin_info(ch, t).await,
                 CsiVersion::V0 => v0::plugin_info(ch, t).await,
-            }
+            }?;
+            check_string("name", &info.name, limits)?;
+            check_string("vendor_version", &info.vendor_version, limits)?;
+            check_map("manifest", &info.manifest, limits)?;
+            Ok(info)
         })
         .await
     }
@@ -384,11 +446,18 @@ impl CsiClient {
     /// # Errors
     /// The RPC's failure.
     pub async fn node_info(&self) -> Result<NodeInfo, CsiError> {
+        let limits = &self.inner.config.limits;
         self.versioned(CsiRpc::NodeGetInfo, |ch, v, t| async move {
-            match v {
+            let info = match v {
                 CsiVersion::V1 => v1::node_info(ch, t).await,
                 CsiVersion::V0 => v0::node_info(ch, t).await,
+            }?;
+            check_id("node_id", &info.node_id, limits)?;
+            check_size("max_volumes_per_node", info.max_volumes_per_node)?;
+            if let Some(topology) = &info.accessible_topology {
+                check_map("accessible_topology", topology, limits)?;
             }
+            Ok(info)
         })
         .await
     }
@@ -397,7 +466,10 @@ impl CsiClient {
     /// run it through [`crate::retry()`] for that).
     ///
     /// # Errors
-    /// [`CsiError::InvalidRequest`] for an empty name; otherwise the RPC's failure.
+    /// [`CsiError::InvalidRequest`] for an empty name; [`CsiError::InvalidResponse`] for
+    /// an answer [`check_created`] refuses (naming the volume the plugin created, when
+    /// it gave an id that can be sent back: the caller deletes it); otherwise the RPC's
+    /// failure.
     pub async fn create_volume(&self, req: &CreateVolumeRequest) -> Result<Volume, CsiError> {
         if req.name.is_empty() {
             return Err(CsiError::InvalidRequest {
@@ -405,11 +477,21 @@ impl CsiClient {
                 what: "the volume name is empty".to_owned(),
             });
         }
+        let limits = &self.inner.config.limits;
         self.versioned(CsiRpc::CreateVolume, |ch, v, t| async move {
-            match v {
+            let volume = match v {
                 CsiVersion::V1 => v1::create_volume(ch, t, req).await,
                 CsiVersion::V0 => v0::create_volume(ch, t, req).await,
+            }?;
+            if let Err(violation) = check_created(req, &volume, limits) {
+                let id = volume.volume_id;
+                let usable = !id.as_str().is_empty() && id.as_str().len() <= MAX_CLEANUP_ID_BYTES;
+                return Err(AttemptError::Invalid {
+                    violation,
+                    created: usable.then_some(id),
+                });
             }
+            Ok(volume)
         })
         .await
     }
@@ -438,11 +520,14 @@ impl CsiClient {
         &self,
         req: &ControllerPublishRequest,
     ) -> Result<StringMap, CsiError> {
+        let limits = &self.inner.config.limits;
         self.versioned(CsiRpc::ControllerPublishVolume, |ch, v, t| async move {
-            match v {
+            let context = match v {
                 CsiVersion::V1 => v1::controller_publish(ch, t, req).await,
                 CsiVersion::V0 => v0::controller_publish(ch, t, req).await,
-            }
+            }?;
+            check_map("publish_context", &context, limits)?;
+            Ok(context)
         })
         .await
     }
@@ -466,20 +551,37 @@ impl CsiClient {
     /// # Errors
     /// The RPC's failure.
     pub async fn validate(&self, req: &ValidateRequest) -> Result<Validation, CsiError> {
+        let limits = &self.inner.config.limits;
         self.versioned(CsiRpc::ValidateVolumeCapabilities, |ch, v, t| async move {
-            match v {
+            let validation = match v {
                 CsiVersion::V1 => v1::validate(ch, t, req).await,
                 CsiVersion::V0 => v0::validate(ch, t, req).await,
+            }?;
+            check_string("message", &validation.message, limits)?;
+            if let Some(confirmed) = &validation.confirmed_fields {
+                check_map(
+                    "confirmed.volume_context",
+                    &confirmed.volume_context,
+                    limits,
+                )?;
+                check_map("confirmed.parameters", &confirmed.parameters, limits)?;
             }
+            Ok(validation)
         })
         .await
     }
 
     /// One page of `ListVolumes`. `max_entries` 0 lets the plugin choose.
     ///
+    /// Entries that cannot be used (no volume, an id that is empty, too long or not
+    /// storable, a context over the bound) are left out, and a negative size is read as
+    /// 0 (unknown): counted and logged as [`crate::answer`] says, so that one bad entry
+    /// does not hide the other volumes.
+    ///
     /// # Errors
-    /// [`CsiError::InvalidRequest`] for a negative `max_entries`; otherwise the RPC's
-    /// failure.
+    /// [`CsiError::InvalidRequest`] for a negative `max_entries`;
+    /// [`CsiError::InvalidResponse`] for a `next_token` over the string bound; otherwise
+    /// the RPC's failure.
     pub async fn list_volumes_page(
         &self,
         max_entries: i32,
@@ -491,38 +593,46 @@ impl CsiClient {
                 what: format!("max_entries {max_entries} is negative"),
             });
         }
+        let answers = &self.inner.answers;
         self.versioned(CsiRpc::ListVolumes, |ch, v, t| async move {
-            match v {
+            let raw = match v {
                 CsiVersion::V1 => v1::list_volumes(ch, t, max_entries, starting_token).await,
                 CsiVersion::V0 => v0::list_volumes(ch, t, max_entries, starting_token).await,
-            }
+            }?;
+            checked_page(answers, raw)
         })
         .await
     }
 
-    /// All volumes, following `next_token` with pages of `page_size` (0 = plugin's choice).
+    /// A [`ListingBudget`] with this client's limits, for callers that follow pages of
+    /// [`CsiClient::list_volumes_page`] themselves.
+    pub fn listing_budget(&self) -> ListingBudget {
+        ListingBudget::counted(self.inner.config.limits, self.inner.metrics.clone())
+    }
+
+    /// All volumes, following `next_token` with pages of `page_size` (0 = plugin's
+    /// choice), within the bounds of a [`ListingBudget`].
     ///
     /// # Errors
-    /// A page's failure, or [`CsiError::InvalidResponse`] if the plugin hands out a token
-    /// it already gave (which would loop forever).
+    /// A page's failure, or [`CsiError::InvalidResponse`] when the listing passes a bound
+    /// or the plugin hands out a token it already gave (which would loop forever).
     pub async fn list_volumes(&self, page_size: i32) -> Result<Vec<Volume>, CsiError> {
+        let mut budget = self.listing_budget();
         let mut all = Vec::new();
         let mut token: Option<String> = None;
-        let mut seen = std::collections::HashSet::new();
         loop {
             let page = self.list_volumes_page(page_size, token.as_deref()).await?;
+            if let Err(violation) = budget.take(&page) {
+                return Err(CsiError::InvalidResponse {
+                    rpc: CsiRpc::ListVolumes,
+                    violation: Box::new(violation),
+                    created: None,
+                });
+            }
             all.extend(page.volumes);
             match page.next_token {
                 None => return Ok(all),
-                Some(next) => {
-                    if !seen.insert(next.clone()) {
-                        return Err(CsiError::InvalidResponse {
-                            rpc: CsiRpc::ListVolumes,
-                            what: format!("next_token {next:?} repeats an earlier token"),
-                        });
-                    }
-                    token = Some(next);
-                }
+                Some(next) => token = Some(next),
             }
         }
     }
@@ -536,11 +646,25 @@ impl CsiClient {
         capabilities: &[VolumeCapability],
         parameters: &StringMap,
     ) -> Result<Capacity, CsiError> {
+        let answers = &self.inner.answers;
         self.versioned(CsiRpc::GetCapacity, |ch, v, t| async move {
-            match v {
+            let mut capacity = match v {
                 CsiVersion::V1 => v1::capacity(ch, t, capabilities, parameters).await,
                 CsiVersion::V0 => v0::capacity(ch, t, capabilities, parameters).await,
+            }?;
+            // Negative is no space (and no size bound): what slrp always made of it,
+            // now said.
+            if let Err(v) = check_size("available_capacity", capacity.available_bytes) {
+                answers.tolerated(CsiRpc::GetCapacity, &v, "read as 0");
+                capacity.available_bytes = 0;
             }
+            if let Some(max) = capacity.maximum_volume_size
+                && let Err(v) = check_size("maximum_volume_size", max)
+            {
+                answers.tolerated(CsiRpc::GetCapacity, &v, "ignored");
+                capacity.maximum_volume_size = None;
+            }
+            Ok(capacity)
         })
         .await
     }
@@ -558,7 +682,10 @@ impl CsiClient {
         self.versioned(CsiRpc::ControllerExpandVolume, |ch, v, t| async move {
             match v {
                 CsiVersion::V1 => {
-                    v1::controller_expand(ch, t, id, required_bytes, capability).await
+                    let expansion =
+                        v1::controller_expand(ch, t, id, required_bytes, capability).await?;
+                    check_size("capacity_bytes", expansion.capacity_bytes)?;
+                    Ok(expansion)
                 }
                 CsiVersion::V0 => Err(AttemptError::Unsupported("volume expansion")),
             }
@@ -633,9 +760,16 @@ impl CsiClient {
         id: &VolumeId,
         volume_path: &str,
     ) -> Result<VolumeStats, CsiError> {
+        let limits = &self.inner.config.limits;
         self.versioned(CsiRpc::NodeGetVolumeStats, |ch, v, t| async move {
             match v {
-                CsiVersion::V1 => v1::node_stats(ch, t, id, volume_path).await,
+                CsiVersion::V1 => {
+                    let stats = v1::node_stats(ch, t, id, volume_path).await?;
+                    if let Some(message) = &stats.condition_message {
+                        check_string("volume_condition.message", message, limits)?;
+                    }
+                    Ok(stats)
+                }
                 CsiVersion::V0 => Err(AttemptError::Unsupported("volume stats")),
             }
         })
@@ -654,7 +788,11 @@ impl CsiClient {
     ) -> Result<i64, CsiError> {
         self.versioned(CsiRpc::NodeExpandVolume, |ch, v, t| async move {
             match v {
-                CsiVersion::V1 => v1::node_expand(ch, t, id, volume_path, required_bytes).await,
+                CsiVersion::V1 => {
+                    let capacity = v1::node_expand(ch, t, id, volume_path, required_bytes).await?;
+                    check_size("capacity_bytes", capacity)?;
+                    Ok(capacity)
+                }
                 CsiVersion::V0 => Err(AttemptError::Unsupported("volume expansion")),
             }
         })
@@ -748,7 +886,16 @@ impl CsiClient {
                         Outcome::Failed
                     };
                     guard.finish(outcome);
-                    let err = e.into_csi(rpc, version, &self.inner.endpoint, timeout);
+                    if let AttemptError::Invalid { violation, .. } = &e {
+                        self.inner.answers.refused(rpc, violation);
+                    }
+                    let err = e.into_csi(
+                        rpc,
+                        version,
+                        &self.inner.endpoint,
+                        timeout,
+                        &self.inner.config.limits,
+                    );
                     tracing::debug!(%rpc, endpoint = %self.inner.endpoint, error = %slrp_types::DisplayChain(&err), "CSI call failed");
                     return Err(err);
                 }
@@ -803,6 +950,46 @@ impl CsiClient {
             after: self.inner.config.rpc_timeout,
         }
     }
+}
+
+/// One ListVolumes page as a backend decoded it: entries without a volume are `None`.
+#[derive(Debug)]
+pub(crate) struct RawPage {
+    pub(crate) entries: Vec<Option<Volume>>,
+    pub(crate) next_token: Option<String>,
+}
+
+/// The usable part of `raw` (see [`CsiClient::list_volumes_page`]).
+fn checked_page(answers: &AnswerCheck, raw: RawPage) -> Result<VolumePage, AttemptError> {
+    let rpc = CsiRpc::ListVolumes;
+    if let Some(token) = &raw.next_token {
+        check_string("next_token", token, &answers.limits)?;
+    }
+    let mut volumes = Vec::with_capacity(raw.entries.len());
+    for entry in raw.entries {
+        let Some(mut volume) = entry else {
+            answers.tolerated(
+                rpc,
+                &Violation::Missing { field: "volume" },
+                "entry skipped",
+            );
+            continue;
+        };
+        if let Err(v) = check_volume_identity(&volume, &answers.limits) {
+            answers.tolerated(rpc, &v, "entry skipped");
+            continue;
+        }
+        if let Err(v) = check_size("capacity_bytes", volume.capacity_bytes) {
+            // Unknown, as CSI spells it: the volume is still there.
+            answers.tolerated(rpc, &v, "read as 0 (unknown)");
+            volume.capacity_bytes = 0;
+        }
+        volumes.push(volume);
+    }
+    Ok(VolumePage {
+        volumes,
+        next_token: raw.next_token,
+    })
 }
 
 /// The detection sequence of spec §4.1.5: v1 `Probe`, then v0 on `UNIMPLEMENTED`.

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use tonic::Code;
 
-use crate::types::CsiVersion;
+use crate::answer::Violation;
+use crate::types::{CsiVersion, VolumeId};
 
 /// A CSI RPC, named as in the service definition (the same names in v0 and v1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -174,13 +175,19 @@ pub enum CsiError {
         /// The missing feature.
         what: &'static str,
     },
-    /// The plugin's answer violates the CSI spec.
-    #[error("{rpc} returned an invalid response: {what}")]
+    /// The plugin's answer breaks a rule of the CSI spec or a bound of slrp's
+    /// ([`crate::answer`]); nothing of it was used.
+    #[error("{rpc} returned an answer slrp refuses: {violation}")]
     InvalidResponse {
         /// The RPC.
         rpc: CsiRpc,
-        /// What is wrong.
-        what: String,
+        /// The rule or bound it breaks (boxed: it is large, and the error is passed by
+        /// value everywhere).
+        violation: Box<Violation>,
+        /// The id of the volume a refused CreateVolume answer names, when it is one slrp
+        /// can send back (non-empty, at most [`crate::answer::MAX_CLEANUP_ID_BYTES`]):
+        /// the plugin created that volume, and the caller deletes it.
+        created: Option<VolumeId>,
     },
     /// The request itself is invalid (caught before it is sent).
     #[error("invalid {rpc} request: {what}")]

@@ -13,6 +13,8 @@
 //! jittered exponential backoff 10 s … 10 min), so no call is retried at two layers.
 //!
 //! # Layout
+//! - [`answer`]: the checks every plugin answer passes ([`AnswerLimits`], [`Violation`],
+//!   [`ListingBudget`]): one place, before anything is stored or used.
 //! - [`client`]: [`CsiClient`], [`ClientConfig`], version detection, the attempt wrapper.
 //! - [`types`]: domain types (volumes, capabilities, requests, results).
 //! - [`error`]: [`CsiError`], [`CsiRpc`], [`RetryClass`] and the code classification.
@@ -31,6 +33,8 @@
 //!
 //! # Invariants
 //! - Nothing outside this crate sees `tonic` or `csi.v0`/`csi.v1` types.
+//! - Nothing outside this crate sees an answer [`answer`] has not checked: a refused one
+//!   is a [`CsiError::InvalidResponse`] naming the rule.
 //! - The version of a client never changes once detected; a plugin that later answers
 //!   with another version gets `UNIMPLEMENTED` errors, not silent re-detection.
 //! - Every attempt sent ends in exactly one of finished/failed/cancelled (drop guard);
@@ -46,6 +50,7 @@
 //!   v0 plugin instead of being degraded silently.
 //! - Retries cover whole RPCs; there is no per-plugin retry budget or circuit breaker.
 
+pub mod answer;
 pub mod client;
 pub mod endpoint;
 pub mod error;
@@ -57,12 +62,13 @@ mod v0;
 mod v1;
 pub mod volumes;
 
+pub use answer::{AnswerLimits, ListingBudget, Violation};
 pub use client::{ClientConfig, CsiClient, DEFAULT_RPC_TIMEOUT, VersionSelect};
 pub use endpoint::{CsiEndpoint, MAX_SOCKET_PATH, SocketAlias};
 pub use error::{CsiError, CsiRpc, RetryClass};
 pub use metrics::CsiMetrics;
 pub use readiness::{CsiServices, EndpointReadiness, EndpointStatus};
-pub use retry::{Backoff, Jitter, RetryConfig, RetryPolicy, retry};
+pub use retry::{Backoff, Jitter, RetryConfig, RetryPolicy, retry, retry_observed};
 pub use types::*;
 pub use volumes::CsiVolumes;
 

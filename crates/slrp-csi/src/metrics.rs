@@ -38,6 +38,15 @@ pub struct RpcLabels {
     pub rpc: &'static str,
 }
 
+/// Label set of `csi_answer_violations_total`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ViolationLabels {
+    /// CSI method name.
+    pub rpc: &'static str,
+    /// The rule broken ([`crate::answer::Violation::rule`]).
+    pub rule: &'static str,
+}
+
 /// Constant labels a handle adds before its own (see [`CsiMetrics::with_label`]).
 pub type ConstLabels = Vec<(&'static str, Arc<str>)>;
 
@@ -54,6 +63,8 @@ pub struct CsiMetrics {
     failed: Family<SeriesLabels, Counter>,
     cancelled: Family<SeriesLabels, Counter>,
     latency: HistogramFamily,
+    /// Plugin answers (or parts of them) that broke a rule of [`crate::answer`].
+    violations: Family<(ConstLabels, ViolationLabels), Counter>,
     /// What this handle counts under; empty for the default handle.
     scope: ConstLabels,
 }
@@ -74,6 +85,7 @@ impl Default for CsiMetrics {
             failed: Family::default(),
             cancelled: Family::default(),
             latency: Family::new_with_constructor(latency_histogram),
+            violations: Family::default(),
             scope: ConstLabels::new(),
         }
     }
@@ -128,6 +140,11 @@ impl CsiMetrics {
             "Latency of completed CSI RPC attempts",
             m.latency.clone(),
         );
+        sub.register(
+            "answer_violations",
+            "Plugin answers, or entries of them, that broke a CSI rule or a bound of slrp's (refused, skipped or repaired)",
+            m.violations.clone(),
+        );
     }
 
     fn labels(&self, rpc: CsiRpc) -> SeriesLabels {
@@ -172,6 +189,31 @@ impl CsiMetrics {
     /// Sum over all RPCs of attempts that were cancelled (`csi_plugin/rpcs_cancelled`).
     pub fn cancelled_total(&self) -> u64 {
         CsiRpc::ALL.into_iter().map(|r| self.cancelled(r)).sum()
+    }
+
+    /// Answers of `rpc` (or entries of them) that broke `rule`.
+    pub fn answer_violations(&self, rpc: CsiRpc, rule: &'static str) -> u64 {
+        self.violations
+            .get_or_create(&(
+                self.scope.clone(),
+                ViolationLabels {
+                    rpc: rpc.as_str(),
+                    rule,
+                },
+            ))
+            .get()
+    }
+
+    pub(crate) fn answer_violation(&self, rpc: CsiRpc, rule: &'static str) {
+        self.violations
+            .get_or_create(&(
+                self.scope.clone(),
+                ViolationLabels {
+                    rpc: rpc.as_str(),
+                    rule,
+                },
+            ))
+            .inc();
     }
 
     pub(crate) fn start(&self, rpc: CsiRpc) -> AttemptGuard {

@@ -191,6 +191,11 @@ impl CsiServices {
 }
 
 impl CsiVolumes for CsiServices {
+    fn listing_budget(&self) -> crate::answer::ListingBudget {
+        // Listings go to the controller; its limits are the node's (one config).
+        self.controller().unwrap_or(&self.node).listing_budget()
+    }
+
     async fn endpoint_ready(&self, rpc: CsiRpc) -> Result<(), CsiError> {
         match rpc {
             CsiRpc::CreateVolume

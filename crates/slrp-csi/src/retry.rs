@@ -139,11 +139,35 @@ pub async fn retry<T, F, Fut>(
     rpc: CsiRpc,
     policy: Option<&RetryPolicy>,
     cancel: &CancellationToken,
-    mut attempt: F,
+    attempt: F,
 ) -> Result<T, CsiError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, CsiError>>,
+{
+    retry_observed(rpc, policy, cancel, attempt, |_, _, _| {}).await
+}
+
+/// [`retry()`], telling `on_retry` of every failed attempt that is retried (its error,
+/// its number from 1, and the wait before the next one) before the wait begins: what a
+/// caller shows while a call is stuck ("last error, next retry").
+///
+/// # Errors
+/// The last attempt's error.
+///
+/// # Cancel safety
+/// As [`retry()`].
+pub async fn retry_observed<T, F, Fut, O>(
+    rpc: CsiRpc,
+    policy: Option<&RetryPolicy>,
+    cancel: &CancellationToken,
+    mut attempt: F,
+    mut on_retry: O,
+) -> Result<T, CsiError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, CsiError>>,
+    O: FnMut(&CsiError, u32, std::time::Duration),
 {
     let mut jitter = policy.map(|p| JitterRng::new(p.jitter));
     let mut n: u32 = 1;
@@ -162,6 +186,7 @@ where
         let delay = policy.backoff.delay(n, jitter);
         tracing::info!(%rpc, attempt = n, ?delay, error = %slrp_types::DisplayChain(&err),
             "CSI call failed transiently; retrying after a backoff");
+        on_retry(&err, n, delay);
         tokio::select! {
             biased;
             () = cancel.cancelled() => return Err(err),

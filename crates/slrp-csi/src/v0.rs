@@ -11,7 +11,7 @@ use slrp_proto::csi::v0::identity_client::IdentityClient;
 use slrp_proto::csi::v0::node_client::NodeClient;
 use tonic::transport::Channel;
 
-use crate::client::AttemptError;
+use crate::client::{AttemptError, RawPage};
 use crate::types::*;
 
 fn request<T>(msg: T, timeout: Duration) -> tonic::Request<T> {
@@ -43,16 +43,18 @@ fn capabilities_in(caps: &[VolumeCapability]) -> Result<Vec<pb::VolumeCapability
     caps.iter().map(capability_in).collect()
 }
 
-fn volume_out(v: Option<pb::Volume>) -> Result<Volume, AttemptError> {
-    let v = v.ok_or_else(|| AttemptError::invalid("the volume is missing"))?;
-    if v.id.is_empty() {
-        return Err(AttemptError::invalid("the volume id is empty"));
-    }
-    Ok(Volume {
+/// The volume as the plugin gave it; [`crate::answer`] decides what is usable.
+fn volume_of(v: pb::Volume) -> Volume {
+    Volume {
         volume_id: VolumeId::new(v.id),
         capacity_bytes: v.capacity_bytes,
         volume_context: map_out(v.attributes),
-    })
+    }
+}
+
+fn volume_out(v: Option<pb::Volume>) -> Result<Volume, AttemptError> {
+    v.map(volume_of)
+        .ok_or_else(|| AttemptError::missing("volume"))
 }
 
 pub(crate) async fn probe(ch: Channel, t: Duration) -> Result<bool, tonic::Status> {
@@ -287,7 +289,7 @@ pub(crate) async fn list_volumes(
     t: Duration,
     max_entries: i32,
     starting_token: Option<&str>,
-) -> Result<VolumePage, AttemptError> {
+) -> Result<RawPage, AttemptError> {
     let msg = pb::ListVolumesRequest {
         max_entries,
         starting_token: starting_token.unwrap_or_default().to_owned(),
@@ -296,13 +298,12 @@ pub(crate) async fn list_volumes(
         .list_volumes(request(msg, t))
         .await?
         .into_inner();
-    let volumes = r
-        .entries
-        .into_iter()
-        .map(|e| volume_out(e.volume))
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(VolumePage {
-        volumes,
+    Ok(RawPage {
+        entries: r
+            .entries
+            .into_iter()
+            .map(|e| e.volume.map(volume_of))
+            .collect(),
         next_token: (!r.next_token.is_empty()).then_some(r.next_token),
     })
 }

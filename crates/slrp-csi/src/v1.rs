@@ -11,7 +11,7 @@ use slrp_proto::csi::v1::identity_client::IdentityClient;
 use slrp_proto::csi::v1::node_client::NodeClient;
 use tonic::transport::Channel;
 
-use crate::client::AttemptError;
+use crate::client::{AttemptError, RawPage};
 use crate::types::*;
 
 fn request<T>(msg: T, timeout: Duration) -> tonic::Request<T> {
@@ -32,16 +32,18 @@ pub(crate) fn capability_in(c: &VolumeCapability) -> pb::VolumeCapability {
     c.to_csi_v1()
 }
 
-fn volume_out(v: Option<pb::Volume>) -> Result<Volume, AttemptError> {
-    let v = v.ok_or_else(|| AttemptError::invalid("the volume is missing"))?;
-    if v.volume_id.is_empty() {
-        return Err(AttemptError::invalid("the volume id is empty"));
-    }
-    Ok(Volume {
+/// The volume as the plugin gave it; [`crate::answer`] decides what is usable.
+fn volume_of(v: pb::Volume) -> Volume {
+    Volume {
         volume_id: VolumeId::new(v.volume_id),
         capacity_bytes: v.capacity_bytes,
         volume_context: map_out(v.volume_context),
-    })
+    }
+}
+
+fn volume_out(v: Option<pb::Volume>) -> Result<Volume, AttemptError> {
+    v.map(volume_of)
+        .ok_or_else(|| AttemptError::missing("volume"))
 }
 
 pub(crate) async fn probe(ch: Channel, t: Duration) -> Result<bool, tonic::Status> {
@@ -277,7 +279,7 @@ pub(crate) async fn list_volumes(
     t: Duration,
     max_entries: i32,
     starting_token: Option<&str>,
-) -> Result<VolumePage, AttemptError> {
+) -> Result<RawPage, AttemptError> {
     let msg = pb::ListVolumesRequest {
         max_entries,
         starting_token: starting_token.unwrap_or_default().to_owned(),
@@ -286,13 +288,12 @@ pub(crate) async fn list_volumes(
         .list_volumes(request(msg, t))
         .await?
         .into_inner();
-    let volumes = r
-        .entries
-        .into_iter()
-        .map(|e| volume_out(e.volume))
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(VolumePage {
-        volumes,
+    Ok(RawPage {
+        entries: r
+            .entries
+            .into_iter()
+            .map(|e| e.volume.map(volume_of))
+            .collect(),
         next_token: (!r.next_token.is_empty()).then_some(r.next_token),
     })
 }

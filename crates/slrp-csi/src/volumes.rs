@@ -4,6 +4,7 @@
 
 use std::future::Future;
 
+use crate::answer::{AnswerLimits, ListingBudget};
 use crate::client::CsiClient;
 use crate::error::{CsiError, CsiRpc};
 use crate::types::{
@@ -30,6 +31,13 @@ pub trait CsiVolumes: Send + Sync + 'static {
     fn endpoint_ready(&self, rpc: CsiRpc) -> impl Future<Output = Result<(), CsiError>> + Send {
         let _ = rpc;
         std::future::ready(Ok(()))
+    }
+
+    /// The bounds of one listing followed page by page with
+    /// [`CsiVolumes::list_volumes_page`] ([`crate::answer`]); the default bounds where
+    /// the implementation has no configuration of its own.
+    fn listing_budget(&self) -> ListingBudget {
+        ListingBudget::new(AnswerLimits::default())
     }
 
     /// `CreateVolume` (idempotent by `req.name`).
@@ -106,6 +114,10 @@ pub trait CsiVolumes: Send + Sync + 'static {
 }
 
 impl CsiVolumes for CsiClient {
+    fn listing_budget(&self) -> ListingBudget {
+        CsiClient::listing_budget(self)
+    }
+
     fn endpoint_ready(&self, rpc: CsiRpc) -> impl Future<Output = Result<(), CsiError>> + Send {
         CsiClient::endpoint_ready(self, rpc)
     }

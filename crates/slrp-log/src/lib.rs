@@ -2,7 +2,9 @@
 //!
 //! # Design
 //! Both binaries log through `tracing` to standard error, in one of two [`LogFormat`]s:
-//! - `text` (the default): one human-readable line per event, with ANSI colours only when
+//! - `text` (the default): one human-readable line per event ([`EscapedFields`]: every
+//!   control character of every field value escaped, so a value from outside cannot
+//!   forge a line or put NULs and escape sequences into the file), with ANSI colours only when
 //!   standard error is a terminal and `NO_COLOR` is unset, so log files and journald never
 //!   receive escape codes (the supervisor appends a plugin's standard error to
 //!   `stderr.log`, which is how escape codes used to end up in files);
@@ -20,6 +22,10 @@
 //!
 //! # Limitations
 //! The format is chosen once per process; there is no reload.
+
+mod escape;
+
+pub use escape::{EscapedFields, escape_control};
 
 use std::io::IsTerminal;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -139,7 +145,7 @@ where
         .with_env_filter(filter)
         .with_writer(writer);
     match format {
-        LogFormat::Text => Box::new(builder.with_ansi(ansi).finish()),
+        LogFormat::Text => Box::new(builder.with_ansi(ansi).fmt_fields(EscapedFields).finish()),
         LogFormat::Json => Box::new(builder.with_ansi(false).json().finish()),
     }
 }
@@ -245,6 +251,33 @@ mod tests {
         assert!(!plain.contains('\x1b'), "{plain}");
         let coloured = capture(LogFormat::Text, "info", true);
         assert!(coloured.contains("\x1b["), "{coloured}");
+    }
+
+    #[test]
+    fn text_escapes_control_characters_of_every_field_one_event_one_line() {
+        let buf = MemoryWriter::default();
+        let sub = subscriber(LogFormat::Text, EnvFilter::new("info"), false, buf.clone());
+        let forged = "v1\n2024-01-01T00:00:00Z ERROR slrp: forged line\0\x1b[2J";
+        tracing::subscriber::with_default(sub, || {
+            let span = tracing::info_span!("provider", name = %forged);
+            let _g = span.enter();
+            tracing::info!(volume_id = %forged, context = ?forged, "created {forged}");
+            let err = std::io::Error::other(forged);
+            tracing::warn!(error = &err as &(dyn std::error::Error + 'static), "failed");
+        });
+        let out = buf.text();
+        assert_eq!(out.lines().count(), 2, "{out}");
+        assert!(!out.contains('\0') && !out.contains('\x1b'), "{out:?}");
+        let first = out.lines().next().unwrap();
+        for part in [
+            "created v1\\n2024-01-01T00:00:00Z ERROR slrp: forged line\\0\\u{1b}[2J",
+            "volume_id=v1\\n2024",
+            // Debug values were escaped by Debug already; nothing is escaped twice.
+            "context=\"v1\\n2024",
+            "provider{name=v1\\n2024",
+        ] {
+            assert!(first.contains(part), "{part} in {first}");
+        }
     }
 
     fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {

@@ -315,6 +315,10 @@ impl AdminProvider for Slot {
         self.metrics.volumes().last_error(id.as_str())
     }
 
+    fn create_retry(&self, name: &str) -> Option<crate::metrics::CreateRetry> {
+        self.metrics.volumes().create_retry(name)
+    }
+
     fn refresh_metrics(&self) -> BoxFuture<'_, ()> {
         Box::pin(async move {
             self.metrics
@@ -419,6 +423,7 @@ struct ProviderRun {
     plugin_ready_timeout: Option<std::time::Duration>,
     csi_retry: Backoff,
     status_update_retry: Backoff,
+    csi_limits: slrp_csi::AnswerLimits,
 }
 
 /// Runs every provider until `shutdown` fires or every provider has failed; see the module
@@ -487,6 +492,7 @@ pub async fn run_with(
                 plugin_ready_timeout: config.plugin_ready_timeout,
                 csi_retry: config.csi_retry,
                 status_update_retry: config.status_update_retry,
+                csi_limits: config.csi_limits,
             };
             let span = tracing::info_span!(parent: None, "provider", provider = %slot.key);
             providers.spawn(run_provider(run, agent_id.clone(), stop.clone()).instrument(span));
@@ -802,6 +808,7 @@ async fn run_provider_inner(
         plugin_ready_timeout,
         csi_retry,
         status_update_retry,
+        csi_limits,
     } = run;
     slot.set(Phase::StartingPlugin);
     let backend = plugin_backend_of(&config, &agent, &work_dir, plugin_backend, remove_sandboxes)
@@ -816,6 +823,7 @@ async fn run_provider_inner(
         stack_config.ready_timeout = timeout;
     }
     stack_config.volume_retry = csi_retry_config(csi_retry);
+    stack_config.answer_limits = csi_limits;
     // Not a child of `stop`: cancelling it also stops the volume manager, which must
     // outlive the worker on shutdown. `stop` during the start aborts it through this.
     let stack_cancel = CancellationToken::new();

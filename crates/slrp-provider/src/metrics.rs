@@ -445,6 +445,7 @@ impl VolumeFamilies {
             jobs: JOB_STATES.map(|j| (j, labelled(&self.jobs, j))),
             calls: self.calls.clone(),
             errors: Arc::default(),
+            creates: Arc::default(),
             provider,
         }
     }
@@ -472,6 +473,15 @@ impl VolumeFamilies {
     }
 }
 
+/// A CreateVolume that failed transiently and waits for its next attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreateRetry {
+    /// The last attempt's error, with its cause chain.
+    pub last_error: String,
+    /// When the next attempt goes out.
+    pub next_retry: std::time::SystemTime,
+}
+
 /// How long a scrape waits for each of the volume manager's answers.
 pub const REFRESH_BOUND: Duration = Duration::from_secs(1);
 
@@ -482,6 +492,9 @@ pub struct VolumeMetrics {
     provider: Arc<str>,
     /// The last failed transition call of each volume still in flight after it.
     errors: Arc<std::sync::Mutex<BTreeMap<String, String>>>,
+    /// CreateVolume calls waiting for a retry, by name: the last error and when the next
+    /// attempt goes out.
+    creates: Arc<std::sync::Mutex<BTreeMap<String, CreateRetry>>>,
     states: [(StateName, Gauge); 10],
     jobs: [(&'static str, Gauge); 4],
     calls: HistogramFamily,
@@ -553,6 +566,18 @@ impl VolumeMetrics {
         self.errors().get(id).cloned()
     }
 
+    /// The CreateVolume of `name` if it waits for a retry: its last error and when the
+    /// next attempt goes out.
+    pub fn create_retry(&self, name: &str) -> Option<CreateRetry> {
+        self.creates().get(name).cloned()
+    }
+
+    fn creates(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, CreateRetry>> {
+        self.creates
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     fn errors(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, String>> {
         self.errors
             .lock()
@@ -601,6 +626,23 @@ impl CallObserver for VolumeMetrics {
         let mut errors = self.errors();
         if !errors.is_empty() {
             errors.remove(id.as_str());
+        }
+    }
+
+    fn create_retrying(&self, name: &str, error: &str, next_retry_in: Duration) {
+        self.creates().insert(
+            name.to_owned(),
+            CreateRetry {
+                last_error: error.to_owned(),
+                next_retry: std::time::SystemTime::now() + next_retry_in,
+            },
+        );
+    }
+
+    fn create_ended(&self, name: &str) {
+        let mut creates = self.creates();
+        if !creates.is_empty() {
+            creates.remove(name);
         }
     }
 }

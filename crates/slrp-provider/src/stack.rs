@@ -45,7 +45,8 @@ use slrp_core::volume::{
     VolumeManagerConfig, VolumeManagerHandle, read_boot_id,
 };
 use slrp_csi::{
-    ClientConfig, CsiClient, CsiEndpoint, CsiError, CsiServices, DEFAULT_RPC_TIMEOUT, RetryConfig,
+    AnswerLimits, ClientConfig, CsiClient, CsiEndpoint, CsiError, CsiServices, DEFAULT_RPC_TIMEOUT,
+    RetryConfig,
 };
 use slrp_proto::mesos::v1 as mesos;
 use slrp_store::Store;
@@ -91,6 +92,8 @@ pub struct StackConfig {
     /// and DeleteVolume on `DEADLINE_EXCEEDED`/`UNAVAILABLE`, 10 s doubling to 10 min).
     /// The only retries of the provider's CSI calls: its clients make one attempt each.
     pub volume_retry: RetryConfig,
+    /// How much of the plugin's answers its clients accept (`slrp_csi::answer`).
+    pub answer_limits: AnswerLimits,
 }
 
 impl StackConfig {
@@ -115,6 +118,7 @@ impl StackConfig {
             volume_shutdown_grace: Duration::from_secs(30),
             plugins_on_cancel: StopPlugins::Stop,
             volume_retry: RetryConfig::default(),
+            answer_limits: AnswerLimits::default(),
         }
     }
 }
@@ -319,7 +323,9 @@ impl PluginStack {
         let deployment = deployment_for(&plugin_info, cfg.supervisor.backend.checks())
             .map_err(|e| failed(&provider, StackStep::PluginConfig)(e.into()))?;
         // One attempt per call: the volume manager alone retries (`volume_retry`).
-        let client_cfg = ClientConfig::default().rpc_timeout(cfg.rpc_timeout);
+        let client_cfg = ClientConfig::default()
+            .rpc_timeout(cfg.rpc_timeout)
+            .limits(cfg.answer_limits);
 
         let (plugin, services) = match deployment {
             PluginDeployment::Managed(spec) => {

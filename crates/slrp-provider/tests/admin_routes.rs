@@ -207,6 +207,8 @@ fn op_summary(uuid: u128, state: &str) -> OperationSummary {
         volume_id: None,
         converted_resources: Vec::new(),
         statuses: Vec::new(),
+        last_error: None,
+        next_retry: None,
     }
 }
 

@@ -340,6 +340,10 @@ socket = "/run/slrp.sock"
 status_update_min = "100ms"
 status_update_max = "1s"
 csi_min = "50ms"
+
+[csi]
+max_list_pages = 7
+max_map_bytes = 4096
 "#,
             Overrides::default(),
         )
@@ -352,6 +356,15 @@ csi_min = "50ms"
         config.csi_retry,
         Backoff::new(Duration::from_millis(50), Backoff::MESOS.max()).unwrap(),
         "an unset bound keeps Mesos's"
+    );
+    assert_eq!(
+        config.csi_limits,
+        slrp_csi::AnswerLimits {
+            max_list_pages: 7,
+            max_map_bytes: 4096,
+            ..slrp_csi::AnswerLimits::default()
+        },
+        "an unset bound keeps its default"
     );
     let base = s.dir.path();
     assert_eq!(config.state_dir, base.join("state"));
@@ -404,6 +417,7 @@ fn flags_override_the_file_and_defaults_hang_off_the_state_dir() {
     assert_eq!(config.plugins_on_exit, PluginsOnExit::Stop);
     assert_eq!(config.status_update_retry, Backoff::MESOS);
     assert_eq!(config.csi_retry, Backoff::MESOS);
+    assert_eq!(config.csi_limits, slrp_csi::AnswerLimits::default());
     assert_eq!(
         config.agent.endpoint.to_string(),
         "unix:///run/agent.sock/slave(1)/api/v1/resource_provider"
@@ -483,6 +497,21 @@ fn bad_settings_are_refused_naming_the_key() {
             "csi retry",
             format!("{rp}[agent]\nurl = \"http://a:1\"\n[retries]\ncsi_max = \"soon\"\n"),
             "retries.csi_max",
+        ),
+        (
+            "zero answer bound",
+            format!("{rp}[agent]\nurl = \"http://a:1\"\n[csi]\nmax_list_bytes = 0\n"),
+            "csi.max_list_bytes",
+        ),
+        (
+            "ids longer than a store key",
+            format!("{rp}[agent]\nurl = \"http://a:1\"\n[csi]\nmax_id_bytes = 1025\n"),
+            "setting 'csi.max_id_bytes': 1025 is over 1024: ids are keys of the state store",
+        ),
+        (
+            "unknown csi key",
+            format!("{rp}[agent]\nurl = \"http://a:1\"\n[csi]\nmax_pages = 3\n"),
+            "max_pages",
         ),
         (
             "missing token file",

@@ -365,7 +365,13 @@ impl CsiVolumes for FakeCsi {
                         None => {
                             st.next_id += 1;
                             st.created += 1;
-                            let id = VolumeId::new(format!("vol-{}", st.next_id));
+                            // A test may choose the id (one the manager must refuse).
+                            let id = VolumeId::new(
+                                req.parameters
+                                    .get("volume_id")
+                                    .cloned()
+                                    .unwrap_or_else(|| format!("vol-{}", st.next_id)),
+                            );
                             st.by_name.insert(req.name.clone(), id.clone());
                             st.volumes.insert(
                                 id.clone(),
@@ -378,6 +384,19 @@ impl CsiVolumes for FakeCsi {
                             id
                         }
                     };
+                    // What the CSI client does with an answer it refuses (an id slrp
+                    // cannot store, a volume over limit_bytes): the plugin has created the
+                    // volume; the caller hears which one, if the id can be sent back.
+                    if let Some(how) = req.parameters.get("refused_answer") {
+                        return Err(CsiError::InvalidResponse {
+                            rpc: CsiRpc::CreateVolume,
+                            violation: Box::new(slrp_csi::Violation::AboveLimit {
+                                capacity: i64::MAX,
+                                limit: req.limit_bytes,
+                            }),
+                            created: (how != "no_id").then(|| id.clone()),
+                        });
+                    }
                     let v = &st.volumes[&id];
                     Ok(Volume {
                         volume_id: id.clone(),

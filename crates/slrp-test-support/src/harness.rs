@@ -140,6 +140,12 @@ impl Harness {
         let store = Store::open_read_only(self.state_dir()).unwrap();
         store.load_all_blocking().unwrap()
     }
+
+    /// The refused CreateVolume answers on disk (the manager must be stopped).
+    pub fn stored_refusals(&self) -> Vec<RefusedCreate> {
+        let store = Store::open_read_only(self.state_dir()).unwrap();
+        store.load_all_blocking().unwrap()
+    }
 }
 
 /// The default mount capability.
@@ -156,6 +162,14 @@ pub fn create_req(name: &str) -> CreateVolume {
         capability: mount_cap(),
         parameters: StringMap::new(),
     }
+}
+
+/// A CreateVolume whose answer the fake plugin's client refuses after the plugin created
+/// the volume (`how`: `"id"`, the refusal names the volume; `"no_id"`, it names none).
+pub fn refused_create_req(name: &str, how: &str) -> CreateVolume {
+    let mut req = create_req(name);
+    req.parameters.insert("refused_answer".into(), how.into());
+    req
 }
 
 /// A ValidateVolume for a volume listed by the plugin (mount, no parameters).

@@ -15,6 +15,10 @@
 //! through, refuses, resets and counts, answers 503, cuts an event stream mid-record or
 //! black-holes connections, switched at run time).
 //!
+//! With feature `hostile`: `hostile` (`HostilePlugin`, a CSI v1 plugin on a unix socket
+//! that misbehaves per test: CreateVolume answers over the asked range, with unstorable
+//! ids or huge contexts, endless or broken listings, negative capacities).
+//!
 //! With feature `mesos`: `mesos` (`MesosWorkDir`, a Mesos agent work directory with the
 //! Mesos SLRP's checkpoints in Mesos's layout and encodings, for `slrp import-mesos`).
 //!
@@ -37,6 +41,8 @@ use std::time::Duration;
 pub mod fake_csi;
 #[cfg(feature = "volume")]
 pub mod harness;
+#[cfg(feature = "hostile")]
+pub mod hostile;
 #[cfg(feature = "mesos")]
 pub mod mesos;
 #[cfg(feature = "proxy")]

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use slrp_csi::retry::{RetryPolicy, retry};
+use slrp_csi::retry::{RetryPolicy, retry_observed};
 use slrp_csi::{
     ControllerPublishRequest, CsiError, CsiRpc, CsiVolumes, NodePublishRequest, NodeStageRequest,
     RetryClass, Secrets, StringMap, VolumeId,
@@ -343,18 +343,20 @@ impl<C: CsiVolumes> Ctx<C> {
         Fut: Future<Output = Result<T, CsiError>>,
     {
         let started = tokio::time::Instant::now();
-        let result = self.retrying(rpc, policy, attempt).await;
+        let result = self.retrying(rpc, policy, attempt, |_, _| {}).await;
         if let Some(observer) = &self.cfg.observer {
             observer.call_ended(rpc, started.elapsed(), result.is_ok());
         }
         result
     }
 
-    /// One attempt after another under `policy`, through the one retry loop
-    /// ([`slrp_csi::retry()`]; the client never retries, so a call is retried here only).
-    async fn retrying<T, F, Fut>(
+    /// [`Ctx::call_with`] for the CreateVolume of `name`: each retry is told to the
+    /// observer ([`CallObserver::create_retrying`](super::CallObserver::create_retrying)),
+    /// and so is the end, so operators see why a create is stuck and when it is tried
+    /// next.
+    pub(super) async fn create_call<T, F, Fut>(
         &self,
-        rpc: CsiRpc,
+        name: &str,
         policy: Option<&RetryPolicy>,
         attempt: F,
     ) -> Result<T, CsiError>
@@ -362,18 +364,55 @@ impl<C: CsiVolumes> Ctx<C> {
         F: Fn() -> Fut,
         Fut: Future<Output = Result<T, CsiError>>,
     {
+        let rpc = CsiRpc::CreateVolume;
+        let started = tokio::time::Instant::now();
+        let observer = self.cfg.observer.as_deref();
+        let result = self
+            .retrying(rpc, policy, attempt, |error, delay| {
+                if let Some(o) = observer {
+                    o.create_retrying(name, &DisplayChain(error).to_string(), delay);
+                }
+            })
+            .await;
+        if let Some(o) = observer {
+            o.call_ended(rpc, started.elapsed(), result.is_ok());
+            o.create_ended(name);
+        }
+        result
+    }
+
+    /// One attempt after another under `policy`, through the one retry loop
+    /// ([`slrp_csi::retry_observed()`]; the client never retries, so a call is retried
+    /// here only); `on_retry` hears each retried failure and the wait before the next.
+    async fn retrying<T, F, Fut>(
+        &self,
+        rpc: CsiRpc,
+        policy: Option<&RetryPolicy>,
+        attempt: F,
+        mut on_retry: impl FnMut(&CsiError, std::time::Duration),
+    ) -> Result<T, CsiError>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = Result<T, CsiError>>,
+    {
         let attempt = &attempt;
-        retry(rpc, policy, &self.cancel, || async move {
-            // A plugin that is restarting is waited for before taking a permit: calls
-            // waiting for one container's endpoint must not hold off the calls to another
-            // (or to the same one once it is back). Not cut short by shutdown: a job
-            // finishing within the shutdown grace still makes its next calls, and the
-            // wait is bounded by one call deadline.
-            self.csi.endpoint_ready(rpc).await?;
-            // Never closed; if it were, calls would simply run unlimited.
-            let _permit = self.permits.acquire().await.ok();
-            attempt().await
-        })
+        retry_observed(
+            rpc,
+            policy,
+            &self.cancel,
+            || async move {
+                // A plugin that is restarting is waited for before taking a permit: calls
+                // waiting for one container's endpoint must not hold off the calls to
+                // another (or to the same one once it is back). Not cut short by
+                // shutdown: a job finishing within the shutdown grace still makes its
+                // next calls, and the wait is bounded by one call deadline.
+                self.csi.endpoint_ready(rpc).await?;
+                // Never closed; if it were, calls would simply run unlimited.
+                let _permit = self.permits.acquire().await.ok();
+                attempt().await
+            },
+            |error, _, delay| on_retry(error, delay),
+        )
         .await
     }
 }

@@ -13,6 +13,7 @@ use slrp_csi::{CsiError, CsiRpc, CsiVersion, RetryClass, VolumeId};
 use slrp_store::StoreError;
 
 use super::paths::PathError;
+use super::refused::RefusedCreate;
 use super::state::{StateName, TransitionError};
 
 /// What an error is about: a volume, a CreateVolume name (the id is not known yet), or
@@ -251,6 +252,16 @@ pub enum VolumeError {
         /// What was wrong with the answer.
         what: String,
     },
+    /// The CSI client refused the plugin's CreateVolume answer for `name` (now or at an
+    /// earlier create of the name): the name is never created again, and the volume
+    /// the plugin made is deleted when it can be (`refusal` says what became of it).
+    #[error("volume name '{name}': {refusal}")]
+    CreateRefused {
+        /// The CreateVolume name.
+        name: String,
+        /// The refusal as recorded.
+        refusal: Box<RefusedCreate>,
+    },
     /// NodePublishVolume succeeded but the target path does not exist (Mesos's text).
     #[error("Target path '{}' not created", .path.display())]
     TargetNotCreated {
@@ -404,6 +415,7 @@ impl VolumeError {
                 K::Conflict
             }
             Self::PluginMisbehaved { .. }
+            | Self::CreateRefused { .. }
             | Self::TargetNotCreated { .. }
             | Self::TargetNotRemoved { .. } => K::PluginMisbehaved,
             Self::Csi { source, .. } => match source.retry_class() {
@@ -452,6 +464,24 @@ mod tests {
 
     fn id() -> VolumeId {
         VolumeId::new("vol-1")
+    }
+
+    fn refused() -> super::RefusedCreate {
+        super::RefusedCreate {
+            request: super::super::handle::CreateVolume {
+                name: "op".into(),
+                required_bytes: 1 << 20,
+                limit_bytes: 1 << 20,
+                capability: slrp_csi::VolumeCapability::mount_default(),
+                parameters: Default::default(),
+            },
+            rule: "above_limit".into(),
+            reason: "capacity_bytes 9223372036854775807 is above the limit_bytes 1048576 asked for"
+                .into(),
+            cleanup: super::super::refused::RefusedCleanup::Deleted {
+                volume_id: VolumeId::new("big\nid"),
+            },
+        }
     }
 
     fn io() -> std::io::Error {
@@ -562,6 +592,13 @@ mod tests {
                 K::PluginMisbehaved,
             ),
             (
+                VolumeError::CreateRefused {
+                    name: "op".into(),
+                    refusal: Box::new(refused()),
+                },
+                K::PluginMisbehaved,
+            ),
+            (
                 VolumeError::TargetNotCreated {
                     id: id(),
                     path: "/t".into(),
@@ -644,7 +681,7 @@ mod tests {
         assert!(seen.iter().all(|s| *s), "{seen:?}");
     }
 
-    const VARIANTS: usize = 24;
+    const VARIANTS: usize = 25;
 
     fn variant(e: &VolumeError) -> usize {
         match e {
@@ -672,6 +709,7 @@ mod tests {
             VolumeError::Stopped => 21,
             VolumeError::Injected { .. } => 22,
             VolumeError::Config { .. } => 23,
+            VolumeError::CreateRefused { .. } => 24,
         }
     }
 

@@ -1,18 +1,21 @@
 //! The manager's handle: what callers send ([`CreateVolume`], [`ValidateVolume`]) and
 //! hear back ([`VolumeInfo`]), and the commands that carry them to the worker.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
-use slrp_csi::{CsiRpc, StringMap, VolumeCapability, VolumeId, VolumePage};
+use slrp_csi::{
+    CsiError, CsiRpc, ListingBudget, StringMap, VolumeCapability, VolumeId, VolumePage,
+};
 use slrp_store::{Kind, Record};
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::error::VolumeError;
+use super::error::{Subject, VolumeError};
 use super::jobs::Job;
 use super::recovery::RecoveryReport;
+use super::refused::RefusedCreate;
 use super::schedule::{JobCounts, Key};
 use super::state::{SecretRef, VolumeRecord};
 
@@ -226,29 +229,35 @@ impl VolumeManagerHandle {
         .await
     }
 
-    /// Every volume the plugin lists, following pages of `page_size`.
+    /// Every volume the plugin lists, following pages of `page_size`, within the bounds
+    /// of the client's [`ListingBudget`](slrp_csi::ListingBudget) (pages, volumes, bytes,
+    /// and no token twice), so a plugin that hands out tokens forever is stopped with
+    /// bounded memory.
     ///
     /// # Errors
-    /// [`VolumeError::Csi`], or [`VolumeError::PluginMisbehaved`] if the plugin repeats a
-    /// page token.
+    /// [`VolumeError::Csi`]: a page's failure, or [`CsiError::InvalidResponse`] naming the
+    /// bound the listing passed or the repeated token.
     pub async fn list_all(&self, page_size: i32) -> Result<Vec<slrp_csi::Volume>, VolumeError> {
+        let mut budget = self.ask(|reply| Command::Budget { reply }).await?;
         let mut all = Vec::new();
         let mut token = None;
-        let mut seen = HashSet::new();
         loop {
             let page = self.list(page_size, token).await?;
+            if let Err(violation) = budget.take(&page) {
+                return Err(VolumeError::Csi {
+                    rpc: CsiRpc::ListVolumes,
+                    subject: Subject::None,
+                    source: CsiError::InvalidResponse {
+                        rpc: CsiRpc::ListVolumes,
+                        violation: Box::new(violation),
+                        created: None,
+                    },
+                });
+            }
             all.extend(page.volumes);
             match page.next_token {
                 None => return Ok(all),
-                Some(next) => {
-                    if !seen.insert(next.clone()) {
-                        return Err(VolumeError::PluginMisbehaved {
-                            rpc: CsiRpc::ListVolumes,
-                            what: format!("page token {next:?} a second time"),
-                        });
-                    }
-                    token = Some(next);
-                }
+                Some(next) => token = Some(next),
             }
         }
     }
@@ -287,6 +296,15 @@ impl VolumeManagerHandle {
     pub async fn volumes(&self) -> Result<Vec<VolumeRecord>, VolumeError> {
         self.ask(|reply| Command::Snapshot { reply }).await
     }
+
+    /// The CreateVolume answers the client refused, with what became of their volumes
+    /// (see [`RefusedCreate`]), as last committed, ordered by name.
+    ///
+    /// # Errors
+    /// [`VolumeError::Stopped`], or a failed read of the store.
+    pub async fn refused_creates(&self) -> Result<Vec<RefusedCreate>, VolumeError> {
+        self.ask(|reply| Command::Refused { reply }).await
+    }
 }
 
 pub(super) enum Command {
@@ -307,6 +325,12 @@ pub(super) enum Command {
     Jobs {
         reply: Reply<JobCounts>,
     },
+    Refused {
+        reply: Reply<Vec<RefusedCreate>>,
+    },
+    Budget {
+        reply: Reply<ListingBudget>,
+    },
 }
 
 impl Command {
@@ -314,7 +338,10 @@ impl Command {
     pub(super) fn waits_for_recovery(&self) -> bool {
         match self {
             Self::Job(..) | Self::List { .. } | Self::Capacity { .. } => true,
-            Self::Snapshot { .. } | Self::Jobs { .. } => false,
+            Self::Snapshot { .. }
+            | Self::Jobs { .. }
+            | Self::Refused { .. }
+            | Self::Budget { .. } => false,
         }
     }
 }
@@ -327,6 +354,8 @@ impl fmt::Debug for Command {
             Self::Capacity { .. } => f.write_str("capacity"),
             Self::Snapshot { .. } => f.write_str("snapshot"),
             Self::Jobs { .. } => f.write_str("jobs"),
+            Self::Refused { .. } => f.write_str("refused creates"),
+            Self::Budget { .. } => f.write_str("listing budget"),
         }
     }
 }

@@ -19,6 +19,7 @@ use super::handle::{CreateVolume, Reply, ValidateVolume, VolumeInfo};
 use super::manager::{VolumeManagerConfig, failpoints, injected};
 use super::plan::RecoveryGoal;
 use super::recovery::{RecoveryResult, recovery_summary};
+use super::refused::Refusal;
 use super::schedule::{Class, Key};
 use super::state::{Goal, VolumeRecord, VolumeSpec, VolumeState};
 
@@ -208,7 +209,14 @@ impl<C: CsiVolumes> Ctx<C> {
                     Ok(_) => false,
                     Err(e) => self.intent_kept(&name).await.unwrap_or(!e.is_fatal()),
                 };
-                if kept && reply.is_none() && !matches!(&result, Err(e) if e.is_fatal()) {
+                // A refused answer's volume still to delete is retried in the background
+                // whoever asked: nobody replays a create of a refused name for it.
+                let owes_deletion = matches!(&result,
+                    Err(VolumeError::CreateRefused { refusal, .. }) if refusal.cleanup.is_pending());
+                if kept
+                    && (reply.is_none() || owes_deletion)
+                    && !matches!(&result, Err(e) if e.is_fatal())
+                {
                     retry = Some((req, attempt.saturating_add(1)));
                 }
                 let summary = match &result {
@@ -288,7 +296,8 @@ impl<C: CsiVolumes> Ctx<C> {
         }
     }
 
-    /// Whether the CreateVolume intent for `name` is still on disk after a create job.
+    /// Whether something is still owed for `name` after a create job: its CreateVolume
+    /// intent is on disk, or a refused answer's volume still has to be deleted.
     async fn intent_kept(&self, name: &str) -> Result<bool, VolumeError> {
         let intent: Option<CreateVolume> =
             self.store
@@ -298,7 +307,13 @@ impl<C: CsiVolumes> Ctx<C> {
                     subject: Subject::Name(name.to_owned()),
                     source,
                 })?;
-        Ok(intent.is_some())
+        if intent.is_some() {
+            return Ok(true);
+        }
+        Ok(self
+            .refused_record(name)
+            .await?
+            .is_some_and(|r| r.cleanup.is_pending()))
     }
 
     /// A request for a tracked volume succeeds only with the capability and parameters
@@ -357,6 +372,17 @@ impl<C: CsiVolumes> Ctx<C> {
             subject: Subject::Name(req.name.clone()),
             source,
         };
+        // A name whose answer was refused is never created again: the plugin would make
+        // the same volume and slrp would refuse it again. What it owes is the deletion.
+        if let Some(refused) = self.refused_record(&req.name).await? {
+            return Err(match self.settle_refused(refused, retried).await {
+                Ok(refusal) | Err((refusal, None)) => VolumeError::CreateRefused {
+                    name: req.name.clone(),
+                    refusal: Box::new(refusal),
+                },
+                Err((_, Some(fatal))) => fatal,
+            });
+        }
         let prior_intent = self
             .store
             .get::<CreateVolume>(&req.name)
@@ -386,7 +412,7 @@ impl<C: CsiVolumes> Ctx<C> {
             None
         };
         let result = self
-            .call_with(CsiRpc::CreateVolume, policy, || async {
+            .create_call(&req.name, policy, || async {
                 let r = self.csi.create_volume(&request).await;
                 if r.as_ref().is_err_and(CsiError::may_have_taken_effect) {
                     effect.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -397,6 +423,13 @@ impl<C: CsiVolumes> Ctx<C> {
         injected(failpoints::AFTER_CALL)?;
         let volume = match result {
             Ok(v) => v,
+            Err(CsiError::InvalidResponse {
+                violation, created, ..
+            }) => {
+                return Err(self
+                    .refuse_create(req, Refusal::from(&*violation), created, retried)
+                    .await);
+            }
             Err(source) => {
                 // The intent survives only what may have created the volume: a refusal by
                 // the plugin (RESOURCE_EXHAUSTED, OUT_OF_RANGE, INVALID_ARGUMENT, ...)
@@ -422,21 +455,15 @@ impl<C: CsiVolumes> Ctx<C> {
         };
         // An id that cannot name the volume's directory under the mount root (an empty
         // one, or one whose encoding exceeds a file name) could never be staged or
-        // published: refuse the answer before any record exists, and drop the intent (a
-        // replay would get the same answer). Found by the `csi_answers` fuzz target.
+        // published: the answer is refused before any record exists and settled like
+        // one the client refused (its volume deleted, the name never created again).
+        // Found by the `csi_answers` fuzz target.
         if let Err(e) = self.cfg.mount_paths.volume_dir(&volume.volume_id) {
-            let mut tx = self.store.transaction();
-            tx.delete::<CreateVolume>(&req.name).map_err(store_err)?;
-            tx.commit().await.map_err(store_err)?;
-            tracing::warn!(volume = %volume.volume_id, name = %req.name, error = %e,
-                "CreateVolume returned a volume id that cannot be a directory name");
-            return Err(VolumeError::PluginMisbehaved {
-                rpc: CsiRpc::CreateVolume,
-                what: format!(
-                    "returned volume id {:?}, which cannot be a directory name: {e}",
-                    volume.volume_id.as_str()
-                ),
-            });
+            let id = volume.volume_id;
+            let created = (!id.as_str().is_empty()).then_some(id);
+            return Err(self
+                .refuse_create(req, Refusal::of_path(&e), created, retried)
+                .await);
         }
         // Spec §4.8: an id that is already tracked (validated, or created under another
         // name) is a failure, never a reason to overwrite that volume's record. The intent

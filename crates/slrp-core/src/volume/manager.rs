@@ -100,6 +100,7 @@ use super::host::{MountTable, NoSecrets, ProcMountTable, SecretResolver};
 use super::jobs::{Change, Ctx, Done, Job};
 use super::paths::MountPaths;
 use super::recovery::{RecoveryProgress, RecoveryResult};
+use super::refused::RefusedCreate;
 use super::schedule::{Class, Gate, JobCounts, Key, Lane};
 use super::state::{BootId, VolumeRecord};
 
@@ -186,6 +187,17 @@ pub trait CallObserver: Send + Sync + std::fmt::Debug {
     /// Volume `id` completed a transition: its last error, if any, is over.
     fn volume_moved(&self, id: &slrp_csi::VolumeId) {
         let _ = id;
+    }
+
+    /// The CreateVolume of `name` failed transiently (`error`, its cause chain) and is
+    /// tried again after `next_retry_in`: what operators see of a create that is stuck.
+    fn create_retrying(&self, name: &str, error: &str, next_retry_in: Duration) {
+        let _ = (name, error, next_retry_in);
+    }
+
+    /// The CreateVolume of `name` ended, whatever the outcome: no retry is pending.
+    fn create_ended(&self, name: &str) {
+        let _ = name;
     }
 }
 
@@ -621,6 +633,25 @@ impl<C: CsiVolumes> Worker<C> {
                 let mut all: Vec<VolumeRecord> = self.volumes.values().cloned().collect();
                 all.sort_by(|a, b| a.id.cmp(&b.id));
                 let _ = reply.send(Ok(all));
+            }
+            Command::Refused { reply } => {
+                let ctx = self.ctx.clone();
+                self.tasks.spawn(async move {
+                    let result = ctx
+                        .store
+                        .load_all::<RefusedCreate>()
+                        .await
+                        .map_err(|source| VolumeError::Store {
+                            subject: super::error::Subject::None,
+                            source,
+                        });
+                    Done::plain(Box::new(move || {
+                        let _ = reply.send(result);
+                    }))
+                });
+            }
+            Command::Budget { reply } => {
+                let _ = reply.send(Ok(self.ctx.csi.listing_budget()));
             }
             Command::Jobs { reply } => {
                 let busy = self.lanes.values().filter(|l| l.busy).count();

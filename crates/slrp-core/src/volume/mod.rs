@@ -14,7 +14,9 @@
 //!     list, capacity);
 //!   - `driver`: the durable driver loop of one transition and the requests it builds;
 //!   - `recovery`: the start-up plan ([`RecoveryReport`]);
-//!   - `cleanup`: mount-directory cleanup.
+//!   - `cleanup`: mount-directory cleanup;
+//!   - `refused`: CreateVolume answers the CSI client refused, settled
+//!     ([`RefusedCreate`]).
 //! - [`host`]: boot id, mount table and secret resolution (injectable).
 //! - [`error`]: the manager's error type, [`VolumeError`].
 
@@ -28,6 +30,7 @@ pub mod manager;
 pub mod paths;
 pub mod plan;
 mod recovery;
+mod refused;
 mod schedule;
 pub mod state;
 
@@ -44,6 +47,7 @@ pub use manager::{
 pub use paths::{MountPaths, PathError, decode_volume_id, encode_volume_id};
 pub use plan::{MountMismatch, PlannedJob, RecoveryGoal, RecoveryPlan, plan_recovery};
 pub use recovery::RecoveryReport;
+pub use refused::{RefusedCleanup, RefusedCreate};
 pub use schedule::JobCounts;
 pub use state::{
     BootId, CsiCall, Goal, SecretRef, StateName, Step, TransitionError, VolumeRecord, VolumeSpec,

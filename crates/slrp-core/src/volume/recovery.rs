@@ -10,6 +10,7 @@ use super::handle::{CreateVolume, Readiness};
 use super::jobs::{Change, Ctx, Job};
 use super::manager::Worker;
 use super::plan::{PlannedJob, RecoveryGoal, plan_recovery};
+use super::refused::RefusedCreate;
 use super::schedule::Key;
 use super::state::{Goal, VolumeRecord};
 
@@ -26,6 +27,9 @@ pub struct RecoveryReport {
     pub jobs: usize,
     /// CreateVolume intents found (each tried once during recovery).
     pub intents: usize,
+    /// Refused CreateVolume answers whose volume was still to be deleted (each deletion
+    /// tried once during recovery, then in the background; never a CreateVolume).
+    pub refused_deletions: usize,
     /// Names of CreateVolume intents recovery could not settle (the plugin may have
     /// created the volume but did not say so): kept, retried in the background, and
     /// not blocking readiness.
@@ -73,10 +77,20 @@ impl<C: CsiVolumes> Worker<C> {
             .load_all()
             .await
             .map_err(|source| VolumeError::Load { source })?;
+        let refused: Vec<RefusedCreate> = store
+            .load_all()
+            .await
+            .map_err(|source| VolumeError::Load { source })?;
+        let owed: Vec<CreateVolume> = refused
+            .into_iter()
+            .filter(|r| r.cleanup.is_pending())
+            .map(|r| r.request)
+            .collect();
         let cfg = &self.ctx.cfg;
         let mut report = RecoveryReport {
             volumes: records.len(),
             intents: intents.len(),
+            refused_deletions: owed.len(),
             ..RecoveryReport::default()
         };
         let mounts = cfg.mounts.mounts_under(cfg.mount_paths.root());
@@ -135,6 +149,19 @@ impl<C: CsiVolumes> Worker<C> {
                 ),
             })
             .collect();
+        // A create job of a refused name only settles what it owes (the DeleteVolume),
+        // on the name's lane like an intent, and is retried in the background the same
+        // way when that fails.
+        jobs.extend(owed.into_iter().map(|req| {
+            (
+                Key::Name(req.name.clone()),
+                Job::Create {
+                    req,
+                    reply: None,
+                    attempt: 0,
+                },
+            )
+        }));
         match self.untracked_dirs().await {
             Ok(dirs) => {
                 for (id, dir) in dirs {

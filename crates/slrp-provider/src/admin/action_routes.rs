@@ -66,6 +66,26 @@ fn manager<'a>(state: &'a AdminState, what: &str) -> Result<&'a Arc<dyn ManagerA
     })
 }
 
+/// 503 unless `provider` is READY, saying what it is and why (its last error): an
+/// operation sent to a provider before READY would be judged against resources it has
+/// not reported yet (a "0 MiB free" that is no statement about space).
+fn ready(provider: &Arc<dyn AdminProvider>) -> Result<(), Refusal> {
+    if provider.is_ready() {
+        return Ok(());
+    }
+    let why = provider
+        .error()
+        .map_or_else(String::new, |e| format!(": {e}"));
+    Err(refusal(
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!(
+            "provider '{}' is not READY (it is {}){why}",
+            provider.key(),
+            provider.state()
+        ),
+    ))
+}
+
 fn non_empty(field: &str, value: &str) -> Result<(), Refusal> {
     if value.is_empty() {
         return Err(bad_field(field, format!("'{field}' is empty")));
@@ -120,6 +140,7 @@ pub(super) async fn create_disk(
     positive_timeout(request.timeout_seconds)?;
     let provider = state.provider(request.provider.as_deref())?;
     let actions = manager(&state, "POST /disks")?;
+    ready(provider)?;
     let wait = request.wait;
     let profiles = provider.profiles().await;
     let known = profiles.iter().find(|p| p.name == request.profile);
@@ -166,6 +187,7 @@ pub(super) async fn destroy_disk(
     positive_timeout(request.timeout_seconds)?;
     let provider = state.provider(request.provider.as_deref())?;
     let actions = manager(&state, "POST /disks/destroy")?;
+    ready(provider)?;
     refuse_in_use(provider, &request.volume_id).await?;
     let wait = request.wait;
     let op = actions.destroy_disk(request).await?;
@@ -261,6 +283,7 @@ pub(super) async fn publish(
         paths,
         id,
     } = volume_of(&state, &request).await?;
+    ready(provider)?;
     actions.publish(request).await?;
     let key = provider.key();
     let record = volume_records(&volumes)

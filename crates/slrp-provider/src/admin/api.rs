@@ -177,6 +177,13 @@ pub struct OperationSummary {
     /// Every status update of the operation's stream, oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub statuses: Vec<StatusSummary>,
+    /// While a pending operation's CSI call waits for a retry (a CreateVolume that
+    /// timed out, or whose plugin was unavailable): the last attempt's error.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// When that call's next attempt goes out (RFC 3339, UTC).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_retry: Option<String>,
 }
 
 impl OperationSummary {
@@ -334,6 +341,8 @@ pub fn operation_summary(parts: OperationParts<'_>) -> OperationSummary {
                 acknowledged: acknowledged.map(|acked| i < acked),
             })
             .collect(),
+        last_error: None,
+        next_retry: None,
     }
 }
 

@@ -126,6 +126,12 @@ pub trait AdminProvider: Send + Sync + 'static {
         let _ = id;
         None
     }
+    /// The CreateVolume of `name` (the operation uuid of a CREATE_DISK) while it waits
+    /// for a retry: its last error and when the next attempt goes out.
+    fn create_retry(&self, name: &str) -> Option<crate::metrics::CreateRetry> {
+        let _ = name;
+        None
+    }
     /// Brings the gauges that are read rather than counted (volumes per state, jobs) up
     /// to date; called before every `/metrics` and `/metrics/snapshot` answer.
     fn refresh_metrics(&self) -> BoxFuture<'_, ()> {

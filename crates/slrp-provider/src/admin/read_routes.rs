@@ -8,7 +8,8 @@ use axum::Json;
 use axum::extract::{FromRequestParts, Path, State};
 use axum::http::StatusCode;
 use axum::http::request::Parts;
-use slrp_core::volume::{MountPaths, StateName, VolumeRecord};
+use slrp_core::volume::{MountPaths, RefusedCreate, StateName, VolumeRecord};
+use slrp_csi::answer::shown;
 use slrp_csi::{AccessType, VolumeId};
 use slrp_proto::mesos::v1::Resource;
 use slrp_types::DisplayChain;
@@ -153,10 +154,43 @@ pub(super) async fn provider_volumes(
     let records = volume_records(&handle).await?;
     let total = p.total();
     let paths = p.mount_paths();
-    Ok(records
+    let mut all: Vec<VolumeSummary> = records
         .iter()
         .map(|r| summary(p.as_ref(), r, &total, paths.as_ref()))
-        .collect())
+        .collect();
+    let refused = handle.refused_creates().await.map_err(|e| {
+        refusal(
+            StatusCode::SERVICE_UNAVAILABLE,
+            DisplayChain(&e).to_string(),
+        )
+    })?;
+    all.extend(refused.iter().map(|r| refused_summary(p.as_ref(), r)));
+    Ok(all)
+}
+
+/// A refused CreateVolume answer as a volume line (state `CREATE_REFUSED`): the volume the
+/// plugin named (escaped and cut: it may be anything), and what became of it.
+fn refused_summary(provider: &dyn AdminProvider, r: &RefusedCreate) -> VolumeSummary {
+    VolumeSummary {
+        provider: provider.key(),
+        volume_id: r
+            .cleanup
+            .volume_id()
+            .map_or_else(String::new, |id| shown(id.as_str())),
+        state: "CREATE_REFUSED".to_owned(),
+        r#type: Some(
+            match r.request.capability.access_type {
+                AccessType::Block => "block",
+                AccessType::Mount { .. } => "mount",
+            }
+            .to_owned(),
+        ),
+        capacity_bytes: None,
+        profile: None,
+        staging_path: None,
+        target_path: None,
+        last_error: Some(format!("create '{}': {r}", r.request.name)),
+    }
 }
 
 pub(super) async fn volumes(
@@ -202,7 +236,18 @@ async fn all_operations(state: &AdminState) -> Result<Vec<OperationSummary>, Ref
                 format!("provider '{key}': {}", DisplayChain(&e)),
             )
         })?;
-        all.extend(ops.iter().map(|op| api::tracked_summary(&key, op)));
+        all.extend(ops.iter().map(|op| {
+            let mut summary = api::tracked_summary(&key, op);
+            // A CREATE_DISK's CreateVolume is named after its operation.
+            if !summary.is_terminal()
+                && let Some(retry) = p.create_retry(&summary.operation_uuid)
+            {
+                summary.last_error = Some(retry.last_error);
+                summary.next_retry =
+                    Some(humantime::format_rfc3339_seconds(retry.next_retry).to_string());
+            }
+            summary
+        }));
     }
     if let Some(actions) = &state.extras.actions {
         let mut seen: BTreeSet<String> = all.iter().map(|o| o.operation_uuid.clone()).collect();

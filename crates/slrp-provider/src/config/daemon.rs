@@ -81,6 +81,19 @@ pub enum SettingError {
     /// The profile adaptor refuses its settings.
     #[error("the profile adaptor refuses them")]
     Profiles(#[source] slrp_profiles::ConfigError),
+    /// A bound that must be at least 1 is 0.
+    #[error("must be at least 1")]
+    ZeroBound,
+    /// A bound above what slrp can hold.
+    #[error("{value} is over {max}: {why}")]
+    BoundTooHigh {
+        /// The value given.
+        value: usize,
+        /// The highest value allowed.
+        max: usize,
+        /// Why that is the highest.
+        why: &'static str,
+    },
     /// Not a size.
     #[error("not a size")]
     Size(#[source] slrp_types::SizeError),
@@ -235,6 +248,83 @@ pub struct DaemonConfig {
     /// `[manager] max_body_bytes`: the embedded manager's body limit (`None`: its
     /// default, `slrp_manager::DEFAULT_MAX_BODY_BYTES`).
     pub manager_max_body_bytes: Option<usize>,
+    /// How much of a plugin's answers slrp accepts (`[csi]`, docs/csi-client.md).
+    pub csi_limits: slrp_csi::AnswerLimits,
+}
+
+/// The `[csi]` table: the bounds on plugin answers (`slrp_csi::answer`); each unset one
+/// keeps its default.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct CsiFile {
+    /// Longest volume or node id, in bytes (1024, the most the state store holds).
+    pub max_id_bytes: Option<usize>,
+    /// Longest other string (page tokens, names, messages), in bytes (4096).
+    pub max_string_bytes: Option<usize>,
+    /// Largest string map (a volume or publish context), in bytes (16384).
+    pub max_map_bytes: Option<usize>,
+    /// Most pages in one ListVolumes listing (100000).
+    pub max_list_pages: Option<usize>,
+    /// Most volumes in one listing (500000).
+    pub max_list_entries: Option<usize>,
+    /// Most bytes (ids, contexts, tokens) in one listing (67108864).
+    pub max_list_bytes: Option<usize>,
+}
+
+/// The answer bounds of `file` over the defaults: each at least 1, ids no longer than a
+/// state store key.
+fn csi_limits(file: &CsiFile) -> Result<slrp_csi::AnswerLimits, ConfigError> {
+    let mut limits = slrp_csi::AnswerLimits::default();
+    let settings: [(&'static str, Option<usize>, &mut usize); 6] = [
+        (
+            "csi.max_id_bytes",
+            file.max_id_bytes,
+            &mut limits.max_id_bytes,
+        ),
+        (
+            "csi.max_string_bytes",
+            file.max_string_bytes,
+            &mut limits.max_string_bytes,
+        ),
+        (
+            "csi.max_map_bytes",
+            file.max_map_bytes,
+            &mut limits.max_map_bytes,
+        ),
+        (
+            "csi.max_list_pages",
+            file.max_list_pages,
+            &mut limits.max_list_pages,
+        ),
+        (
+            "csi.max_list_entries",
+            file.max_list_entries,
+            &mut limits.max_list_entries,
+        ),
+        (
+            "csi.max_list_bytes",
+            file.max_list_bytes,
+            &mut limits.max_list_bytes,
+        ),
+    ];
+    for (field, value, slot) in settings {
+        match value {
+            None => {}
+            Some(0) => return Err(setting(field, SettingError::ZeroBound)),
+            Some(v) => *slot = v,
+        }
+    }
+    if limits.max_id_bytes > slrp_store::MAX_KEY_LEN {
+        return Err(setting(
+            "csi.max_id_bytes",
+            SettingError::BoundTooHigh {
+                value: limits.max_id_bytes,
+                max: slrp_store::MAX_KEY_LEN,
+                why: "ids are keys of the state store, which holds no longer ones",
+            },
+        ));
+    }
+    Ok(limits)
 }
 
 /// The `[retries]` table: Mesos's retry intervals, shortened by tests (no test may wait
@@ -334,6 +424,9 @@ pub struct DaemonConfigFile {
     /// Retry intervals of status updates and CSI calls.
     #[serde(default)]
     pub retries: RetriesFile,
+    /// Bounds on plugin answers.
+    #[serde(default)]
+    pub csi: CsiFile,
     /// The embedded manager of `slrp standalone`.
     #[serde(default)]
     pub manager: ManagerFile,
@@ -662,6 +755,7 @@ impl DaemonConfig {
             ("retries.csi_max", retries.csi_max.as_ref()),
             Backoff::MESOS,
         )?;
+        let csi_limits = csi_limits(&file.csi)?;
         let manager_max_body_bytes = match &file.manager.max_body_bytes {
             None => None,
             Some(v) => {
@@ -702,6 +796,7 @@ impl DaemonConfig {
             plugin_ready_timeout,
             status_update_retry,
             csi_retry,
+            csi_limits,
             manager_max_body_bytes,
         })
     }

@@ -610,7 +610,7 @@ fn volume_text(v: &VolumeSummary) -> String {
 }
 
 fn operation_text(o: &OperationSummary) -> String {
-    let mut out = fields(&[
+    let mut rows = vec![
         ("operation", o.operation_uuid.clone()),
         ("provider", o.provider.clone()),
         ("type", o.r#type.clone()),
@@ -618,7 +618,13 @@ fn operation_text(o: &OperationSummary) -> String {
         ("message", or_dash(o.message.as_deref())),
         ("framework", or_dash(o.framework_id.as_deref())),
         ("volume", or_dash(o.volume_id.as_deref())),
-    ]);
+    ];
+    // Only while a call waits for a retry: the usual view keeps its shape.
+    if let Some(error) = &o.last_error {
+        rows.push(("last error", error.clone()));
+        rows.push(("next retry", or_dash(o.next_retry.as_deref())));
+    }
+    let mut out = fields(&rows);
     out.push('\n');
     let mut t = Table::new(&["STATUS", "STATE", "ACKNOWLEDGED", "MESSAGE"]);
     for st in &o.statuses {
@@ -664,11 +670,21 @@ fn operations_text(ops: &[OperationSummary]) -> String {
                 o.r#type.clone(),
                 o.state.clone(),
                 or_dash(o.volume_id.as_deref()),
-                or_dash(o.message.as_deref()),
+                operation_message(o),
             ],
         ));
     }
     rendered(&t, "no operations")
+}
+
+/// The status message, or for a pending operation whose call waits for a retry, why and
+/// until when.
+fn operation_message(o: &OperationSummary) -> String {
+    match (&o.last_error, &o.next_retry) {
+        (Some(error), Some(next)) => format!("retrying at {next} after: {error}"),
+        (Some(error), None) => format!("retrying after: {error}"),
+        (None, _) => or_dash(o.message.as_deref()),
+    }
 }
 
 fn profiles_text(profiles: &[ProfileSummary]) -> String {

@@ -197,6 +197,8 @@ impl StandaloneActions {
                 volume_id: None,
                 converted_resources: Vec::new(),
                 statuses: Vec::new(),
+                last_error: None,
+                next_retry: None,
             });
         };
         let view = self

@@ -172,7 +172,8 @@ impl Standalone {
         Some(d)
     }
 
-    fn pid(&self) -> Option<Pid> {
+    /// The daemon's pid while it runs.
+    pub fn pid(&self) -> Option<Pid> {
         self.child
             .as_ref()
             .and_then(tokio::process::Child::id)

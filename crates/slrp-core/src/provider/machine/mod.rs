@@ -171,6 +171,8 @@ pub struct Machine {
     /// A failed job waits for its next attempt.
     retry: Option<JobKind>,
     job_failures: u32,
+    /// Volumes the plugin lists twice, warned about once per change (issue #26).
+    listed_twice: crate::warn_once::WarnOnChange,
     /// The periodic loop and the profile watch run once per process (§3.6).
     loops_started: bool,
     watching: bool,
@@ -239,6 +241,7 @@ impl Machine {
             job: None,
             retry: None,
             job_failures: 0,
+            listed_twice: crate::warn_once::WarnOnChange::default(),
             loops_started: false,
             watching: false,
             send: Sender::default(),

@@ -37,7 +37,7 @@ impl Machine {
         for duplicate in &volumes.duplicates {
             tracing::warn!(resource = %DisplayResource(duplicate), "Removing duplicated volume");
         }
-        for id in &volumes.repeated_in_listing {
+        for id in self.listed_twice.fresh(&volumes.repeated_in_listing) {
             tracing::warn!(volume_id = %id, "Dropping duplicated volume");
         }
         for id in &volumes.drifted {
