@@ -13,6 +13,13 @@
 //!   deleted, a `RefusedCreate` record and no intent, and the name is never created
 //!   again, whatever the crash point.
 //!
+//! The staged ops (`StagedCreate`, `StagedDelete`) play the provider's folded commits: the
+//! test commits the intent in its own transaction, asks with `create_staged` /
+//! `delete_staged`, and commits what the manager owes in another, every commit of its own
+//! a crash point too (a caller whose commit fails dies with the manager, as the provider
+//! process does); after a crash it replays the operation unstaged, as the provider replays
+//! a recovered PENDING operation.
+//!
 //! The enumeration stops for a point once the operation completes without reaching its
 //! `k`-th evaluation, so every reachable crash point is covered, whatever the number of
 //! commits and calls an operation makes. Fail-point configuration is process-global:
@@ -45,28 +52,78 @@ enum Op {
     Publish,
     Unpublish,
     Delete,
+    /// A create whose intent and record the caller commits (folded).
+    StagedCreate,
+    /// A delete whose intent and the record's removal the caller commits (folded).
+    StagedDelete,
+}
+
+impl Op {
+    /// The operation a caller replays after a crash.
+    fn replayed(self) -> Self {
+        match self {
+            Self::StagedCreate => Self::Create,
+            Self::StagedDelete => Self::Delete,
+            op @ (Self::Create
+            | Self::CreateRefused
+            | Self::Publish
+            | Self::Unpublish
+            | Self::Delete) => op,
+        }
+    }
+}
+
+/// A caller's own commit failed: it dies with the manager, as the provider process does.
+fn caller_died(source: slrp_store::StoreError) -> VolumeError {
+    VolumeError::Store {
+        subject: Subject::Name(NAME.to_owned()),
+        source,
+    }
+}
+
+/// Commits `changes` as the caller, then tells the manager.
+async fn commit_owed(store: &slrp_store::Store, owed: Option<Owed>) -> Result<(), VolumeError> {
+    if let Some(owed) = owed {
+        let tx = store.transaction_with(owed.changes);
+        tx.commit().await.map_err(caller_died)?;
+        owed.committed.done();
+    }
+    Ok(())
 }
 
 const NAME: &str = "op-uuid-1";
 
 /// Brings the volume into the state the operation starts from; returns its id.
 async fn setup(op: Op, handle: &VolumeManagerHandle) -> Option<VolumeId> {
-    if matches!(op, Op::Create | Op::CreateRefused) {
+    if matches!(op, Op::Create | Op::CreateRefused | Op::StagedCreate) {
         return None;
     }
     let v = handle.create(create_req(NAME)).await.unwrap();
-    if matches!(op, Op::Unpublish | Op::Delete) {
+    if matches!(op, Op::Unpublish | Op::Delete | Op::StagedDelete) {
         handle.publish(&v.id).await.unwrap();
     }
     Some(v.id)
 }
 
-async fn run(
-    op: Op,
-    handle: &VolumeManagerHandle,
-    id: Option<&VolumeId>,
-) -> Result<(), VolumeError> {
+async fn run(op: Op, m: &Running, id: Option<&VolumeId>) -> Result<(), VolumeError> {
+    let handle = &m.handle;
     match op {
+        Op::StagedCreate => {
+            let req = create_req(NAME);
+            let mut tx = m.store.transaction();
+            stage_create(tx.changes(), &req).unwrap();
+            tx.commit().await.map_err(caller_died)?;
+            let staged = handle.create_staged(req).await?;
+            commit_owed(&m.store, staged.owed).await
+        }
+        Op::StagedDelete => {
+            let id = id.unwrap();
+            let mut tx = m.store.transaction();
+            stage_delete(tx.changes(), id).unwrap();
+            tx.commit().await.map_err(caller_died)?;
+            let staged = handle.delete_staged(id).await?;
+            commit_owed(&m.store, staged.owed).await
+        }
         Op::Create => handle.create(create_req(NAME)).await.map(|_| ()),
         // Settled is done: the refusal is the operation's end, whatever the point.
         Op::CreateRefused => match handle.create(refused_create_req(NAME, "id")).await {
@@ -98,11 +155,11 @@ async fn check_converged(op: Op, h: &Harness, m: &Running, what: &str) {
     assert_eq!(tracked, plugin, "{what}: tracked vs plugin (leak)");
     assert_eq!(h.fake.st().created, 1, "{what}: created exactly once");
     let want = match op {
-        Op::Create => Some(StateName::Created),
+        Op::Create | Op::StagedCreate => Some(StateName::Created),
         Op::CreateRefused => None,
         Op::Publish => Some(StateName::Published),
         Op::Unpublish => Some(StateName::NodeReady),
-        Op::Delete => None,
+        Op::Delete | Op::StagedDelete => None,
     };
     match want {
         None => assert!(recs.is_empty(), "{what}: deleted"),
@@ -141,7 +198,7 @@ async fn crash_everywhere(op: Op) {
             within(m.handle.ready()).await.unwrap();
             let id = setup(op, &m.handle).await;
             fail::cfg(point, &format!("{k}*off->1*return->off")).unwrap();
-            let result = within(run(op, &m.handle, id.as_ref())).await;
+            let result = within(run(op, &m, id.as_ref())).await;
             fail::remove(point);
             if result.is_ok() {
                 // The operation needs fewer than k+1 evaluations of this point: done.
@@ -150,12 +207,17 @@ async fn crash_everywhere(op: Op) {
                 break;
             }
             crashes += 1;
-            assert!(
-                matches!(result, Err(VolumeError::Stopped)),
-                "{what}: {result:?}"
-            );
-            let died = m.died().await;
-            assert!(died.is_err(), "{what}: the manager must stop");
+            if matches!(result, Err(VolumeError::Store { .. })) {
+                // The caller's own commit: the process dies, the manager with it.
+                let _ = m.stop().await;
+            } else {
+                assert!(
+                    matches!(result, Err(VolumeError::Stopped)),
+                    "{what}: {result:?}"
+                );
+                let died = m.died().await;
+                assert!(died.is_err(), "{what}: the manager must stop");
+            }
             check_after_restart(op, &h, &what, true).await;
             assert!(k < 50, "{what}: runaway enumeration");
         }
@@ -208,18 +270,22 @@ async fn check_after_restart(op: Op, h: &Harness, what: &str, crashed: bool) {
     // Retry the operation, as the provider replays an operation it has no result for.
     if crashed {
         let id = the_id(h).or_else(|| recs.first().map(|r| r.id.clone()));
-        match (op, id) {
+        match (op.replayed(), id) {
             (Op::Delete, None) => {} // deleted by recovery already
             (Op::Delete, Some(id)) => {
                 m.handle.delete(&id).await.unwrap();
             }
-            (_, id) => within(run(op, &m.handle, id.as_ref())).await.unwrap(),
+            (replayed, id) => within(run(replayed, &m, id.as_ref())).await.unwrap(),
         }
     }
     check_converged(op, h, &m, what).await;
     let _ = report;
     m.stop().await.unwrap();
     assert!(h.stored_intents().is_empty(), "{what}: intent left");
+    assert!(
+        h.stored_deletions().is_empty(),
+        "{what}: deletion intent left"
+    );
     if op == Op::CreateRefused {
         let refusals = h.stored_refusals();
         assert_eq!(refusals.len(), 1, "{what}: {refusals:?}");
@@ -268,6 +334,16 @@ async fn crash_anywhere_in_unpublish() {
 #[tokio::test]
 async fn crash_anywhere_in_delete() {
     crash_everywhere(Op::Delete).await;
+}
+
+#[tokio::test]
+async fn crash_anywhere_in_a_staged_create() {
+    crash_everywhere(Op::StagedCreate).await;
+}
+
+#[tokio::test]
+async fn crash_anywhere_in_a_staged_delete() {
+    crash_everywhere(Op::StagedDelete).await;
 }
 
 /// A crash while CreateVolume's answer is lost *and* the caller never retries: recovery

@@ -16,7 +16,10 @@
 //!    is resent, across crashes), and all end once the plugin answers;
 //! 5. an operation that ends DROPPED made no CSI call;
 //! 6. no volume is in the total twice, and an acknowledged operation is forgotten for good
-//!    (not tracked, not recovered after a crash).
+//!    (not tracked, not recovered after a crash);
+//! 7. one commit per step (section 3): a volume manager intent staged with a PENDING
+//!    record is durable before its call, and gone (the manager's record change folded in)
+//!    in the commit that makes the operation FINISHED.
 
 #![allow(
     clippy::unwrap_used,
@@ -39,7 +42,7 @@ use slrp_core::provider::machine::{
 use slrp_core::provider::operations::{Operations, StatusRetry, load_operations};
 use slrp_core::provider::resources::{Resources, is_storage_pool};
 use slrp_core::provider::state::ProviderState;
-use slrp_core::volume::{VolumeError, VolumeInfo};
+use slrp_core::volume::{CreateVolume, DeleteIntent, Owed, VolumeError, VolumeInfo};
 use slrp_csi::{Volume, VolumeCapability, VolumeId};
 use slrp_proto::mesos::v1::offer::operation::{CreateDisk, DestroyDisk, Reserve};
 use slrp_proto::mesos::v1::resource::disk_info::source::Type as SourceType;
@@ -49,7 +52,7 @@ use slrp_proto::mesos::v1::resource_provider::{Event, event};
 use slrp_proto::mesos::v1::{
     OperationState, Resource, ResourceProviderId, Uuid, offer, value::Scalar,
 };
-use slrp_store::Store;
+use slrp_store::{Changes, Store};
 use slrp_types::{Backoff, Jitter, ProfileInfo};
 use tokio::time::Instant;
 
@@ -340,9 +343,25 @@ impl World {
                 call,
                 ..
             } => {
+                match &call {
+                    DiskCall::Create { req, staged: true } => {
+                        assert!(
+                            self.stored::<CreateVolume>(&req.name),
+                            "{uuid}: called before its intent was durable"
+                        );
+                    }
+                    DiskCall::Delete { id, staged: true } => {
+                        assert!(
+                            self.stored::<DeleteIntent>(id.as_str()),
+                            "{uuid}: called before its intent was durable"
+                        );
+                    }
+                    DiskCall::Create { .. } | DiskCall::Delete { .. } | DiskCall::Validate(_) => {}
+                }
                 self.seen.entry(uuid).or_default().called = true;
                 self.disks.push((uuid, identity, call));
             }
+            Effect::VolumeRecorded(committed) => committed.done(),
             Effect::RemovePersistent { .. } | Effect::Publish { .. } => {
                 panic!("the model sends no DESTROY or PUBLISH_RESOURCES")
             }
@@ -577,8 +596,14 @@ impl World {
     /// The plugin answers the `n`th running call.
     fn answer(&mut self, n: usize, ok: bool, extra: u64, short: bool) {
         let (uuid, identity, call) = self.disks.remove(n);
+        // The volume manager's side of a staged call: its intent goes with the record
+        // change it hands back (the record itself is not modelled).
+        let mut owed = None;
         let outcome = match call {
-            DiskCall::Create(create) => {
+            DiskCall::Create {
+                req: create,
+                staged,
+            } => {
                 if !ok {
                     DiskOutcome::Created(Err(VolumeError::Stopped))
                 } else {
@@ -607,6 +632,11 @@ impl World {
                             .insert(id.clone(), (Some(profile), made));
                     }
                     let bytes = self.plugin.volumes[&id].1;
+                    if staged {
+                        let mut changes = Changes::new();
+                        changes.delete::<CreateVolume>(&create.name).unwrap();
+                        owed = Some(Owed::new(changes).0);
+                    }
                     DiskOutcome::Created(Ok(VolumeInfo {
                         id: VolumeId::new(id.as_str()),
                         capacity_bytes: i64::try_from(bytes).unwrap(),
@@ -615,10 +645,15 @@ impl World {
                 }
             }
             DiskCall::Validate(_) => panic!("the model imports nothing"),
-            DiskCall::Delete(id) => {
+            DiskCall::Delete { id, staged } => {
                 if !ok {
                     DiskOutcome::Destroyed(Err(VolumeError::Stopped))
                 } else {
+                    if staged {
+                        let mut changes = Changes::new();
+                        changes.delete::<DeleteIntent>(id.as_str()).unwrap();
+                        owed = Some(Owed::new(changes).0);
+                    }
                     let existed = self.plugin.volumes.remove(id.as_str());
                     if let Some((Some(profile), bytes)) = &existed
                         && let Some(key) = PROFILES.iter().find(|p| **p == profile)
@@ -633,6 +668,7 @@ impl World {
             uuid,
             identity,
             outcome,
+            owed,
         }));
     }
 
@@ -729,6 +765,13 @@ impl World {
         self.sends.clear();
         self.timers.clear();
         let store = self.store.clone();
+        // The volume manager's recovery settles every intent (CreateVolume again, the
+        // deletion finished) before the provider applies anything.
+        let mut settled = store.transaction();
+        settled
+            .delete_prefix::<CreateVolume>("")
+            .delete_prefix::<DeleteIntent>("");
+        self.rt.block_on(settled.commit()).unwrap();
         let (state, records) = self.rt.block_on(async {
             let state = ProviderState::load(&store, AGENT).await.unwrap();
             let records = load_operations(&store, AGENT).await.unwrap();
@@ -778,7 +821,14 @@ impl World {
         }
     }
 
-    /// Invariants 1, 3, 4 (so far), 5, 6.
+    fn stored<R: slrp_store::Record>(&self, key: &str) -> bool {
+        self.rt
+            .block_on(self.store.get::<R>(key))
+            .unwrap()
+            .is_some()
+    }
+
+    /// Invariants 1, 3, 4 (so far), 5, 6, 7.
     fn check(&self) {
         let total = self.machine.total();
         assert!(
@@ -810,6 +860,21 @@ impl World {
                     fixed(converted),
                     fixed(mb_of(&create.source)),
                     "{}: a CREATE_DISK converted another quantity than it consumed",
+                    op.uuid
+                );
+                assert!(
+                    !self.stored::<CreateVolume>(&op.uuid.to_string()),
+                    "{}: FINISHED, and its CreateVolume intent still stored",
+                    op.uuid
+                );
+            }
+            if let Some(destroy) = &op.info.destroy_disk
+                && op.latest_status.state == OperationState::OperationFinished as i32
+                && let Some(id) = source(&destroy.source).and_then(|s| s.id.as_deref())
+            {
+                assert!(
+                    !self.stored::<DeleteIntent>(id),
+                    "{}: FINISHED, and its deletion intent still stored",
                     op.uuid
                 );
             }

@@ -37,7 +37,7 @@ use slrp_core::provider::machine::{
 use slrp_core::provider::operations::{Operations, StatusRetry};
 use slrp_core::provider::resources::{ResourceError, Resources};
 use slrp_core::provider::state::{ProviderState, StateError};
-use slrp_core::volume::{MountPaths, VolumeManagerHandle};
+use slrp_core::volume::{MountPaths, Owed, Staged, VolumeError, VolumeManagerHandle};
 use slrp_profiles::{ProfileAdaptorHandle, ProfileView, ProviderKey};
 use slrp_proto::mesos::v1::ResourceProviderInfo;
 use slrp_proto::mesos::v1::resource_provider::Call;
@@ -416,6 +416,15 @@ impl Provider {
 /// What the machine learns of a failed UPDATE_STATE of `bytes` bytes (protobuf): a
 /// refusal (4xx) is not resent unchanged, and one for the body's size says which limit and
 /// how to raise it (only slrp's embedded manager has one; a Mesos agent takes any size).
+/// A staged call's answer as the machine takes it: the result, and the record change the
+/// volume manager left to the next commit.
+fn unstage<T>(staged: Result<Staged<T>, VolumeError>) -> (Result<T, VolumeError>, Option<Owed>) {
+    match staged {
+        Ok(Staged { value, owed }) => (Ok(value), owed),
+        Err(e) => (Err(e), None),
+    }
+}
+
 fn send_failure(error: &AgentError, bytes: usize) -> machine::SendFailure {
     let message = DisplayChain(error).to_string();
     match error {
@@ -694,17 +703,30 @@ impl Worker {
             } => {
                 let volumes = self.deps.volumes.clone();
                 let work = async move {
-                    let outcome = match call {
-                        DiskCall::Create(req) => DiskOutcome::Created(volumes.create(req).await),
-                        DiskCall::Validate(req) => {
-                            DiskOutcome::Created(volumes.validate(req).await)
+                    let (outcome, owed) = match call {
+                        DiskCall::Create { req, staged: true } => {
+                            let (result, owed) = unstage(volumes.create_staged(req).await);
+                            (DiskOutcome::Created(result), owed)
                         }
-                        DiskCall::Delete(id) => DiskOutcome::Destroyed(volumes.delete(&id).await),
+                        DiskCall::Create { req, staged: false } => {
+                            (DiskOutcome::Created(volumes.create(req).await), None)
+                        }
+                        DiskCall::Validate(req) => {
+                            (DiskOutcome::Created(volumes.validate(req).await), None)
+                        }
+                        DiskCall::Delete { id, staged: true } => {
+                            let (result, owed) = unstage(volumes.delete_staged(&id).await);
+                            (DiskOutcome::Destroyed(result), owed)
+                        }
+                        DiskCall::Delete { id, staged: false } => {
+                            (DiskOutcome::Destroyed(volumes.delete(&id).await), None)
+                        }
                     };
                     Input::DiskDone(DiskDone {
                         uuid,
                         identity,
                         outcome,
+                        owed,
                     })
                 };
                 // In the operation's span, like everything else done for it.
@@ -773,6 +795,7 @@ impl Worker {
             }
             Effect::Arm(timer, at) => self.timers.arm(timer, at),
             Effect::Disarm(timer) => self.timers.disarm(timer),
+            Effect::VolumeRecorded(committed) => committed.done(),
             Effect::PublishTotal => {
                 let total: Resources = self.machine.total().clone();
                 self.status.send_modify(|s| s.total = total);

@@ -38,6 +38,8 @@ pub struct Running {
     pub handle: VolumeManagerHandle,
     /// Owns its worker: dropping the `Running` stops it.
     pub guard: VolumeManagerGuard,
+    /// Its store, for a test that plays a caller committing in it (folded commits).
+    pub store: Store,
 }
 
 impl Running {
@@ -124,9 +126,18 @@ impl Harness {
     /// If the store cannot be opened or `cfg` is refused.
     pub fn start_with(&self, cfg: VolumeManagerConfig) -> Running {
         let store = Store::open(self.state_dir()).unwrap();
-        let (handle, guard) =
-            VolumeManager::spawn(cfg, store, self.fake.clone(), &CancellationToken::new()).unwrap();
-        Running { handle, guard }
+        let (handle, guard) = VolumeManager::spawn(
+            cfg,
+            store.clone(),
+            self.fake.clone(),
+            &CancellationToken::new(),
+        )
+        .unwrap();
+        Running {
+            handle,
+            guard,
+            store,
+        }
     }
 
     /// The records on disk (the manager must be stopped).
@@ -137,6 +148,12 @@ impl Harness {
 
     /// The CreateVolume intents on disk (the manager must be stopped).
     pub fn stored_intents(&self) -> Vec<CreateVolume> {
+        let store = Store::open_read_only(self.state_dir()).unwrap();
+        store.load_all_blocking().unwrap()
+    }
+
+    /// The deletion intents on disk (the manager must be stopped).
+    pub fn stored_deletions(&self) -> Vec<DeleteIntent> {
         let store = Store::open_read_only(self.state_dir()).unwrap();
         store.load_all_blocking().unwrap()
     }

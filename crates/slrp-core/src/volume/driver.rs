@@ -44,12 +44,22 @@ pub(super) fn is_already_done(e: &CsiError) -> bool {
 
 impl<C: CsiVolumes> Ctx<C> {
     pub(super) async fn persist(&self, rec: &VolumeRecord) -> Result<(), VolumeError> {
+        self.persist_with(rec, |_| Ok(())).await
+    }
+
+    /// Puts `rec` with `more` changes in one commit.
+    pub(super) async fn persist_with(
+        &self,
+        rec: &VolumeRecord,
+        more: impl FnOnce(&mut slrp_store::Transaction) -> Result<(), slrp_store::StoreError>,
+    ) -> Result<(), VolumeError> {
         let store_err = |source| VolumeError::Store {
             subject: Subject::Volume(rec.id.clone()),
             source,
         };
         let mut tx = self.store.transaction();
         tx.put(rec).map_err(store_err)?;
+        more(&mut tx).map_err(store_err)?;
         tx.commit().await.map_err(store_err)
     }
 

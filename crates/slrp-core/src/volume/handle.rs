@@ -13,6 +13,7 @@ use slrp_store::{Kind, Record};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::error::{Subject, VolumeError};
+use super::fold::{self, Fold, Staged};
 use super::jobs::Job;
 use super::recovery::RecoveryReport;
 use super::refused::RefusedCreate;
@@ -155,10 +156,43 @@ impl VolumeManagerHandle {
                     req,
                     reply: Some(reply),
                     attempt: 0,
+                    fold: None,
                 },
             )
         })
         .await
+    }
+
+    /// [`create`](Self::create) of a name whose intent the caller committed itself
+    /// ([`stage_create`](super::stage_create)): the manager writes no intent, and leaves
+    /// the record of a created volume to the caller's next commit ([`Staged::owed`]).
+    ///
+    /// # Errors
+    /// As [`create`](Self::create).
+    pub async fn create_staged(
+        &self,
+        req: CreateVolume,
+    ) -> Result<Staged<VolumeInfo>, VolumeError> {
+        if req.name.is_empty() {
+            return Err(VolumeError::BadRequest {
+                field: "name",
+                problem: "is empty",
+            });
+        }
+        let key = Key::Name(req.name.clone());
+        let (fold, folded) = Fold::new();
+        let (reply, answer) = oneshot::channel();
+        let job = Job::Create {
+            req,
+            reply: Some(reply),
+            attempt: 0,
+            fold: Some(fold),
+        };
+        self.tx
+            .send(Command::Job(key, job))
+            .await
+            .map_err(|_| VolumeError::Stopped)?;
+        fold::receive(folded, answer).await
     }
 
     /// Validates a pre-existing volume with ValidateVolumeCapabilities and tracks it
@@ -184,8 +218,38 @@ impl VolumeManagerHandle {
     /// shutdown cut short) is resumed at the next start.
     pub async fn delete(&self, id: &VolumeId) -> Result<bool, VolumeError> {
         let key = Key::Volume(id.clone());
-        self.ask(|reply| Command::Job(key, Job::Delete { reply: Some(reply) }))
+        self.ask(|reply| {
+            Command::Job(
+                key,
+                Job::Delete {
+                    reply: Some(reply),
+                    fold: None,
+                },
+            )
+        })
+        .await
+    }
+
+    /// [`delete`](Self::delete) of a volume whose deletion intent the caller committed
+    /// itself ([`stage_delete`](super::stage_delete)): the manager writes no `deleting`
+    /// mark, and leaves the removal of the record to the caller's next commit
+    /// ([`Staged::owed`]).
+    ///
+    /// # Errors
+    /// As [`delete`](Self::delete).
+    pub async fn delete_staged(&self, id: &VolumeId) -> Result<Staged<bool>, VolumeError> {
+        let key = Key::Volume(id.clone());
+        let (fold, folded) = Fold::new();
+        let (reply, answer) = oneshot::channel();
+        let job = Job::Delete {
+            reply: Some(reply),
+            fold: Some(fold),
+        };
+        self.tx
+            .send(Command::Job(key, job))
             .await
+            .map_err(|_| VolumeError::Stopped)?;
+        fold::receive(folded, answer).await
     }
 
     /// Publishes a volume at its target path (attaching and staging it first); returns

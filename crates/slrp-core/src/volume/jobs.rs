@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::driver::is_already_done;
 use super::error::{Mismatched, Subject, ValidationFailure, VolumeError, VolumeErrorKind};
+use super::fold::{self, DeleteIntent, Fold};
 use super::handle::{CreateVolume, Reply, ValidateVolume, VolumeInfo};
 use super::manager::{VolumeManagerConfig, failpoints, injected};
 use super::plan::RecoveryGoal;
@@ -31,6 +32,9 @@ pub(super) enum Job {
         /// 0 for a caller's create and recovery's first try of an intent; n > 0 for the
         /// n-th background retry of an intent recovery could not settle.
         attempt: u32,
+        /// A caller's create whose intent the caller committed: the record is handed to
+        /// it for its next commit.
+        fold: Option<Fold<VolumeInfo>>,
     },
     Validate {
         req: ValidateVolume,
@@ -39,6 +43,9 @@ pub(super) enum Job {
     Delete {
         /// `None` for recovery.
         reply: Option<Reply<bool>>,
+        /// A caller's deletion whose intent the caller committed: the record's removal is
+        /// handed to it for its next commit.
+        fold: Option<Fold<bool>>,
     },
     Publish {
         reply: Reply<PathBuf>,
@@ -71,7 +78,7 @@ impl Job {
     pub(super) fn is_recovery(&self) -> bool {
         match self {
             Self::Create { reply, attempt, .. } => reply.is_none() && *attempt == 0,
-            Self::Delete { reply } => reply.is_none(),
+            Self::Delete { reply, .. } => reply.is_none(),
             Self::Recover { .. } | Self::Collect { .. } => true,
             Self::Validate { .. } | Self::Publish { .. } | Self::Unpublish { .. } => false,
         }
@@ -180,6 +187,7 @@ impl<C: CsiVolumes> Ctx<C> {
                 req,
                 reply,
                 attempt,
+                fold,
             } => {
                 let name = req.name.clone();
                 if attempt > 0
@@ -200,7 +208,7 @@ impl<C: CsiVolumes> Ctx<C> {
                 // attempt each: the background schedule is their retry, and readiness
                 // must not wait out the RPC policy's (unlimited) retries.
                 let retried = reply.is_some();
-                let (result, change) = self.create(req.clone(), record, retried).await;
+                let (result, change) = self.create(req.clone(), record, retried, fold).await;
                 // Recovery never blocks readiness on an intent: a settled one is done, a
                 // dropped one reported, and one the plugin may still have acted on is
                 // reported by name and retried in the background (caller creates leave
@@ -238,8 +246,8 @@ impl<C: CsiVolumes> Ctx<C> {
                 let (answer, fatal) = settle(Some(reply), result);
                 (change, answer, fatal, RecoveryResult::Done)
             }
-            Job::Delete { reply } => {
-                let (result, change) = self.delete(&key.volume_id(), record).await;
+            Job::Delete { reply, fold } => {
+                let (result, change) = self.delete(&key.volume_id(), record, fold).await;
                 let summary = recovery_summary(&result, false);
                 let (answer, fatal) = settle(reply, result);
                 (change, answer, fatal, summary)
@@ -339,60 +347,110 @@ impl<C: CsiVolumes> Ctx<C> {
     }
 
     /// `retried`: CreateVolume under the configured retry policy, else one attempt.
+    /// `fold`: the caller committed the intent and takes the record (see `fold`).
     pub(super) async fn create(
         &self,
         req: CreateVolume,
         existing: Option<VolumeRecord>,
         retried: bool,
+        fold: Option<Fold<VolumeInfo>>,
     ) -> (Result<VolumeInfo, VolumeError>, Change) {
+        let staged = fold.is_some();
         if let Some(rec) = existing {
             // Already tracked under this name: the earlier attempt's result (spec §12.7).
             let result = self.compare_tracked(&rec, &req.capability, &req.parameters);
-            return (result, Change::None);
+            let dropped = if staged {
+                self.drop_intent(&req.name).await
+            } else {
+                Ok(())
+            };
+            return (dropped.and(result), Change::None);
         }
-        match self.create_steps(&req, retried).await {
-            Ok(rec) => (Ok(VolumeInfo::of(&rec)), Change::Put(Box::new(rec))),
+        let rec = match self.create_steps(&req, retried, staged).await {
+            Ok(rec) => rec,
+            Err(e) => return (Err(e), Change::None),
+        };
+        match self.record_created(&rec, &req.name, fold).await {
+            Ok(()) => (Ok(VolumeInfo::of(&rec)), Change::Put(Box::new(rec))),
             Err(e) => (Err(e), Change::None),
         }
     }
 
+    /// Makes a created volume's record durable (and its intent gone) in one commit: the
+    /// caller's next one when it staged the intent, else the manager's own.
+    async fn record_created(
+        &self,
+        rec: &VolumeRecord,
+        name: &str,
+        fold: Option<Fold<VolumeInfo>>,
+    ) -> Result<(), VolumeError> {
+        let store_err = |source| VolumeError::Store {
+            subject: Subject::Name(name.to_owned()),
+            source,
+        };
+        if let Some(fold) = fold {
+            let changes = fold::created_changes(rec, name).map_err(store_err)?;
+            if fold.hand_over(VolumeInfo::of(rec), changes).await {
+                tracing::info!(volume = %rec.id, %name, "volume created");
+                return Ok(());
+            }
+        }
+        let changes = fold::created_changes(rec, name).map_err(store_err)?;
+        self.store
+            .transaction_with(changes)
+            .commit()
+            .await
+            .map_err(store_err)?;
+        tracing::info!(volume = %rec.id, %name, "volume created");
+        Ok(())
+    }
+
+    /// Drops the CreateVolume intent of `name` (one commit).
+    async fn drop_intent(&self, name: &str) -> Result<(), VolumeError> {
+        let store_err = |source| VolumeError::Store {
+            subject: Subject::Name(name.to_owned()),
+            source,
+        };
+        let mut tx = self.store.transaction();
+        tx.delete::<CreateVolume>(name).map_err(store_err)?;
+        tx.commit().await.map_err(store_err)
+    }
+
+    /// Everything of a create up to the volume's record, which the caller makes durable
+    /// ([`Self::record_created`]). `staged`: the intent is durable already (the caller
+    /// committed it for a name never asked for before).
     pub(super) async fn create_steps(
         &self,
         req: &CreateVolume,
         retried: bool,
+        staged: bool,
     ) -> Result<VolumeRecord, VolumeError> {
-        if !self.cfg.caps.controller.create_delete_volume {
-            return Err(VolumeError::Unsupported {
-                capability: "CREATE_DELETE_VOLUME",
-                plugin_type: self.cfg.plugin_type.clone(),
-                plugin_name: self.cfg.plugin_name.clone(),
-            });
-        }
         let store_err = |source| VolumeError::Store {
             subject: Subject::Name(req.name.clone()),
             source,
         };
-        // A name whose answer was refused is never created again: the plugin would make
-        // the same volume and slrp would refuse it again. What it owes is the deletion.
-        if let Some(refused) = self.refused_record(&req.name).await? {
-            return Err(match self.settle_refused(refused, retried).await {
-                Ok(refusal) | Err((refusal, None)) => VolumeError::CreateRefused {
-                    name: req.name.clone(),
-                    refusal: Box::new(refusal),
-                },
-                Err((_, Some(fatal))) => fatal,
-            });
+        if let Err(e) = self.refuse_early(req, retried).await {
+            // A caller's staged intent goes with the refusal: nothing was called.
+            if staged && !e.is_fatal() {
+                self.drop_intent(&req.name).await?;
+            }
+            return Err(e);
         }
-        let prior_intent = self
-            .store
-            .get::<CreateVolume>(&req.name)
-            .await
-            .map_err(store_err)?
-            .is_some();
-        // Intent first: after a crash, recovery finds the name and finishes the creation.
-        let mut tx = self.store.transaction();
-        tx.put(req).map_err(store_err)?;
-        tx.commit().await.map_err(store_err)?;
+        // A staged intent is the first for its name: no earlier attempt.
+        let prior_intent = !staged
+            && self
+                .store
+                .get::<CreateVolume>(&req.name)
+                .await
+                .map_err(store_err)?
+                .is_some();
+        if !staged {
+            // Intent first: after a crash, recovery finds the name and finishes the
+            // creation.
+            let mut tx = self.store.transaction();
+            tx.put(req).map_err(store_err)?;
+            tx.commit().await.map_err(store_err)?;
+        }
         injected(failpoints::BEFORE_CALL)?;
         let request = CreateVolumeRequest {
             name: req.name.clone(),
@@ -507,14 +565,30 @@ impl<C: CsiVolumes> Ctx<C> {
         } else {
             req.required_bytes
         };
-        let mut tx = self.store.transaction();
-        tx.put(&rec)
-            .map_err(store_err)?
-            .delete::<CreateVolume>(&req.name)
-            .map_err(store_err)?;
-        tx.commit().await.map_err(store_err)?;
-        tracing::info!(volume = %rec.id, name = %req.name, "volume created");
         Ok(rec)
+    }
+
+    /// What ends a create before any intent is written: a plugin that cannot create, or
+    /// a name whose answer was refused (never created again: the plugin would make the
+    /// same volume and slrp would refuse it again; what it owes is the deletion).
+    async fn refuse_early(&self, req: &CreateVolume, retried: bool) -> Result<(), VolumeError> {
+        if !self.cfg.caps.controller.create_delete_volume {
+            return Err(VolumeError::Unsupported {
+                capability: "CREATE_DELETE_VOLUME",
+                plugin_type: self.cfg.plugin_type.clone(),
+                plugin_name: self.cfg.plugin_name.clone(),
+            });
+        }
+        if let Some(refused) = self.refused_record(&req.name).await? {
+            return Err(match self.settle_refused(refused, retried).await {
+                Ok(refusal) | Err((refusal, None)) => VolumeError::CreateRefused {
+                    name: req.name.clone(),
+                    refusal: Box::new(refusal),
+                },
+                Err((_, Some(fatal))) => fatal,
+            });
+        }
+        Ok(())
     }
 
     pub(super) async fn validate(
@@ -580,22 +654,90 @@ impl<C: CsiVolumes> Ctx<C> {
         (result, Change::None)
     }
 
+    /// `fold`: the caller committed the deletion intent and takes the record's removal
+    /// (see `fold`).
     pub(super) async fn delete(
         &self,
         id: &VolumeId,
         record: Option<VolumeRecord>,
+        fold: Option<Fold<bool>>,
     ) -> (Result<bool, VolumeError>, Change) {
+        let staged = fold.is_some();
         let Some(mut rec) = record else {
             // Untracked (e.g. listed by the plugin but never validated): only the RPC.
-            return (self.delete_rpc(id).await, Change::None);
+            let result = self.delete_rpc(id).await;
+            // A staged intent goes whatever the answer, unless the deletion was cut short
+            // (recovery drops an intent without a record): a volume tracked later must
+            // not be deleted for it.
+            let settled = match &result {
+                _ if !staged => Ok(()),
+                Err(e) if self.interrupted(e) => Ok(()),
+                Ok(deprovisioned) => self.record_deleted(id, *deprovisioned, fold).await,
+                Err(_) => self.record_deleted(id, false, None).await,
+            };
+            return (settled.and(result), Change::None);
         };
-        match self.delete_steps(&mut rec).await {
-            Ok(deprovisioned) => (Ok(deprovisioned), Change::Remove(rec.id)),
+        match self.delete_steps(&mut rec, staged).await {
+            Ok(deprovisioned) => match self.record_deleted(&rec.id, deprovisioned, fold).await {
+                Ok(()) => {
+                    tracing::info!(volume = %rec.id, deprovisioned, "volume deleted");
+                    (Ok(deprovisioned), Change::Remove(rec.id))
+                }
+                Err(e) => (Err(e), Change::Put(Box::new(rec))),
+            },
             Err(e) => {
                 let e = self.delete_ended(&mut rec, e).await;
                 (Err(e), Change::Put(Box::new(rec)))
             }
         }
+    }
+
+    /// Removes a deleted volume's record and deletion intent in one commit: the caller's
+    /// next one when it staged the intent, else the manager's own.
+    async fn record_deleted(
+        &self,
+        id: &VolumeId,
+        deprovisioned: bool,
+        fold: Option<Fold<bool>>,
+    ) -> Result<(), VolumeError> {
+        let store_err = |source| VolumeError::Store {
+            subject: Subject::Volume(id.clone()),
+            source,
+        };
+        let committed = match fold {
+            Some(fold) => {
+                let changes = fold::deleted_changes(id).map_err(store_err)?;
+                fold.hand_over(deprovisioned, changes).await
+            }
+            None => false,
+        };
+        if !committed {
+            let changes = fold::deleted_changes(id).map_err(store_err)?;
+            self.store
+                .transaction_with(changes)
+                .commit()
+                .await
+                .map_err(store_err)?;
+        }
+        Ok(())
+    }
+
+    /// Whether `e` cut a deletion short (shutdown, also one that ends a retry backoff; a
+    /// fatal error; a plugin endpoint stopped for good) rather than failed it.
+    fn interrupted(&self, e: &VolumeError) -> bool {
+        // A shutdown ends a retry backoff with the last (transient) error, not a
+        // cancellation: a deletion that ends while the manager stops was cut short.
+        e.is_fatal()
+            || self.cancel.is_cancelled()
+            || e.kind() == VolumeErrorKind::Stopped
+            // A plugin endpoint stopped for good: its supervisor is shutting down.
+            || matches!(
+                e,
+                VolumeError::Csi {
+                    source: CsiError::Cancelled { .. } | CsiError::EndpointStopped { .. },
+                    ..
+                }
+            )
     }
 
     /// A deletion ended with `e`. If it *failed* (the plugin refused, a step failed), the
@@ -605,20 +747,7 @@ impl<C: CsiVolumes> Ctx<C> {
     /// was *interrupted* (shutdown, also one that ends a retry backoff; a fatal error), `deleting` stays and the next start
     /// resumes it. Returns the error to answer with.
     pub(super) async fn delete_ended(&self, rec: &mut VolumeRecord, e: VolumeError) -> VolumeError {
-        // A shutdown ends a retry backoff with the last (transient) error, not a
-        // cancellation: a deletion that ends while the manager stops was cut short.
-        let interrupted = e.is_fatal()
-            || self.cancel.is_cancelled()
-            || e.kind() == VolumeErrorKind::Stopped
-            // A plugin endpoint stopped for good: its supervisor is shutting down.
-            || matches!(
-                &e,
-                VolumeError::Csi {
-                    source: CsiError::Cancelled { .. } | CsiError::EndpointStopped { .. },
-                    ..
-                }
-            );
-        if interrupted || !rec.deleting {
+        if self.interrupted(&e) || !rec.deleting {
             return e;
         }
         let mut failed = rec.clone();
@@ -628,7 +757,13 @@ impl<C: CsiVolumes> Ctx<C> {
         // republish the volume (and hold readiness on it) at every start.
         failed.node_publish_required = false;
         failed.delete_failed = Some(DisplayChain(&e).to_string());
-        match self.persist(&failed).await {
+        // A staged deletion intent goes with the mark it stands for.
+        match self
+            .persist_with(&failed, |tx| {
+                tx.delete::<DeleteIntent>(failed.id.as_str()).map(|_| ())
+            })
+            .await
+        {
             Ok(()) => {
                 tracing::warn!(volume = %rec.id, state = %failed.state.name(), error = %DisplayChain(&e),
                     "deletion failed; the volume stays tracked and usable");
@@ -664,17 +799,22 @@ impl<C: CsiVolumes> Ctx<C> {
         }
     }
 
-    pub(super) async fn delete_steps(&self, rec: &mut VolumeRecord) -> Result<bool, VolumeError> {
-        if !rec.deleting || rec.node_publish_required || rec.delete_failed.is_some() {
+    /// Everything of a deletion up to the removal of the record, which the caller makes
+    /// durable ([`Self::record_deleted`]). `staged`: the caller's deletion intent is
+    /// durable, and stands for the `deleting` mark.
+    pub(super) async fn delete_steps(
+        &self,
+        rec: &mut VolumeRecord,
+        staged: bool,
+    ) -> Result<bool, VolumeError> {
+        let marked = rec.marked_for_deletion();
+        if marked != *rec {
             // Durable before the first step, so that recovery finishes the deletion
-            // instead of publishing the volume again. Records written before
-            // `needs_cleanup` existed know a published volume by `node_publish_required`.
-            let mut marked = rec.clone();
-            marked.deleting = true;
-            marked.needs_cleanup |= rec.node_publish_required;
-            marked.node_publish_required = false;
-            marked.delete_failed = None;
-            self.persist(&marked).await?;
+            // instead of publishing the volume again: the mark, or the intent recovery
+            // turns into the same mark.
+            if !staged {
+                self.persist(&marked).await?;
+            }
             *rec = marked;
         }
         if rec.needs_cleanup {
@@ -698,15 +838,6 @@ impl<C: CsiVolumes> Ctx<C> {
             tracing::warn!(volume = %rec.id, dir = %dir.display(),
                 "mount directory still has mounts; left in place");
         }
-        let store_err = |source| VolumeError::Store {
-            subject: Subject::Volume(rec.id.clone()),
-            source,
-        };
-        let mut tx = self.store.transaction();
-        tx.delete::<VolumeRecord>(rec.id.as_str())
-            .map_err(store_err)?;
-        tx.commit().await.map_err(store_err)?;
-        tracing::info!(volume = %rec.id, deprovisioned, "volume deleted");
         Ok(deprovisioned)
     }
 

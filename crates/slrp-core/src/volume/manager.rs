@@ -517,7 +517,7 @@ impl<C: CsiVolumes> Worker<C> {
                 () = cancel.cancelled() => {}
                 () = tokio::time::sleep(delay) => {
                     let key = Key::Name(req.name.clone());
-                    done.requeue = Some((key, Job::Create { req, reply: None, attempt }));
+                    done.requeue = Some((key, Job::Create { req, reply: None, attempt, fold: None }));
                 }
             }
             done

@@ -15,6 +15,8 @@
 //!   - `driver`: the durable driver loop of one transition and the requests it builds;
 //!   - `recovery`: the start-up plan ([`RecoveryReport`]);
 //!   - `cleanup`: mount-directory cleanup;
+//!   - `fold`: the manager's records written in a caller's commits ([`Staged`],
+//!     [`Owed`], [`DeleteIntent`]);
 //!   - `refused`: CreateVolume answers the CSI client refused, settled
 //!     ([`RefusedCreate`]).
 //! - [`host`]: boot id, mount table and secret resolution (injectable).
@@ -23,6 +25,7 @@
 mod cleanup;
 mod driver;
 pub mod error;
+mod fold;
 mod handle;
 pub mod host;
 mod jobs;
@@ -37,6 +40,7 @@ pub mod state;
 pub use error::{
     Mismatched, PreparedDir, Subject, ValidationFailure, VolumeError, VolumeErrorKind,
 };
+pub use fold::{Committed, DeleteIntent, Owed, Staged, stage_create, stage_delete};
 pub use handle::{CreateVolume, ValidateVolume, VolumeInfo, VolumeManagerHandle};
 pub use host::{
     MountTable, NoSecrets, ProcMountTable, SecretResolver, StaticSecrets, read_boot_id,

@@ -2,10 +2,13 @@
 //! queues the jobs that finish what a crash interrupted (see the manager's docs,
 //! "Recovery").
 
-use slrp_csi::CsiVolumes;
+use std::collections::HashSet;
+
+use slrp_csi::{CsiVolumes, VolumeId};
 use slrp_types::DisplayChain;
 
 use super::error::{Subject, VolumeError};
+use super::fold::DeleteIntent;
 use super::handle::{CreateVolume, Readiness};
 use super::jobs::{Change, Ctx, Job};
 use super::manager::Worker;
@@ -69,10 +72,35 @@ impl<C: CsiVolumes> Worker<C> {
     /// recovery jobs.
     pub(super) async fn start(&mut self) -> Result<(), VolumeError> {
         let store = &self.ctx.store;
-        let records: Vec<VolumeRecord> = store
+        let mut records: Vec<VolumeRecord> = store
             .load_all()
             .await
             .map_err(|source| VolumeError::Load { source })?;
+        // A caller's deletion intent is the `deleting` mark it stood for: marked here
+        // (made durable with the plan's changes below, the intents dropped with them),
+        // the deletion is finished like any interrupted one.
+        let deletions: Vec<DeleteIntent> = store
+            .load_all()
+            .await
+            .map_err(|source| VolumeError::Load { source })?;
+        let mut marked = Vec::new();
+        if !deletions.is_empty() {
+            let ids: HashSet<&VolumeId> = deletions.iter().map(|d| &d.id).collect();
+            for rec in &mut records {
+                if ids.contains(&rec.id) {
+                    let mark = rec.marked_for_deletion();
+                    if mark != *rec {
+                        *rec = mark;
+                        marked.push(rec.clone());
+                    }
+                }
+            }
+            tracing::info!(
+                intents = deletions.len(),
+                marked = marked.len(),
+                "deletion intents found"
+            );
+        }
         let intents: Vec<CreateVolume> = store
             .load_all()
             .await
@@ -101,7 +129,12 @@ impl<C: CsiVolumes> Worker<C> {
             ));
         }
         let mounts = mounts.as_deref().ok();
-        let plan = plan_recovery(records, intents, &cfg.boot_id, mounts, &cfg.mount_paths);
+        let mut plan = plan_recovery(records, intents, &cfg.boot_id, mounts, &cfg.mount_paths);
+        for rec in marked {
+            if !plan.changed.iter().any(|c| c.id == rec.id) {
+                plan.changed.push(rec);
+            }
+        }
         report.rebooted = plan.rebooted;
         for m in &plan.mismatches {
             if m.redriven {
@@ -113,13 +146,20 @@ impl<C: CsiVolumes> Worker<C> {
                     "target is mounted although the volume is not staged; left alone");
             }
         }
-        if !plan.changed.is_empty() {
+        if !plan.changed.is_empty() || !deletions.is_empty() {
             let mut tx = store.transaction();
             for rec in &plan.changed {
                 tx.put(rec).map_err(|source| VolumeError::Store {
                     subject: Subject::Volume(rec.id.clone()),
                     source,
                 })?;
+            }
+            for intent in &deletions {
+                tx.delete::<DeleteIntent>(intent.id.as_str())
+                    .map_err(|source| VolumeError::Store {
+                        subject: Subject::Volume(intent.id.clone()),
+                        source,
+                    })?;
             }
             tx.commit().await.map_err(|source| VolumeError::Store {
                 subject: Subject::Recovered {
@@ -145,6 +185,7 @@ impl<C: CsiVolumes> Worker<C> {
                         req,
                         reply: None,
                         attempt: 0,
+                        fold: None,
                     },
                 ),
             })
@@ -159,6 +200,7 @@ impl<C: CsiVolumes> Worker<C> {
                     req,
                     reply: None,
                     attempt: 0,
+                    fold: None,
                 },
             )
         }));
@@ -228,13 +270,11 @@ impl<C: CsiVolumes> Ctx<C> {
             return (Err(e), Change::None);
         };
         match goal {
-            RecoveryGoal::Delete => match self.delete_steps(&mut rec).await {
-                Ok(_) => (Ok(()), Change::Remove(rec.id)),
-                Err(e) => {
-                    let e = self.delete_ended(&mut rec, e).await;
-                    (Err(e), Change::Put(Box::new(rec)))
-                }
-            },
+            RecoveryGoal::Delete => {
+                let id = rec.id.clone();
+                let (result, change) = self.delete(&id, Some(rec), None).await;
+                (result.map(|_| ()), change)
+            }
             RecoveryGoal::Republish => {
                 let result = self.drive(&mut rec, Goal::Published).await;
                 (result, Change::Put(Box::new(rec)))

@@ -692,6 +692,20 @@ impl VolumeRecord {
         }
     }
 
+    /// The record with its deletion started: `deleting` set, a failed deletion's reason
+    /// cleared, and a published volume (`node_publish_required`; records written before
+    /// `needs_cleanup` existed know one only by it) owing the removal of its contents
+    /// instead of a publish.
+    pub fn marked_for_deletion(&self) -> Self {
+        Self {
+            deleting: true,
+            needs_cleanup: self.needs_cleanup || self.node_publish_required,
+            node_publish_required: false,
+            delete_failed: None,
+            ..self.clone()
+        }
+    }
+
     fn with_state(&self, state: VolumeState) -> Self {
         Self {
             state,

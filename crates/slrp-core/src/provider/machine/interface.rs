@@ -17,7 +17,7 @@ use crate::provider::lifecycle::Lifecycle;
 use crate::provider::operations::Operations;
 use crate::provider::resources::ResourceError;
 use crate::provider::state::{ProviderState, StateError};
-use crate::volume::{CreateVolume, ValidateVolume, VolumeError, VolumeInfo};
+use crate::volume::{Committed, CreateVolume, Owed, ValidateVolume, VolumeError, VolumeInfo};
 
 /// How long a total changed by operations waits at least before the observed status
 /// shows it (observers only: the manager hears of changes through operation statuses
@@ -191,6 +191,9 @@ pub enum Effect {
         /// The call.
         call: DiskCall,
     },
+    /// Tell the volume manager that the record changes it owed are durable (they were in
+    /// this turn's commit).
+    VolumeRecorded(Committed),
     /// Remove the data of DESTROY's persistent volumes; answer with
     /// [`Input::PersistentRemoved`].
     RemovePersistent {
@@ -269,11 +272,25 @@ pub enum OpMetric {
 #[derive(Debug, Clone)]
 pub enum DiskCall {
     /// CREATE_DISK from a storage pool.
-    Create(CreateVolume),
+    Create {
+        /// The request.
+        req: CreateVolume,
+        /// Its intent was committed with the operation's PENDING record
+        /// ([`stage_create`](crate::volume::stage_create)): call
+        /// [`create_staged`](crate::volume::VolumeManagerHandle::create_staged).
+        staged: bool,
+    },
     /// CREATE_DISK of a pre-existing volume.
     Validate(ValidateVolume),
     /// DESTROY_DISK.
-    Delete(VolumeId),
+    Delete {
+        /// The volume.
+        id: VolumeId,
+        /// Its deletion intent was committed with the operation's PENDING record
+        /// ([`stage_delete`](crate::volume::stage_delete)): call
+        /// [`delete_staged`](crate::volume::VolumeManagerHandle::delete_staged).
+        staged: bool,
+    },
 }
 
 /// The answer of an [`Effect::Disk`].
@@ -285,6 +302,9 @@ pub struct DiskDone {
     pub identity: u64,
     /// What the call gave.
     pub outcome: DiskOutcome,
+    /// The volume manager's record change of a staged call, for the next commit (the
+    /// one with the operation's terminal record).
+    pub owed: Option<Owed>,
 }
 
 /// What a volume manager call gave.

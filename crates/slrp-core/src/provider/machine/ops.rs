@@ -38,6 +38,18 @@ use crate::provider::operations::{
 };
 use crate::provider::publish::publish_targets;
 use crate::provider::resources::{Conversion, Resources, pool_profile_changes, pool_profiles};
+use crate::volume;
+
+/// Whether an operation is applied for the first time, or replayed after a restart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Attempt {
+    /// Accepted (or released from deferral) in this process: its volume name was never
+    /// asked for, so the volume manager's intent can be staged with the PENDING record.
+    First,
+    /// A recovered PENDING operation: an intent of an earlier attempt may exist, so the
+    /// volume manager writes its own (and reads what was there).
+    Replay,
+}
 
 /// Whether a speculative operation has I/O to do before its conversion (DESTROY removes
 /// the persistent volumes' data): it is then committed PENDING first, so a crash during
@@ -310,12 +322,12 @@ impl Machine {
                 self.effect(Effect::Metric(OpMetric::Pending(kind, 1)));
                 if one_commit {
                     // Its completion commit is the first: nothing to replay before it.
-                    self.apply_operation(uuid, now)?;
+                    self.apply_operation(uuid, now, Attempt::First)?;
                 } else {
                     // A disk operation's call starts only once this is durable.
                     self.stage_ops(&[uuid], &[])?;
                     if immediate {
-                        self.apply_operation(uuid, now)?;
+                        self.apply_operation(uuid, now, Attempt::First)?;
                     } else {
                         self.deferred.push_back(uuid);
                     }
@@ -352,7 +364,12 @@ impl Machine {
 
     /// Applies a tracked PENDING operation (§5.3–§5.5): speculative ones complete now (a
     /// DESTROY once its data is removed), disk operations start their volume manager call.
-    fn apply_operation(&mut self, uuid: uuid::Uuid, now: Instant) -> Result<(), MachineError> {
+    fn apply_operation(
+        &mut self,
+        uuid: uuid::Uuid,
+        now: Instant,
+        attempt: Attempt,
+    ) -> Result<(), MachineError> {
         let Some(op) = self.tracked.get(&uuid) else {
             return Ok(());
         };
@@ -404,7 +421,11 @@ impl Machine {
                     Err(message) => self.complete(uuid, Err(message), now),
                     Ok(plan) => {
                         let call = match &plan.request {
-                            DiskRequest::Create(req) => DiskCall::Create(req.clone()),
+                            DiskRequest::Create(req) => DiskCall::Create {
+                                req: req.clone(),
+                                staged: attempt == Attempt::First
+                                    && self.stage_volume(&uuid, |c| volume::stage_create(c, req)),
+                            },
                             DiskRequest::Import(req) => DiskCall::Validate(req.clone()),
                         };
                         self.running.insert(uuid, Running::Create(Box::new(plan)));
@@ -418,7 +439,9 @@ impl Machine {
                 Ok((id, source)) => {
                     self.running
                         .insert(uuid, Running::Destroy(Box::new(source)));
-                    self.start_disk(uuid, kind, DiskCall::Delete(id));
+                    let staged = attempt == Attempt::First
+                        && self.stage_volume(&uuid, |c| volume::stage_delete(c, &id));
+                    self.start_disk(uuid, kind, DiskCall::Delete { id, staged });
                     Ok(())
                 }
             },
@@ -434,6 +457,29 @@ impl Machine {
                     .and_then(|t| slrp_proto::mesos::v1::offer::operation::Type::try_from(t).ok())
                     .map_or("UNKNOWN", |t| t.as_str_name());
                 self.complete(uuid, Err(format!("Unsupported operation {name}")), now)
+            }
+        }
+    }
+
+    /// Stages a volume manager intent with the operation's PENDING record (one commit
+    /// instead of two in series; see `volume::fold`). False, and nothing staged, if the
+    /// store refuses it: the volume manager then writes the intent itself and reports the
+    /// problem as the call's error.
+    fn stage_volume(
+        &mut self,
+        uuid: &uuid::Uuid,
+        stage: impl FnOnce(&mut slrp_store::Changes) -> Result<(), slrp_store::StoreError>,
+    ) -> bool {
+        let mut changes = slrp_store::Changes::new();
+        match stage(&mut changes) {
+            Ok(()) => {
+                self.awaited = true;
+                self.out.changes.append(changes);
+                true
+            }
+            Err(error) => {
+                tracing::warn!(operation_uuid = %uuid, error = %DisplayChain(&error), "the volume manager's intent cannot be staged; it writes its own");
+                false
             }
         }
     }
@@ -478,7 +524,15 @@ impl Machine {
             uuid,
             identity,
             outcome,
+            owed,
         } = done;
+        if let Some(owed) = owed {
+            // Whatever becomes of the operation: the volume manager's record is the
+            // plugin's truth, and the manager waits for it to be durable.
+            self.awaited = true;
+            self.out.changes.append(owed.changes);
+            self.effect(Effect::VolumeRecorded(owed.committed));
+        }
         let span = self.tracked_span(&uuid);
         let _entered = span.enter();
         if identity != self.identity {
@@ -674,7 +728,7 @@ impl Machine {
                     tracing::warn!(operation_uuid = %uuid, %detail, "the reconciliation took or changed the deferred operation's source");
                     self.drop_pending(uuid, message, now)?;
                 }
-                Some(Resumption::Apply) => self.apply_operation(uuid, now)?,
+                Some(Resumption::Apply) => self.apply_operation(uuid, now, Attempt::First)?,
                 None => {}
             }
         }
@@ -689,7 +743,7 @@ impl Machine {
             let span = self.tracked_span(&uuid);
             let _entered = span.enter();
             tracing::info!(operation_uuid = %uuid, "re-applying a pending operation");
-            self.apply_operation(uuid, now)?;
+            self.apply_operation(uuid, now, Attempt::Replay)?;
         }
         self.after_ops_change();
         Ok(())
