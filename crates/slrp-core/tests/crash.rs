@@ -105,24 +105,29 @@ async fn setup(op: Op, handle: &VolumeManagerHandle) -> Option<VolumeId> {
     Some(v.id)
 }
 
-async fn run(op: Op, m: &Running, id: Option<&VolumeId>) -> Result<(), VolumeError> {
+async fn run(
+    op: Op,
+    m: &Running,
+    store: &slrp_store::Store,
+    id: Option<&VolumeId>,
+) -> Result<(), VolumeError> {
     let handle = &m.handle;
     match op {
         Op::StagedCreate => {
             let req = create_req(NAME);
-            let mut tx = m.store.transaction();
+            let mut tx = store.transaction();
             stage_create(tx.changes(), &req).unwrap();
             tx.commit().await.map_err(caller_died)?;
             let staged = handle.create_staged(req).await?;
-            commit_owed(&m.store, staged.owed).await
+            commit_owed(&store, staged.owed).await
         }
         Op::StagedDelete => {
             let id = id.unwrap();
-            let mut tx = m.store.transaction();
+            let mut tx = store.transaction();
             stage_delete(tx.changes(), id).unwrap();
             tx.commit().await.map_err(caller_died)?;
             let staged = handle.delete_staged(id).await?;
-            commit_owed(&m.store, staged.owed).await
+            commit_owed(&store, staged.owed).await
         }
         Op::Create => handle.create(create_req(NAME)).await.map(|_| ()),
         // Settled is done: the refusal is the operation's end, whatever the point.
@@ -194,12 +199,14 @@ async fn crash_everywhere(op: Op) {
         for k in 0.. {
             let what = format!("{op:?}, crash at {point} #{}", k + 1);
             let h = Harness::new(FakeCsi::full());
-            let m = h.start();
+            let (m, store) = h.start_sharing(h.config());
             within(m.handle.ready()).await.unwrap();
             let id = setup(op, &m.handle).await;
             fail::cfg(point, &format!("{k}*off->1*return->off")).unwrap();
-            let result = within(run(op, &m, id.as_ref())).await;
+            let result = within(run(op, &m, &store, id.as_ref())).await;
             fail::remove(point);
+            // The store's lock goes with the manager.
+            drop(store);
             if result.is_ok() {
                 // The operation needs fewer than k+1 evaluations of this point: done.
                 m.stop().await.unwrap();
@@ -231,7 +238,7 @@ async fn crash_everywhere(op: Op) {
 }
 
 async fn check_after_restart(op: Op, h: &Harness, what: &str, crashed: bool) {
-    let m = h.start();
+    let (m, store) = h.start_sharing(h.config());
     let report = within(m.handle.ready()).await.unwrap();
     let recs = m.handle.volumes().await.unwrap();
     for r in &recs {
@@ -275,9 +282,12 @@ async fn check_after_restart(op: Op, h: &Harness, what: &str, crashed: bool) {
             (Op::Delete, Some(id)) => {
                 m.handle.delete(&id).await.unwrap();
             }
-            (replayed, id) => within(run(replayed, &m, id.as_ref())).await.unwrap(),
+            (replayed, id) => within(run(replayed, &m, &store, id.as_ref()))
+                .await
+                .unwrap(),
         }
     }
+    drop(store);
     check_converged(op, h, &m, what).await;
     let _ = report;
     m.stop().await.unwrap();

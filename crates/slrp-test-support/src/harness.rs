@@ -38,8 +38,6 @@ pub struct Running {
     pub handle: VolumeManagerHandle,
     /// Owns its worker: dropping the `Running` stops it.
     pub guard: VolumeManagerGuard,
-    /// Its store, for a test that plays a caller committing in it (folded commits).
-    pub store: Store,
 }
 
 impl Running {
@@ -125,6 +123,16 @@ impl Harness {
     /// # Panics
     /// If the store cannot be opened or `cfg` is refused.
     pub fn start_with(&self, cfg: VolumeManagerConfig) -> Running {
+        self.start_sharing(cfg).0
+    }
+
+    /// Starts a manager and hands out its store too, for a test that plays a caller
+    /// committing in it (folded commits). Drop the store before the next start: it holds
+    /// the state directory's lock.
+    ///
+    /// # Panics
+    /// If the store cannot be opened or `cfg` is refused.
+    pub fn start_sharing(&self, cfg: VolumeManagerConfig) -> (Running, Store) {
         let store = Store::open(self.state_dir()).unwrap();
         let (handle, guard) = VolumeManager::spawn(
             cfg,
@@ -133,11 +141,7 @@ impl Harness {
             &CancellationToken::new(),
         )
         .unwrap();
-        Running {
-            handle,
-            guard,
-            store,
-        }
+        (Running { handle, guard }, store)
     }
 
     /// The records on disk (the manager must be stopped).
