@@ -119,7 +119,7 @@ async fn run(
             stage_create(tx.changes(), &req).unwrap();
             tx.commit().await.map_err(caller_died)?;
             let staged = handle.create_staged(req).await?;
-            commit_owed(&store, staged.owed).await
+            commit_owed(store, staged.owed).await
         }
         Op::StagedDelete => {
             let id = id.unwrap();
@@ -127,7 +127,7 @@ async fn run(
             stage_delete(tx.changes(), id).unwrap();
             tx.commit().await.map_err(caller_died)?;
             let staged = handle.delete_staged(id).await?;
-            commit_owed(&store, staged.owed).await
+            commit_owed(store, staged.owed).await
         }
         Op::Create => handle.create(create_req(NAME)).await.map(|_| ()),
         // Settled is done: the refusal is the operation's end, whatever the point.

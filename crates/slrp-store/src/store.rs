@@ -778,6 +778,9 @@ impl Transaction {
         if self.changes.is_empty() {
             return Ok(Durable(None));
         }
+        // Keys only (`Changes`'s Debug): which records each commit touches, for counting
+        // the commits of one operation.
+        tracing::trace!(changes = ?self.changes, "transaction submitted");
         let (reply, done) = oneshot::channel();
         let tx = self.store.sender()?.clone();
         tx.send(Request {

@@ -52,9 +52,17 @@
 //! `deleting` (durable), then walks the volume down to CREATED, calls DeleteVolume
 //! (`NOT_FOUND` = done), removes its mount directory and finally the record.
 //!
+//! A caller with durable records of its own (the provider) may write these in its own
+//! commits instead (`fold`): it commits the intent (a [`CreateVolume`], or a
+//! [`DeleteIntent`](super::DeleteIntent) standing for the `deleting` mark) before it asks
+//! with [`VolumeManagerHandle::create_staged`] / [`VolumeManagerHandle::delete_staged`],
+//! and commits the record change the manager hands back with its own next commit; the
+//! manager applies it to memory once told it is durable.
+//!
 //! # Recovery
 //!
-//! At start the worker loads every record and intent, then:
+//! At start the worker loads every record and intent (a deletion intent marks its record
+//! `deleting` and is dropped with the step-3 commit), then:
 //! 1. maps each record to the current boot ([`plan_recovery`](super::plan_recovery)): after a reboot
 //!    (changed boot id) a staged or published volume is walked back to NODE_READY through
 //!    NodeUnpublish/NodeUnstage (idempotent; they clear what the plugin still records
