@@ -39,9 +39,11 @@ use slrp_core::provider::machine::{
     Config, DiskCall, DiskDone, DiskOutcome, Effect, Gathered, Input, JobDone, JobKind, JobTicket,
     Machine, ReconcileError, SendFailure, Timer,
 };
-use slrp_core::provider::operations::{Operations, StatusRetry, load_operations};
+use slrp_core::provider::operations::{
+    OperationRecord, Operations, StatusRetry, operations_of, operations_prefix,
+};
 use slrp_core::provider::resources::{Resources, is_storage_pool};
-use slrp_core::provider::state::ProviderState;
+use slrp_core::provider::state::{ProviderState, resource_prefix};
 use slrp_core::volume::{CreateVolume, DeleteIntent, Owed, VolumeError, VolumeInfo};
 use slrp_csi::{Volume, VolumeCapability, VolumeId};
 use slrp_proto::mesos::v1::offer::operation::{CreateDisk, DestroyDisk, Reserve};
@@ -773,8 +775,16 @@ impl World {
             .delete_prefix::<DeleteIntent>("");
         self.rt.block_on(settled.commit()).unwrap();
         let (state, records) = self.rt.block_on(async {
-            let state = ProviderState::load(&store, AGENT).await.unwrap();
-            let records = load_operations(&store, AGENT).await.unwrap();
+            // What the driver's load does (`slrp_provider::persist`); the model's
+            // records are all of the current layout.
+            let record = store.get(AGENT).await.unwrap();
+            let resources = store.load_prefix(&resource_prefix(AGENT)).await.unwrap();
+            let (state, rewrite) =
+                ProviderState::from_stored(record, resources, AGENT, store.path()).unwrap();
+            assert!(!rewrite);
+            let records: Vec<OperationRecord> =
+                store.load_prefix(&operations_prefix(AGENT)).await.unwrap();
+            let records = operations_of(records, AGENT, store.path()).unwrap();
             (state, records)
         });
         let (tracked, terminated) = Operations::recover(records, StatusRetry::default());

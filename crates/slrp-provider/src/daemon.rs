@@ -53,7 +53,9 @@ use std::sync::{Arc, Mutex};
 use prometheus_client::registry::Registry;
 use slrp_agent::AgentConfig;
 use slrp_core::provider::lifecycle::Lifecycle;
-use slrp_core::provider::operations::{StatusRetry, TrackedOperation, load_operations};
+use slrp_core::provider::operations::{StatusRetry, TrackedOperation};
+
+use crate::persist::load_operations;
 use slrp_core::provider::state::StateError;
 use slrp_core::volume::{MountPaths, VolumeManagerHandle};
 use slrp_profiles::ProviderKey;

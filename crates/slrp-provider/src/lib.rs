@@ -20,6 +20,9 @@
 //!   checkpoints for the same plugin (lifted for what an import took over).
 //! - [`import`]: `slrp import-mesos`, taking a Mesos SLRP's checkpoints over.
 //! - [`metrics`]: per-provider metrics with Mesos's names (spec §9).
+//! - [`persist`]: reading and writing the provider's whole durable state (the machine
+//!   only stages changes and decodes records).
+//! - [`persistent`]: removing a destroyed persistent volume's data (spec §5.3).
 //! - [`publish`]: PUBLISH_RESOURCES: the volumes a publish names, published in parallel
 //!   (spec §5.14).
 //! - [`services`]: `prepareServices` (spec §4.4).
@@ -34,6 +37,8 @@ pub mod config;
 pub mod daemon;
 pub mod import;
 pub mod metrics;
+pub mod persist;
+pub mod persistent;
 pub mod publish;
 pub mod services;
 pub mod stack;

@@ -8,7 +8,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use slrp_core::provider::operations::load_operations;
 use slrp_core::provider::state::ProviderState;
 use slrp_core::volume::{BootId, MountTable, StateName, VolumeRecord, VolumeState};
 use slrp_proto::mesos::csi::state::VolumeState as MesosVolume;
@@ -26,6 +25,7 @@ use slrp_provider::config::ProviderConfig;
 use slrp_provider::import::{
     Committed, ImportError, ImportOptions, MesosImport, Refusal, open_store, plan,
 };
+use slrp_provider::persist::load_operations;
 use slrp_store::Store;
 use slrp_test_support::mesos::{MesosStream, MesosWorkDir};
 use slrp_wire::checkpoint::encode_message;
@@ -570,7 +570,9 @@ async fn identity_total_profiles_and_operations_are_taken_over_as_mesos_recovers
         p.commit(&store).await.unwrap();
         (dir, store)
     };
-    let loaded = ProviderState::load(&store, AGENT).await.unwrap();
+    let loaded = slrp_provider::persist::load_state(&store, AGENT)
+        .await
+        .unwrap();
     assert_eq!(loaded.provider_id.unwrap().value, RP_ID);
     // Upgraded as Mesos reads it: the reservations are back in `reservations`.
     let expected: slrp_core::provider::resources::Resources =
@@ -643,7 +645,9 @@ async fn without_latest_there_is_no_identity_and_the_volumes_are_still_imported(
     m.volume("v", &volume_state(State::Created, ""));
     let (_dir, store) = import(&m, false).await;
     assert_eq!(
-        ProviderState::load(&store, AGENT).await.unwrap(),
+        slrp_provider::persist::load_state(&store, AGENT)
+            .await
+            .unwrap(),
         ProviderState::default()
     );
     assert_eq!(volumes(&store).await.len(), 1);
@@ -654,7 +658,9 @@ async fn latest_without_a_state_file_is_an_empty_total() {
     let m = Mesos::new();
     m.provider(None);
     let (_dir, store) = import(&m, false).await;
-    let loaded = ProviderState::load(&store, AGENT).await.unwrap();
+    let loaded = slrp_provider::persist::load_state(&store, AGENT)
+        .await
+        .unwrap();
     assert_eq!(loaded.provider_id.unwrap().value, RP_ID);
     assert!(loaded.total.is_empty());
 }

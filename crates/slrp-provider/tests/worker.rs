@@ -377,7 +377,9 @@ async fn recovery_refuses_a_pool_without_its_profile() {
         total: Resources::from(ctx.raw_disk(1 << 30, Some("gone"), None, None)),
         profiles: Default::default(),
     };
-    state.save(&env.store, AGENT_S0).await.unwrap();
+    slrp_provider::persist::save_state(&state, &env.store, AGENT_S0)
+        .await
+        .unwrap();
     let error = Provider::spawn(
         env.params(None, AGENT_S0),
         env.deps(),
@@ -417,7 +419,9 @@ async fn a_new_agent_id_is_a_new_identity() {
     provider.stop().await;
 
     // What a CREATE_DISK of issue #11 would have left: vol-1 as a MOUNT disk of "fast".
-    let mut state = ProviderState::load(&env.store, AGENT_S0).await.unwrap();
+    let mut state = slrp_provider::persist::load_state(&env.store, AGENT_S0)
+        .await
+        .unwrap();
     let mut disk = state.total.as_slice()[0].clone();
     {
         let source = disk.disk.as_mut().unwrap().source.as_mut().unwrap();
@@ -426,7 +430,9 @@ async fn a_new_agent_id_is_a_new_identity() {
     }
     state.total = Resources::from(disk);
     state.profiles.insert("fast".into(), mount_profile());
-    state.save(&env.store, AGENT_S0).await.unwrap();
+    slrp_provider::persist::save_state(&state, &env.store, AGENT_S0)
+        .await
+        .unwrap();
 
     env.restart_manager(4 * 1024 * 1024).await;
     let provider = env.spawn(env.params(None, AGENT_S1)).await;
@@ -441,7 +447,9 @@ async fn a_new_agent_id_is_a_new_identity() {
     ready(&provider.handle).await;
     provider.stop().await;
 
-    let old = ProviderState::load(&env.store, AGENT_S0).await.unwrap();
+    let old = slrp_provider::persist::load_state(&env.store, AGENT_S0)
+        .await
+        .unwrap();
     assert_eq!(old.provider_id.unwrap().value, old_id);
     assert_eq!(
         source_of(&old.total.as_slice()[0]).r#type,
@@ -564,7 +572,9 @@ async fn an_agent_id_change_while_running_switches_identity() {
     provider.stop().await;
 
     for (agent_id, id) in [(AGENT_S0, &old_id), (AGENT_S1, &new_id)] {
-        let state = ProviderState::load(&env.store, agent_id).await.unwrap();
+        let state = slrp_provider::persist::load_state(&env.store, agent_id)
+            .await
+            .unwrap();
         assert_eq!(&state.provider_id.unwrap().value, id, "{agent_id}");
     }
 }

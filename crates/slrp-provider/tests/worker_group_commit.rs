@@ -9,11 +9,11 @@
 
 mod worker_env;
 
-use slrp_core::provider::operations::load_operations;
 use slrp_manager::{ApplyRequest, ManagerMessage};
 use slrp_proto::mesos::v1::resource::ReservationInfo;
 use slrp_proto::mesos::v1::resource::reservation_info::Type as ReservationType;
 use slrp_proto::mesos::v1::{OperationState, Resource, offer, value};
+use slrp_provider::persist::load_operations;
 use slrp_store::failpoints::BATCH_START;
 use slrp_test_support::fake_csi::FakeCsi;
 use slrp_test_support::harness::until;

@@ -9,13 +9,14 @@ mod worker_env;
 
 use std::time::Duration;
 
-use slrp_core::provider::operations::{StatusRetry, load_operations};
+use slrp_core::provider::operations::StatusRetry;
 use slrp_core::provider::resources::Resources;
 use slrp_csi::CsiRpc;
 use slrp_manager::{ApplyRequest, ManagerMessage};
 use slrp_proto::mesos::v1::resource::disk_info::source::Type as SourceType;
 use slrp_proto::mesos::v1::resource_provider::{Event, call, event};
 use slrp_proto::mesos::v1::{OperationState, Resource, Uuid, offer};
+use slrp_provider::persist::load_operations;
 use slrp_provider::worker::{ProviderParams, ProviderStatus};
 use slrp_test_support::fake_csi::FakeCsi;
 use slrp_test_support::harness::until;

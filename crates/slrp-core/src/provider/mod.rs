@@ -29,15 +29,14 @@
 //!   root), raw disk resources (§6.1), storage pools (§6.2), existing volumes (§6.3),
 //!   `computeConversion` (§6.4), reconciliation (§6.5) and the profile-set arithmetic of
 //!   §7.3.
-//! - [`persistent`]: removing a destroyed persistent volume's data (§5.3).
 //!
 //! # Invariants
 //!
-//! - Decisions do no I/O and are not async: [`machine`] and what it calls stage records
-//!   into [`slrp_store::Changes`] and return effects. The I/O of the provider is at three
-//!   named edges the driver calls: reading and writing a whole state
-//!   ([`state::ProviderState::load`] and `save`, [`operations::load_operations`]) and
-//!   [`persistent::remove_persistent_data`].
+//! - Nothing here does I/O or is async: [`machine`] and what it calls stage records into
+//!   [`slrp_store::Changes`] and return effects, and the records a driver read are decoded
+//!   here ([`state::ProviderState::from_stored`], [`operations::operations_of`]). Reading
+//!   and writing the store, and removing a destroyed persistent volume's data, is the
+//!   driver's (`slrp_provider::persist`, `slrp_provider::persistent`).
 //! - Nothing here fails silently: a conversion that cannot be applied is an error, and
 //!   every warning Mesos logs is returned to the caller as data or logged with its cause.
 //! - A reconciliation never removes resources that pending operations consume.
@@ -49,7 +48,6 @@ pub mod ledger;
 pub mod lifecycle;
 pub mod machine;
 pub mod operations;
-pub mod persistent;
 pub mod publish;
 pub mod resources;
 pub mod state;

@@ -23,8 +23,8 @@
 //! Mesos messages are stored as Mesos JSON (`slrp_wire::json`), so `slrp inspect` and
 //! `sqlite3` show them readably; the records' shapes are versioned by the store
 //! ([`Record::SCHEMA_VERSION`], stored with every record). The provider record of schema
-//! version 1 held the whole total inside; it still loads, and [`ProviderState::load`]
-//! rewrites it in the current layout.
+//! version 1 held the whole total inside; it still loads, and
+//! [`ProviderState::from_stored`] asks for it to be rewritten in the current layout.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -32,7 +32,7 @@ use std::path::{Path, PathBuf};
 use prost::Message;
 use serde::{Deserialize, Serialize};
 use slrp_proto::mesos::v1::{Labels, Resource, ResourceProviderId};
-use slrp_store::{Changes, Kind, Record, Store, StoreError};
+use slrp_store::{Changes, Kind, Record, StoreError};
 use slrp_types::ProfileInfo;
 use slrp_wire::JsonError;
 
@@ -262,54 +262,39 @@ impl ProviderState {
         })
     }
 
-    /// Loads the state of agent `agent_id` from `store`: the empty state (a brand-new
-    /// identity, subscribe without id) when there is no record under that agent id. A
-    /// version-1 provider record (the total inside) is rewritten in the current layout
-    /// in one transaction (unless the store is read-only), so that later changes staged
-    /// with `touched` find every resource record.
+    /// The state of agent `agent_id` from what a driver read: its provider record, if
+    /// any, and its resource records (only those of a current-layout record are looked
+    /// at; the driver may skip reading them for a version-1 record, whose total is
+    /// inside). The empty state (a brand-new identity, subscribe without id) without a
+    /// record. The flag says the record is of version 1 and must be rewritten in the
+    /// current layout (one transaction, [`Self::stage`] without `touched`), so that later
+    /// changes staged with `touched` find every resource record.
     ///
     /// # Errors
-    /// [`StateError::Store`] if the store cannot be read (or the rewrite fails); the
-    /// errors of [`Self::from_records`].
-    pub async fn load(store: &Store, agent_id: &str) -> Result<Self, StateError> {
-        let error = |source| StateError::Store {
-            store: store.path().to_owned(),
-            source,
-        };
-        let Some(record) = store.get::<ProviderRecord>(agent_id).await.map_err(error)? else {
-            return Ok(Self::default());
+    /// The errors of [`Self::from_record`] and [`Self::from_records`].
+    pub fn from_stored(
+        record: Option<ProviderRecord>,
+        resources: Vec<ProviderResourceRecord>,
+        agent_id: &str,
+        store: &Path,
+    ) -> Result<(Self, bool), StateError> {
+        let Some(record) = record else {
+            return Ok((Self::default(), false));
         };
         if !record.resources.is_empty() {
-            let state = Self::from_record(record, store.path())?;
-            if !store.is_read_only() {
-                state.save(store, agent_id).await?;
-            }
-            return Ok(state);
+            return Ok((Self::from_record(record, store)?, true));
         }
-        let resources = store
-            .load_prefix::<ProviderResourceRecord>(&resource_prefix(agent_id))
-            .await
-            .map_err(error)?
+        let resources = resources
             .into_iter()
             .filter(|r| r.agent_id == agent_id)
             .collect();
-        Self::from_records(record, resources, store.path())
+        Ok((Self::from_records(record, resources, store)?, false))
     }
+}
 
-    /// Replaces every record of agent `agent_id` in one durable transaction
-    /// ([`Self::stage`] without `touched`).
-    ///
-    /// # Errors
-    /// [`StateError::Encode`], or [`StateError::Store`] if the commit failed (the store is
-    /// then poisoned: fatal, conventions §4.4 rule 5).
-    pub async fn save(&self, store: &Store, agent_id: &str) -> Result<(), StateError> {
-        let mut txn = store.transaction();
-        self.stage(txn.changes(), agent_id, None)?;
-        txn.commit().await.map_err(|source| StateError::Store {
-            store: store.path().to_owned(),
-            source,
-        })
-    }
+/// The key prefix of agent `agent_id`'s resource records.
+pub fn resource_prefix(agent_id: &str) -> String {
+    format!("{agent_id}/")
 }
 
 fn put<R: Record>(txn: &mut Changes, record: &R) -> Result<(), StateError> {
@@ -398,10 +383,6 @@ fn same_identity(entry: &Resource, identity: &Resource) -> bool {
         && entry.r#type == identity.r#type
         && entry.provider_id == identity.provider_id
         && self::identity(entry) == *identity
-}
-
-fn resource_prefix(agent_id: &str) -> String {
-    format!("{agent_id}/")
 }
 
 fn resource_key(agent_id: &str, digest: &str) -> String {
@@ -590,12 +571,68 @@ impl StateError {
 /// Opens a store in `dir` for the tests of this module and of `operations`.
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
-pub(crate) async fn open_store(dir: &Path) -> Store {
+pub(crate) async fn open_store(dir: &Path) -> slrp_store::Store {
     let path = dir.to_owned();
-    tokio::task::spawn_blocking(move || Store::open(path))
+    tokio::task::spawn_blocking(move || slrp_store::Store::open(path))
         .await
         .unwrap()
         .unwrap()
+}
+
+/// What the driver's load does (`slrp_provider::persist`), for the tests of the pure
+/// decoding here: reads, decodes, rewrites a version-1 record.
+#[cfg(test)]
+pub(crate) mod test_io {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::provider::operations::{
+        OperationRecord, TrackedOperation, operations_of, operations_prefix,
+    };
+    use slrp_store::Store;
+
+    fn store_error(store: &Store) -> impl Fn(StoreError) -> StateError + '_ {
+        |source| StateError::Store {
+            store: store.path().to_owned(),
+            source,
+        }
+    }
+
+    pub(crate) async fn load(store: &Store, agent_id: &str) -> Result<ProviderState, StateError> {
+        let record: Option<ProviderRecord> =
+            store.get(agent_id).await.map_err(store_error(store))?;
+        let resources = store
+            .load_prefix::<ProviderResourceRecord>(&resource_prefix(agent_id))
+            .await
+            .map_err(store_error(store))?;
+        let (state, rewrite) =
+            ProviderState::from_stored(record, resources, agent_id, store.path())?;
+        if rewrite && !store.is_read_only() {
+            save(&state, store, agent_id).await?;
+        }
+        Ok(state)
+    }
+
+    pub(crate) async fn save(
+        state: &ProviderState,
+        store: &Store,
+        agent_id: &str,
+    ) -> Result<(), StateError> {
+        let mut txn = store.transaction();
+        state.stage(txn.changes(), agent_id, None)?;
+        txn.commit().await.map_err(store_error(store))
+    }
+
+    pub(crate) async fn load_operations(
+        store: &Store,
+        agent_id: &str,
+    ) -> Result<Vec<TrackedOperation>, StateError> {
+        let records = store
+            .load_prefix::<OperationRecord>(&operations_prefix(agent_id))
+            .await
+            .map_err(store_error(store))?;
+        operations_of(records, agent_id, store.path())
+    }
 }
 
 #[cfg(test)]
@@ -610,6 +647,7 @@ mod tests {
     use slrp_proto::mesos::v1::volume::source::csi_volume::volume_capability::{
         AccessMode, AccessType, BlockVolume, access_mode,
     };
+    use slrp_store::Store;
 
     const MB: u64 = 1 << 20;
 
@@ -814,7 +852,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = open_store(dir.path()).await;
         let mut state = state(100);
-        state.save(&store, "agent-S0").await.unwrap();
+        test_io::save(&state, &store, "agent-S0").await.unwrap();
         assert_eq!(count_resource_records(&store, "agent-S0"), 101);
 
         // CREATE_DISK from the pool: the pool shrinks, a disk appears.
@@ -839,10 +877,7 @@ mod tests {
         assert_eq!(txn.len(), 3);
         txn.commit().await.unwrap();
         assert_eq!(count_resource_records(&store, "agent-S0"), 102);
-        assert_eq!(
-            ProviderState::load(&store, "agent-S0").await.unwrap(),
-            state
-        );
+        assert_eq!(test_io::load(&store, "agent-S0").await.unwrap(), state);
 
         // DESTROY of an existing volume that leaves nothing: its record is deleted.
         let gone = Conversion {
@@ -857,10 +892,7 @@ mod tests {
         assert_eq!(txn.len(), 2);
         txn.commit().await.unwrap();
         assert_eq!(count_resource_records(&store, "agent-S0"), 101);
-        assert_eq!(
-            ProviderState::load(&store, "agent-S0").await.unwrap(),
-            state
-        );
+        assert_eq!(test_io::load(&store, "agent-S0").await.unwrap(), state);
     }
 
     #[tokio::test]
@@ -869,7 +901,7 @@ mod tests {
         let store = open_store(dir.path()).await;
         let c = ctx();
         let mut state = state(3);
-        state.save(&store, "agent-S0").await.unwrap();
+        test_io::save(&state, &store, "agent-S0").await.unwrap();
         let mut disks = Vec::new();
         for step in 0..40u64 {
             let conversion = if step % 3 == 2 && !disks.is_empty() {
@@ -902,7 +934,7 @@ mod tests {
                 .unwrap();
             txn.commit().await.unwrap();
             assert_eq!(
-                ProviderState::load(&store, "agent-S0").await.unwrap(),
+                test_io::load(&store, "agent-S0").await.unwrap(),
                 state,
                 "after step {step}"
             );
@@ -918,11 +950,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = open_store(dir.path()).await;
         let state = state(2);
-        state.save(&store, "agent-1").await.unwrap();
-        assert_eq!(ProviderState::load(&store, "agent-1").await.unwrap(), state);
+        test_io::save(&state, &store, "agent-1").await.unwrap();
+        assert_eq!(test_io::load(&store, "agent-1").await.unwrap(), state);
         // Another agent id is another identity: nothing recorded under it.
         assert_eq!(
-            ProviderState::load(&store, "agent-2").await.unwrap(),
+            test_io::load(&store, "agent-2").await.unwrap(),
             ProviderState::default()
         );
         // A full save replaces every resource record.
@@ -930,12 +962,9 @@ mod tests {
             total: Resources::from(state.total.iter().next().unwrap().clone()),
             ..state
         };
-        smaller.save(&store, "agent-1").await.unwrap();
+        test_io::save(&smaller, &store, "agent-1").await.unwrap();
         assert_eq!(count_resource_records(&store, "agent-1"), 1);
-        assert_eq!(
-            ProviderState::load(&store, "agent-1").await.unwrap(),
-            smaller
-        );
+        assert_eq!(test_io::load(&store, "agent-1").await.unwrap(), smaller);
     }
 
     /// What a Mesos agent keeps on an operation's resources and the provider strips from
@@ -1075,7 +1104,7 @@ mod tests {
         txn.put(&V1(v1)).unwrap();
         txn.commit().await.unwrap();
 
-        let loaded = ProviderState::load(&store, "agent-S0").await.unwrap();
+        let loaded = test_io::load(&store, "agent-S0").await.unwrap();
         assert_eq!(loaded.provider_id.as_ref().unwrap().value, "rp-1");
         assert_eq!(loaded.total.len(), 2);
         assert_eq!(loaded.profiles, profiles());
@@ -1086,9 +1115,6 @@ mod tests {
             .unwrap();
         assert!(raw.resources.is_empty());
         assert_eq!(count_resource_records(&store, "agent-S0"), 2);
-        assert_eq!(
-            ProviderState::load(&store, "agent-S0").await.unwrap(),
-            loaded
-        );
+        assert_eq!(test_io::load(&store, "agent-S0").await.unwrap(), loaded);
     }
 }

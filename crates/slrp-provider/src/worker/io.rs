@@ -6,8 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use futures_util::future::join_all;
 use slrp_core::provider::apply::{OperationKind, PersistentVolume};
 use slrp_core::provider::machine::{Gathered, ReconcileError};
-use slrp_core::provider::operations::{Operations, load_operations, stage_operation_removal};
-use slrp_core::provider::persistent::remove_persistent_data;
+use slrp_core::provider::operations::{Operations, stage_operation_removal};
 use slrp_core::provider::resources::ProfileChange;
 use slrp_core::provider::state::{ProviderState, StateError};
 use slrp_core::volume::{MountPaths, VolumeError, VolumeManagerHandle};
@@ -17,6 +16,8 @@ use slrp_types::{DisplayChain, VolumeCapability};
 
 use super::{ProviderDeps, ProviderError, ProviderParams};
 use crate::metrics::ProviderMetrics;
+use crate::persist::{load_operations, load_state};
+use crate::persistent::remove_persistent_data;
 
 /// The durable state of identity `agent_id` (spec §3.3 step 4, §8.4): the provider record
 /// and its tracked operations; failing either is Mesos's "Failed to recover resource
@@ -27,7 +28,7 @@ pub(super) async fn recover_identity(
     agent_id: &str,
 ) -> Result<(ProviderState, Operations), ProviderError> {
     let recovered = async {
-        let state = ProviderState::load(&deps.store, agent_id).await?;
+        let state = load_state(&deps.store, agent_id).await?;
         let tracked = recover_operations(deps, params, agent_id).await?;
         Ok((state, tracked))
     };

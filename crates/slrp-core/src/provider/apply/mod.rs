@@ -353,7 +353,7 @@ fn volumes_of(info: &offer::Operation, create: bool) -> Result<&[Resource], Stri
 }
 
 /// DESTROY: the persistent volumes whose data must be removed before the conversion is
-/// applied (§5.3; see [`crate::provider::persistent::remove_persistent_data`]).
+/// applied (§5.3; see `slrp_provider::persistent::remove_persistent_data`).
 ///
 /// # Errors
 /// The FAILED message for a volume that is not a persistent MOUNT volume backed by a CSI

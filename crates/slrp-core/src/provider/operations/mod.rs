@@ -29,7 +29,7 @@ use slrp_proto::mesos::v1::{
     AgentId, FrameworkId, Operation, OperationState, OperationStatus, ResourceProviderId, Uuid,
     offer,
 };
-use slrp_store::{Changes, Kind, Record, Store};
+use slrp_store::{Changes, Kind, Record};
 use slrp_types::{Jitter, JitterRng};
 use tokio::time::Instant;
 
@@ -774,28 +774,28 @@ fn operation_key(agent_id: &str, uuid: &impl std::fmt::Display) -> String {
     format!("{agent_id}/{uuid}")
 }
 
-/// Every operation record of `agent_id` (a record that does not decode is an error
-/// naming its key; recovery then fails as Mesos's strict recovery does).
+/// The key prefix of agent `agent_id`'s operation records.
+pub fn operations_prefix(agent_id: &str) -> String {
+    format!("{agent_id}/")
+}
+
+/// The operations of `agent_id` from the operation records a driver read under
+/// [`operations_prefix`] (a record that does not decode is an error naming its key;
+/// recovery then fails as Mesos's strict recovery does). `store` names where they came
+/// from in errors.
 ///
 /// # Errors
-/// [`StateError::Store`] if the store cannot be read (a record failing its checksum
-/// included); the errors of [`TrackedOperation::from_record`].
-pub async fn load_operations(
-    store: &Store,
+/// The errors of [`TrackedOperation::from_record`].
+pub fn operations_of(
+    records: Vec<OperationRecord>,
     agent_id: &str,
+    store: &Path,
 ) -> Result<Vec<TrackedOperation>, StateError> {
-    let records = store
-        .load_prefix::<OperationRecord>(&format!("{agent_id}/"))
-        .await
-        .map_err(|source| StateError::Store {
-            store: store.path().to_owned(),
-            source,
-        })?;
     records
         .into_iter()
         // An agent id with a '/' of its own would share the prefix.
         .filter(|r| r.agent_id == agent_id)
-        .map(|r| TrackedOperation::from_record(r, store.path()))
+        .map(|r| TrackedOperation::from_record(r, store))
         .collect()
 }
 

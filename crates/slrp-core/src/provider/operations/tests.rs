@@ -565,7 +565,9 @@ async fn stage_load_and_remove_by_agent_id() {
     stage_operation(txn.changes(), "agent-1", &b).unwrap();
     stage_operation(txn.changes(), "agent-2", &other).unwrap();
     txn.commit().await.unwrap();
-    let mut loaded = load_operations(&store, "agent-1").await.unwrap();
+    let mut loaded = crate::provider::state::test_io::load_operations(&store, "agent-1")
+        .await
+        .unwrap();
     loaded.sort_by_key(|op| op.uuid);
     let mut expected = vec![a.clone(), b.clone()];
     expected.sort_by_key(|op| op.uuid);
@@ -574,9 +576,16 @@ async fn stage_load_and_remove_by_agent_id() {
     let mut txn = store.transaction();
     stage_operation_removal(txn.changes(), "agent-1", &a.uuid).unwrap();
     txn.commit().await.unwrap();
-    assert_eq!(load_operations(&store, "agent-1").await.unwrap(), vec![b]);
     assert_eq!(
-        load_operations(&store, "agent-2").await.unwrap(),
+        crate::provider::state::test_io::load_operations(&store, "agent-1")
+            .await
+            .unwrap(),
+        vec![b]
+    );
+    assert_eq!(
+        crate::provider::state::test_io::load_operations(&store, "agent-2")
+            .await
+            .unwrap(),
         vec![other]
     );
 }
@@ -591,6 +600,8 @@ async fn loading_a_broken_record_fails_naming_its_key() {
     let mut txn = store.transaction();
     txn.put(&record).unwrap();
     txn.commit().await.unwrap();
-    let error = load_operations(&store, "agent-1").await.unwrap_err();
+    let error = crate::provider::state::test_io::load_operations(&store, "agent-1")
+        .await
+        .unwrap_err();
     assert!(error.to_string().contains(&record.key()), "{error}");
 }

@@ -19,8 +19,8 @@ use std::path::Path;
 
 use slrp_csi::VolumeId;
 
-use crate::volume::MountPaths;
-use crate::volume::host::{MountTable, ProcMountTable};
+use slrp_core::volume::MountPaths;
+use slrp_core::volume::host::{MountTable, ProcMountTable};
 
 /// Linux `EBUSY`: what `rmdir` of a mount point fails with, reported for a mount found
 /// below the target before deleting anything.
