@@ -436,7 +436,7 @@ impl Model {
         {
             // A DESTROY_DISK or import of something another PENDING operation holds (the
             // model's frameworks may pick those): FAILED before any call.
-            return self.end(uuid, Err(message));
+            return self.end(uuid, Err(message.to_string()));
         }
         if kind.is_speculative() {
             let conversions = apply::speculative_conversions(&info).unwrap();
@@ -488,7 +488,7 @@ impl Model {
                     volume_context: BTreeMap::new(),
                 };
                 let conversions = apply::create_disk_outcome(&self.ctx, &plan, Ok(volume));
-                self.end(uuid, conversions);
+                self.end(uuid, conversions.map_err(|e| e.to_string()));
             }
             apply::OperationKind::DestroyDisk => {
                 if !ok {

@@ -29,6 +29,7 @@ use std::time::Duration;
 use futures_util::future::{BoxFuture, FutureExt as _};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use slrp_agent::{AgentClient, AgentConfig, AgentError, AgentHandle, SessionEvent};
+use slrp_core::provider::apply::OperationError;
 use slrp_core::provider::lifecycle::{DEFAULT_PENDING_EVENTS, Lifecycle};
 use slrp_core::provider::machine::{
     self, Config, DiskCall, DiskDone, DiskOutcome, Effect, Input, JobDone, JobKind, Machine,
@@ -743,7 +744,9 @@ impl Worker {
                     operation_span(&uuid, slrp_core::provider::apply::OperationKind::Destroy);
                 self.tasks.push(Box::pin(
                     async move {
-                        let result = io::remove_persistent(paths, targets).await;
+                        let result = io::remove_persistent(paths, targets)
+                            .await
+                            .map_err(|message| OperationError::PersistentRemoval { message });
                         Input::PersistentRemoved {
                             uuid,
                             identity,

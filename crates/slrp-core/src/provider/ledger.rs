@@ -13,7 +13,7 @@
 use slrp_proto::mesos::v1::Resource;
 use slrp_proto::mesos::v1::offer;
 
-use super::apply::{self, Admission, OperationKind, RECONCILING_MESSAGE};
+use super::apply::{self, Admission, OperationError, OperationKind, RECONCILING_MESSAGE};
 use super::operations::Operations;
 use super::resources::{Resources, is_storage_pool};
 
@@ -76,13 +76,16 @@ pub fn check_available(
     ops: &Operations,
     uuid: &uuid::Uuid,
     consumed: &Resources,
-) -> Result<(), String> {
+) -> Result<(), OperationError> {
     let held = held_by_others(ops, uuid);
     if total.contains(&(held.clone() + consumed)) {
         return Ok(());
     }
     let available = total.clone() - &held;
-    Err(format!("{available} does not contain {consumed}"))
+    Err(OperationError::NotContained {
+        available: available.to_string(),
+        consumed: consumed.to_string(),
+    })
 }
 
 /// [`Admission::Defer`] for the arriving operation `uuid` (`info`) if the total less what
@@ -130,7 +133,7 @@ pub fn judge_deferred(
             Ok(()) => Resumption::Apply,
             Err(detail) => Resumption::Drop {
                 message: RECONCILING_MESSAGE,
-                detail,
+                detail: detail.to_string(),
             },
         },
     )

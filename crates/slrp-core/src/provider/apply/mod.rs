@@ -24,6 +24,9 @@ use super::resources::{
 };
 use crate::volume::{CreateVolume, ValidateVolume, VolumeError, VolumeInfo};
 
+mod error;
+pub use error::OperationError;
+
 /// The operation types the provider tells apart, for metrics and for how it applies them.
 ///
 /// GROW_VOLUME, SHRINK_VOLUME, LAUNCH, LAUNCH_GROUP and UNKNOWN (or an absent or
@@ -231,7 +234,7 @@ pub fn admit(input: &AdmissionInput<'_>) -> Admission {
     }
     let kind = OperationKind::of(input.info);
     if kind == OperationKind::Unsupported {
-        return Admission::Drop(unsupported_message(input.info));
+        return Admission::Drop(unsupported(input.info).to_string());
     }
     let current = input.current_version;
     let matches = input.received_version == Some(*current);
@@ -255,35 +258,31 @@ pub fn admit(input: &AdmissionInput<'_>) -> Admission {
 
 /// Why an operation of an unsupported kind is refused. GROW_VOLUME and SHRINK_VOLUME get
 /// the master's texts (`src/master/validation.cpp`).
-fn unsupported_message(info: &offer::Operation) -> String {
+fn unsupported(info: &offer::Operation) -> OperationError {
     match (info.r#type, operation_type(info)) {
-        (_, Some(OperationType::GrowVolume)) => {
-            "Growing a volume from a resource provider is not supported".to_owned()
+        (_, Some(OperationType::GrowVolume)) => OperationError::GrowVolume,
+        (_, Some(OperationType::ShrinkVolume)) => OperationError::ShrinkVolume,
+        (_, Some(t @ (OperationType::Launch | OperationType::LaunchGroup))) => {
+            OperationError::NotForProviders {
+                name: t.as_str_name(),
+            }
         }
-        (_, Some(OperationType::ShrinkVolume)) => {
-            "Shrinking a volume from a resource provider is not supported".to_owned()
-        }
-        (_, Some(t @ (OperationType::Launch | OperationType::LaunchGroup))) => format!(
-            "Operation {} is not applied by a resource provider",
-            t.as_str_name()
-        ),
-        (None, _) => "Operation has no type".to_owned(),
-        (Some(number), _) => format!("Operation type {number} is not supported"),
+        (None, _) => OperationError::NoType,
+        (Some(number), _) => OperationError::UnknownType { number },
     }
 }
 
-fn missing_field(kind: &str, field: &str) -> String {
-    format!("{kind} operation without '{field}'")
+fn missing_field(kind: &'static str, field: &'static str) -> OperationError {
+    OperationError::MissingField { kind, field }
 }
 
 /// Mesos `popReservation` on one resource.
-fn pop_reservation(resource: &Resource) -> Result<Resource, String> {
+fn pop_reservation(resource: &Resource) -> Result<Resource, OperationError> {
     let mut popped = resource.clone();
     if popped.reservations.pop().is_none() {
-        return Err(format!(
-            "Cannot pop a reservation from unreserved resource '{}'",
-            DisplayResource(resource)
-        ));
+        return Err(OperationError::Unreserved {
+            resource: DisplayResource(resource).to_string(),
+        });
     }
     Ok(popped)
 }
@@ -313,24 +312,29 @@ pub struct PersistentVolume {
     pub persistence_id: String,
 }
 
-fn persistent_volume(volume: &Resource, verb: &str) -> Result<PersistentVolume, String> {
+fn persistent_volume(
+    volume: &Resource,
+    verb: &'static str,
+) -> Result<PersistentVolume, OperationError> {
     let Some(persistence) = volume.disk.as_ref().and_then(|d| d.persistence.as_ref()) else {
-        return Err(format!(
-            "Cannot {verb} resource '{}': it is not a persistent volume",
-            DisplayResource(volume)
-        ));
+        return Err(OperationError::NotPersistent {
+            verb,
+            resource: DisplayResource(volume).to_string(),
+        });
     };
     let pid = &persistence.id;
     if disk_source(volume).map(|s| s.r#type) != Some(SourceType::Mount as i32) {
-        return Err(format!(
-            "Cannot {verb} persistent volume '{pid}' on a {} disk",
-            source_type_name(volume)
-        ));
+        return Err(OperationError::NotOnMountDisk {
+            verb,
+            id: pid.clone(),
+            disk: source_type_name(volume),
+        });
     }
     let Some(id) = disk_source(volume).and_then(|s| s.id.as_deref()) else {
-        return Err(format!(
-            "Cannot {verb} persistent volume '{pid}': its disk is not backed by a CSI volume"
-        ));
+        return Err(OperationError::PersistentNotBacked {
+            verb,
+            id: pid.clone(),
+        });
     };
     Ok(PersistentVolume {
         volume_id: VolumeId::new(id),
@@ -338,7 +342,7 @@ fn persistent_volume(volume: &Resource, verb: &str) -> Result<PersistentVolume, 
     })
 }
 
-fn volumes_of(info: &offer::Operation, create: bool) -> Result<&[Resource], String> {
+fn volumes_of(info: &offer::Operation, create: bool) -> Result<&[Resource], OperationError> {
     if create {
         info.create
             .as_ref()
@@ -358,9 +362,9 @@ fn volumes_of(info: &offer::Operation, create: bool) -> Result<&[Resource], Stri
 /// # Errors
 /// The FAILED message for a volume that is not a persistent MOUNT volume backed by a CSI
 /// volume, or an operation that is not a DESTROY.
-pub fn destroy_targets(info: &offer::Operation) -> Result<Vec<PersistentVolume>, String> {
+pub fn destroy_targets(info: &offer::Operation) -> Result<Vec<PersistentVolume>, OperationError> {
     if OperationKind::of(info) != OperationKind::Destroy {
-        return Err("Not a DESTROY operation".to_owned());
+        return Err(OperationError::NotDestroy);
     }
     volumes_of(info, false)?
         .iter()
@@ -382,7 +386,7 @@ pub fn destroy_targets(info: &offer::Operation) -> Result<Vec<PersistentVolume>,
 /// # Errors
 /// The FAILED message. Where Mesos asserts (no persistence, no volume id, nothing to pop)
 /// this is a message too; CREATE_DISK, DESTROY_DISK and unsupported kinds are refused.
-pub fn speculative_conversions(info: &offer::Operation) -> Result<Vec<Conversion>, String> {
+pub fn speculative_conversions(info: &offer::Operation) -> Result<Vec<Conversion>, OperationError> {
     let kind = OperationKind::of(info);
     match kind {
         OperationKind::Reserve => {
@@ -395,7 +399,7 @@ pub fn speculative_conversions(info: &offer::Operation) -> Result<Vec<Conversion
                 reserved
                     .iter()
                     .map(pop_reservation)
-                    .collect::<Result<Resources, String>>()?
+                    .collect::<Result<Resources, OperationError>>()?
             } else {
                 reserve.source.iter().collect()
             };
@@ -445,11 +449,12 @@ pub fn speculative_conversions(info: &offer::Operation) -> Result<Vec<Conversion
                 })
                 .collect()
         }
-        OperationKind::CreateDisk | OperationKind::DestroyDisk => Err(format!(
-            "{} is not a speculative operation",
-            operation_type(info).map_or("?", |t| t.as_str_name())
-        )),
-        OperationKind::Unsupported => Err(unsupported_message(info)),
+        OperationKind::CreateDisk | OperationKind::DestroyDisk => {
+            Err(OperationError::NotSpeculative {
+                kind: operation_type(info).map_or("?", |t| t.as_str_name()),
+            })
+        }
+        OperationKind::Unsupported => Err(unsupported(info)),
     }
 }
 
@@ -476,7 +481,7 @@ pub fn apply_conversions(
     total: &Resources,
     info: &offer::Operation,
     conversions: &[Conversion],
-) -> Result<Resources, String> {
+) -> Result<Resources, OperationError> {
     let mut result = total.clone();
     apply_conversions_in_place(&mut result, info, conversions)?;
     Ok(result)
@@ -491,7 +496,7 @@ pub fn apply_conversions_in_place(
     total: &mut Resources,
     info: &offer::Operation,
     conversions: &[Conversion],
-) -> Result<(), String> {
+) -> Result<(), OperationError> {
     let stripped: Vec<Conversion> = conversions
         .iter()
         .map(|c| Conversion {
@@ -511,21 +516,24 @@ pub fn apply_conversions_in_place(
         for volume in &destroy.volumes {
             let volume = unallocated(&Resources::from(volume.clone()));
             if total.contains(&(consumed.clone() + &volume)) {
-                return Err(format!(
-                    "Persistent volume {volume} cannot be removed due to additional shared copies"
-                ));
+                return Err(OperationError::SharedCopies {
+                    volume: volume.to_string(),
+                });
             }
         }
     }
     total
         .apply_all_in_place(&stripped)
         .map_err(|error| match error {
-            ResourceError::NotContained { total, consumed } => {
-                format!("{total} does not contain {consumed}")
-            }
+            ResourceError::NotContained { total, consumed } => OperationError::NotContained {
+                available: total,
+                consumed,
+            },
             other
             @ (ResourceError::BadPluginName { .. } | ResourceError::BadReservation { .. }) => {
-                other.to_string()
+                OperationError::Resources {
+                    reason: other.to_string(),
+                }
             }
         })
 }
@@ -564,39 +572,40 @@ impl CreateDiskPlan {
     /// The FAILED message for a volume manager error: for an import, a failed validation
     /// becomes `Cannot apply profile '<p>' to resource '<r>': <error>` (Mesos); anything
     /// else is the error with its causes.
-    pub fn failure_message(&self, error: &VolumeError) -> String {
+    pub fn failure(&self, error: &VolumeError) -> OperationError {
         let chain = slrp_types::DisplayChain(error).to_string();
         match (&self.request, error) {
             (
                 DiskRequest::Import(_),
                 VolumeError::Mismatch { .. } | VolumeError::ValidationFailed { .. },
-            ) => self.import_failure(&chain),
-            _ => chain,
+            ) => import_failure(&self.profile, &self.source, chain),
+            _ => OperationError::Volume { chain },
         }
-    }
-
-    fn import_failure(&self, why: &str) -> String {
-        import_failure(&self.profile, &self.source, why)
     }
 }
 
-fn import_failure(profile: &str, source: &Resource, why: &str) -> String {
-    format!(
-        "Cannot apply profile '{profile}' to resource '{}': {why}",
-        DisplayResource(source)
-    )
+fn import_failure(profile: &str, source: &Resource, reason: String) -> OperationError {
+    OperationError::CannotApplyProfile {
+        profile: profile.to_owned(),
+        resource: DisplayResource(source).to_string(),
+        reason,
+    }
 }
 
 /// Mesos `convertLabelsToStringMap`, with its texts; Mesos aborts on these errors when
 /// importing a volume, here they fail the operation.
-fn labels_to_map(labels: Option<&Labels>) -> Result<StringMap, String> {
+fn labels_to_map(labels: Option<&Labels>) -> Result<StringMap, OperationError> {
     let mut map = StringMap::new();
     for label in labels.map(|l| l.labels.as_slice()).unwrap_or_default() {
         if map.contains_key(&label.key) {
-            return Err(format!("Repeated key '{}' in labels", label.key));
+            return Err(OperationError::RepeatedLabel {
+                key: label.key.clone(),
+            });
         }
         let Some(value) = &label.value else {
-            return Err(format!("Missing value for key '{}' in labels", label.key));
+            return Err(OperationError::LabelWithoutValue {
+                key: label.key.clone(),
+            });
         };
         map.insert(label.key.clone(), value.clone());
     }
@@ -629,38 +638,36 @@ pub fn plan_create_disk(
     info: &offer::Operation,
     operation: &uuid::Uuid,
     profiles: &BTreeMap<String, ProfileInfo>,
-) -> Result<CreateDiskPlan, String> {
+) -> Result<CreateDiskPlan, OperationError> {
     let create = info
         .create_disk
         .as_ref()
         .ok_or_else(|| missing_field("CREATE_DISK", "create_disk"))?;
     let source = &create.source;
     let Some(disk) = disk_source(source).filter(|s| s.r#type == SourceType::Raw as i32) else {
-        return Err("'source' is not a RAW disk resource".to_owned());
+        return Err(OperationError::SourceNotRaw);
     };
     let kind = match SourceType::try_from(create.target_type) {
         Ok(SourceType::Mount) => CreatedKind::Mount,
         Ok(SourceType::Block) => CreatedKind::Block,
-        _ => return Err("'target_type' is neither MOUNT or BLOCK".to_owned()),
+        _ => return Err(OperationError::BadTargetType),
     };
     let profile = match (&disk.profile, &create.target_profile, &disk.id) {
         (Some(_), Some(_), _) => {
-            return Err("'target_profile' must not be set when 'source' has a profile".to_owned());
+            return Err(OperationError::TwoProfiles);
         }
         (None, None, _) => {
-            return Err("'target_profile' must be set when 'source' has no profile".to_owned());
+            return Err(OperationError::NoProfile);
         }
         (Some(profile), None, None) | (None, Some(profile), Some(_)) => profile.clone(),
         (Some(_), None, Some(_)) | (None, Some(_), None) => {
-            return Err(format!(
-                "Cannot create a disk from '{}': it is neither a storage pool (a profile and \
-                 no volume id) nor a pre-existing volume (a volume id and no profile)",
-                DisplayResource(source)
-            ));
+            return Err(OperationError::NeitherPoolNorVolume {
+                resource: DisplayResource(source).to_string(),
+            });
         }
     };
     let Some(def) = profiles.get(&profile) else {
-        return Err(format!("Profile '{profile}' not found"));
+        return Err(OperationError::ProfileNotFound { profile });
     };
     let (fits, target) = match (kind, &def.capability.access_type) {
         (CreatedKind::Mount, access) => {
@@ -671,12 +678,13 @@ pub fn plan_create_disk(
         }
     };
     if !fits {
-        return Err(format!(
-            "Profile '{profile}' cannot be used to create a {target} disk"
-        ));
+        return Err(OperationError::ProfileDoesNotFit { profile, target });
     }
     let capability = VolumeCapability::from_mesos(&def.capability).map_err(|error| {
-        format!("Profile '{profile}' has a volume capability that cannot be used: {error}")
+        OperationError::ProfileCapability {
+            profile: profile.clone(),
+            reason: error.to_string(),
+        }
     })?;
     let bytes = megabytes_to_bytes(source.scalar.map_or(0.0, |s| s.value));
     let request = match &disk.id {
@@ -692,7 +700,7 @@ pub fn plan_create_disk(
             capability,
             parameters: def.parameters.clone(),
             volume_context: labels_to_map(disk.metadata.as_ref())
-                .map_err(|why| import_failure(&profile, source, &why))?,
+                .map_err(|why| import_failure(&profile, source, why.to_string()))?,
             capacity_bytes: bytes,
             node_stage_secrets: BTreeMap::new(),
             node_publish_secrets: BTreeMap::new(),
@@ -734,7 +742,7 @@ pub fn create_disk_conversion(
 
 /// A finished CREATE_DISK's outcome as [`apply_conversions`] takes it: the conversion of
 /// the volume the volume manager created or validated, or the FAILED message
-/// ([`CreateDiskPlan::failure_message`]: Mesos's "Cannot apply profile …" for a failed
+/// ([`CreateDiskPlan::failure`]: Mesos's "Cannot apply profile …" for a failed
 /// import).
 ///
 /// # Errors
@@ -743,10 +751,10 @@ pub fn create_disk_outcome(
     ctx: &ProviderResources,
     plan: &CreateDiskPlan,
     result: Result<VolumeInfo, VolumeError>,
-) -> Result<Vec<Conversion>, String> {
+) -> Result<Vec<Conversion>, OperationError> {
     match result {
         Ok(volume) => Ok(vec![create_disk_conversion(ctx, plan, &volume)]),
-        Err(error) => Err(plan.failure_message(&error)),
+        Err(error) => Err(plan.failure(&error)),
     }
 }
 
@@ -757,7 +765,9 @@ pub fn create_disk_outcome(
 /// The master's texts for what it should have refused: "'source' is neither a MOUNT, BLOCK
 /// or RAW disk resource", "'source' is not backed by a CSI volume", `A disk resource
 /// containing a persistent volume <r> cannot be destroyed directly. …`.
-pub fn destroy_disk_target(info: &offer::Operation) -> Result<(VolumeId, Resource), String> {
+pub fn destroy_disk_target(
+    info: &offer::Operation,
+) -> Result<(VolumeId, Resource), OperationError> {
     let source = &info
         .destroy_disk
         .as_ref()
@@ -769,21 +779,19 @@ pub fn destroy_disk_target(info: &offer::Operation) -> Result<(VolumeId, Resourc
             .any(|t| s.r#type == *t as i32)
     });
     let Some(disk) = disk else {
-        return Err("'source' is neither a MOUNT, BLOCK or RAW disk resource".to_owned());
+        return Err(OperationError::SourceNotDisk);
     };
     let Some(id) = &disk.id else {
-        return Err("'source' is not backed by a CSI volume".to_owned());
+        return Err(OperationError::SourceNotBacked);
     };
     if source
         .disk
         .as_ref()
         .is_some_and(|d| d.persistence.is_some())
     {
-        return Err(format!(
-            "A disk resource containing a persistent volume {} cannot be destroyed directly. \
-             Please destroy the persistent volume first then destroy the disk resource",
-            DisplayResource(source)
-        ));
+        return Err(OperationError::DiskHoldsPersistentVolume {
+            resource: DisplayResource(source).to_string(),
+        });
     }
     Ok((VolumeId::new(id.as_str()), source.clone()))
 }

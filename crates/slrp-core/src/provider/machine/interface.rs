@@ -12,7 +12,7 @@ use slrp_store::Changes;
 use slrp_types::{Backoff, Jitter, ProfileInfo};
 use tokio::time::Instant;
 
-use crate::provider::apply::{OperationKind, PersistentVolume};
+use crate::provider::apply::{OperationError, OperationKind, PersistentVolume};
 use crate::provider::lifecycle::Lifecycle;
 use crate::provider::operations::Operations;
 use crate::provider::resources::ResourceError;
@@ -129,7 +129,7 @@ pub enum Input {
         /// The `identity` of the effect.
         identity: u64,
         /// Done, or why not.
-        result: Result<(), String>,
+        result: Result<(), OperationError>,
     },
     /// A publish of [`Effect::Publish`] was answered.
     PublishDone,

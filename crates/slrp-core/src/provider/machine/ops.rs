@@ -30,7 +30,8 @@ use super::{
     Running, Timer, uuid_text,
 };
 use crate::provider::apply::{
-    self, Admission, AdmissionInput, DiskRequest, OperationKind, agent_applies_speculatively,
+    self, Admission, AdmissionInput, DiskRequest, OperationError, OperationKind,
+    agent_applies_speculatively,
 };
 use crate::provider::ledger::{self, Resumption, consumed_by, strip};
 use crate::provider::operations::{
@@ -456,7 +457,7 @@ impl Machine {
                     .r#type
                     .and_then(|t| slrp_proto::mesos::v1::offer::operation::Type::try_from(t).ok())
                     .map_or("UNKNOWN", |t| t.as_str_name());
-                self.complete(uuid, Err(format!("Unsupported operation {name}")), now)
+                self.complete(uuid, Err(OperationError::Unsupported { name }), now)
             }
         }
     }
@@ -502,7 +503,7 @@ impl Machine {
         uuid: &uuid::Uuid,
         info: &OfferOperation,
         conversions: &[Conversion],
-    ) -> Result<(), String> {
+    ) -> Result<(), OperationError> {
         let consumed: Resources = conversions
             .iter()
             .flat_map(|c| c.consumed.iter().map(strip))
@@ -565,8 +566,8 @@ impl Machine {
                     }
                 }
                 Err(error) => {
-                    let message = DisplayChain(&error).to_string();
-                    self.complete(uuid, Err(message), now)?;
+                    let chain = DisplayChain(&error).to_string();
+                    self.complete(uuid, Err(OperationError::Volume { chain }), now)?;
                 }
             },
             (running, outcome) => {
@@ -582,7 +583,7 @@ impl Machine {
         &mut self,
         uuid: uuid::Uuid,
         identity: u64,
-        result: Result<(), String>,
+        result: Result<(), OperationError>,
         now: Instant,
     ) -> Result<(), MachineError> {
         if identity != self.identity {
@@ -606,7 +607,7 @@ impl Machine {
     fn complete(
         &mut self,
         uuid: uuid::Uuid,
-        outcome: Result<Vec<Conversion>, String>,
+        outcome: Result<Vec<Conversion>, OperationError>,
         now: Instant,
     ) -> Result<(), MachineError> {
         let Some(op) = self.tracked.get(&uuid) else {
@@ -638,10 +639,10 @@ impl Machine {
                         let converted = apply::converted_resources(&conversions);
                         apply::finished_status(op, &converted, &agent_id)
                     }
-                    Err(message) => apply::failed_status(op, &message, &agent_id),
+                    Err(error) => apply::failed_status(op, &error.to_string(), &agent_id),
                 }
             }
-            Err(message) => apply::failed_status(op, &message, &agent_id),
+            Err(error) => apply::failed_status(op, &error.to_string(), &agent_id),
         };
         self.end(uuid, kind, resync, status, applied, now)
     }
