@@ -45,8 +45,8 @@ use slrp_core::volume::{
     VolumeManagerConfig, VolumeManagerHandle, read_boot_id,
 };
 use slrp_csi::{
-    AnswerLimits, ClientConfig, CsiClient, CsiEndpoint, CsiError, CsiServices, DEFAULT_RPC_TIMEOUT,
-    RetryConfig,
+    AnswerLimits, ClientConfig, CsiClient, CsiEndpoint, CsiError, CsiMetrics, CsiServices,
+    DEFAULT_RPC_TIMEOUT, RetryConfig,
 };
 use slrp_proto::mesos::v1 as mesos;
 use slrp_store::Store;
@@ -58,6 +58,9 @@ use slrp_types::{DisplayChain, ProviderKey};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::health::{
+    HealthConfig, HealthPoller, ManagerVolumes, MovedNotice, Plan, ProviderHealth,
+};
 use crate::metrics::ProviderMetrics;
 use crate::services::{PreparedServices, Services, ServicesError, prepare_services};
 
@@ -94,6 +97,10 @@ pub struct StackConfig {
     pub volume_retry: RetryConfig,
     /// How much of the plugin's answers its clients accept (`slrp_csi::answer`).
     pub answer_limits: AnswerLimits,
+    /// The volume usage and health poller's settings.
+    pub health: HealthConfig,
+    /// Where the poller records (the provider's cache and counters); `None`: no poller.
+    pub health_metrics: Option<ProviderHealth>,
 }
 
 impl StackConfig {
@@ -119,6 +126,8 @@ impl StackConfig {
             plugins_on_cancel: StopPlugins::Stop,
             volume_retry: RetryConfig::default(),
             answer_limits: AnswerLimits::default(),
+            health: HealthConfig::default(),
+            health_metrics: None,
         }
     }
 }
@@ -298,6 +307,8 @@ pub struct PluginStack {
     volume_cancel: CancellationToken,
     /// The volume manager's end; `None` once awaited.
     volume_task: Option<JoinHandle<Result<(), VolumeError>>>,
+    /// The volume health poller (ends with `volume_cancel`); `None` without one.
+    health_task: Option<JoinHandle<()>>,
 }
 
 impl PluginStack {
@@ -396,6 +407,7 @@ impl PluginStack {
                 paths: v.paths,
                 volume_cancel: v.cancel,
                 volume_task: Some(v.task),
+                health_task: v.health_task,
             }),
             Err(e) => {
                 plugin.stop(e.plugins_after(cfg.plugins_on_cancel)).await;
@@ -520,6 +532,12 @@ impl PluginStack {
     /// running for the next slrp to adopt ([`StopPlugins::Leave`]).
     pub async fn shutdown(mut self, plugins: StopPlugins) {
         self.volume_cancel.cancel();
+        if let Some(task) = self.health_task.take()
+            && let Err(e) = task.await
+            && e.is_panic()
+        {
+            std::panic::resume_unwind(e.into_panic());
+        }
         if let Some(task) = self.volume_task.as_mut()
             && let Err(e) = join_volume_task(task).await
         {
@@ -560,6 +578,7 @@ struct VolumePart {
     volumes: VolumeManagerHandle,
     cancel: CancellationToken,
     task: JoinHandle<Result<(), VolumeError>>,
+    health_task: Option<JoinHandle<()>>,
 }
 
 /// Steps 4 and 5 of the module docs, once the plugin is up and its clients are made.
@@ -606,6 +625,7 @@ async fn volume_manager(
         prepared.version,
         plugin_info.target_path_exists.unwrap_or(false),
     );
+    let moved = Arc::new(tokio::sync::Notify::new());
     let vm_cfg = VolumeManagerConfig::new(
         paths.clone(),
         prepared.node_id.clone(),
@@ -616,7 +636,10 @@ async fn volume_manager(
     .plugin(plugin_type, plugin_name, prepared.version)
     .shutdown_grace(cfg.volume_shutdown_grace)
     .retry(cfg.volume_retry.clone())
-    .observer(Arc::new(metrics.volumes().clone()));
+    .observer(Arc::new(MovedNotice {
+        inner: Arc::new(metrics.volumes().clone()),
+        moved: moved.clone(),
+    }));
 
     let volume_cancel = cancel.child_token();
     let (volumes, guard) = VolumeManager::spawn(
@@ -628,14 +651,27 @@ async fn volume_manager(
     .map_err(|e| failed(provider, StackStep::VolumeManager)(e.into()))?;
     let mut task = tokio::spawn(guard.join());
     match volumes.ready().await {
-        Ok(recovery) => Ok(VolumePart {
-            paths,
-            prepared,
-            recovery,
-            volumes,
-            cancel: volume_cancel,
-            task,
-        }),
+        Ok(recovery) => {
+            let health_task = spawn_health(
+                provider,
+                cfg,
+                &prepared,
+                services,
+                &volumes,
+                &paths,
+                moved,
+                &volume_cancel,
+            );
+            Ok(VolumePart {
+                paths,
+                prepared,
+                recovery,
+                volumes,
+                cancel: volume_cancel,
+                task,
+                health_task,
+            })
+        }
         Err(e) => {
             volume_cancel.cancel();
             let _ = join_volume_task(&mut task).await;
@@ -645,6 +681,77 @@ async fn volume_manager(
             Err(failed(provider, StackStep::Recovery)(e.into()))
         }
     }
+}
+
+/// Spawns the volume health poller (`crate::health`) when the stack has somewhere to
+/// record and the plugin advertises something to ask: its own clients (own connections,
+/// the poller's deadline, metrics counted nowhere else), stopped by `cancel`.
+#[allow(clippy::too_many_arguments)]
+fn spawn_health(
+    provider: &str,
+    cfg: &StackConfig,
+    prepared: &PreparedServices,
+    services: &CsiServices,
+    volumes: &VolumeManagerHandle,
+    paths: &MountPaths,
+    moved: Arc<tokio::sync::Notify>,
+    cancel: &CancellationToken,
+) -> Option<JoinHandle<()>> {
+    let metrics = cfg.health_metrics.clone()?;
+    let plan = Plan::of(&prepared.caps, prepared.version);
+    if plan.is_idle() || !cfg.health.enabled {
+        tracing::debug!(provider, ?plan, "no volume health poller: nothing to ask");
+        return None;
+    }
+    let client_cfg = ClientConfig::default()
+        .version(slrp_csi::VersionSelect::Force(prepared.version))
+        .rpc_timeout(cfg.health.timeout)
+        .limits(cfg.answer_limits)
+        .cancel(cancel.clone());
+    let own = |c: &CsiClient| {
+        CsiClient::new(
+            c.endpoint().clone(),
+            client_cfg.clone(),
+            CsiMetrics::default(),
+        )
+    };
+    let node = match own(services.node()) {
+        Ok(node) => node,
+        Err(e) => {
+            tracing::warn!(provider, error = %DisplayChain(&e), "no volume health poller: its CSI client cannot be made");
+            return None;
+        }
+    };
+    let calls = match services.controller() {
+        None => CsiServices::node_only(node),
+        Some(c) if c.endpoint() == services.node().endpoint() => {
+            CsiServices::new(node.clone(), node)
+        }
+        Some(c) => match own(c) {
+            Ok(controller) => CsiServices::new(controller, node),
+            Err(e) => {
+                tracing::warn!(provider, error = %DisplayChain(&e), "no volume health poller: its CSI client cannot be made");
+                return None;
+            }
+        },
+    };
+    tracing::info!(provider, ?plan, interval = ?cfg.health.interval, concurrency = cfg.health.concurrency, "volume health poller started");
+    let poller = HealthPoller::new(
+        cfg.health,
+        plan,
+        calls,
+        ManagerVolumes {
+            handle: volumes.clone(),
+            paths: paths.clone(),
+        },
+        metrics,
+        moved,
+    );
+    let span = tracing::info_span!(parent: None, "volume_health", provider);
+    Some(tokio::spawn(tracing::Instrument::instrument(
+        poller.run(cancel.child_token()),
+        span,
+    )))
 }
 
 /// Refuses a relative `target_path_root` before anything is launched (an empty one means

@@ -126,6 +126,12 @@ pub trait AdminProvider: Send + Sync + 'static {
         let _ = id;
         None
     }
+    /// What the volume health poller knows of volume `id` (`None`: nothing is asked
+    /// about it, or the provider does not run).
+    fn volume_health(&self, id: &VolumeId) -> Option<crate::health::VolumeHealth> {
+        let _ = id;
+        None
+    }
     /// The CreateVolume of `name` (the operation uuid of a CREATE_DISK) while it waits
     /// for a retry: its last error and when the next attempt goes out.
     fn create_retry(&self, name: &str) -> Option<crate::metrics::CreateRetry> {

@@ -141,6 +141,9 @@ fn summary(
             .delete_failed
             .clone()
             .or_else(|| provider.volume_error(&record.id)),
+        health: provider
+            .volume_health(&record.id)
+            .map(|h| api::VolumeHealthSummary::of(&h, tokio::time::Instant::now())),
     }
 }
 
@@ -190,6 +193,7 @@ fn refused_summary(provider: &dyn AdminProvider, r: &RefusedCreate) -> VolumeSum
         staging_path: None,
         target_path: None,
         last_error: Some(format!("create '{}': {r}", r.request.name)),
+        health: None,
     }
 }
 
