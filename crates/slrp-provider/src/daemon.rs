@@ -321,6 +321,33 @@ impl AdminProvider for Slot {
         self.metrics.volumes().create_retry(name)
     }
 
+    fn wait_disk(
+        &self,
+        volume_id: &str,
+        present: bool,
+        within: std::time::Duration,
+    ) -> BoxFuture<'_, bool> {
+        let volume_id = volume_id.to_owned();
+        Box::pin(async move {
+            let Some(running) = self.running() else {
+                return false;
+            };
+            let mut status = running.status.clone();
+            let shown = |s: &ProviderStatus| {
+                s.total.iter().any(|r| {
+                    r.disk
+                        .as_ref()
+                        .and_then(|d| d.source.as_ref())
+                        .and_then(|s| s.id.as_deref())
+                        == Some(volume_id.as_str())
+                }) == present
+            };
+            tokio::time::timeout(within, status.wait_for(shown))
+                .await
+                .is_ok_and(|r| r.is_ok())
+        })
+    }
+
     fn volume_health(&self, id: &slrp_csi::VolumeId) -> Option<crate::health::VolumeHealth> {
         self.health.cache().get(id)
     }

@@ -126,6 +126,24 @@ pub trait AdminProvider: Send + Sync + 'static {
         let _ = id;
         None
     }
+    /// Waits, at most `within`, until the provider's total as the admin API shows it
+    /// ([`AdminProvider::total`]) holds a disk whose `disk.source.id` is `volume_id`
+    /// (`present`) or none (`!present`); returns whether it came to. The answers of the
+    /// waited actions use it, so that what an operator reads next shows their effect.
+    fn wait_disk(
+        &self,
+        volume_id: &str,
+        present: bool,
+        within: std::time::Duration,
+    ) -> BoxFuture<'_, bool> {
+        let _ = within;
+        let holds = self
+            .total()
+            .iter()
+            .any(|r| read_routes::source_id(r) == Some(volume_id))
+            == present;
+        Box::pin(async move { holds })
+    }
     /// What the volume health poller knows of volume `id` (`None`: nothing is asked
     /// about it, or the provider does not run).
     fn volume_health(&self, id: &VolumeId) -> Option<crate::health::VolumeHealth> {
