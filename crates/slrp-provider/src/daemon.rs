@@ -334,13 +334,10 @@ impl AdminProvider for Slot {
             };
             let mut status = running.status.clone();
             let shown = |s: &ProviderStatus| {
-                s.total.iter().any(|r| {
-                    r.disk
-                        .as_ref()
-                        .and_then(|d| d.source.as_ref())
-                        .and_then(|s| s.id.as_deref())
-                        == Some(volume_id.as_str())
-                }) == present
+                s.total
+                    .iter()
+                    .any(|r| crate::admin::source_id(r) == Some(volume_id.as_str()))
+                    == present
             };
             tokio::time::timeout(within, status.wait_for(shown))
                 .await

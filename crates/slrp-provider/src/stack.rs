@@ -20,6 +20,10 @@
 //!    (or `plugin.target_path_root`), the target path rule of the detected version and
 //!    `plugin.target_path_exists`, a client that does not retry (the manager does);
 //!    then waits for its recovery (spec §4.7).
+//! 6. The volume usage and health poller ([`crate::health`]), when
+//!    [`StackConfig::health_metrics`] is set and the plugin advertises something it asks:
+//!    its own CSI clients, woken by the volume manager's observer ([`MovedNotice`]) when a
+//!    volume moves, stopped with the volume manager.
 //!
 //! Any failure stops what was started (plugins included) and is returned as a
 //! [`StackError`] naming the provider and the step.
@@ -27,7 +31,8 @@
 //! # Shutdown
 //! Dropping a [`PluginStack`] without `shutdown` stops the volume manager and the plugins
 //! without waiting for either.
-//! [`PluginStack::shutdown`] stops the volume manager first (running jobs get their
+//! [`PluginStack::shutdown`] stops the health poller (its calls are dropped: nothing
+//! they do is durable) and the volume manager first (running jobs get their
 //! grace period), then the plugins ([`StopPlugins::Stop`]) or leaves them running with
 //! their pid records for the next slrp to adopt ([`StopPlugins::Leave`]). The `cancel`
 //! token given to `start` aborts a start in progress and stops the volume manager; what
@@ -736,17 +741,17 @@ fn spawn_health(
         },
     };
     tracing::info!(provider, ?plan, interval = ?cfg.health.interval, concurrency = cfg.health.concurrency, "volume health poller started");
-    let poller = HealthPoller::new(
-        cfg.health,
+    let poller = HealthPoller {
+        cfg: cfg.health,
         plan,
         calls,
-        ManagerVolumes {
+        source: ManagerVolumes {
             handle: volumes.clone(),
             paths: paths.clone(),
         },
         metrics,
         moved,
-    );
+    };
     let span = tracing::info_span!(parent: None, "volume_health", provider);
     Some(tokio::spawn(tracing::Instrument::instrument(
         poller.run(cancel.child_token()),

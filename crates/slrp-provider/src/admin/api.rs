@@ -219,9 +219,10 @@ impl VolumeHealthSummary {
                 bytes: u.bytes.map(amounts),
                 inodes: u.inodes.map(amounts),
             }),
-            sampled_at: h
-                .sampled_wall
-                .map(|t| humantime::format_rfc3339_seconds(t).to_string()),
+            sampled_at: h.age(now).and_then(|age| {
+                let at = std::time::SystemTime::now().checked_sub(age)?;
+                Some(humantime::format_rfc3339_seconds(at).to_string())
+            }),
             age_seconds: h.age(now).map(|a| a.as_secs_f64()),
             error: h.last_error.clone(),
         }

@@ -64,6 +64,8 @@ pub mod api;
 pub mod manager_actions;
 mod read_routes;
 
+pub(crate) use read_routes::source_id;
+
 pub use manager_actions::{ActionError, BoxFuture, ManagerActions};
 
 /// What the admin endpoint needs to know about one provider. The daemon implements it over

@@ -81,7 +81,7 @@ pub(super) async fn resources(
 }
 
 /// The `disk.source.id` of a disk resource.
-pub(super) fn source_id(r: &Resource) -> Option<&str> {
+pub(crate) fn source_id(r: &Resource) -> Option<&str> {
     r.disk.as_ref()?.source.as_ref()?.id.as_deref()
 }
 

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use serde::Serialize;
 use slrp_csi::{UsageUnit, VolumeCondition, VolumeId, VolumeStats};
@@ -112,10 +112,9 @@ pub struct VolumeHealth {
     pub usage: Option<Usage>,
     /// The last condition reported.
     pub condition: Option<Condition>,
-    /// When the last successful answer arrived (monotonic: ages are computed from it).
+    /// When the last successful answer arrived (monotonic: ages are computed from it;
+    /// the wall clock time shown is now less the age).
     pub sampled_at: Option<Instant>,
-    /// The same moment on the wall clock, for display.
-    pub sampled_wall: Option<SystemTime>,
     /// The last call's failure, until a call succeeds.
     pub last_error: Option<String>,
 }
@@ -126,7 +125,6 @@ impl VolumeHealth {
             usage: None,
             condition: None,
             sampled_at: None,
-            sampled_wall: None,
             last_error: None,
         }
     }
@@ -249,7 +247,6 @@ impl HealthCache {
                 entry.usage = Some(usage);
             }
             entry.sampled_at = Some(now);
-            entry.sampled_wall = Some(SystemTime::now());
             entry.last_error = None;
             let condition = condition?;
             let was = entry.condition.as_ref().map(|c| c.abnormal);

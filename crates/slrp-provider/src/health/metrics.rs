@@ -39,41 +39,49 @@ pub type ProfileLookup = Arc<dyn Fn() -> HashMap<String, String> + Send + Sync>;
 
 type RpcLabels = [(&'static str, String); 2];
 
+/// The RPCs the poller makes, in the order of [`ProviderHealth`]'s counters.
+const POLLER_RPCS: [CsiRpc; 3] = [
+    CsiRpc::NodeGetVolumeStats,
+    CsiRpc::ControllerGetVolume,
+    CsiRpc::ListVolumes,
+];
+
 /// The poller's counters of one provider; cheap to clone.
 #[derive(Clone, Debug)]
 pub struct ProviderHealth {
-    provider: String,
-    calls: Family<RpcLabels, Counter>,
-    failures: Family<RpcLabels, Counter>,
+    /// Calls and failures of each of [`POLLER_RPCS`], made once: counting is one atomic
+    /// add, with no label built per call.
+    counters: Arc<[(CsiRpc, Counter, Counter); 3]>,
     cache: HealthCache,
 }
 
 impl ProviderHealth {
-    fn labels(&self, rpc: CsiRpc) -> RpcLabels {
-        [
-            (PROVIDER_LABEL, self.provider.clone()),
-            ("rpc", rpc.as_str().to_owned()),
-        ]
+    fn counters(&self, rpc: CsiRpc) -> Option<&(CsiRpc, Counter, Counter)> {
+        self.counters.iter().find(|(r, _, _)| *r == rpc)
     }
 
-    /// Counts a call of `rpc` sent.
+    /// Counts a call of `rpc` sent (one of the poller's RPCs; others count nowhere).
     pub fn called(&self, rpc: CsiRpc) {
-        self.calls.get_or_create(&self.labels(rpc)).inc();
+        if let Some((_, calls, _)) = self.counters(rpc) {
+            calls.inc();
+        }
     }
 
     /// Counts a call of `rpc` that failed.
     pub fn failed(&self, rpc: CsiRpc) {
-        self.failures.get_or_create(&self.labels(rpc)).inc();
+        if let Some((_, _, failures)) = self.counters(rpc) {
+            failures.inc();
+        }
     }
 
     /// Calls of `rpc` sent so far.
     pub fn calls(&self, rpc: CsiRpc) -> u64 {
-        self.calls.get_or_create(&self.labels(rpc)).get()
+        self.counters(rpc).map_or(0, |(_, c, _)| c.get())
     }
 
     /// Calls of `rpc` that failed so far.
     pub fn failures(&self, rpc: CsiRpc) -> u64 {
-        self.failures.get_or_create(&self.labels(rpc)).get()
+        self.counters(rpc).map_or(0, |(_, _, f)| f.get())
     }
 
     /// The provider's cache, which the poller fills and the metrics read.
@@ -116,10 +124,18 @@ impl HealthMetrics {
                 cache: cache.clone(),
                 profiles,
             });
+        let counter = |family: &Family<RpcLabels, Counter>, rpc: CsiRpc| {
+            let labels = [
+                (PROVIDER_LABEL, provider.to_owned()),
+                ("rpc", rpc.as_str().to_owned()),
+            ];
+            family.get_or_create(&labels).clone()
+        };
         ProviderHealth {
-            provider: provider.to_owned(),
-            calls: self.calls.clone(),
-            failures: self.failures.clone(),
+            counters: Arc::new(
+                POLLER_RPCS
+                    .map(|rpc| (rpc, counter(&self.calls, rpc), counter(&self.failures, rpc))),
+            ),
             cache,
         }
     }
