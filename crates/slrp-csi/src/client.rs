@@ -587,12 +587,7 @@ impl CsiClient {
         max_entries: i32,
         starting_token: Option<&str>,
     ) -> Result<VolumePage, CsiError> {
-        if max_entries < 0 {
-            return Err(CsiError::InvalidRequest {
-                rpc: CsiRpc::ListVolumes,
-                what: format!("max_entries {max_entries} is negative"),
-            });
-        }
+        check_max_entries(max_entries)?;
         let answers = &self.inner.answers;
         self.versioned(CsiRpc::ListVolumes, |ch, v, t| async move {
             let raw = match v {
@@ -620,12 +615,7 @@ impl CsiClient {
         max_entries: i32,
         starting_token: Option<&str>,
     ) -> Result<ConditionPage, CsiError> {
-        if max_entries < 0 {
-            return Err(CsiError::InvalidRequest {
-                rpc: CsiRpc::ListVolumes,
-                what: format!("max_entries {max_entries} is negative"),
-            });
-        }
+        check_max_entries(max_entries)?;
         let answers = &self.inner.answers;
         self.versioned(CsiRpc::ListVolumes, |ch, v, t| async move {
             let (raw, next_token) = match v {
@@ -1038,6 +1028,17 @@ impl CsiClient {
 pub(crate) struct RawPage {
     pub(crate) entries: Vec<Option<Volume>>,
     pub(crate) next_token: Option<String>,
+}
+
+/// A `ListVolumes` page size the request can carry (0 lets the plugin choose).
+fn check_max_entries(max_entries: i32) -> Result<(), CsiError> {
+    if max_entries < 0 {
+        return Err(CsiError::InvalidRequest {
+            rpc: CsiRpc::ListVolumes,
+            what: format!("max_entries {max_entries} is negative"),
+        });
+    }
+    Ok(())
 }
 
 /// `c` with its message cut to the string bound (the rest is only words for a human).

@@ -277,20 +277,30 @@ pub(crate) async fn validate(
     })
 }
 
+/// One `ListVolumes` page as the plugin answered it.
+async fn list_page(
+    ch: Channel,
+    t: Duration,
+    max_entries: i32,
+    starting_token: Option<&str>,
+) -> Result<pb::ListVolumesResponse, AttemptError> {
+    let msg = pb::ListVolumesRequest {
+        max_entries,
+        starting_token: starting_token.unwrap_or_default().to_owned(),
+    };
+    Ok(ControllerClient::new(ch)
+        .list_volumes(request(msg, t))
+        .await?
+        .into_inner())
+}
+
 pub(crate) async fn list_volumes(
     ch: Channel,
     t: Duration,
     max_entries: i32,
     starting_token: Option<&str>,
 ) -> Result<RawPage, AttemptError> {
-    let msg = pb::ListVolumesRequest {
-        max_entries,
-        starting_token: starting_token.unwrap_or_default().to_owned(),
-    };
-    let r = ControllerClient::new(ch)
-        .list_volumes(request(msg, t))
-        .await?
-        .into_inner();
+    let r = list_page(ch, t, max_entries, starting_token).await?;
     Ok(RawPage {
         entries: r
             .entries
@@ -315,14 +325,7 @@ pub(crate) async fn list_conditions(
     ),
     AttemptError,
 > {
-    let msg = pb::ListVolumesRequest {
-        max_entries,
-        starting_token: starting_token.unwrap_or_default().to_owned(),
-    };
-    let r = ControllerClient::new(ch)
-        .list_volumes(request(msg, t))
-        .await?
-        .into_inner();
+    let r = list_page(ch, t, max_entries, starting_token).await?;
     let entries = r
         .entries
         .into_iter()

@@ -14,7 +14,7 @@
 //! 3. waits for a poll to end, the next due instant, a "volume moved" notice, or
 //!    cancellation.
 //!
-//! A poll that ends records its answer in the [`HealthCache`] and makes the volume due one
+//! A poll that ends records its answer in the [`HealthCache`](super::HealthCache) and makes the volume due one
 //! interval after the poll started (or, if that is past, at a moment drawn over the next
 //! interval, so that volumes delayed together by a pause do not stay together).
 //!
