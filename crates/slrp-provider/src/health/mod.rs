@@ -33,7 +33,9 @@
 //!   it never holds a volume lane, a job or a permit an operation needs, so a plugin that
 //!   hangs in `NodeGetVolumeStats` cannot delay CREATE_DISK or a publish.
 //! - The list of volumes is re-read when the volume manager reports that a volume moved
-//!   (a moment later, [`REFRESH_SETTLE`], and at most once per [`REFRESH_DEBOUNCE`]) and
+//!   (a moment later, [`REFRESH_SETTLE`], and at most once per [`REFRESH_DEBOUNCE`] or
+//!   per a hundred times what the last read took, whichever is longer: the reads take
+//!   at most 1% of the volume manager's time however often volumes move) and
 //!   once per interval otherwise; a volume gone from it is dropped from the cache (and so
 //!   from the metrics) then.
 //!

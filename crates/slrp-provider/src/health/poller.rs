@@ -295,12 +295,17 @@ impl<C: HealthCalls, V: VolumeSource> HealthPoller<C, V> {
         }
         let mut inflight: FuturesUnordered<Poll> = FuturesUnordered::new();
         let mut refresh_at = Instant::now();
-        let mut last_refresh: Option<Instant> = None;
+        // When the list was last read, and the shortest gap before the next read on a
+        // notice: the debounce, or a hundred times what the last read took, so that
+        // reading the volume manager's records takes at most 1% of its time however
+        // many volumes it tracks and however often they move.
+        let mut last_refresh: Option<(Instant, Duration)> = None;
         loop {
             let now = Instant::now();
             if now >= refresh_at {
                 self.refresh(&mut s, interval, now).await;
-                last_refresh = Some(now);
+                let took = Instant::now().saturating_duration_since(now);
+                last_refresh = Some((now, REFRESH_DEBOUNCE.max(took.saturating_mul(100))));
                 refresh_at = now + interval;
             }
             let now = Instant::now();
@@ -338,7 +343,7 @@ impl<C: HealthCalls, V: VolumeSource> HealthPoller<C, V> {
                     self.finish(&mut s, done, interval);
                 }
                 () = self.moved.notified() => {
-                    let soonest = last_refresh.map_or(now, |t| t + REFRESH_DEBOUNCE);
+                    let soonest = last_refresh.map_or(now, |(at, gap)| at + gap);
                     refresh_at = refresh_at.min(soonest.max(now + REFRESH_SETTLE));
                 }
                 () = tokio::time::sleep_until(wake) => {}
