@@ -418,6 +418,7 @@ mod tests {
             volume_id: id.into(),
             capacity_bytes: 1 << 30,
             volume_context: HashMap::from([("label".to_owned(), "foo".to_owned())]),
+            condition: None,
         };
         let page = || vec![volume("a"), volume("b")];
         assert_eq!(ListEdit::default().apply(page()), page());

@@ -92,6 +92,9 @@ pub struct VolumeInfo {
     pub capacity_bytes: i64,
     /// Volume context handed back to the node calls.
     pub volume_context: HashMap<String, String>,
+    /// The controller's view of the volume's health (`status.volume_condition`): set in
+    /// ListVolumes and ControllerGetVolume answers, `None` in CreateVolume's.
+    pub condition: Option<Condition>,
 }
 
 /// One ListVolumes page.

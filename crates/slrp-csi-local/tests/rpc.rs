@@ -61,7 +61,9 @@ async fn identity_and_capabilities() {
             C::CreateDeleteVolume,
             C::ListVolumes,
             C::GetCapacity,
-            C::ExpandVolume
+            C::ExpandVolume,
+            C::GetVolume,
+            C::VolumeCondition
         ]
         .map(|t| t as i32)
     );

@@ -587,12 +587,7 @@ impl CsiClient {
         max_entries: i32,
         starting_token: Option<&str>,
     ) -> Result<VolumePage, CsiError> {
-        if max_entries < 0 {
-            return Err(CsiError::InvalidRequest {
-                rpc: CsiRpc::ListVolumes,
-                what: format!("max_entries {max_entries} is negative"),
-            });
-        }
+        check_max_entries(max_entries)?;
         let answers = &self.inner.answers;
         self.versioned(CsiRpc::ListVolumes, |ch, v, t| async move {
             let raw = match v {
@@ -600,6 +595,82 @@ impl CsiClient {
                 CsiVersion::V0 => v0::list_volumes(ch, t, max_entries, starting_token).await,
             }?;
             checked_page(answers, raw)
+        })
+        .await
+    }
+
+    /// One page of `ListVolumes` read for its entries' `status.volume_condition` (v1
+    /// only): what the volume health poller asks a plugin with `LIST_VOLUMES` and
+    /// `VOLUME_CONDITION` but no `GET_VOLUME`. Entries without a usable volume id are
+    /// left out, and a condition message over the string bound is cut, counted as
+    /// [`crate::answer`] says.
+    ///
+    /// # Errors
+    /// [`CsiError::Unsupported`] for v0 plugins (no `status` in their listing);
+    /// [`CsiError::InvalidRequest`] for a negative `max_entries`;
+    /// [`CsiError::InvalidResponse`] for a `next_token` over the string bound; otherwise
+    /// the RPC's failure.
+    pub async fn list_conditions_page(
+        &self,
+        max_entries: i32,
+        starting_token: Option<&str>,
+    ) -> Result<ConditionPage, CsiError> {
+        check_max_entries(max_entries)?;
+        let answers = &self.inner.answers;
+        self.versioned(CsiRpc::ListVolumes, |ch, v, t| async move {
+            let (raw, next_token) = match v {
+                CsiVersion::V1 => v1::list_conditions(ch, t, max_entries, starting_token).await?,
+                CsiVersion::V0 => return Err(AttemptError::Unsupported("volume conditions")),
+            };
+            if let Some(token) = &next_token {
+                check_string("next_token", token, &answers.limits)?;
+            }
+            let mut entries = Vec::with_capacity(raw.len());
+            for (id, condition) in raw {
+                let Some(id) = id else {
+                    answers.tolerated(
+                        CsiRpc::ListVolumes,
+                        &Violation::Missing { field: "volume" },
+                        "entry skipped",
+                    );
+                    continue;
+                };
+                if let Err(v) = check_id("volume_id", &id, &answers.limits) {
+                    answers.tolerated(CsiRpc::ListVolumes, &v, "entry skipped");
+                    continue;
+                }
+                entries.push(ListedCondition {
+                    volume_id: VolumeId::new(id),
+                    condition: condition
+                        .map(|c| bounded_condition(answers, CsiRpc::ListVolumes, c)),
+                });
+            }
+            Ok(ConditionPage {
+                entries,
+                next_token,
+            })
+        })
+        .await
+    }
+
+    /// `ControllerGetVolume` (v1 only): the volume's `status.volume_condition`, `None`
+    /// when the plugin gave none. A message over the string bound is cut.
+    ///
+    /// # Errors
+    /// [`CsiError::Unsupported`] for v0 plugins; otherwise the RPC's failure
+    /// (`NOT_FOUND` for a volume the plugin does not know).
+    pub async fn controller_get_volume(
+        &self,
+        id: &VolumeId,
+    ) -> Result<Option<VolumeCondition>, CsiError> {
+        let answers = &self.inner.answers;
+        self.versioned(CsiRpc::ControllerGetVolume, |ch, v, t| async move {
+            match v {
+                CsiVersion::V1 => Ok(v1::controller_get_volume(ch, t, id)
+                    .await?
+                    .map(|c| bounded_condition(answers, CsiRpc::ControllerGetVolume, c))),
+                CsiVersion::V0 => Err(AttemptError::Unsupported("ControllerGetVolume")),
+            }
         })
         .await
     }
@@ -957,6 +1028,35 @@ impl CsiClient {
 pub(crate) struct RawPage {
     pub(crate) entries: Vec<Option<Volume>>,
     pub(crate) next_token: Option<String>,
+}
+
+/// A `ListVolumes` page size the request can carry (0 lets the plugin choose).
+fn check_max_entries(max_entries: i32) -> Result<(), CsiError> {
+    if max_entries < 0 {
+        return Err(CsiError::InvalidRequest {
+            rpc: CsiRpc::ListVolumes,
+            what: format!("max_entries {max_entries} is negative"),
+        });
+    }
+    Ok(())
+}
+
+/// `c` with its message cut to the string bound (the rest is only words for a human).
+fn bounded_condition(
+    answers: &AnswerCheck,
+    rpc: CsiRpc,
+    mut c: VolumeCondition,
+) -> VolumeCondition {
+    let max = answers.limits.max_string_bytes;
+    if let Err(v) = check_string("volume_condition.message", &c.message, &answers.limits) {
+        answers.tolerated(rpc, &v, "cut");
+        let mut end = max;
+        while !c.message.is_char_boundary(end) {
+            end -= 1;
+        }
+        c.message.truncate(end);
+    }
+    c
 }
 
 /// The usable part of `raw` (see [`CsiClient::list_volumes_page`]).

@@ -25,6 +25,7 @@ pub enum CsiRpc {
     GetCapacity,
     ControllerGetCapabilities,
     ControllerExpandVolume,
+    ControllerGetVolume,
     NodeStageVolume,
     NodeUnstageVolume,
     NodePublishVolume,
@@ -38,7 +39,7 @@ pub enum CsiRpc {
 
 impl CsiRpc {
     /// Every RPC the client issues.
-    pub const ALL: [CsiRpc; 20] = [
+    pub const ALL: [CsiRpc; 21] = [
         Self::GetPluginInfo,
         Self::GetPluginCapabilities,
         Self::Probe,
@@ -51,6 +52,7 @@ impl CsiRpc {
         Self::GetCapacity,
         Self::ControllerGetCapabilities,
         Self::ControllerExpandVolume,
+        Self::ControllerGetVolume,
         Self::NodeStageVolume,
         Self::NodeUnstageVolume,
         Self::NodePublishVolume,
@@ -76,6 +78,7 @@ impl CsiRpc {
             Self::GetCapacity => "GetCapacity",
             Self::ControllerGetCapabilities => "ControllerGetCapabilities",
             Self::ControllerExpandVolume => "ControllerExpandVolume",
+            Self::ControllerGetVolume => "ControllerGetVolume",
             Self::NodeStageVolume => "NodeStageVolume",
             Self::NodeUnstageVolume => "NodeUnstageVolume",
             Self::NodePublishVolume => "NodePublishVolume",

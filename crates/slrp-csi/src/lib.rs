@@ -45,7 +45,8 @@
 //!   the attempt's deadline and ends in [`CsiError::NotReady`] (nothing sent).
 //!
 //! # Limitations
-//! - No snapshots, topology requirements, or `ControllerGetVolume`/`ModifyVolume`.
+//! - No snapshots, topology requirements, or `ControllerModifyVolume`; `ControllerGetVolume`
+//!   and the conditions of `ListVolumes` are read for volume health only.
 //! - A request that needs a v1-only feature fails with [`CsiError::Unsupported`] against a
 //!   v0 plugin instead of being degraded silently.
 //! - Retries cover whole RPCs; there is no per-plugin retry budget or circuit breaker.

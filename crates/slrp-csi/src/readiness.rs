@@ -24,9 +24,9 @@ use tokio::time::Instant;
 use crate::client::CsiClient;
 use crate::error::{CsiError, CsiRpc};
 use crate::types::{
-    Capacity, ControllerCapabilities, ControllerPublishRequest, CreateVolumeRequest,
+    Capacity, ConditionPage, ControllerCapabilities, ControllerPublishRequest, CreateVolumeRequest,
     CsiCapabilities, NodeInfo, NodePublishRequest, NodeStageRequest, Secrets, StringMap,
-    ValidateRequest, Validation, Volume, VolumeCapability, VolumeId, VolumePage,
+    ValidateRequest, Validation, Volume, VolumeCapability, VolumeCondition, VolumeId, VolumePage,
 };
 use crate::volumes::CsiVolumes;
 
@@ -181,6 +181,35 @@ impl CsiServices {
         })
     }
 
+    /// `ControllerGetVolume` of the controller service (see
+    /// [`CsiClient::controller_get_volume`]).
+    ///
+    /// # Errors
+    /// [`CsiError::NoService`] without a controller service; the RPC's failure.
+    pub async fn controller_get_volume(
+        &self,
+        id: &VolumeId,
+    ) -> Result<Option<VolumeCondition>, CsiError> {
+        self.controller_for(CsiRpc::ControllerGetVolume)?
+            .controller_get_volume(id)
+            .await
+    }
+
+    /// One `ListVolumes` page of the controller service read for its entries'
+    /// conditions (see [`CsiClient::list_conditions_page`]).
+    ///
+    /// # Errors
+    /// [`CsiError::NoService`] without a controller service; the RPC's failure.
+    pub async fn list_conditions_page(
+        &self,
+        max_entries: i32,
+        starting_token: Option<&str>,
+    ) -> Result<ConditionPage, CsiError> {
+        self.controller_for(CsiRpc::ListVolumes)?
+            .list_conditions_page(max_entries, starting_token)
+            .await
+    }
+
     /// `NodeGetInfo` of the node service.
     ///
     /// # Errors
@@ -206,7 +235,8 @@ impl CsiVolumes for CsiServices {
             | CsiRpc::ListVolumes
             | CsiRpc::GetCapacity
             | CsiRpc::ControllerGetCapabilities
-            | CsiRpc::ControllerExpandVolume => self.controller_for(rpc)?.endpoint_ready(rpc).await,
+            | CsiRpc::ControllerExpandVolume
+            | CsiRpc::ControllerGetVolume => self.controller_for(rpc)?.endpoint_ready(rpc).await,
             CsiRpc::GetPluginInfo
             | CsiRpc::GetPluginCapabilities
             | CsiRpc::Probe

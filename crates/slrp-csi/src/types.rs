@@ -161,6 +161,11 @@ pub struct ControllerCapabilities {
     pub publish_readonly: bool,
     /// `EXPAND_VOLUME` (v1 only).
     pub expand_volume: bool,
+    /// `GET_VOLUME`: `ControllerGetVolume` is served (v1 only).
+    pub get_volume: bool,
+    /// `VOLUME_CONDITION`: `ControllerGetVolume` and `ListVolumes` entries carry
+    /// `status.volume_condition` (v1 only).
+    pub volume_condition: bool,
 }
 
 /// `NodeGetCapabilities` result.
@@ -173,6 +178,8 @@ pub struct NodeCapabilities {
     pub get_volume_stats: bool,
     /// `EXPAND_VOLUME` (v1 only).
     pub expand_volume: bool,
+    /// `VOLUME_CONDITION`: `NodeGetVolumeStats` carries `volume_condition` (v1 only).
+    pub volume_condition: bool,
 }
 
 /// Everything a plugin says it can do: what the volume manager plans its transitions
@@ -398,6 +405,34 @@ pub struct VolumeStats {
     pub abnormal: Option<bool>,
     /// `volume_condition.message`, if reported.
     pub condition_message: Option<String>,
+}
+
+/// A volume's `VolumeCondition` as the plugin reports it (CSI v1.3+).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct VolumeCondition {
+    /// Whether the volume is abnormal.
+    pub abnormal: bool,
+    /// The plugin's explanation (within the client's string bound).
+    pub message: String,
+}
+
+/// One entry of a `ListVolumes` page as the volume health poller reads it: the volume
+/// id and its `status.volume_condition`, if the plugin gave one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ListedCondition {
+    /// The plugin's id.
+    pub volume_id: VolumeId,
+    /// `status.volume_condition`.
+    pub condition: Option<VolumeCondition>,
+}
+
+/// One page of `ListVolumes` read for the conditions of its entries.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ConditionPage {
+    /// The entries with a usable volume id.
+    pub entries: Vec<ListedCondition>,
+    /// Token for the next page; `None` on the last page.
+    pub next_token: Option<String>,
 }
 
 /// `ControllerExpandVolume` result.

@@ -121,6 +121,8 @@ pub(crate) async fn controller_capabilities(
             Ok(R::CloneVolume) => caps.clone_volume = true,
             Ok(R::PublishReadonly) => caps.publish_readonly = true,
             Ok(R::ExpandVolume) => caps.expand_volume = true,
+            Ok(R::GetVolume) => caps.get_volume = true,
+            Ok(R::VolumeCondition) => caps.volume_condition = true,
             // Recognized but not used by slrp; unknown values are ignored (spec §4.4).
             Ok(_) | Err(_) => {}
         }
@@ -146,6 +148,7 @@ pub(crate) async fn node_capabilities(
             Ok(R::StageUnstageVolume) => caps.stage_unstage_volume = true,
             Ok(R::GetVolumeStats) => caps.get_volume_stats = true,
             Ok(R::ExpandVolume) => caps.expand_volume = true,
+            Ok(R::VolumeCondition) => caps.volume_condition = true,
             Ok(_) | Err(_) => {}
         }
     }
@@ -274,20 +277,30 @@ pub(crate) async fn validate(
     })
 }
 
+/// One `ListVolumes` page as the plugin answered it.
+async fn list_page(
+    ch: Channel,
+    t: Duration,
+    max_entries: i32,
+    starting_token: Option<&str>,
+) -> Result<pb::ListVolumesResponse, AttemptError> {
+    let msg = pb::ListVolumesRequest {
+        max_entries,
+        starting_token: starting_token.unwrap_or_default().to_owned(),
+    };
+    Ok(ControllerClient::new(ch)
+        .list_volumes(request(msg, t))
+        .await?
+        .into_inner())
+}
+
 pub(crate) async fn list_volumes(
     ch: Channel,
     t: Duration,
     max_entries: i32,
     starting_token: Option<&str>,
 ) -> Result<RawPage, AttemptError> {
-    let msg = pb::ListVolumesRequest {
-        max_entries,
-        starting_token: starting_token.unwrap_or_default().to_owned(),
-    };
-    let r = ControllerClient::new(ch)
-        .list_volumes(request(msg, t))
-        .await?
-        .into_inner();
+    let r = list_page(ch, t, max_entries, starting_token).await?;
     Ok(RawPage {
         entries: r
             .entries
@@ -296,6 +309,55 @@ pub(crate) async fn list_volumes(
             .collect(),
         next_token: (!r.next_token.is_empty()).then_some(r.next_token),
     })
+}
+
+/// A `ListVolumes` page read for its entries' `status.volume_condition`: the ids as
+/// given (checked by the client) and the conditions.
+pub(crate) async fn list_conditions(
+    ch: Channel,
+    t: Duration,
+    max_entries: i32,
+    starting_token: Option<&str>,
+) -> Result<
+    (
+        Vec<(Option<String>, Option<VolumeCondition>)>,
+        Option<String>,
+    ),
+    AttemptError,
+> {
+    let r = list_page(ch, t, max_entries, starting_token).await?;
+    let entries = r
+        .entries
+        .into_iter()
+        .map(|e| {
+            let condition = e.status.and_then(|s| s.volume_condition).map(condition_of);
+            (e.volume.map(|v| v.volume_id), condition)
+        })
+        .collect();
+    Ok((entries, (!r.next_token.is_empty()).then_some(r.next_token)))
+}
+
+fn condition_of(c: pb::VolumeCondition) -> VolumeCondition {
+    VolumeCondition {
+        abnormal: c.abnormal,
+        message: c.message,
+    }
+}
+
+/// `ControllerGetVolume`: the volume's `status.volume_condition`, if given.
+pub(crate) async fn controller_get_volume(
+    ch: Channel,
+    t: Duration,
+    id: &VolumeId,
+) -> Result<Option<VolumeCondition>, AttemptError> {
+    let msg = pb::ControllerGetVolumeRequest {
+        volume_id: id.as_str().to_owned(),
+    };
+    let r = ControllerClient::new(ch)
+        .controller_get_volume(request(msg, t))
+        .await?
+        .into_inner();
+    Ok(r.status.and_then(|s| s.volume_condition).map(condition_of))
 }
 
 pub(crate) async fn capacity(

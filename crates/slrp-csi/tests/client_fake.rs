@@ -769,3 +769,117 @@ async fn missing_socket_is_unavailable() {
     let err = c.plugin_info().await.unwrap_err();
     assert_eq!(err.code(), Some(Code::Unavailable), "{err:?}");
 }
+
+/// Volume health (issue #22): the controller's GET_VOLUME and VOLUME_CONDITION
+/// capabilities are read; ControllerGetVolume and a ListVolumes page give the conditions
+/// (an entry without a volume is skipped, an over-long message cut); a v0 plugin is not
+/// asked (Unsupported, nothing sent).
+#[tokio::test]
+async fn volume_conditions_come_from_get_volume_and_listings() {
+    use pb1::controller_service_capability::{Rpc, Type, rpc::Type as R};
+    let p = FakePlugin::start(Serve::V1).await;
+    let cap = |t: R| pb1::ControllerServiceCapability {
+        r#type: Some(Type::Rpc(Rpc { r#type: t as i32 })),
+    };
+    p.script.reply(
+        "ControllerGetCapabilities",
+        pb1::ControllerGetCapabilitiesResponse {
+            capabilities: vec![cap(R::GetVolume), cap(R::VolumeCondition)],
+        },
+    );
+    let condition = |abnormal, message: &str| pb1::VolumeCondition {
+        abnormal,
+        message: message.into(),
+    };
+    p.script.reply(
+        "ControllerGetVolume",
+        pb1::ControllerGetVolumeResponse {
+            volume: Some(pb1::Volume {
+                volume_id: "v".into(),
+                ..Default::default()
+            }),
+            status: Some(pb1::controller_get_volume_response::VolumeStatus {
+                published_node_ids: Vec::new(),
+                volume_condition: Some(condition(true, &"x".repeat(10_000))),
+            }),
+        },
+    );
+    let entry = |id: Option<&str>, c| pb1::list_volumes_response::Entry {
+        volume: id.map(|id| pb1::Volume {
+            volume_id: id.into(),
+            ..Default::default()
+        }),
+        status: Some(pb1::list_volumes_response::VolumeStatus {
+            published_node_ids: Vec::new(),
+            volume_condition: c,
+        }),
+    };
+    p.script.reply(
+        "ListVolumes",
+        pb1::ListVolumesResponse {
+            entries: vec![
+                entry(Some("a"), Some(condition(false, "ok"))),
+                entry(None, Some(condition(true, "lost"))),
+                entry(Some("b"), None),
+            ],
+            next_token: "next".into(),
+        },
+    );
+    let c = client(
+        &p,
+        ClientConfig::default().version(VersionSelect::Force(CsiVersion::V1)),
+    );
+    let caps = c.controller_capabilities().await.unwrap();
+    assert!(caps.get_volume && caps.volume_condition, "{caps:?}");
+    assert!(!caps.list_volumes);
+
+    let got = c
+        .controller_get_volume(&VolumeId::new("v"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(got.abnormal);
+    assert_eq!(got.message.len(), AnswerLimits::default().max_string_bytes);
+    let sent: Vec<pb1::ControllerGetVolumeRequest> = p.script.requests("ControllerGetVolume");
+    assert_eq!(sent[0].volume_id, "v");
+
+    let page = c.list_conditions_page(0, Some("start")).await.unwrap();
+    assert_eq!(page.next_token.as_deref(), Some("next"));
+    assert_eq!(
+        page.entries,
+        vec![
+            ListedCondition {
+                volume_id: VolumeId::new("a"),
+                condition: Some(VolumeCondition {
+                    abnormal: false,
+                    message: "ok".into()
+                }),
+            },
+            ListedCondition {
+                volume_id: VolumeId::new("b"),
+                condition: None,
+            },
+        ]
+    );
+    let listed: Vec<pb1::ListVolumesRequest> = p.script.requests("ListVolumes");
+    assert_eq!(listed[0].starting_token, "start");
+    assert!(matches!(
+        c.list_conditions_page(-1, None).await,
+        Err(CsiError::InvalidRequest { .. })
+    ));
+
+    let p0 = FakePlugin::start(Serve::V0).await;
+    let c0 = client(
+        &p0,
+        ClientConfig::default().version(VersionSelect::Force(CsiVersion::V0)),
+    );
+    assert!(matches!(
+        c0.controller_get_volume(&VolumeId::new("v")).await,
+        Err(CsiError::Unsupported { .. })
+    ));
+    assert!(matches!(
+        c0.list_conditions_page(0, None).await,
+        Err(CsiError::Unsupported { .. })
+    ));
+    assert!(p0.script.call_names().is_empty(), "nothing sent to v0");
+}

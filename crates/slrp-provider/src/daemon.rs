@@ -199,6 +199,8 @@ struct Slot {
     /// worker writes), so the admin routes never wait on the worker's loop.
     store: Store,
     metrics: ProviderMetrics,
+    /// The volume health poller's cache and counters (filled while the stack runs).
+    health: crate::health::ProviderHealth,
     phase: Mutex<Phase>,
 }
 
@@ -321,6 +323,34 @@ impl AdminProvider for Slot {
         self.metrics.volumes().create_retry(name)
     }
 
+    fn wait_disk(
+        &self,
+        volume_id: &str,
+        present: bool,
+        within: std::time::Duration,
+    ) -> BoxFuture<'_, bool> {
+        let volume_id = volume_id.to_owned();
+        Box::pin(async move {
+            let Some(running) = self.running() else {
+                return false;
+            };
+            let mut status = running.status.clone();
+            let shown = |s: &ProviderStatus| {
+                s.total
+                    .iter()
+                    .any(|r| crate::admin::source_id(r) == Some(volume_id.as_str()))
+                    == present
+            };
+            tokio::time::timeout(within, status.wait_for(shown))
+                .await
+                .is_ok_and(|r| r.is_ok())
+        })
+    }
+
+    fn volume_health(&self, id: &slrp_csi::VolumeId) -> Option<crate::health::VolumeHealth> {
+        self.health.cache().get(id)
+    }
+
     fn refresh_metrics(&self) -> BoxFuture<'_, ()> {
         Box::pin(async move {
             self.metrics
@@ -426,6 +456,7 @@ struct ProviderRun {
     csi_retry: Backoff,
     status_update_retry: Backoff,
     csi_limits: slrp_csi::AnswerLimits,
+    volume_health: crate::health::HealthConfig,
 }
 
 /// Runs every provider until `shutdown` fires or every provider has failed; see the module
@@ -457,10 +488,12 @@ pub async fn run_with(
     // Prometheus rejects.
     let families = MetricsFamilies::default();
     families.register(&mut registry);
+    let health = crate::health::HealthMetrics::default();
+    health.register(&mut registry);
     let services = CancellationToken::new();
     let mut background = JoinSet::new();
     let profiles = start_profiles(&config, &mut registry, &services, &mut background);
-    let slots = provider_slots(&config, &stores, &families, profiles.as_ref());
+    let slots = provider_slots(&config, &stores, &families, &health, profiles.as_ref());
     start_admin(
         &config,
         &slots,
@@ -495,6 +528,7 @@ pub async fn run_with(
                 csi_retry: config.csi_retry,
                 status_update_retry: config.status_update_retry,
                 csi_limits: config.csi_limits,
+                volume_health: config.volume_health,
             };
             let span = tracing::info_span!(parent: None, "provider", provider = %slot.key);
             providers.spawn(run_provider(run, agent_id.clone(), stop.clone()).instrument(span));
@@ -602,6 +636,7 @@ fn provider_slots(
     config: &DaemonConfig,
     stores: &[Store],
     families: &MetricsFamilies,
+    health: &crate::health::HealthMetrics,
     profiles: Option<&slrp_profiles::ProfileAdaptorHandle>,
 ) -> Vec<Arc<Slot>> {
     config
@@ -611,7 +646,8 @@ fn provider_slots(
         .map(|(p, store)| {
             let metrics = families.provider(&p.info.r#type, &p.info.name);
             let (plugin_type, plugin_name) = p.plugin();
-            Arc::new(Slot {
+            Arc::new_cyclic(|slot: &std::sync::Weak<Slot>| Slot {
+                health: health.provider(&p.key(), Some(profile_lookup(slot.clone()))),
                 key: p.key(),
                 plugin: format!("{plugin_type}.{plugin_name}"),
                 profile_key: ProviderKey::new(
@@ -626,6 +662,25 @@ fn provider_slots(
             })
         })
         .collect()
+}
+
+/// The profile of each volume of the provider in `slot` (volume id → profile), from its
+/// resources as last computed: the `profile` label of its `slrp_volume_stats_*` series.
+fn profile_lookup(slot: std::sync::Weak<Slot>) -> crate::health::metrics::ProfileLookup {
+    Arc::new(move || {
+        let Some(running) = slot.upgrade().and_then(|s| s.running()) else {
+            return std::collections::HashMap::new();
+        };
+        let status = running.status.borrow();
+        status
+            .total
+            .iter()
+            .filter_map(|r| {
+                let source = r.disk.as_ref()?.source.as_ref()?;
+                Some((source.id.clone()?, source.profile.clone()?))
+            })
+            .collect()
+    })
 }
 
 /// Binds the admin socket (and the TCP listener, if configured) and serves them in
@@ -811,6 +866,7 @@ async fn run_provider_inner(
         csi_retry,
         status_update_retry,
         csi_limits,
+        volume_health,
     } = run;
     slot.set(Phase::StartingPlugin);
     let backend = plugin_backend_of(&config, &agent, &work_dir, plugin_backend, remove_sandboxes)
@@ -826,6 +882,8 @@ async fn run_provider_inner(
     }
     stack_config.volume_retry = csi_retry_config(csi_retry);
     stack_config.answer_limits = csi_limits;
+    stack_config.health = volume_health;
+    stack_config.health_metrics = Some(slot.health.clone());
     // Not a child of `stop`: cancelling it also stops the volume manager, which must
     // outlive the worker on shutdown. `stop` during the start aborts it through this.
     let stack_cancel = CancellationToken::new();

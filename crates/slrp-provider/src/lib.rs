@@ -28,6 +28,8 @@
 //! - [`services`]: `prepareServices` (spec §4.4).
 //! - [`stack`]: one provider's plugin stack (supervisor, version, services, volume manager).
 //! - [`worker`]: the provider worker.
+//! - [`health`]: the volume usage and health poller of each provider, its cache and its
+//!   `slrp_volume_stats_*` metrics.
 //! - [`daemon`]: the process: providers, admin endpoint, shutdown order.
 //! - [`admin`]: the admin endpoint's HTTP server (metrics, health, readiness).
 
@@ -35,6 +37,7 @@ pub mod admin;
 pub mod allocator;
 pub mod config;
 pub mod daemon;
+pub mod health;
 pub mod import;
 pub mod metrics;
 pub mod persist;

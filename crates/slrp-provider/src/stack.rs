@@ -20,6 +20,10 @@
 //!    (or `plugin.target_path_root`), the target path rule of the detected version and
 //!    `plugin.target_path_exists`, a client that does not retry (the manager does);
 //!    then waits for its recovery (spec §4.7).
+//! 6. The volume usage and health poller ([`crate::health`]), when
+//!    [`StackConfig::health_metrics`] is set and the plugin advertises something it asks:
+//!    its own CSI clients, woken by the volume manager's observer ([`MovedNotice`]) when a
+//!    volume moves, stopped with the volume manager.
 //!
 //! Any failure stops what was started (plugins included) and is returned as a
 //! [`StackError`] naming the provider and the step.
@@ -27,7 +31,8 @@
 //! # Shutdown
 //! Dropping a [`PluginStack`] without `shutdown` stops the volume manager and the plugins
 //! without waiting for either.
-//! [`PluginStack::shutdown`] stops the volume manager first (running jobs get their
+//! [`PluginStack::shutdown`] stops the health poller (its calls are dropped: nothing
+//! they do is durable) and the volume manager first (running jobs get their
 //! grace period), then the plugins ([`StopPlugins::Stop`]) or leaves them running with
 //! their pid records for the next slrp to adopt ([`StopPlugins::Leave`]). The `cancel`
 //! token given to `start` aborts a start in progress and stops the volume manager; what
@@ -45,8 +50,8 @@ use slrp_core::volume::{
     VolumeManagerConfig, VolumeManagerHandle, read_boot_id,
 };
 use slrp_csi::{
-    AnswerLimits, ClientConfig, CsiClient, CsiEndpoint, CsiError, CsiServices, DEFAULT_RPC_TIMEOUT,
-    RetryConfig,
+    AnswerLimits, ClientConfig, CsiClient, CsiEndpoint, CsiError, CsiMetrics, CsiServices,
+    DEFAULT_RPC_TIMEOUT, RetryConfig,
 };
 use slrp_proto::mesos::v1 as mesos;
 use slrp_store::Store;
@@ -58,6 +63,9 @@ use slrp_types::{DisplayChain, ProviderKey};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::health::{
+    HealthConfig, HealthPoller, ManagerVolumes, MovedNotice, Plan, ProviderHealth,
+};
 use crate::metrics::ProviderMetrics;
 use crate::services::{PreparedServices, Services, ServicesError, prepare_services};
 
@@ -94,6 +102,10 @@ pub struct StackConfig {
     pub volume_retry: RetryConfig,
     /// How much of the plugin's answers its clients accept (`slrp_csi::answer`).
     pub answer_limits: AnswerLimits,
+    /// The volume usage and health poller's settings.
+    pub health: HealthConfig,
+    /// Where the poller records (the provider's cache and counters); `None`: no poller.
+    pub health_metrics: Option<ProviderHealth>,
 }
 
 impl StackConfig {
@@ -119,6 +131,8 @@ impl StackConfig {
             plugins_on_cancel: StopPlugins::Stop,
             volume_retry: RetryConfig::default(),
             answer_limits: AnswerLimits::default(),
+            health: HealthConfig::default(),
+            health_metrics: None,
         }
     }
 }
@@ -298,6 +312,8 @@ pub struct PluginStack {
     volume_cancel: CancellationToken,
     /// The volume manager's end; `None` once awaited.
     volume_task: Option<JoinHandle<Result<(), VolumeError>>>,
+    /// The volume health poller (ends with `volume_cancel`); `None` without one.
+    health_task: Option<JoinHandle<()>>,
 }
 
 impl PluginStack {
@@ -396,6 +412,7 @@ impl PluginStack {
                 paths: v.paths,
                 volume_cancel: v.cancel,
                 volume_task: Some(v.task),
+                health_task: v.health_task,
             }),
             Err(e) => {
                 plugin.stop(e.plugins_after(cfg.plugins_on_cancel)).await;
@@ -520,6 +537,12 @@ impl PluginStack {
     /// running for the next slrp to adopt ([`StopPlugins::Leave`]).
     pub async fn shutdown(mut self, plugins: StopPlugins) {
         self.volume_cancel.cancel();
+        if let Some(task) = self.health_task.take()
+            && let Err(e) = task.await
+            && e.is_panic()
+        {
+            std::panic::resume_unwind(e.into_panic());
+        }
         if let Some(task) = self.volume_task.as_mut()
             && let Err(e) = join_volume_task(task).await
         {
@@ -560,6 +583,7 @@ struct VolumePart {
     volumes: VolumeManagerHandle,
     cancel: CancellationToken,
     task: JoinHandle<Result<(), VolumeError>>,
+    health_task: Option<JoinHandle<()>>,
 }
 
 /// Steps 4 and 5 of the module docs, once the plugin is up and its clients are made.
@@ -606,6 +630,7 @@ async fn volume_manager(
         prepared.version,
         plugin_info.target_path_exists.unwrap_or(false),
     );
+    let moved = Arc::new(tokio::sync::Notify::new());
     let vm_cfg = VolumeManagerConfig::new(
         paths.clone(),
         prepared.node_id.clone(),
@@ -616,7 +641,10 @@ async fn volume_manager(
     .plugin(plugin_type, plugin_name, prepared.version)
     .shutdown_grace(cfg.volume_shutdown_grace)
     .retry(cfg.volume_retry.clone())
-    .observer(Arc::new(metrics.volumes().clone()));
+    .observer(Arc::new(MovedNotice {
+        inner: Arc::new(metrics.volumes().clone()),
+        moved: moved.clone(),
+    }));
 
     let volume_cancel = cancel.child_token();
     let (volumes, guard) = VolumeManager::spawn(
@@ -628,14 +656,27 @@ async fn volume_manager(
     .map_err(|e| failed(provider, StackStep::VolumeManager)(e.into()))?;
     let mut task = tokio::spawn(guard.join());
     match volumes.ready().await {
-        Ok(recovery) => Ok(VolumePart {
-            paths,
-            prepared,
-            recovery,
-            volumes,
-            cancel: volume_cancel,
-            task,
-        }),
+        Ok(recovery) => {
+            let health_task = spawn_health(
+                provider,
+                cfg,
+                &prepared,
+                services,
+                &volumes,
+                &paths,
+                moved,
+                &volume_cancel,
+            );
+            Ok(VolumePart {
+                paths,
+                prepared,
+                recovery,
+                volumes,
+                cancel: volume_cancel,
+                task,
+                health_task,
+            })
+        }
         Err(e) => {
             volume_cancel.cancel();
             let _ = join_volume_task(&mut task).await;
@@ -645,6 +686,77 @@ async fn volume_manager(
             Err(failed(provider, StackStep::Recovery)(e.into()))
         }
     }
+}
+
+/// Spawns the volume health poller (`crate::health`) when the stack has somewhere to
+/// record and the plugin advertises something to ask: its own clients (own connections,
+/// the poller's deadline, metrics counted nowhere else), stopped by `cancel`.
+#[allow(clippy::too_many_arguments)]
+fn spawn_health(
+    provider: &str,
+    cfg: &StackConfig,
+    prepared: &PreparedServices,
+    services: &CsiServices,
+    volumes: &VolumeManagerHandle,
+    paths: &MountPaths,
+    moved: Arc<tokio::sync::Notify>,
+    cancel: &CancellationToken,
+) -> Option<JoinHandle<()>> {
+    let metrics = cfg.health_metrics.clone()?;
+    let plan = Plan::of(&prepared.caps, prepared.version);
+    if plan.is_idle() || !cfg.health.enabled {
+        tracing::debug!(provider, ?plan, "no volume health poller: nothing to ask");
+        return None;
+    }
+    let client_cfg = ClientConfig::default()
+        .version(slrp_csi::VersionSelect::Force(prepared.version))
+        .rpc_timeout(cfg.health.timeout)
+        .limits(cfg.answer_limits)
+        .cancel(cancel.clone());
+    let own = |c: &CsiClient| {
+        CsiClient::new(
+            c.endpoint().clone(),
+            client_cfg.clone(),
+            CsiMetrics::default(),
+        )
+    };
+    let node = match own(services.node()) {
+        Ok(node) => node,
+        Err(e) => {
+            tracing::warn!(provider, error = %DisplayChain(&e), "no volume health poller: its CSI client cannot be made");
+            return None;
+        }
+    };
+    let calls = match services.controller() {
+        None => CsiServices::node_only(node),
+        Some(c) if c.endpoint() == services.node().endpoint() => {
+            CsiServices::new(node.clone(), node)
+        }
+        Some(c) => match own(c) {
+            Ok(controller) => CsiServices::new(controller, node),
+            Err(e) => {
+                tracing::warn!(provider, error = %DisplayChain(&e), "no volume health poller: its CSI client cannot be made");
+                return None;
+            }
+        },
+    };
+    tracing::info!(provider, ?plan, interval = ?cfg.health.interval, concurrency = cfg.health.concurrency, "volume health poller started");
+    let poller = HealthPoller {
+        cfg: cfg.health,
+        plan,
+        calls,
+        source: ManagerVolumes {
+            handle: volumes.clone(),
+            paths: paths.clone(),
+        },
+        metrics,
+        moved,
+    };
+    let span = tracing::info_span!(parent: None, "volume_health", provider);
+    Some(tokio::spawn(tracing::Instrument::instrument(
+        poller.run(cancel.child_token()),
+        span,
+    )))
 }
 
 /// Refuses a relative `target_path_root` before anything is launched (an empty one means

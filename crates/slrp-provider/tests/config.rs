@@ -514,6 +514,21 @@ fn bad_settings_are_refused_naming_the_key() {
             "max_pages",
         ),
         (
+            "zero health concurrency",
+            format!("{rp}[agent]\nurl = \"http://a:1\"\n[volume_health]\nconcurrency = 0\n"),
+            "volume_health.concurrency",
+        ),
+        (
+            "bad health interval",
+            format!("{rp}[agent]\nurl = \"http://a:1\"\n[volume_health]\ninterval = \"often\"\n"),
+            "volume_health.interval",
+        ),
+        (
+            "unknown health key",
+            format!("{rp}[agent]\nurl = \"http://a:1\"\n[volume_health]\nrate = 3\n"),
+            "rate",
+        ),
+        (
             "missing token file",
             format!("{rp}[agent]\nurl = \"http://a:1\"\ntoken_file = \"nope\"\n"),
             "agent.token_file",
@@ -766,4 +781,33 @@ fn an_agent_container_id_longer_than_242_characters_is_refused_for_the_agent() {
         PluginBackend::Agent,
         "242",
     );
+}
+
+/// `[volume_health]` sets the poller's settings; unset ones keep their defaults.
+#[test]
+fn the_volume_health_table_sets_the_poller() {
+    let s = Setup::new();
+    let rp = "resource_provider_config_dir = \"rp\"\n[agent]\nurl = \"http://a:1\"\n";
+    let defaults = s.resolve(rp, Overrides::default()).unwrap();
+    assert_eq!(
+        defaults.volume_health,
+        slrp_provider::health::HealthConfig::default()
+    );
+    assert_eq!(
+        defaults.volume_health.interval,
+        std::time::Duration::from_secs(60)
+    );
+    let set = s
+        .resolve(
+            &format!(
+                "{rp}[volume_health]\nenabled = false\ninterval = \"5m\"\nconcurrency = 2\ntimeout = \"3s\"\n"
+            ),
+            Overrides::default(),
+        )
+        .unwrap()
+        .volume_health;
+    assert!(!set.enabled);
+    assert_eq!(set.interval, std::time::Duration::from_secs(300));
+    assert_eq!(set.concurrency, 2);
+    assert_eq!(set.timeout, std::time::Duration::from_secs(3));
 }

@@ -67,6 +67,17 @@ pub enum ListAnswer {
     Fail(Code, String),
 }
 
+/// What the plugin does about volume health calls.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum HealthAnswer {
+    /// Advertises none of GET_VOLUME_STATS, GET_VOLUME, VOLUME_CONDITION (and answers
+    /// their RPCs UNIMPLEMENTED, counted in [`Seen`]).
+    #[default]
+    NotAdvertised,
+    /// Advertises the node's GET_VOLUME_STATS, and never answers NodeGetVolumeStats.
+    HangStats,
+}
+
 /// How the plugin misbehaves; [`Misbehaviour::default`] is honest.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Misbehaviour {
@@ -76,6 +87,8 @@ pub struct Misbehaviour {
     pub list: ListAnswer,
     /// GetCapacity's `available_capacity` instead of what is free.
     pub capacity: Option<i64>,
+    /// The volume health calls.
+    pub health: HealthAnswer,
 }
 
 /// What the plugin was asked.
@@ -87,6 +100,10 @@ pub struct Seen {
     pub deletes: Vec<String>,
     /// ListVolumes calls (pages).
     pub list_pages: usize,
+    /// NodeGetVolumeStats calls (answered or not).
+    pub stats_calls: usize,
+    /// ControllerGetVolume calls.
+    pub get_volume_calls: usize,
 }
 
 /// One volume the plugin has.
@@ -538,6 +555,7 @@ impl pb::controller_server::Controller for Service {
         &self,
         _: Request<pb::ControllerGetVolumeRequest>,
     ) -> Result<Response<pb::ControllerGetVolumeResponse>, Status> {
+        self.st().seen.get_volume_calls += 1;
         unimplemented()
     }
 
@@ -593,7 +611,15 @@ impl pb::node_server::Node for Service {
         &self,
         _: Request<pb::NodeGetVolumeStatsRequest>,
     ) -> Result<Response<pb::NodeGetVolumeStatsResponse>, Status> {
-        unimplemented()
+        let health = {
+            let mut st = self.st();
+            st.seen.stats_calls += 1;
+            st.misbehaviour.health
+        };
+        match health {
+            HealthAnswer::NotAdvertised => unimplemented(),
+            HealthAnswer::HangStats => std::future::pending().await,
+        }
     }
 
     async fn node_expand_volume(
@@ -607,8 +633,17 @@ impl pb::node_server::Node for Service {
         &self,
         _: Request<pb::NodeGetCapabilitiesRequest>,
     ) -> Result<Response<pb::NodeGetCapabilitiesResponse>, Status> {
+        use pb::node_service_capability::{Rpc, Type, rpc::Type as NodeRpc};
+        let capabilities = match self.st().misbehaviour.health {
+            HealthAnswer::NotAdvertised => Vec::new(),
+            HealthAnswer::HangStats => vec![pb::NodeServiceCapability {
+                r#type: Some(Type::Rpc(Rpc {
+                    r#type: NodeRpc::GetVolumeStats as i32,
+                })),
+            }],
+        };
         Ok(Response::new(pb::NodeGetCapabilitiesResponse {
-            capabilities: Vec::new(),
+            capabilities,
         }))
     }
 

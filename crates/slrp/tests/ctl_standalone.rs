@@ -522,3 +522,50 @@ async fn root_destroy_of_a_published_disk_is_refused_and_keeps_the_data() {
     let out = d.ctl_ok(&["destroy-disk", &id, "--wait"]).await;
     assert_eq!(out, format!("destroyed disk {id}\n"));
 }
+
+/// Read your own writes (issue #22): once `create-disk --wait` or `destroy-disk --wait`
+/// returns, the very next `resources` and `volumes` show the change (the disk with its
+/// profile; then no disk), with no wait in between. Three disks of each kind, one after
+/// the other, so that a lag of the provider's total shows.
+#[tokio::test]
+async fn root_ctl_reads_its_own_writes_after_waited_create_and_destroy() {
+    if !slrp_test_support::require_root(
+        "root_ctl_reads_its_own_writes_after_waited_create_and_destroy",
+    ) {
+        return;
+    }
+    let d = Daemon::start().await;
+    for profile in ["mount", "block", "mount"] {
+        let op = d
+            .ctl_json(&[
+                "create-disk",
+                "--profile",
+                profile,
+                "--size",
+                DISK,
+                "--wait",
+            ])
+            .await;
+        let id = op["volume_id"].as_str().unwrap().to_owned();
+        let resources = d.ctl_json(&["resources"]).await;
+        assert!(has_disk(&resources, &id), "{id} not in {resources:#}");
+        let volume = d.ctl_json(&["volumes", &id]).await;
+        assert_eq!(volume["profile"], profile, "{volume:#}");
+        let table = d.ctl_ok(&["volumes"]).await;
+        let row = table.lines().find(|l| l.starts_with(&id)).unwrap();
+        assert!(row.contains(&format!("  {profile}  ")), "PROFILE: {row:?}");
+
+        d.ctl_ok(&["destroy-disk", &id, "--wait"]).await;
+        let resources = d.ctl_json(&["resources"]).await;
+        assert!(!has_disk(&resources, &id), "{id} still in {resources:#}");
+        let volumes = d.ctl_json(&["volumes"]).await;
+        assert!(
+            volumes
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|v| v["volume_id"] != id.as_str()),
+            "{volumes:#}"
+        );
+    }
+}

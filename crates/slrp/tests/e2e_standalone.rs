@@ -17,28 +17,8 @@ mod support;
 use std::os::unix::fs::FileTypeExt as _;
 use std::path::{Path, PathBuf};
 
-use e2e_support::{PROVIDER, Standalone, disk, is_mount_point, pool_mb, volume};
+use e2e_support::{PROVIDER, Standalone, create_disk, disk, is_mount_point, pool_mb, volume};
 use serde_json::Value;
-
-/// `ctl create-disk --wait --json`: the operation FINISHED; its `volume_id`.
-async fn create_disk(d: &Standalone, profile: &str, extra: &[&str]) -> String {
-    let mut args = vec![
-        "create-disk",
-        "--profile",
-        profile,
-        "--size",
-        "64MiB",
-        "--wait",
-    ];
-    args.extend_from_slice(extra);
-    let op = d.ctl_json(&args).await;
-    assert_eq!(op["state"], "OPERATION_FINISHED", "{op:#}");
-    assert_eq!(op["type"], "CREATE_DISK", "{op:#}");
-    match op["volume_id"].as_str() {
-        Some(id) if !id.is_empty() => id.to_owned(),
-        _ => d.fail(&format!("create-disk --json has no volume_id: {op:#}")),
-    }
-}
 
 /// `ctl publish ID`: exit 0, the path on its last line (absolute, under the state dir's
 /// `work/csi/`).

@@ -27,7 +27,9 @@ use std::time::Duration;
 
 use e2e_support::{Standalone, pool_mb};
 use serde_json::{Value, json};
-use slrp_test_support::hostile::{Code, CreateAnswer, HostilePlugin, ListAnswer, Misbehaviour};
+use slrp_test_support::hostile::{
+    Code, CreateAnswer, HealthAnswer, HostilePlugin, ListAnswer, Misbehaviour,
+};
 
 const PROVIDER: &str = "org.apache.mesos.rp.local.storage.hostile";
 const PROFILE: &str = "hostile";
@@ -82,7 +84,10 @@ impl Setup {
         std::fs::write(d.path("profiles.json"), profiles.to_string()).unwrap();
         std::fs::write(
             d.path("slrp.toml"),
-            "[retries]\nstatus_update_min = \"200ms\"\nstatus_update_max = \"1600ms\"\ncsi_min = \"50ms\"\ncsi_max = \"400ms\"\n",
+            // The volume health poller asks every 200 ms, and waits a minute for an answer
+            // (longer than any bound a test puts on an operation).
+            "[retries]\nstatus_update_min = \"200ms\"\nstatus_update_max = \"1600ms\"\ncsi_min = \"50ms\"\ncsi_max = \"400ms\"\n\
+             [volume_health]\ninterval = \"200ms\"\ntimeout = \"60s\"\n",
         )
         .unwrap();
         d.extra_args = vec![
@@ -646,4 +651,103 @@ async fn a_retried_create_shows_its_last_error_and_next_retry() {
         .find(|o| o["operation_uuid"] == uuid.as_str())
         .unwrap();
     assert!(op["last_error"].is_null(), "{op:#}");
+}
+
+/// `ctl --json create-disk --wait` of 1 MiB, FINISHED; the volume id.
+async fn created(s: &Setup) -> String {
+    let op = s.create_disk("1MiB").await;
+    assert_eq!(op["state"], "OPERATION_FINISHED", "{op:#}");
+    op["volume_id"].as_str().unwrap().to_owned()
+}
+
+/// Volume health (issue #22): a plugin that advertises none of GET_VOLUME_STATS,
+/// GET_VOLUME and VOLUME_CONDITION is never asked them, published volumes included, while
+/// the poller would ask every 200 ms; its volumes' HEALTH is `-`, with no usage and no
+/// `slrp_volume_stats_*` series.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_without_the_health_capabilities_is_never_asked_about_its_volumes() {
+    let Some(mut s) = Setup::new(Misbehaviour::default()) else {
+        return;
+    };
+    s.ready().await;
+    let id = created(&s).await;
+    s.d.ctl_ok(&["publish", &id]).await;
+    // Three reconciliations (1 s apart) are fifteen poller intervals.
+    s.reconciliations(3).await;
+    let seen = s.plugin.seen();
+    assert_eq!(
+        (seen.stats_calls, seen.get_volume_calls),
+        (0, 0),
+        "{seen:?}"
+    );
+    let volumes = s.d.ctl_json(&["volumes"]).await;
+    let v = e2e_support::volume(&volumes, &id).unwrap();
+    assert_eq!(v["state"], "PUBLISHED", "{v:#}");
+    assert!(v.get("health").is_none(), "{v:#}");
+    let table = s.d.ctl_ok(&["volumes"]).await;
+    let row = table
+        .stdout
+        .lines()
+        .find(|l| l.starts_with(&id))
+        .unwrap_or_else(|| panic!("{}", table.describe()));
+    assert!(row.ends_with("-     -"), "USED and HEALTH are '-': {row:?}");
+    let metrics = s.d.http("GET", "/metrics", &[], None).await;
+    assert!(
+        !metrics.body.contains("slrp_volume_stats_used_bytes{"),
+        "{}",
+        metrics.body
+    );
+}
+
+/// Volume health (issue #22): a plugin that hangs in every NodeGetVolumeStats (the poller
+/// waits a minute for each) delays neither CREATE_DISK nor a publish: both finish within a
+/// bound far below that minute while the poller's calls are still hanging (none has
+/// failed yet: its failure counter is still 0).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_hanging_in_node_get_volume_stats_delays_neither_create_disk_nor_publish() {
+    let Some(mut s) = Setup::new(Misbehaviour {
+        health: HealthAnswer::HangStats,
+        ..Misbehaviour::default()
+    }) else {
+        return;
+    };
+    s.ready().await;
+    let first = created(&s).await;
+    s.d.ctl_ok(&["publish", &first]).await;
+    s.d.within("the poller's first NodeGetVolumeStats", async {
+        while s.plugin.seen().stats_calls == 0 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+
+    // The bound: a quarter of the poller's 60 s deadline, for both operations together.
+    let bound = Duration::from_secs(15);
+    let started = tokio::time::Instant::now();
+    let second = created(&s).await;
+    s.d.ctl_ok(&["publish", &second]).await;
+    let took = started.elapsed();
+    assert!(
+        took < bound,
+        "create-disk and publish took {took:?} while NodeGetVolumeStats hangs"
+    );
+    assert!(s.plugin.seen().stats_calls >= 1);
+    let metrics = s.d.http("GET", "/metrics", &[], None).await;
+    let samples = e2e_support::parse_openmetrics(&metrics.body);
+    let failed = samples
+        .iter()
+        .find(|(name, labels, _)| {
+            name == "slrp_volume_health_failures_total"
+                && labels.get("rpc").map(String::as_str) == Some("NodeGetVolumeStats")
+        })
+        .map_or(0.0, |(_, _, v)| *v);
+    assert_eq!(failed, 0.0, "the hanging calls are still in flight");
+    let calls = samples
+        .iter()
+        .find(|(name, labels, _)| {
+            name == "slrp_volume_health_calls_total"
+                && labels.get("rpc").map(String::as_str) == Some("NodeGetVolumeStats")
+        })
+        .map_or(0.0, |(_, _, v)| *v);
+    assert!(calls >= 1.0, "{}", metrics.body);
 }

@@ -74,6 +74,13 @@ fn volume(v: types::VolumeInfo) -> csi::Volume {
     }
 }
 
+fn condition(c: types::Condition) -> csi::VolumeCondition {
+    csi::VolumeCondition {
+        abnormal: c.abnormal,
+        message: c.message,
+    }
+}
+
 fn empty_id(field: &str, id: &str) -> Result<(), Status> {
     if id.is_empty() {
         return Err(Status::invalid_argument(format!(
@@ -245,8 +252,11 @@ impl<H: Host> Controller for CsiV1<H> {
                 .entries
                 .into_iter()
                 .map(|v| csi::list_volumes_response::Entry {
+                    status: Some(csi::list_volumes_response::VolumeStatus {
+                        published_node_ids: Vec::new(),
+                        volume_condition: v.condition.clone().map(condition),
+                    }),
                     volume: Some(volume(v)),
-                    status: None,
                 })
                 .collect(),
             next_token: page.next_token,
@@ -282,6 +292,8 @@ impl<H: Host> Controller for CsiV1<H> {
             T::ListVolumes,
             T::GetCapacity,
             T::ExpandVolume,
+            T::GetVolume,
+            T::VolumeCondition,
         ]
         .into_iter()
         .map(|t| csi::ControllerServiceCapability {
@@ -352,10 +364,18 @@ impl<H: Host> Controller for CsiV1<H> {
 
     async fn controller_get_volume(
         &self,
-        _req: Request<csi::ControllerGetVolumeRequest>,
+        req: Request<csi::ControllerGetVolumeRequest>,
     ) -> Result<Response<csi::ControllerGetVolumeResponse>, Status> {
         self.0.enter("ControllerGetVolume").await?;
-        Err(Status::unimplemented("GET_VOLUME is not advertised"))
+        let id = req.into_inner().volume_id;
+        let v = self.0.run(move |p| p.get_volume(&id)).await?;
+        Ok(Response::new(csi::ControllerGetVolumeResponse {
+            status: Some(csi::controller_get_volume_response::VolumeStatus {
+                published_node_ids: Vec::new(),
+                volume_condition: v.condition.clone().map(condition),
+            }),
+            volume: Some(volume(v)),
+        }))
     }
 
     async fn controller_modify_volume(
@@ -454,10 +474,7 @@ impl<H: Host> Node for CsiV1<H> {
                     } as i32,
                 })
                 .collect(),
-            volume_condition: Some(csi::VolumeCondition {
-                abnormal: stats.condition.abnormal,
-                message: stats.condition.message,
-            }),
+            volume_condition: Some(condition(stats.condition)),
         }))
     }
 

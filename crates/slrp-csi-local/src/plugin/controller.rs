@@ -19,8 +19,8 @@ use crate::host::{Host, HostError};
 use crate::ids;
 use crate::store::{self, Access, Backend, Origin, Phase, VolumeRecord};
 use crate::types::{
-    AccessType, Capability, CapacityInfo, CapacityRange, CreateVolume, Validation, VolumeInfo,
-    VolumePage,
+    AccessType, Capability, CapacityInfo, CapacityRange, Condition, CreateVolume, Validation,
+    VolumeInfo, VolumePage,
 };
 
 impl<H: Host> Plugin<H> {
@@ -427,6 +427,57 @@ impl<H: Host> Plugin<H> {
         Ok(())
     }
 
+    /// ControllerGetVolume: the volume with its condition (`status.volume_condition`).
+    ///
+    /// # Errors
+    /// INVALID_ARGUMENT for an empty id, NOT_FOUND for a volume the plugin does not have.
+    pub fn get_volume(&self, volume_id: &str) -> Result<VolumeInfo, VolumeError> {
+        if volume_id.is_empty() {
+            return Err(VolumeError::invalid("volume_id", "is empty"));
+        }
+        let rec = self.lookup(volume_id)?;
+        let mut info = self.info(&rec);
+        info.condition = Some(self.backing_condition(&rec));
+        Ok(info)
+    }
+
+    /// The controller's view of a volume's health: whether its backing storage is there
+    /// and usable (a dir volume's directory, a loop volume's image file), with a message
+    /// naming what is wrong. What is mounted is the node's business (NodeGetVolumeStats).
+    pub(super) fn backing_condition(&self, rec: &VolumeRecord) -> Condition {
+        let backing = self.layout.backing(rec);
+        let (what, want_dir) = match rec.backend {
+            Backend::Dir => ("directory", true),
+            Backend::Loop => ("image", false),
+        };
+        let problem = match fs::metadata(&backing) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Some("is missing".to_owned()),
+            Err(e) => Some(format!("is unreadable: {e}")),
+            Ok(md) if want_dir && !md.is_dir() => Some("is not a directory".to_owned()),
+            Ok(md) if !want_dir && !md.is_file() => Some("is not a regular file".to_owned()),
+            Ok(_) if want_dir => fs::read_dir(&backing)
+                .err()
+                .map(|e| format!("is unreadable: {e}")),
+            Ok(_) => fs::File::open(&backing)
+                .err()
+                .map(|e| format!("is unreadable: {e}")),
+        };
+        match problem {
+            Some(problem) => Condition {
+                abnormal: true,
+                message: format!(
+                    "{what} {} of volume {} {problem}",
+                    backing.display(),
+                    rec.id
+                ),
+            },
+            None => Condition {
+                abnormal: false,
+                message: "ok".to_owned(),
+            },
+        }
+    }
+
     pub(super) fn compatible(rec: &VolumeRecord, cap: &Capability) -> Result<(), String> {
         if !cap.mode.is_supported() {
             return Err(format!("access mode {:?} is not supported", cap.mode));
@@ -536,7 +587,9 @@ impl<H: Host> Plugin<H> {
                 next_token = format!("{TOKEN_PREFIX}{}", rec.id);
                 break;
             }
-            entries.push(self.info(rec));
+            let mut info = self.info(rec);
+            info.condition = Some(self.backing_condition(rec));
+            entries.push(info);
         }
         Ok(VolumePage {
             entries,

@@ -532,6 +532,7 @@ impl<H: Host> Plugin<H> {
             volume_id: rec.id.clone(),
             capacity_bytes: to_i64(rec.capacity_bytes),
             volume_context: ctx,
+            condition: None,
         }
     }
 

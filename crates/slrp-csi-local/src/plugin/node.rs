@@ -508,8 +508,9 @@ impl<H: Host> Plugin<H> {
             abnormal: true,
             message: m,
         };
-        if !backing.exists() {
-            return abnormal(format!("backing storage {} is missing", backing.display()));
+        let stored = self.backing_condition(rec);
+        if stored.abnormal {
+            return stored;
         }
         let must_be_mounted =
             rec.access == Access::Mount || rec.published.iter().any(|p| p.target == path);

@@ -455,3 +455,121 @@ async fn sanity_default_flags_fit_the_default_sizes() {
     }
     s.cleanup().await;
 }
+
+// ===================== GetVolume and VolumeCondition =====================
+
+/// Controller Service / ControllerGetVolume (csi-sanity's `GET_VOLUME` cases): an empty id
+/// is INVALID_ARGUMENT, an unknown one NOT_FOUND, a created one answers with the volume
+/// and, with `VOLUME_CONDITION`, a condition.
+#[tokio::test]
+async fn sanity_controller_get_volume() {
+    let mut s = Sanity::start().await;
+    code_is(
+        s.c.controller
+            .controller_get_volume(v1::ControllerGetVolumeRequest::default())
+            .await,
+        Code::InvalidArgument,
+    );
+    code_is(
+        s.c.controller
+            .controller_get_volume(v1::ControllerGetVolumeRequest {
+                volume_id: "vol-does-not-exist".into(),
+            })
+            .await,
+        Code::NotFound,
+    );
+    let v = s.must_create("sanity-get").await;
+    let got =
+        s.c.controller
+            .controller_get_volume(v1::ControllerGetVolumeRequest {
+                volume_id: v.volume_id.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+    let volume = got.volume.unwrap();
+    assert_eq!(volume.volume_id, v.volume_id);
+    assert_eq!(volume.capacity_bytes, v.capacity_bytes);
+    assert_eq!(volume.volume_context, v.volume_context);
+    let condition = got.status.unwrap().volume_condition.unwrap();
+    assert!(!condition.abnormal, "{condition:?}");
+    s.cleanup().await;
+}
+
+/// What ControllerGetVolume and ListVolumes say of volume `id`'s condition.
+async fn conditions(s: &mut Sanity, id: &str) -> [v1::VolumeCondition; 2] {
+    let got =
+        s.c.controller
+            .controller_get_volume(v1::ControllerGetVolumeRequest {
+                volume_id: id.to_owned(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+    let listed =
+        s.c.controller
+            .list_volumes(v1::ListVolumesRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .entries
+            .into_iter()
+            .find(|e| e.volume.as_ref().is_some_and(|v| v.volume_id == id))
+            .expect("the volume is listed");
+    [
+        got.status.unwrap().volume_condition.unwrap(),
+        listed.status.unwrap().volume_condition.unwrap(),
+    ]
+}
+
+/// CSI `VolumeCondition` (controller): a volume whose backing storage is gone (a dir
+/// volume's directory, a loop volume's image) is abnormal in ControllerGetVolume and in
+/// its ListVolumes entry, with a message naming what is missing; it is normal again once
+/// the storage is back.
+#[tokio::test]
+async fn spec_controller_volume_condition_follows_the_backing_storage() {
+    let mut s = Sanity::start().await;
+    let dir = s.must_create("cond-dir").await;
+    let mut loop_req = s.create_req("cond-loop");
+    loop_req
+        .parameters
+        .insert("backend".to_owned(), "loop".to_owned());
+    loop_req.capacity_range = Some(v1::CapacityRange {
+        required_bytes: 64 << 20,
+        limit_bytes: 0,
+    });
+    let image = s.create(loop_req).await.unwrap();
+    s.created.push(image.volume_id.clone());
+    let cases = [
+        (
+            &dir,
+            s.p.root.join("volumes/dir").join(&dir.volume_id),
+            "directory",
+        ),
+        (
+            &image,
+            s.p.root
+                .join("volumes/loop")
+                .join(format!("{}.img", image.volume_id)),
+            "image",
+        ),
+    ];
+    for (v, backing, what) in cases {
+        for c in conditions(&mut s, &v.volume_id).await {
+            assert!(!c.abnormal, "{what}: {c:?}");
+        }
+        let aside = backing.with_extension("aside");
+        std::fs::rename(&backing, &aside).unwrap();
+        for c in conditions(&mut s, &v.volume_id).await {
+            assert!(c.abnormal, "{what}: {c:?}");
+            assert!(c.message.starts_with(what), "{c:?}");
+            assert!(c.message.contains(&v.volume_id), "{c:?}");
+            assert!(c.message.ends_with("is missing"), "{c:?}");
+        }
+        std::fs::rename(&aside, &backing).unwrap();
+        for c in conditions(&mut s, &v.volume_id).await {
+            assert!(!c.abnormal, "{what} repaired: {c:?}");
+        }
+    }
+    s.cleanup().await;
+}

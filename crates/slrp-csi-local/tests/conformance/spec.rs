@@ -5,7 +5,7 @@ use super::*;
 // ===================== Capabilities csi-sanity skips for this plugin =====================
 
 /// The csi-sanity cases skipped for this plugin's capabilities (ControllerPublish/Unpublish,
-/// snapshots, cloning, ModifyVolume, group snapshots, GetVolume) hit RPCs it answers with
+/// snapshots, cloning, ModifyVolume, group snapshots) hit RPCs it answers with
 /// UNIMPLEMENTED, the code the spec gives a CO that calls what is not advertised.
 #[tokio::test]
 async fn sanity_skipped_capabilities_answer_unimplemented() {
@@ -38,11 +38,6 @@ async fn sanity_skipped_capabilities_answer_unimplemented() {
     );
     code_is(
         ctl.get_snapshot(v1::GetSnapshotRequest::default()).await,
-        Code::Unimplemented,
-    );
-    code_is(
-        ctl.controller_get_volume(v1::ControllerGetVolumeRequest::default())
-            .await,
         Code::Unimplemented,
     );
     code_is(

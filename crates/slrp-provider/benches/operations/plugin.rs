@@ -3,8 +3,9 @@
 //! volume, so it would measure the disk, not the provider.
 //!
 //! It does what the provider needs and CSI requires of these calls (CreateVolume is
-//! idempotent by name, DeleteVolume of an unknown id succeeds, ListVolumes pages) and
-//! answers `UNIMPLEMENTED` to the rest.
+//! idempotent by name, DeleteVolume of an unknown id succeeds, ListVolumes pages), answers
+//! NodeGetVolumeStats at once for any volume (the volume health benchmark) and
+//! `UNIMPLEMENTED` to the rest.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -325,7 +326,24 @@ impl pb::node_server::Node for FastPlugin {
         &self,
         _: Request<pb::NodeGetVolumeStatsRequest>,
     ) -> Result<Response<pb::NodeGetVolumeStatsResponse>, Status> {
-        unimplemented("NodeGetVolumeStats")
+        // At once, for the volume health benchmark (which asks without capabilities: the
+        // operations benchmark's provider never asks, as nothing is advertised).
+        let usage = |unit: pb::volume_usage::Unit, total| pb::VolumeUsage {
+            available: total / 2,
+            total,
+            used: total / 2,
+            unit: unit as i32,
+        };
+        Ok(Response::new(pb::NodeGetVolumeStatsResponse {
+            usage: vec![
+                usage(pb::volume_usage::Unit::Bytes, 1 << 30),
+                usage(pb::volume_usage::Unit::Inodes, 1 << 16),
+            ],
+            volume_condition: Some(pb::VolumeCondition {
+                abnormal: false,
+                message: "ok".into(),
+            }),
+        }))
     }
 
     async fn node_expand_volume(

@@ -154,7 +154,15 @@ pub(super) async fn create_disk(
         request.size_bytes.div_ceil(1 << 20),
     );
     match actions.create_disk(request).await {
-        Ok(op) => Ok(operation_answer(wait, op)),
+        Ok(op) => {
+            if wait
+                && op.state == "OPERATION_FINISHED"
+                && let Some(id) = &op.volume_id
+            {
+                settle(provider, id, true).await;
+            }
+            Ok(operation_answer(wait, op))
+        }
         // A pool that is exactly full has no RAW resource left, so the manager's view
         // knows no pool of the profile; the provider does: that is no space, not 404.
         Err(e)
@@ -190,8 +198,28 @@ pub(super) async fn destroy_disk(
     ready(provider)?;
     refuse_in_use(provider, &request.volume_id).await?;
     let wait = request.wait;
+    let id = request.volume_id.clone();
     let op = actions.destroy_disk(request).await?;
+    if wait && op.state == "OPERATION_FINISHED" {
+        settle(provider, &id, false).await;
+    }
     Ok(operation_answer(wait, op))
+}
+
+/// How long a waited action's answer waits for the provider's total to show its effect:
+/// twice the longest the provider takes to publish a changed total.
+const SETTLE: std::time::Duration = crate::worker::STATUS_TOTAL_MAX_INTERVAL.saturating_mul(2);
+
+/// Read your own writes: a waited CREATE_DISK (`present`) or DESTROY_DISK that FINISHED is
+/// answered once the provider's total, which `GET /resources` and the profiles of
+/// `GET /volumes` read, shows the disk `id` (or no longer does). The provider publishes a
+/// changed total a moment after the operation's status (`status_total_delay`), so without
+/// this the next `slrp ctl resources` could miss it. Bounded by [`SETTLE`]; past it the
+/// answer goes out as it is, with a warning.
+async fn settle(provider: &Arc<dyn AdminProvider>, id: &str, present: bool) {
+    if !provider.wait_disk(id, present, SETTLE).await {
+        tracing::warn!(provider = %provider.key(), volume_id = id, present, "the provider's resources did not show the finished operation in time");
+    }
 }
 
 /// 409 while volume `volume_id` is staged or published: DESTROY_DISK would unmount it

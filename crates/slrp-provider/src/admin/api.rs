@@ -132,6 +132,109 @@ pub struct VolumeSummary {
     /// survives).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+    /// What the volume health poller knows of the volume (docs/admin-api.md, "Volume
+    /// health"); absent when the plugin is asked nothing about it (it advertises none of
+    /// the calls, or the poller is disabled).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<VolumeHealthSummary>,
+}
+
+/// Total, available and used amounts of one unit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AmountsSummary {
+    /// Total.
+    pub total: u64,
+    /// Available.
+    pub available: u64,
+    /// Used.
+    pub used: u64,
+}
+
+/// A volume's last `NodeGetVolumeStats` usage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsageSummary {
+    /// Bytes, when reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<AmountsSummary>,
+    /// Inodes, when reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inodes: Option<AmountsSummary>,
+}
+
+impl UsageSummary {
+    /// Used bytes and their share of the total in percent (`None` without a byte sample;
+    /// no share for a total of 0).
+    pub fn used_bytes(&self) -> Option<(u64, Option<f64>)> {
+        let b = self.bytes?;
+        #[allow(clippy::cast_precision_loss)]
+        let share = (b.total > 0).then(|| b.used as f64 * 100.0 / b.total as f64);
+        Some((b.used, share))
+    }
+}
+
+/// What the volume health poller knows of one volume.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VolumeHealthSummary {
+    /// `ok`, `abnormal`, or `unknown` (the plugin gave no condition, or none yet).
+    pub status: String,
+    /// The plugin's condition message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// The CSI call that reported the condition (`NodeGetVolumeStats`,
+    /// `ControllerGetVolume`, `ListVolumes`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// The last usage sample (published volumes only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<UsageSummary>,
+    /// When the last sample was taken (RFC 3339, seconds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampled_at: Option<String>,
+    /// How old the last sample is, in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub age_seconds: Option<f64>,
+    /// The poller's last call about the volume failed with this (until one succeeds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl VolumeHealthSummary {
+    /// The summary of `h` at `now`.
+    pub fn of(h: &crate::health::VolumeHealth, now: tokio::time::Instant) -> Self {
+        let amounts = |a: crate::health::Amounts| AmountsSummary {
+            total: a.total,
+            available: a.available,
+            used: a.used,
+        };
+        Self {
+            status: match h.status() {
+                crate::health::HealthStatus::Ok => "ok",
+                crate::health::HealthStatus::Abnormal => "abnormal",
+                crate::health::HealthStatus::Unknown => "unknown",
+            }
+            .to_owned(),
+            message: h.condition.as_ref().map(|c| c.message.clone()),
+            source: h.condition.as_ref().map(|c| c.source.to_owned()),
+            usage: h.usage.map(|u| UsageSummary {
+                bytes: u.bytes.map(amounts),
+                inodes: u.inodes.map(amounts),
+            }),
+            sampled_at: h.age(now).and_then(|age| {
+                let at = std::time::SystemTime::now().checked_sub(age)?;
+                Some(humantime::format_rfc3339_seconds(at).to_string())
+            }),
+            age_seconds: h.age(now).map(|a| a.as_secs_f64()),
+            error: h.last_error.clone(),
+        }
+    }
+
+    /// `ok`, `abnormal` or `-` (unknown), as the `HEALTH` column shows it.
+    pub fn column(&self) -> &str {
+        match self.status.as_str() {
+            "ok" | "abnormal" => &self.status,
+            _ => "-",
+        }
+    }
 }
 
 /// One status update in [`OperationSummary::statuses`].

@@ -64,6 +64,8 @@ pub mod api;
 pub mod manager_actions;
 mod read_routes;
 
+pub(crate) use read_routes::source_id;
+
 pub use manager_actions::{ActionError, BoxFuture, ManagerActions};
 
 /// What the admin endpoint needs to know about one provider. The daemon implements it over
@@ -123,6 +125,30 @@ pub trait AdminProvider: Send + Sync + 'static {
     /// The last error of a CSI call on volume `id` that left it in flight, until it
     /// completes a transition.
     fn volume_error(&self, id: &VolumeId) -> Option<String> {
+        let _ = id;
+        None
+    }
+    /// Waits, at most `within`, until the provider's total as the admin API shows it
+    /// ([`AdminProvider::total`]) holds a disk whose `disk.source.id` is `volume_id`
+    /// (`present`) or none (`!present`); returns whether it came to. The answers of the
+    /// waited actions use it, so that what an operator reads next shows their effect.
+    fn wait_disk(
+        &self,
+        volume_id: &str,
+        present: bool,
+        within: std::time::Duration,
+    ) -> BoxFuture<'_, bool> {
+        let _ = within;
+        let holds = self
+            .total()
+            .iter()
+            .any(|r| read_routes::source_id(r) == Some(volume_id))
+            == present;
+        Box::pin(async move { holds })
+    }
+    /// What the volume health poller knows of volume `id` (`None`: nothing is asked
+    /// about it, or the provider does not run).
+    fn volume_health(&self, id: &VolumeId) -> Option<crate::health::VolumeHealth> {
         let _ = id;
         None
     }

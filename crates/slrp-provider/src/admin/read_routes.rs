@@ -81,7 +81,7 @@ pub(super) async fn resources(
 }
 
 /// The `disk.source.id` of a disk resource.
-fn source_id(r: &Resource) -> Option<&str> {
+pub(crate) fn source_id(r: &Resource) -> Option<&str> {
     r.disk.as_ref()?.source.as_ref()?.id.as_deref()
 }
 
@@ -141,6 +141,9 @@ fn summary(
             .delete_failed
             .clone()
             .or_else(|| provider.volume_error(&record.id)),
+        health: provider
+            .volume_health(&record.id)
+            .map(|h| api::VolumeHealthSummary::of(&h, tokio::time::Instant::now())),
     }
 }
 
@@ -190,6 +193,7 @@ fn refused_summary(provider: &dyn AdminProvider, r: &RefusedCreate) -> VolumeSum
         staging_path: None,
         target_path: None,
         last_error: Some(format!("create '{}': {r}", r.request.name)),
+        health: None,
     }
 }
 

@@ -250,6 +250,48 @@ pub struct DaemonConfig {
     pub manager_max_body_bytes: Option<usize>,
     /// How much of a plugin's answers slrp accepts (`[csi]`, docs/csi-client.md).
     pub csi_limits: slrp_csi::AnswerLimits,
+    /// The volume usage and health poller (`[volume_health]`, `crate::health`).
+    pub volume_health: crate::health::HealthConfig,
+}
+
+/// The `[volume_health]` table: the volume usage and health poller of each provider
+/// (`crate::health`); each unset setting keeps its default.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeHealthFile {
+    /// `false` turns the poller off (default `true`).
+    pub enabled: Option<bool>,
+    /// How often each volume is asked about (default 60s; jittered).
+    pub interval: Option<String>,
+    /// Calls in flight per provider, at most (default 4).
+    pub concurrency: Option<usize>,
+    /// Deadline of one call (default 10s).
+    pub timeout: Option<String>,
+}
+
+/// The poller's settings of `file` over the defaults.
+fn volume_health(file: &VolumeHealthFile) -> Result<crate::health::HealthConfig, ConfigError> {
+    let mut cfg = crate::health::HealthConfig::default();
+    if let Some(enabled) = file.enabled {
+        cfg.enabled = enabled;
+    }
+    if let Some(d) = duration("volume_health.interval", file.interval.as_ref())? {
+        cfg.interval = d;
+    }
+    if let Some(d) = duration("volume_health.timeout", file.timeout.as_ref())? {
+        cfg.timeout = d;
+    }
+    match file.concurrency {
+        None => {}
+        Some(0) => {
+            return Err(setting(
+                "volume_health.concurrency",
+                SettingError::ZeroBound,
+            ));
+        }
+        Some(n) => cfg.concurrency = n,
+    }
+    Ok(cfg)
 }
 
 /// The `[csi]` table: the bounds on plugin answers (`slrp_csi::answer`); each unset one
@@ -427,6 +469,9 @@ pub struct DaemonConfigFile {
     /// Bounds on plugin answers.
     #[serde(default)]
     pub csi: CsiFile,
+    /// The volume usage and health poller.
+    #[serde(default)]
+    pub volume_health: VolumeHealthFile,
     /// The embedded manager of `slrp standalone`.
     #[serde(default)]
     pub manager: ManagerFile,
@@ -756,6 +801,7 @@ impl DaemonConfig {
             Backoff::MESOS,
         )?;
         let csi_limits = csi_limits(&file.csi)?;
+        let volume_health = volume_health(&file.volume_health)?;
         let manager_max_body_bytes = match &file.manager.max_body_bytes {
             None => None,
             Some(v) => {
@@ -797,6 +843,7 @@ impl DaemonConfig {
             status_update_retry,
             csi_retry,
             csi_limits,
+            volume_health,
             manager_max_body_bytes,
         })
     }

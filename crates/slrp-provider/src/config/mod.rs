@@ -21,7 +21,7 @@ pub use daemon::{
     ADMIN_SOCKET_NAME, AdminFile, AdminListen, AdminTcp, AdminToken, AgentFile,
     DEFAULT_SHUTDOWN_GRACE, DEFAULT_STATE_DIR, DaemonConfig, DaemonConfigFile, ManagerFile,
     Overrides, PluginBackend, PluginsFile, PluginsOnExit, RemoveSandboxes, RetriesFile,
-    SettingError, provider_state_dir,
+    SettingError, VolumeHealthFile, provider_state_dir,
 };
 pub use provider_files::{
     DecodeError, InfoError, ProviderConfig, STORAGE_PROVIDER_TYPE, check_plugin_backend,

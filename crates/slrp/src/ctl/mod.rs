@@ -561,6 +561,8 @@ fn volumes_text(volumes: &[VolumeSummary]) -> String {
             "PROFILE",
             "PATH",
             "LAST ERROR",
+            "USED",
+            "HEALTH",
         ],
     );
     for v in volumes {
@@ -576,10 +578,80 @@ fn volumes_text(volumes: &[VolumeSummary]) -> String {
                 or_dash(v.profile.as_deref()),
                 or_dash(v.target_path.as_deref().or(v.staging_path.as_deref())),
                 or_dash(v.last_error.as_deref()),
+                used_text(v),
+                v.health
+                    .as_ref()
+                    .map_or_else(|| "-".to_owned(), |h| h.column().to_owned()),
             ],
         ));
     }
     rendered(&t, "no volumes")
+}
+
+/// The USED column: the bytes used on the volume and their share of its file system
+/// (`12MiB (18%)`), from the last sample; `-` without one.
+fn used_text(v: &VolumeSummary) -> String {
+    let Some((used, share)) = v
+        .health
+        .as_ref()
+        .and_then(|h| h.usage.as_ref())
+        .and_then(|u| u.used_bytes())
+    else {
+        return "-".to_owned();
+    };
+    let bytes = resources::human_mb(bytes_to_mb(used));
+    match share {
+        Some(share) => format!("{bytes} ({share:.0}%)"),
+        None => bytes,
+    }
+}
+
+/// The `volumes ID` lines of the volume health sample (after the existing ones).
+fn health_fields(v: &VolumeSummary) -> Vec<(&'static str, String)> {
+    let Some(h) = &v.health else {
+        return vec![("health", "-".to_owned())];
+    };
+    let amounts = |a: Option<slrp_provider::admin::api::AmountsSummary>, human: bool| {
+        a.map_or_else(
+            || "-".to_owned(),
+            |a| {
+                if human {
+                    format!(
+                        "{} of {} ({} available)",
+                        resources::human_mb(bytes_to_mb(a.used)),
+                        resources::human_mb(bytes_to_mb(a.total)),
+                        resources::human_mb(bytes_to_mb(a.available))
+                    )
+                } else {
+                    format!("{} of {} ({} free)", a.used, a.total, a.available)
+                }
+            },
+        )
+    };
+    let usage = h.usage.as_ref();
+    vec![
+        ("health", h.column().to_owned()),
+        (
+            "condition",
+            match (&h.message, &h.source) {
+                (Some(m), Some(s)) => format!("{m} (from {s})"),
+                (Some(m), None) => m.clone(),
+                (None, _) => "-".to_owned(),
+            },
+        ),
+        ("used", used_text(v)),
+        ("bytes", amounts(usage.and_then(|u| u.bytes), true)),
+        ("inodes", amounts(usage.and_then(|u| u.inodes), false)),
+        (
+            "sampled",
+            match (&h.sampled_at, h.age_seconds) {
+                (Some(at), Some(age)) => format!("{at} ({age:.0}s ago)"),
+                (Some(at), None) => at.clone(),
+                (None, _) => "never".to_owned(),
+            },
+        ),
+        ("health error", or_dash(h.error.as_deref())),
+    ]
 }
 
 /// `key: value` lines, the values aligned.
@@ -592,21 +664,26 @@ fn fields(pairs: &[(&str, String)]) -> String {
 }
 
 fn volume_text(v: &VolumeSummary) -> String {
-    fields(&[
-        ("volume", v.volume_id.clone()),
-        ("provider", v.provider.clone()),
-        ("state", v.state.clone()),
-        ("type", or_dash(v.r#type.as_deref())),
-        (
-            "size",
-            v.capacity_bytes
-                .map_or_else(|| "-".to_owned(), |b| resources::human_mb(bytes_to_mb(b))),
-        ),
-        ("profile", or_dash(v.profile.as_deref())),
-        ("staging path", or_dash(v.staging_path.as_deref())),
-        ("target path", or_dash(v.target_path.as_deref())),
-        ("last error", or_dash(v.last_error.as_deref())),
-    ])
+    fields(
+        &[
+            ("volume", v.volume_id.clone()),
+            ("provider", v.provider.clone()),
+            ("state", v.state.clone()),
+            ("type", or_dash(v.r#type.as_deref())),
+            (
+                "size",
+                v.capacity_bytes
+                    .map_or_else(|| "-".to_owned(), |b| resources::human_mb(bytes_to_mb(b))),
+            ),
+            ("profile", or_dash(v.profile.as_deref())),
+            ("staging path", or_dash(v.staging_path.as_deref())),
+            ("target path", or_dash(v.target_path.as_deref())),
+            ("last error", or_dash(v.last_error.as_deref())),
+        ]
+        .into_iter()
+        .chain(health_fields(v))
+        .collect::<Vec<_>>(),
+    )
 }
 
 fn operation_text(o: &OperationSummary) -> String {
@@ -840,7 +917,58 @@ mod tests {
              profile:      mount\n\
              staging path: /s\n\
              target path:  /t\n\
-             last error:   -\n"
+             last error:   -\n\
+             health:       -\n"
+        );
+    }
+
+    fn sampled() -> VolumeSummary {
+        use slrp_provider::admin::api::{AmountsSummary, UsageSummary, VolumeHealthSummary};
+        let mut v = volume("a.b", "v1");
+        v.health = Some(VolumeHealthSummary {
+            status: "abnormal".into(),
+            message: Some("directory /d of volume v1 is missing".into()),
+            source: Some("NodeGetVolumeStats".into()),
+            usage: Some(UsageSummary {
+                bytes: Some(AmountsSummary {
+                    total: 64 << 20,
+                    available: 48 << 20,
+                    used: 16 << 20,
+                }),
+                inodes: Some(AmountsSummary {
+                    total: 100,
+                    available: 90,
+                    used: 10,
+                }),
+            }),
+            sampled_at: Some("2026-12-03T21:00:00Z".into()),
+            age_seconds: Some(12.3),
+            error: None,
+        });
+        v
+    }
+
+    #[test]
+    fn a_sampled_volume_shows_its_use_health_and_condition() {
+        let table = volumes_text(&[sampled()]);
+        assert_eq!(
+            table,
+            "VOLUME  STATE      TYPE   SIZE   PROFILE  PATH  LAST ERROR  USED         HEALTH\n\
+             v1      PUBLISHED  mount  64MiB  mount    /t    -           16MiB (25%)  abnormal\n"
+        );
+        let detail = volume_text(&sampled());
+        assert!(
+            detail.ends_with(
+                "last error:   -\n\
+                 health:       abnormal\n\
+                 condition:    directory /d of volume v1 is missing (from NodeGetVolumeStats)\n\
+                 used:         16MiB (25%)\n\
+                 bytes:        16MiB of 64MiB (48MiB available)\n\
+                 inodes:       10 of 100 (90 free)\n\
+                 sampled:      2026-12-03T21:00:00Z (12s ago)\n\
+                 health error: -\n"
+            ),
+            "{detail}"
         );
     }
 
@@ -862,6 +990,7 @@ mod tests {
             staging_path: Some("/s".into()),
             target_path: Some("/t".into()),
             last_error: None,
+            health: None,
         }
     }
 
@@ -870,9 +999,9 @@ mod tests {
         let one = volumes_text(&[volume("a.b", "v1"), volume("a.b", "v2")]);
         assert_eq!(
             one,
-            "VOLUME  STATE      TYPE   SIZE   PROFILE  PATH  LAST ERROR\n\
-             v1      PUBLISHED  mount  64MiB  mount    /t    -\n\
-             v2      PUBLISHED  mount  64MiB  mount    /t    -\n"
+            "VOLUME  STATE      TYPE   SIZE   PROFILE  PATH  LAST ERROR  USED  HEALTH\n\
+             v1      PUBLISHED  mount  64MiB  mount    /t    -           -     -\n\
+             v2      PUBLISHED  mount  64MiB  mount    /t    -           -     -\n"
         );
         let two = volumes_text(&[volume("a.b", "v1"), volume("a.c", "v2")]);
         assert!(two.starts_with("PROVIDER  VOLUME"), "{two}");

@@ -560,6 +560,26 @@ pub fn parse_openmetrics(text: &str) -> Vec<(String, BTreeMap<String, String>, f
     samples
 }
 
+/// `ctl create-disk --wait --json`: the operation FINISHED; its `volume_id`.
+pub async fn create_disk(d: &Standalone, profile: &str, extra: &[&str]) -> String {
+    let mut args = vec![
+        "create-disk",
+        "--profile",
+        profile,
+        "--size",
+        "64MiB",
+        "--wait",
+    ];
+    args.extend_from_slice(extra);
+    let op = d.ctl_json(&args).await;
+    assert_eq!(op["state"], "OPERATION_FINISHED", "{op:#}");
+    assert_eq!(op["type"], "CREATE_DISK", "{op:#}");
+    match op["volume_id"].as_str() {
+        Some(id) if !id.is_empty() => id.to_owned(),
+        _ => d.fail(&format!("create-disk --json has no volume_id: {op:#}")),
+    }
+}
+
 /// The root check of every test here: standalone needs root (mounts, loop devices).
 pub fn require_root() -> bool {
     slrp_test_support::require_root(&slrp_test_support::current_test())
