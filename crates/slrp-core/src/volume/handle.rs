@@ -180,16 +180,26 @@ impl VolumeManagerHandle {
             });
         }
         let key = Key::Name(req.name.clone());
-        let (fold, folded) = Fold::new();
-        let (reply, answer) = oneshot::channel();
-        let job = Job::Create {
+        self.ask_staged(key, |reply, fold| Job::Create {
             req,
             reply: Some(reply),
             attempt: 0,
             fold: Some(fold),
-        };
+        })
+        .await
+    }
+
+    /// Sends the job `make` builds with the reply and the fold of a staged call, and
+    /// waits for what it hands over (or its ordinary answer).
+    async fn ask_staged<T>(
+        &self,
+        key: Key,
+        make: impl FnOnce(Reply<T>, Fold<T>) -> Job,
+    ) -> Result<Staged<T>, VolumeError> {
+        let (fold, folded) = Fold::new();
+        let (reply, answer) = oneshot::channel();
         self.tx
-            .send(Command::Job(key, job))
+            .send(Command::Job(key, make(reply, fold)))
             .await
             .map_err(|_| VolumeError::Stopped)?;
         fold::receive(folded, answer).await
@@ -239,17 +249,11 @@ impl VolumeManagerHandle {
     /// As [`delete`](Self::delete).
     pub async fn delete_staged(&self, id: &VolumeId) -> Result<Staged<bool>, VolumeError> {
         let key = Key::Volume(id.clone());
-        let (fold, folded) = Fold::new();
-        let (reply, answer) = oneshot::channel();
-        let job = Job::Delete {
+        self.ask_staged(key, |reply, fold| Job::Delete {
             reply: Some(reply),
             fold: Some(fold),
-        };
-        self.tx
-            .send(Command::Job(key, job))
-            .await
-            .map_err(|_| VolumeError::Stopped)?;
-        fold::receive(folded, answer).await
+        })
+        .await
     }
 
     /// Publishes a volume at its target path (attaching and staging it first); returns
