@@ -404,6 +404,8 @@ pub(crate) async fn run(args: CsiArgs) -> anyhow::Result<ExitCode> {
                             ("CLONE_VOLUME", c.clone_volume),
                             ("PUBLISH_READONLY", c.publish_readonly),
                             ("EXPAND_VOLUME", c.expand_volume),
+                            ("GET_VOLUME", c.get_volume),
+                            ("VOLUME_CONDITION", c.volume_condition),
                         ])
                     ),
                 };
@@ -415,6 +417,7 @@ pub(crate) async fn run(args: CsiArgs) -> anyhow::Result<ExitCode> {
                             ("STAGE_UNSTAGE_VOLUME", n.stage_unstage_volume),
                             ("GET_VOLUME_STATS", n.get_volume_stats),
                             ("EXPAND_VOLUME", n.expand_volume),
+                            ("VOLUME_CONDITION", n.volume_condition),
                         ])
                     ),
                 };
