@@ -15,7 +15,9 @@
 //!
 //! Every run prints one line per target: executions, executions per second, coverage
 //! (libFuzzer's `cov:`, instrumented edges reached, and `ft:`, features), corpus size,
-//! seconds, and the crashes saved (files under `<target dir>/fuzz-work/artifacts/`).
+//! seconds, the CPU seconds the fuzzer process used (user + system, from the kernel's
+//! account of waited children), and the crashes saved (files under
+//! `<target dir>/fuzz-work/artifacts/`).
 
 // The budgets are wall-clock time of external fuzzer processes; no tokio timer is involved.
 #![allow(clippy::disallowed_types)]
@@ -204,6 +206,21 @@ fn figures(log: &str) -> Figures {
     f
 }
 
+/// User and system CPU seconds of every waited child so far. The soak's budget is wall
+/// time, and on a shared machine a target may get less than a core: the CPU time is
+/// what says how much fuzzing was done.
+fn children_cpu_seconds() -> f64 {
+    use nix::sys::resource::{UsageWho, getrusage};
+    getrusage(UsageWho::RUSAGE_CHILDREN).map_or(0.0, |u| {
+        let secs = |t: nix::sys::time::TimeVal| {
+            #[allow(clippy::cast_precision_loss)]
+            let v = t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
+            v
+        };
+        secs(u.user_time()) + secs(u.system_time())
+    })
+}
+
 fn artifacts(dir: &Path) -> Vec<PathBuf> {
     let mut found: Vec<PathBuf> = fs::read_dir(dir)
         .map(|d| {
@@ -234,6 +251,7 @@ fn campaign(
     let binary = paths.binary()?;
     let mut rows = Vec::new();
     let mut failed = Vec::new();
+    let mut cpu_total = 0.0;
     for t in list {
         let committed = paths.root.join("fuzz/corpus").join(t);
         let corpus = if soak {
@@ -250,6 +268,7 @@ fn campaign(
         let before = artifacts(&artifact_dir).len();
         let dict = paths.root.join("fuzz/dict").join(format!("{t}.dict"));
         let started = Instant::now();
+        let cpu_before = children_cpu_seconds();
         let budget = Duration::from_secs(seconds);
         let mut total = Figures::default();
         let mut log_all = String::new();
@@ -304,6 +323,8 @@ fn campaign(
         }
         let _ = fs::write(paths.work.join(format!("{t}.log")), &log_all);
         let elapsed = started.elapsed().as_secs_f64();
+        let cpu = children_cpu_seconds() - cpu_before;
+        cpu_total += cpu;
         let saved = artifacts(&artifact_dir);
         let new = saved.len() - before;
         if new > 0 {
@@ -319,19 +340,20 @@ fn campaign(
         #[allow(clippy::cast_precision_loss)]
         let rate = total.runs as f64 / elapsed.max(1e-3);
         let row = format!(
-            "{t:<15} {:>11} {:>9.0} {:>6} {:>7} {:>6} {:>7.0} {:>7}",
-            total.runs, rate, total.cov, total.ft, total.corpus, elapsed, new
+            "{t:<15} {:>11} {:>9.0} {:>6} {:>7} {:>6} {:>7.0} {:>7.0} {:>7}",
+            total.runs, rate, total.cov, total.ft, total.corpus, elapsed, cpu, new
         );
         println!("{row}");
         rows.push(row);
     }
     println!(
-        "\n{:<15} {:>11} {:>9} {:>6} {:>7} {:>6} {:>7} {:>7}",
-        "target", "execs", "exec/s", "cov", "ft", "corpus", "seconds", "crashes"
+        "\n{:<15} {:>11} {:>9} {:>6} {:>7} {:>6} {:>7} {:>7} {:>7}",
+        "target", "execs", "exec/s", "cov", "ft", "corpus", "seconds", "cpu s", "crashes"
     );
     for r in &rows {
         println!("{r}");
     }
+    println!("CPU time fuzzed: {:.1} min", cpu_total / 60.0);
     if !failed.is_empty() {
         bail!(
             "fuzzing saved failing inputs (reproduce: SLRP_FUZZ_TARGET=<target> {} <file>):\n{}",
