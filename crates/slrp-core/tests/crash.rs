@@ -56,6 +56,8 @@ enum Op {
     StagedCreate,
     /// A delete whose intent and the record's removal the caller commits (folded).
     StagedDelete,
+    /// Growing a published volume: ControllerExpandVolume, then NodeExpandVolume.
+    Expand,
 }
 
 impl Op {
@@ -68,7 +70,8 @@ impl Op {
             | Self::CreateRefused
             | Self::Publish
             | Self::Unpublish
-            | Self::Delete) => op,
+            | Self::Delete
+            | Self::Expand) => op,
         }
     }
 }
@@ -93,13 +96,31 @@ async fn commit_owed(store: &slrp_store::Store, owed: Option<Owed>) -> Result<()
 
 const NAME: &str = "op-uuid-1";
 
+/// What `Op::Expand` grows the volume to (it is created with 1 MiB).
+const GROWN: i64 = 3 << 30;
+
+/// The plugin of `op`: every capability the manager uses, and for `Op::Expand` online
+/// expansion on both services with a file system to grow on the node.
+fn plugin(op: Op) -> std::sync::Arc<FakeCsi> {
+    if op == Op::Expand {
+        let fake = FakeCsi::new(expanding_caps());
+        fake.st().node_expansion_required = true;
+        fake
+    } else {
+        FakeCsi::full()
+    }
+}
+
 /// Brings the volume into the state the operation starts from; returns its id.
 async fn setup(op: Op, handle: &VolumeManagerHandle) -> Option<VolumeId> {
     if matches!(op, Op::Create | Op::CreateRefused | Op::StagedCreate) {
         return None;
     }
     let v = handle.create(create_req(NAME)).await.unwrap();
-    if matches!(op, Op::Unpublish | Op::Delete | Op::StagedDelete) {
+    if matches!(
+        op,
+        Op::Unpublish | Op::Delete | Op::StagedDelete | Op::Expand
+    ) {
         handle.publish(&v.id).await.unwrap();
     }
     Some(v.id)
@@ -145,6 +166,7 @@ async fn run(
         Op::Publish => handle.publish(id.unwrap()).await.map(|_| ()),
         Op::Unpublish => handle.unpublish(id.unwrap()).await,
         Op::Delete => handle.delete(id.unwrap()).await.map(|_| ()),
+        Op::Expand => handle.expand(id.unwrap(), GROWN).await.map(|_| ()),
     }
 }
 
@@ -162,7 +184,7 @@ async fn check_converged(op: Op, h: &Harness, m: &Running, what: &str) {
     let want = match op {
         Op::Create | Op::StagedCreate => Some(StateName::Created),
         Op::CreateRefused => None,
-        Op::Publish => Some(StateName::Published),
+        Op::Publish | Op::Expand => Some(StateName::Published),
         Op::Unpublish => Some(StateName::NodeReady),
         Op::Delete | Op::StagedDelete => None,
     };
@@ -187,6 +209,13 @@ async fn check_converged(op: Op, h: &Harness, m: &Running, what: &str) {
                 state == StateName::Published,
                 "{what}"
             );
+            if op == Op::Expand {
+                assert_eq!(recs[0].expansion, None, "{what}: expansion left");
+                assert_eq!(recs[0].expanded_bytes, Some(GROWN), "{what}");
+                assert_eq!(recs[0].capacity_bytes, GROWN, "{what}");
+                assert_eq!(fv.capacity, GROWN, "{what}: plugin's size");
+                assert_eq!(fv.fs_bytes, GROWN, "{what}: file system grown");
+            }
         }
     }
 }
@@ -198,7 +227,7 @@ async fn crash_everywhere(op: Op) {
     for point in POINTS {
         for k in 0.. {
             let what = format!("{op:?}, crash at {point} #{}", k + 1);
-            let h = Harness::new(FakeCsi::full());
+            let h = Harness::new(plugin(op));
             let (m, store) = h.start_sharing(h.config());
             within(m.handle.ready()).await.unwrap();
             let id = setup(op, &m.handle).await;
@@ -354,6 +383,11 @@ async fn crash_anywhere_in_a_staged_create() {
 #[tokio::test]
 async fn crash_anywhere_in_a_staged_delete() {
     crash_everywhere(Op::StagedDelete).await;
+}
+
+#[tokio::test]
+async fn crash_anywhere_in_an_expansion() {
+    crash_everywhere(Op::Expand).await;
 }
 
 /// A crash while CreateVolume's answer is lost *and* the caller never retries: recovery

@@ -391,6 +391,11 @@ fn record_serde_round_trip_every_state() {
             deleting: false,
             needs_cleanup: true,
             delete_failed: Some("DeleteVolume failed".into()),
+            expansion: Some(slrp_core::volume::Expansion {
+                target_bytes: 2 << 30,
+                node_owed: true,
+            }),
+            expanded_bytes: Some(2 << 30),
         };
         let json = serde_json::to_value(&rec).unwrap();
         assert_eq!(json["state"]["state"], state.name().as_str());

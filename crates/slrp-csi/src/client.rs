@@ -851,16 +851,11 @@ impl CsiClient {
     ///
     /// # Errors
     /// [`CsiError::Unsupported`] for v0 plugins; otherwise the RPC's failure.
-    pub async fn node_expand(
-        &self,
-        id: &VolumeId,
-        volume_path: &str,
-        required_bytes: i64,
-    ) -> Result<i64, CsiError> {
+    pub async fn node_expand(&self, req: &NodeExpandRequest) -> Result<i64, CsiError> {
         self.versioned(CsiRpc::NodeExpandVolume, |ch, v, t| async move {
             match v {
                 CsiVersion::V1 => {
-                    let capacity = v1::node_expand(ch, t, id, volume_path, required_bytes).await?;
+                    let capacity = v1::node_expand(ch, t, req).await?;
                     check_size("capacity_bytes", capacity)?;
                     Ok(capacity)
                 }

@@ -257,6 +257,21 @@ impl CsiVolumes for CsiServices {
             .await
     }
 
+    async fn controller_expand(
+        &self,
+        id: &VolumeId,
+        required_bytes: i64,
+        capability: Option<&VolumeCapability>,
+    ) -> Result<crate::ControllerExpansion, CsiError> {
+        self.controller_for(CsiRpc::ControllerExpandVolume)?
+            .controller_expand(id, required_bytes, capability)
+            .await
+    }
+
+    async fn node_expand(&self, req: &crate::NodeExpandRequest) -> Result<i64, CsiError> {
+        self.node.node_expand(req).await
+    }
+
     async fn delete_volume(&self, id: &VolumeId, secrets: &Secrets) -> Result<(), CsiError> {
         self.controller_for(CsiRpc::DeleteVolume)?
             .delete_volume(id, secrets)

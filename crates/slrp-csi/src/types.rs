@@ -350,6 +350,22 @@ pub struct NodeStageRequest {
     pub secrets: Secrets,
 }
 
+/// `NodeExpandVolume` request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeExpandRequest {
+    /// Volume to grow.
+    pub volume_id: VolumeId,
+    /// Where the volume is published (or, for a volume only staged, its staging path).
+    pub volume_path: String,
+    /// Staging path, iff the node has `STAGE_UNSTAGE_VOLUME` and the volume is staged.
+    pub staging_target_path: Option<String>,
+    /// The size asked for.
+    pub required_bytes: i64,
+    /// The capability the volume is used with: a plugin needs it to tell a BLOCK volume
+    /// (nothing to grow on the node but the device) from a file system.
+    pub capability: Option<VolumeCapability>,
+}
+
 /// `NodePublishVolume` request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodePublishRequest {

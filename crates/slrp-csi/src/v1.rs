@@ -519,18 +519,18 @@ pub(crate) async fn node_stats(
 pub(crate) async fn node_expand(
     ch: Channel,
     t: Duration,
-    id: &VolumeId,
-    volume_path: &str,
-    required_bytes: i64,
+    req: &NodeExpandRequest,
 ) -> Result<i64, AttemptError> {
     let msg = pb::NodeExpandVolumeRequest {
-        volume_id: id.as_str().to_owned(),
-        volume_path: volume_path.to_owned(),
+        volume_id: req.volume_id.as_str().to_owned(),
+        volume_path: req.volume_path.clone(),
+        staging_target_path: req.staging_target_path.clone().unwrap_or_default(),
         capacity_range: Some(pb::CapacityRange {
-            required_bytes,
+            required_bytes: req.required_bytes,
             limit_bytes: 0,
         }),
-        ..Default::default()
+        volume_capability: req.capability.as_ref().map(capability_in),
+        secrets: HashMap::new(),
     };
     let r = NodeClient::new(ch)
         .node_expand_volume(request(msg, t))

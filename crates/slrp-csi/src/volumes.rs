@@ -8,9 +8,9 @@ use crate::answer::{AnswerLimits, ListingBudget};
 use crate::client::CsiClient;
 use crate::error::{CsiError, CsiRpc};
 use crate::types::{
-    Capacity, ControllerPublishRequest, CreateVolumeRequest, NodePublishRequest, NodeStageRequest,
-    Secrets, StringMap, ValidateRequest, Validation, Volume, VolumeCapability, VolumeId,
-    VolumePage,
+    Capacity, ControllerExpansion, ControllerPublishRequest, CreateVolumeRequest,
+    NodeExpandRequest, NodePublishRequest, NodeStageRequest, Secrets, StringMap, ValidateRequest,
+    Validation, Volume, VolumeCapability, VolumeId, VolumePage,
 };
 
 /// Volume lifecycle RPCs of one plugin (controller and node services).
@@ -111,9 +111,55 @@ pub trait CsiVolumes: Send + Sync + 'static {
         id: &VolumeId,
         target_path: &str,
     ) -> impl Future<Output = Result<(), CsiError>> + Send;
+
+    /// `ControllerExpandVolume` to `required_bytes`. The default answers as a v0 plugin
+    /// does (nothing sent): only an implementation that can grow volumes overrides it.
+    fn controller_expand(
+        &self,
+        id: &VolumeId,
+        required_bytes: i64,
+        capability: Option<&VolumeCapability>,
+    ) -> impl Future<Output = Result<ControllerExpansion, CsiError>> + Send {
+        let _ = (id, required_bytes, capability);
+        std::future::ready(Err(CsiError::Unsupported {
+            rpc: CsiRpc::ControllerExpandVolume,
+            version: crate::CsiVersion::V0,
+            what: "volume expansion",
+        }))
+    }
+
+    /// `NodeExpandVolume`; returns the new capacity (0 = unknown). Default as
+    /// [`CsiVolumes::controller_expand`]'s.
+    fn node_expand(
+        &self,
+        req: &NodeExpandRequest,
+    ) -> impl Future<Output = Result<i64, CsiError>> + Send {
+        let _ = req;
+        std::future::ready(Err(CsiError::Unsupported {
+            rpc: CsiRpc::NodeExpandVolume,
+            version: crate::CsiVersion::V0,
+            what: "volume expansion",
+        }))
+    }
 }
 
 impl CsiVolumes for CsiClient {
+    fn controller_expand(
+        &self,
+        id: &VolumeId,
+        required_bytes: i64,
+        capability: Option<&VolumeCapability>,
+    ) -> impl Future<Output = Result<ControllerExpansion, CsiError>> + Send {
+        CsiClient::controller_expand(self, id, required_bytes, capability)
+    }
+
+    fn node_expand(
+        &self,
+        req: &NodeExpandRequest,
+    ) -> impl Future<Output = Result<i64, CsiError>> + Send {
+        CsiClient::node_expand(self, req)
+    }
+
     fn listing_budget(&self) -> ListingBudget {
         CsiClient::listing_budget(self)
     }

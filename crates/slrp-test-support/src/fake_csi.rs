@@ -32,6 +32,8 @@ pub struct FakeVolume {
     pub staged: Option<String>,
     /// The target path it is published at, and whether read-only.
     pub published: Option<(String, bool)>,
+    /// The size of its file system, as NodeExpandVolume last grew it (0: never).
+    pub fs_bytes: i64,
 }
 
 /// A scripted failure.
@@ -91,6 +93,8 @@ pub struct FakeState {
     pub down: HashSet<CsiRpc>,
     /// Calls waiting now because their RPC is [`FakeState::down`].
     pub waiting_for_endpoint: usize,
+    /// ControllerExpandVolume answers `node_expansion_required` (a file system to grow).
+    pub node_expansion_required: bool,
     /// The container serving these RPCs was stopped for good (slrp is shutting down):
     /// their calls fail unsent with [`CsiError::EndpointStopped`], as a managed
     /// client's do.
@@ -336,6 +340,15 @@ pub fn full_caps() -> CsiCapabilities {
     c.controller.create_delete_volume = true;
     c.controller.list_volumes = true;
     c.controller.get_capacity = true;
+    c
+}
+
+/// [`full_caps`] with EXPAND_VOLUME on both services and ONLINE expansion.
+pub fn expanding_caps() -> CsiCapabilities {
+    let mut c = full_caps();
+    c.controller.expand_volume = true;
+    c.node.expand_volume = true;
+    c.plugin.expansion_online = true;
     c
 }
 
@@ -741,6 +754,78 @@ impl CsiVolumes for FakeCsi {
                 v.published = Some((req.target_path.clone(), req.readonly));
                 st.mounted.insert(target);
                 Ok(())
+            })
+            .await
+        }
+    }
+
+    fn controller_expand(
+        &self,
+        id: &VolumeId,
+        required_bytes: i64,
+        capability: Option<&VolumeCapability>,
+    ) -> impl Future<Output = Result<slrp_csi::ControllerExpansion, CsiError>> + Send {
+        let id = id.clone();
+        let has_capability = capability.is_some();
+        async move {
+            let rpc = CsiRpc::ControllerExpandVolume;
+            if !self.caps.controller.expand_volume {
+                return Err(err(rpc, Code::Unimplemented, "no EXPAND_VOLUME"));
+            }
+            self.enter(rpc, Some(&id.clone()), move |st| {
+                if !has_capability {
+                    return Err(err(rpc, Code::InvalidArgument, "no volume_capability"));
+                }
+                let total: i64 = st.volumes.values().map(|v| v.capacity).sum();
+                let v = st
+                    .volumes
+                    .get(&id)
+                    .ok_or_else(|| err(rpc, Code::NotFound, "unknown"))?;
+                let growth = required_bytes - v.capacity;
+                if growth > 0 && total + growth > self.total_bytes {
+                    return Err(err(rpc, Code::OutOfRange, "not enough space"));
+                }
+                let node_expansion_required = st.node_expansion_required;
+                let v = st.volumes.get_mut(&id).expect("checked");
+                v.capacity = v.capacity.max(required_bytes);
+                Ok(slrp_csi::ControllerExpansion {
+                    capacity_bytes: v.capacity,
+                    node_expansion_required,
+                })
+            })
+            .await
+        }
+    }
+
+    fn node_expand(
+        &self,
+        req: &slrp_csi::NodeExpandRequest,
+    ) -> impl Future<Output = Result<i64, CsiError>> + Send {
+        let req = req.clone();
+        async move {
+            let rpc = CsiRpc::NodeExpandVolume;
+            if !self.caps.node.expand_volume {
+                return Err(err(rpc, Code::Unimplemented, "no EXPAND_VOLUME"));
+            }
+            let id = req.volume_id.clone();
+            self.enter(rpc, Some(&id.clone()), move |st| {
+                let v = st
+                    .volumes
+                    .get_mut(&id)
+                    .ok_or_else(|| err(rpc, Code::NotFound, "unknown"))?;
+                let at_path = v
+                    .published
+                    .as_ref()
+                    .is_some_and(|(p, _)| *p == req.volume_path)
+                    || v.staged.as_deref() == Some(req.volume_path.as_str());
+                if !at_path {
+                    return Err(err(rpc, Code::NotFound, "not available at volume_path"));
+                }
+                if req.required_bytes > v.capacity {
+                    return Err(err(rpc, Code::OutOfRange, "larger than the volume"));
+                }
+                v.fs_bytes = v.fs_bytes.max(req.required_bytes);
+                Ok(v.fs_bytes)
             })
             .await
         }

@@ -632,7 +632,14 @@ pub(crate) async fn run(args: CsiArgs) -> anyhow::Result<ExitCode> {
                 .with_context(ctx)?;
             let node_capacity = match &path {
                 Some(p) if c.node_expansion_required => {
-                    Some(client.node_expand(&id, p, bytes).await.with_context(ctx)?)
+                    let req = slrp_csi::NodeExpandRequest {
+                        volume_id: id.clone(),
+                        volume_path: p.clone(),
+                        staging_target_path: None,
+                        required_bytes: bytes,
+                        capability: None,
+                    };
+                    Some(client.node_expand(&req).await.with_context(ctx)?)
                 }
                 Some(_) | None => None,
             };

@@ -185,6 +185,26 @@ pub enum VolumeError {
         /// The plugin's name.
         plugin_name: String,
     },
+    /// An expansion that cannot be done as asked (the plugin cannot grow volumes, the
+    /// size is not larger, ...). Nothing was sent.
+    #[error("volume '{id}' cannot be expanded: {why}")]
+    CannotExpand {
+        /// The volume.
+        id: VolumeId,
+        /// Why, and what to do about it.
+        why: String,
+    },
+    /// The plugin grows volumes only offline (its `VolumeExpansion` is `OFFLINE`) and
+    /// this one is attached or in use. Nothing was sent.
+    #[error(
+        "volume '{id}' is {state}, and the CSI plugin expands volumes only offline: unpublish it first"
+    )]
+    ExpandOffline {
+        /// The volume.
+        id: VolumeId,
+        /// Its state.
+        state: super::state::StateName,
+    },
     /// A [`super::VolumeManagerConfig`] setting is unusable; nothing was started.
     #[error("invalid volume manager config: {field} {problem}")]
     Config {
@@ -410,10 +430,12 @@ impl VolumeError {
             | Self::Mismatch { .. }
             | Self::ValidationFailed { .. }
             | Self::Path { .. }
+            | Self::CannotExpand { .. }
             | Self::Secret { .. } => K::Invalid,
-            Self::NameTaken { .. } | Self::AlreadyValidated { .. } | Self::BeingDeleted { .. } => {
-                K::Conflict
-            }
+            Self::NameTaken { .. }
+            | Self::AlreadyValidated { .. }
+            | Self::BeingDeleted { .. }
+            | Self::ExpandOffline { .. } => K::Conflict,
             Self::PluginMisbehaved { .. }
             | Self::CreateRefused { .. }
             | Self::TargetNotCreated { .. }
@@ -668,6 +690,20 @@ mod tests {
             ),
             (VolumeError::Stopped, K::Stopped),
             (VolumeError::Injected { point: "p" }, K::Fatal),
+            (
+                VolumeError::CannotExpand {
+                    id: id(),
+                    why: "no".into(),
+                },
+                K::Invalid,
+            ),
+            (
+                VolumeError::ExpandOffline {
+                    id: id(),
+                    state: crate::volume::StateName::Published,
+                },
+                K::Conflict,
+            ),
         ];
         for (e, kind) in &table {
             assert_eq!(e.kind(), *kind, "{e:?}");
@@ -681,7 +717,7 @@ mod tests {
         assert!(seen.iter().all(|s| *s), "{seen:?}");
     }
 
-    const VARIANTS: usize = 25;
+    const VARIANTS: usize = 27;
 
     fn variant(e: &VolumeError) -> usize {
         match e {
@@ -710,6 +746,8 @@ mod tests {
             VolumeError::Injected { .. } => 22,
             VolumeError::Config { .. } => 23,
             VolumeError::CreateRefused { .. } => 24,
+            VolumeError::CannotExpand { .. } => 25,
+            VolumeError::ExpandOffline { .. } => 26,
         }
     }
 

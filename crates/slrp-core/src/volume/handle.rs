@@ -268,6 +268,31 @@ impl VolumeManagerHandle {
             .await
     }
 
+    /// Grows the volume to `target_bytes` (ControllerExpandVolume, then NodeExpandVolume
+    /// if the plugin asks for it and the volume is published; see `expand`). Answers the
+    /// volume with its new capacity.
+    ///
+    /// # Errors
+    /// [`VolumeError::UnknownVolume`], [`VolumeError::CannotExpand`] (nothing sent),
+    /// [`VolumeError::ExpandOffline`], a failed call.
+    pub async fn expand(
+        &self,
+        id: &VolumeId,
+        target_bytes: i64,
+    ) -> Result<VolumeInfo, VolumeError> {
+        let key = Key::Volume(id.clone());
+        self.ask(|reply| {
+            Command::Job(
+                key,
+                Job::Expand {
+                    target_bytes,
+                    reply,
+                },
+            )
+        })
+        .await
+    }
+
     /// Unpublishes and unstages a volume (back to NODE_READY, as Mesos does), and clears
     /// `node_publish_required` so that it is not published again after a reboot.
     /// Unknown volumes are a no-op.

@@ -53,6 +53,10 @@ pub(super) enum Job {
     Unpublish {
         reply: Reply<()>,
     },
+    Expand {
+        target_bytes: i64,
+        reply: Reply<VolumeInfo>,
+    },
     Recover {
         goal: RecoveryGoal,
     },
@@ -70,6 +74,7 @@ impl Job {
             Self::Delete { .. } => "delete",
             Self::Publish { .. } => "publish",
             Self::Unpublish { .. } => "unpublish",
+            Self::Expand { .. } => "expand",
             Self::Recover { .. } => "recover",
             Self::Collect { .. } => "collect",
         }
@@ -80,7 +85,10 @@ impl Job {
             Self::Create { reply, attempt, .. } => reply.is_none() && *attempt == 0,
             Self::Delete { reply, .. } => reply.is_none(),
             Self::Recover { .. } | Self::Collect { .. } => true,
-            Self::Validate { .. } | Self::Publish { .. } | Self::Unpublish { .. } => false,
+            Self::Validate { .. }
+            | Self::Publish { .. }
+            | Self::Unpublish { .. }
+            | Self::Expand { .. } => false,
         }
     }
 }
@@ -259,6 +267,14 @@ impl<C: CsiVolumes> Ctx<C> {
             }
             Job::Unpublish { reply } => {
                 let (result, change) = self.unpublish(record).await;
+                let (answer, fatal) = settle(Some(reply), result);
+                (change, answer, fatal, RecoveryResult::Done)
+            }
+            Job::Expand {
+                target_bytes,
+                reply,
+            } => {
+                let (result, change) = self.expand(&key, record, target_bytes).await;
                 let (answer, fatal) = settle(Some(reply), result);
                 (change, answer, fatal, RecoveryResult::Done)
             }
@@ -855,7 +871,10 @@ impl<C: CsiVolumes> Ctx<C> {
             return (Err(VolumeError::BeingDeleted { id }), Change::None);
         }
         let result = match self.drive(&mut rec, Goal::Published).await {
-            Ok(()) => self.target_path(&rec.id),
+            Ok(()) => {
+                self.owed_node_expansion(&mut rec).await;
+                self.target_path(&rec.id)
+            }
             Err(e) => Err(e),
         };
         (result, Change::Put(Box::new(rec)))

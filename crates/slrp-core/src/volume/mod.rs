@@ -17,6 +17,8 @@
 //!   - `cleanup`: mount-directory cleanup;
 //!   - `fold`: the manager's records written in a caller's commits ([`Staged`],
 //!     [`Owed`], [`DeleteIntent`]);
+//!   - `expand`: growing a volume (ControllerExpandVolume, NodeExpandVolume), each step
+//!     behind a durable [`Expansion`];
 //!   - `refused`: CreateVolume answers the CSI client refused, settled
 //!     ([`RefusedCreate`]).
 //! - [`host`]: boot id, mount table and secret resolution (injectable).
@@ -25,6 +27,7 @@
 mod cleanup;
 mod driver;
 pub mod error;
+mod expand;
 mod fold;
 mod handle;
 pub mod host;
@@ -54,8 +57,8 @@ pub use recovery::RecoveryReport;
 pub use refused::{RefusedCleanup, RefusedCreate};
 pub use schedule::JobCounts;
 pub use state::{
-    BootId, CsiCall, Goal, SecretRef, StateName, Step, TransitionError, VolumeRecord, VolumeSpec,
-    VolumeState,
+    BootId, CsiCall, Expansion, Goal, SecretRef, StateName, Step, TransitionError, VolumeRecord,
+    VolumeSpec, VolumeState,
 };
 
 // The CSI domain types live in `slrp-csi` (one definition each); re-exported because the

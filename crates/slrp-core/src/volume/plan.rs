@@ -28,6 +28,9 @@ pub enum RecoveryGoal {
     },
     /// Finish an interrupted deletion.
     Delete,
+    /// Finish an interrupted expansion (the record holds an `expansion` and nothing
+    /// else to recover; the other goals finish one too, after their own work).
+    Expand,
 }
 
 impl RecoveryGoal {
@@ -35,7 +38,10 @@ impl RecoveryGoal {
     pub fn is_required(self) -> bool {
         match self {
             Self::Republish | Self::AfterReboot { republish: true } => true,
-            Self::Reach(_) | Self::AfterReboot { republish: false } | Self::Delete => false,
+            Self::Reach(_)
+            | Self::AfterReboot { republish: false }
+            | Self::Delete
+            | Self::Expand => false,
         }
     }
 }
@@ -174,14 +180,20 @@ fn recovery_goal(rec: &VolumeRecord) -> Option<RecoveryGoal> {
     if rec.node_publish_required {
         return Some(RecoveryGoal::Republish);
     }
-    rec.state.in_flight_call().map(|call| {
+    let reach = rec.state.in_flight_call().map(|call| {
         RecoveryGoal::Reach(match call {
             CsiCall::ControllerPublish | CsiCall::NodeUnstage => Goal::NodeReady,
             CsiCall::ControllerUnpublish => Goal::Created,
             CsiCall::NodeStage | CsiCall::NodeUnpublish => Goal::VolReady,
             CsiCall::NodePublish => Goal::Published,
         })
-    })
+    });
+    // An expansion owing only NodeExpandVolume waits for the volume's next publish.
+    let expansion = rec
+        .expansion
+        .as_ref()
+        .is_some_and(|e| !e.node_owed || rec.state.name() == StateName::Published);
+    reach.or(expansion.then_some(RecoveryGoal::Expand))
 }
 
 /// Compares a record with the mount table (same boot only: after a reboot nothing of

@@ -269,28 +269,36 @@ impl<C: CsiVolumes> Ctx<C> {
             };
             return (Err(e), Change::None);
         };
-        match goal {
+        let mut result = match goal {
             RecoveryGoal::Delete => {
                 let id = rec.id.clone();
                 let (result, change) = self.delete(&id, Some(rec), None).await;
-                (result.map(|_| ()), change)
+                return (result.map(|_| ()), change);
             }
-            RecoveryGoal::Republish => {
-                let result = self.drive(&mut rec, Goal::Published).await;
-                (result, Change::Put(Box::new(rec)))
-            }
+            RecoveryGoal::Republish => self.drive(&mut rec, Goal::Published).await,
             RecoveryGoal::AfterReboot { republish } => {
                 let mut result = self.drive(&mut rec, Goal::NodeReady).await;
                 if result.is_ok() && republish {
                     result = self.drive(&mut rec, Goal::Published).await;
                 }
-                (result, Change::Put(Box::new(rec)))
+                result
             }
-            RecoveryGoal::Reach(goal) => {
-                let result = self.drive(&mut rec, goal).await;
-                (result, Change::Put(Box::new(rec)))
+            RecoveryGoal::Reach(goal) => self.drive(&mut rec, goal).await,
+            RecoveryGoal::Expand => Ok(()),
+        };
+        if result.is_ok() && rec.expansion.is_some() {
+            // An expansion is not required for readiness: the volume is usable at its
+            // old size. A transient failure keeps it for the next start.
+            if let Err(e) = self.resume_expansion(&mut rec).await {
+                if e.is_fatal() {
+                    result = Err(e);
+                } else {
+                    tracing::warn!(volume = %rec.id, error = %slrp_types::DisplayChain(&e),
+                        "the interrupted expansion did not finish");
+                }
             }
         }
+        (result, Change::Put(Box::new(rec)))
     }
 }
 

@@ -630,6 +630,20 @@ impl VolumeState {
     }
 }
 
+/// A growth of a volume (`slrp ctl expand-disk`) that is not finished. It is durable
+/// before each of its calls, so that recovery finishes what a crash interrupted: both
+/// expansion RPCs are idempotent for the same size (CSI).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Expansion {
+    /// The size asked for, in bytes.
+    pub target_bytes: i64,
+    /// ControllerExpandVolume is done (or the plugin has none) and NodeExpandVolume is
+    /// owed: sent now if the volume is staged or published, else once it is published
+    /// again (CSI: a CO calls it when the volume is next made available on the node).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub node_owed: bool,
+}
+
 /// One tracked volume: the record the store keeps under kind `volume`, key = volume id.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VolumeRecord {
@@ -667,6 +681,14 @@ pub struct VolumeRecord {
     /// Why the last deletion failed, for operators; cleared when a deletion starts again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delete_failed: Option<String>,
+    /// An expansion in progress.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expansion: Option<Expansion>,
+    /// The size slrp grew the volume to (the plugin took the space): the provider offers
+    /// the volume's disk at this size. Without it a known volume keeps the size its disk
+    /// was created with, whatever the plugin lists (spec §12 item 28).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expanded_bytes: Option<i64>,
 }
 
 impl Record for VolumeRecord {
@@ -689,6 +711,8 @@ impl VolumeRecord {
             deleting: false,
             needs_cleanup: false,
             delete_failed: None,
+            expansion: None,
+            expanded_bytes: None,
         }
     }
 
