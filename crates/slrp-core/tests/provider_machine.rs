@@ -700,6 +700,7 @@ impl World {
                     .collect(),
                 profiles,
                 listing: self.plugin.listing(),
+                expanded: std::collections::BTreeMap::new(),
             })
         };
         let before = self.machine.total().clone();

@@ -960,6 +960,61 @@ fn a_created_disk_keeps_its_size_when_the_plugin_lists_another() {
     );
 }
 
+/// `slrp ctl expand-disk` (issue #24): a grown disk keeps everything but its size (kind,
+/// mount, profile, reservations), the pool shrinks by GetCapacity's answer, and the
+/// reconciliation after it (the plugin listing the larger size) changes nothing more.
+#[test]
+fn a_grown_disk_keeps_its_kind_and_the_reconciliation_after_it_agrees() {
+    let p = provider();
+    let context = BTreeMap::new();
+    let requested = pool(&p, "test", GB);
+    let create = p.created_disk(&requested, &created("v1", &context), CreatedKind::Mount);
+    let total = res(&[requested, pool(&p, "test", 4 * GB)])
+        .apply(&create)
+        .unwrap();
+    let expanded = BTreeMap::from([("v1".to_owned(), 3 * GB)]);
+    let grown = p.grown_disks(&total, &expanded);
+    assert_eq!(grown.consumed.len(), 1);
+    let after = total.apply(&grown).unwrap();
+    let disk = after
+        .iter()
+        .find(|r| {
+            r.disk
+                .as_ref()
+                .unwrap()
+                .source
+                .as_ref()
+                .unwrap()
+                .id
+                .is_some()
+        })
+        .unwrap();
+    assert_eq!(mb(disk), 3072.0);
+    assert_eq!(
+        src(disk).r#type,
+        SourceType::Mount as i32,
+        "still a MOUNT disk"
+    );
+    assert_eq!(src(disk).profile.as_deref(), Some("test"));
+    // The plugin took 2 GB of the pool, lists the volume at 3 GB.
+    let reconciled = reconcile(
+        &p,
+        &after,
+        &[listed("v1", 3 * GB, &[])],
+        &[("test", 2 * GB)],
+    );
+    assert_eq!(
+        reconciled,
+        res(&[disk.clone(), pool(&p, "test", 2 * GB)]),
+        "{reconciled:?}"
+    );
+    // Nothing to grow twice, or for a size not larger.
+    assert!(p.grown_disks(&after, &expanded).is_noop());
+    let smaller = BTreeMap::from([("v1".to_owned(), GB / 2)]);
+    assert!(p.grown_disks(&total, &smaller).is_noop());
+    assert!(p.grown_disks(&total, &BTreeMap::new()).is_noop());
+}
+
 // ---------------------------------------------------------------------------------------
 // Properties of a whole reconciliation.
 

@@ -390,6 +390,16 @@ impl VolumeManagerHandle {
         self.ask(|reply| Command::Snapshot { reply }).await
     }
 
+    /// The volumes slrp grew, with the size each was grown to
+    /// ([`VolumeRecord::expanded_bytes`]): the provider's reconciliation offers their disks
+    /// at that size. Scans the records without copying them.
+    ///
+    /// # Errors
+    /// [`VolumeError::Stopped`].
+    pub async fn expanded(&self) -> Result<BTreeMap<VolumeId, i64>, VolumeError> {
+        self.ask(|reply| Command::Expanded { reply }).await
+    }
+
     /// The CreateVolume answers the client refused, with what became of their volumes
     /// (see [`RefusedCreate`]), as last committed, ordered by name.
     ///
@@ -415,6 +425,9 @@ pub(super) enum Command {
     Snapshot {
         reply: Reply<Vec<VolumeRecord>>,
     },
+    Expanded {
+        reply: Reply<BTreeMap<VolumeId, i64>>,
+    },
     Jobs {
         reply: Reply<JobCounts>,
     },
@@ -430,7 +443,9 @@ impl Command {
     /// Whether the command waits until recovery is done (everything but introspection).
     pub(super) fn waits_for_recovery(&self) -> bool {
         match self {
-            Self::Job(..) | Self::List { .. } | Self::Capacity { .. } => true,
+            Self::Job(..) | Self::List { .. } | Self::Capacity { .. } | Self::Expanded { .. } => {
+                true
+            }
             Self::Snapshot { .. }
             | Self::Jobs { .. }
             | Self::Refused { .. }
@@ -446,6 +461,7 @@ impl fmt::Debug for Command {
             Self::List { .. } => f.write_str("list"),
             Self::Capacity { .. } => f.write_str("capacity"),
             Self::Snapshot { .. } => f.write_str("snapshot"),
+            Self::Expanded { .. } => f.write_str("expanded"),
             Self::Jobs { .. } => f.write_str("jobs"),
             Self::Refused { .. } => f.write_str("refused creates"),
             Self::Budget { .. } => f.write_str("listing budget"),

@@ -642,6 +642,14 @@ impl<C: CsiVolumes> Worker<C> {
                 all.sort_by(|a, b| a.id.cmp(&b.id));
                 let _ = reply.send(Ok(all));
             }
+            Command::Expanded { reply } => {
+                let grown = self
+                    .volumes
+                    .values()
+                    .filter_map(|r| Some((r.id.clone(), r.expanded_bytes?)))
+                    .collect();
+                let _ = reply.send(Ok(grown));
+            }
             Command::Refused { reply } => {
                 let ctx = self.ctx.clone();
                 self.tasks.spawn(async move {

@@ -126,11 +126,20 @@ pub(super) async fn gather(
     page: i32,
     profiles: BTreeMap<String, ProfileInfo>,
 ) -> Result<Gathered, ReconcileError> {
-    let (capacities, listing) =
-        tokio::join!(capacities(volumes, &profiles), volumes.list_all(page));
+    let (capacities, listing, expanded) = tokio::join!(
+        capacities(volumes, &profiles),
+        volumes.list_all(page),
+        volumes.expanded()
+    );
+    let expanded = expanded
+        .map_err(ReconcileError::List)?
+        .into_iter()
+        .map(|(id, bytes)| (id.as_str().to_owned(), u64::try_from(bytes).unwrap_or(0)))
+        .collect();
     Ok(Gathered {
         capacities: capacities?,
         listing: listing.map_err(ReconcileError::List)?,
+        expanded,
         profiles,
     })
 }

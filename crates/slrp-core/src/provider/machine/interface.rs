@@ -374,6 +374,9 @@ pub struct Gathered {
     pub capacities: Vec<(String, u64)>,
     /// Every volume the plugin lists.
     pub listing: Vec<slrp_csi::Volume>,
+    /// The volumes slrp grew, by id, with the bytes each was grown to (the volume
+    /// manager's `expanded_bytes`): their disks are offered at that size.
+    pub expanded: BTreeMap<String, u64>,
 }
 
 /// Why a reconciliation failed.

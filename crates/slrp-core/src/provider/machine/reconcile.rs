@@ -20,7 +20,18 @@ impl Machine {
             self.live_profiles = gathered.profiles;
             return Ok(Ok(false));
         };
-        let total = &self.state.total;
+        // Growth first: the volume and pool parts below then see the disks at the size
+        // they are offered at from now on.
+        let grown = ctx.grown_disks(&self.state.total, &gathered.expanded);
+        let grown_total = if grown.is_noop() {
+            None
+        } else {
+            match self.state.total.apply(&grown) {
+                Ok(total) => Some(total),
+                Err(error) => return Ok(Err(ReconcileError::Apply(error))),
+            }
+        };
+        let total = grown_total.as_ref().unwrap_or(&self.state.total);
         let volumes = match ctx.existing_volumes(total, &gathered.listing) {
             Ok(volumes) => volumes,
             Err(error) => return Ok(Err(ReconcileError::Apply(error))),
@@ -56,7 +67,11 @@ impl Machine {
         }
         let profiles_changed = self.live_profiles != gathered.profiles;
         self.live_profiles = gathered.profiles;
-        if let Some(total) = reconciled.total {
+        let grew = grown_total.is_some();
+        for resource in &grown.converted {
+            tracing::info!(resource = %DisplayResource(resource), "disk grown");
+        }
+        if let Some(total) = reconciled.total.or(grown_total) {
             tracing::info!(
                 removed = %reconciled.removed,
                 added = %reconciled.added,
@@ -64,13 +79,15 @@ impl Machine {
             );
             self.state.total = total;
         }
-        if reconciled.changed || profiles_changed {
+        let changed = reconciled.changed || grew;
+        if changed || profiles_changed {
             // Only the records of what changed: the cost follows the change, not the
             // number of volumes.
-            let touched = reconciled.removed + &reconciled.added;
+            let touched =
+                reconciled.removed + &reconciled.added + &grown.consumed + &grown.converted;
             self.stage_resources(&touched)?;
             self.publish_status();
         }
-        Ok(Ok(reconciled.changed))
+        Ok(Ok(changed))
     }
 }

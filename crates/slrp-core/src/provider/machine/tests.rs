@@ -82,6 +82,7 @@ fn nothing_found(ticket: JobTicket) -> Input {
             profiles: BTreeMap::new(),
             capacities: Vec::new(),
             listing: Vec::new(),
+            expanded: BTreeMap::new(),
         }),
     })
 }

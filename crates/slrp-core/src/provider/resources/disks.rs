@@ -374,6 +374,39 @@ impl ProviderResources {
         })
     }
 
+    /// The disks slrp grew (`slrp ctl expand-disk`, standalone only) at their new size:
+    /// every resource of an id in `expanded` (volume id → bytes) that is smaller becomes
+    /// the same resource (profile, kind, reservations, persistence, ...) of that size,
+    /// in whole MB as Mesos counts disk. Not part of Mesos's reconciliation, which keeps
+    /// a known volume's size whatever the plugin says ([`Self::existing_volumes`]); the
+    /// pool the growth took space from shrinks by the same reconciliation's GetCapacity.
+    pub fn grown_disks(&self, total: &Resources, expanded: &BTreeMap<String, u64>) -> Conversion {
+        let mut grown = Conversion::default();
+        if expanded.is_empty() {
+            return grown;
+        }
+        for resource in total {
+            let Some(bytes) = disk_id(resource).and_then(|id| expanded.get(id)) else {
+                continue;
+            };
+            #[allow(clippy::cast_precision_loss)]
+            let mb = (*bytes >> 20) as f64;
+            let Some(scalar) = resource.scalar else {
+                continue;
+            };
+            if scalar.value >= mb {
+                continue;
+            }
+            let mut resized = resource.clone();
+            if let Some(s) = resized.scalar.as_mut() {
+                s.value = mb;
+            }
+            grown.consumed.add(resource);
+            grown.converted.add(&resized);
+        }
+        grown
+    }
+
     /// Mesos `reconcileResources` (§6.5) without the I/O: applies the volume conversions
     /// and then the pool conversion to `total` and says what changed. The caller
     /// checkpoints and sends UPDATE_STATE when [`Reconciled::changed`] (or always after a
