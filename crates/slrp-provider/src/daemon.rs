@@ -184,6 +184,8 @@ struct Running {
     csi_version: &'static str,
     /// Each supervised plugin container and its state.
     containers: Vec<(String, watch::Receiver<ContainerState>)>,
+    /// Asks the worker for a reconciliation.
+    reconciler: crate::worker::Reconciler,
 }
 
 /// One provider as the admin endpoint sees it.
@@ -349,6 +351,30 @@ impl AdminProvider for Slot {
 
     fn volume_health(&self, id: &slrp_csi::VolumeId) -> Option<crate::health::VolumeHealth> {
         self.health.cache().get(id)
+    }
+
+    fn request_reconciliation(&self) {
+        if let Some(running) = self.running() {
+            running.reconciler.request();
+        }
+    }
+
+    fn wait_disk_size(
+        &self,
+        volume_id: &str,
+        mb: f64,
+        within: std::time::Duration,
+    ) -> BoxFuture<'_, f64> {
+        let volume_id = volume_id.to_owned();
+        Box::pin(async move {
+            let Some(running) = self.running() else {
+                return 0.0;
+            };
+            let mut status = running.status.clone();
+            let size = |s: &ProviderStatus| crate::admin::disk_mb(s.total.as_slice(), &volume_id);
+            let _ = tokio::time::timeout(within, status.wait_for(|s| size(s) >= mb)).await;
+            size(&status.borrow())
+        })
     }
 
     fn refresh_metrics(&self) -> BoxFuture<'_, ()> {
@@ -933,6 +959,7 @@ async fn run_provider_inner(
         paths: stack.paths().clone(),
         csi_version: stack.prepared().version.as_str(),
         containers: stack.plugin_states(),
+        reconciler: handle.reconciler(),
     })));
     tracing::info!("resource provider started");
     let mut worker_done = false;

@@ -23,6 +23,7 @@ mod io;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -257,12 +258,35 @@ pub struct ProviderStatus {
 #[derive(Clone, Debug)]
 pub struct ProviderHandle {
     status: watch::Receiver<ProviderStatus>,
+    reconcile: Arc<tokio::sync::Notify>,
 }
 
 impl ProviderHandle {
     /// The provider's status, kept current by the worker.
     pub fn status(&self) -> watch::Receiver<ProviderStatus> {
         self.status.clone()
+    }
+
+    /// Asks for a reconciliation soon (the plugin's volumes changed outside an
+    /// operation: a disk was grown). Requests made while one waits are one.
+    pub fn request_reconciliation(&self) {
+        self.reconcile.notify_one();
+    }
+
+    /// [`Self::request_reconciliation`] as a cloneable handle of its own.
+    pub fn reconciler(&self) -> Reconciler {
+        Reconciler(self.reconcile.clone())
+    }
+}
+
+/// Asks a provider's worker for a reconciliation ([`ProviderHandle::reconciler`]).
+#[derive(Debug, Clone)]
+pub struct Reconciler(Arc<tokio::sync::Notify>);
+
+impl Reconciler {
+    /// See [`ProviderHandle::request_reconciliation`].
+    pub fn request(&self) {
+        self.0.notify_one();
     }
 }
 
@@ -390,12 +414,14 @@ impl Provider {
             operations,
             unacknowledged: 0,
         });
+        let reconcile = Arc::new(tokio::sync::Notify::new());
         let worker = Worker {
             label: label.clone(),
             key,
             machine,
             agent,
             sessions,
+            reconcile: reconcile.clone(),
             cancel: cancel.clone(),
             client_cancel,
             status: status_tx,
@@ -410,7 +436,7 @@ impl Provider {
         };
         let span = tracing::info_span!(parent: None, "provider", provider = %label);
         let join = tokio::spawn(worker.run().instrument(span));
-        Ok((ProviderHandle { status }, ProviderTask { join }))
+        Ok((ProviderHandle { status, reconcile }, ProviderTask { join }))
     }
 }
 
@@ -498,6 +524,8 @@ struct Worker {
     machine: Machine,
     agent: AgentHandle,
     sessions: mpsc::Receiver<SessionEvent>,
+    /// Reconciliations asked for from outside ([`ProviderHandle::request_reconciliation`]).
+    reconcile: Arc<tokio::sync::Notify>,
     cancel: CancellationToken,
     /// Stops the current agent client (replaced when the agent id changes).
     client_cancel: CancellationToken,
@@ -529,6 +557,7 @@ impl Worker {
         loop {
             Box::pin(self.settle()).await?;
             let cancel = self.cancel.clone();
+            let reconcile = self.reconcile.clone();
             tokio::select! {
                 biased;
                 () = cancel.cancelled() => return Ok(()),
@@ -542,6 +571,7 @@ impl Worker {
                 },
                 Some(input) = self.tasks.next(), if !self.tasks.is_empty() => self.step(input)?,
                 timer = self.timers.next() => self.step(Input::Fired(timer))?,
+                () = reconcile.notified() => self.step(Input::Reconcile)?,
                 alive = changed(&mut self.watch) => {
                     if !alive {
                         self.watch = None;

@@ -552,6 +552,10 @@ async fn under_run_mode_the_manager_actions_are_403_and_unknown_routes_404() {
         ),
         ("/disks/destroy", format!(r#"{{"volume_id": "{id}"}}"#)),
         ("/volumes/publish", format!(r#"{{"volume_id": "{id}"}}"#)),
+        (
+            "/disks/expand",
+            format!(r#"{{"volume_id": "{id}", "size_bytes": 1048576}}"#),
+        ),
     ] {
         let (status, json) = post_json(&s.socket, path, &body).await;
         assert_eq!(status, 403, "{path}: {json}");

@@ -317,6 +317,16 @@ async fn malformed_requests_get_400_naming_the_field() {
         ),
         ("/disks/destroy", r#"{}"#, Some("volume_id")),
         ("/disks/destroy", r#"{"volume_id": 7}"#, Some("volume_id")),
+        (
+            "/disks/expand",
+            r#"{"volume_id": "v", "size_bytes": 0}"#,
+            Some("size_bytes"),
+        ),
+        (
+            "/disks/expand",
+            r#"{"size_bytes": 1048576}"#,
+            Some("volume_id"),
+        ),
         ("/volumes/publish", r#"{"volume": "x"}"#, Some("volume")),
         (
             "/volumes/unpublish",
@@ -447,6 +457,10 @@ async fn actions_under_slrp_run_are_403_except_unpublish() {
         ("/disks", r#"{"profile": "test", "size_bytes": 67108864}"#),
         ("/disks/destroy", r#"{"volume_id": "v"}"#),
         ("/volumes/publish", r#"{"volume_id": "v"}"#),
+        (
+            "/disks/expand",
+            r#"{"volume_id": "v", "size_bytes": 67108864}"#,
+        ),
     ] {
         let body = assert_refused(&post(path, body).await, 403, None);
         assert!(

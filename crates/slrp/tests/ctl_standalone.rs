@@ -47,8 +47,19 @@ struct Daemon {
 impl Daemon {
     /// Starts the daemon and waits until `slrp ctl --json status` says it is ready.
     async fn start() -> Self {
+        Self::start_with(None).await
+    }
+
+    /// [`Self::start`], with `profiles` as the profile document instead of the default
+    /// one (standalone writes its default only where there is none).
+    async fn start_with(profiles: Option<Value>) -> Self {
         slrp_test_support::csi_local_bin();
         let dir = tempfile::tempdir().unwrap();
+        if let Some(profiles) = profiles {
+            let config = dir.path().join("state").join("config");
+            std::fs::create_dir_all(&config).unwrap();
+            std::fs::write(config.join("profiles.json"), profiles.to_string()).unwrap();
+        }
         let log = std::fs::File::create(dir.path().join("slrp.log")).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_slrp"))
             .arg("standalone")
@@ -568,4 +579,207 @@ async fn root_ctl_reads_its_own_writes_after_waited_create_and_destroy() {
             "{volumes:#}"
         );
     }
+}
+
+/// The default profiles (`mount`, `block`, `ext4`) and `xfs`, an xfs file system on a
+/// loop device of pool `loop`.
+fn profiles_with_xfs() -> Value {
+    let profile = |capability: Value, pool: &str| {
+        let mut capabilities = capability;
+        capabilities["access_mode"] = serde_json::json!({"mode": "SINGLE_NODE_WRITER"});
+        serde_json::json!({
+            "csi_plugin_type_selector": {"plugin_type": "io.slrp.csi.local"},
+            "volume_capabilities": capabilities,
+            "create_parameters": {"pool": pool, "backend": pool},
+        })
+    };
+    serde_json::json!({
+        "profile_matrix": {
+            "mount": profile(serde_json::json!({"mount": {}}), "dir"),
+            "block": profile(serde_json::json!({"block": {}}), "loop"),
+            "ext4": profile(serde_json::json!({"mount": {"fs_type": "ext4"}}), "loop"),
+            "xfs": profile(serde_json::json!({"mount": {"fs_type": "xfs"}}), "loop"),
+        }
+    })
+}
+
+/// The size in MB of disk `id` in `/resources`.
+fn disk_mb(resources: &Value, id: &str) -> f64 {
+    resources
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["disk"]["source"]["id"] == id)
+        .map(|r| r["scalar"]["value"].as_f64().unwrap())
+        .sum()
+}
+
+/// The size in bytes of the file system mounted at `path`, as a task sees it.
+fn fs_bytes(path: &std::path::Path) -> u64 {
+    let s = nix::sys::statvfs::statvfs(path).unwrap();
+    s.blocks() * s.fragment_size()
+}
+
+/// `expand-disk` of a published disk of `profile` from `from` to `to` MiB: the file
+/// system a task sees grows, its data stays, the disk is offered at the new size and the
+/// pool gives the difference; a smaller size is refused; destroying it gives the whole
+/// space back.
+///
+/// `online`: the plugin can grow the mounted file system. Without it (ext4 without
+/// CAP_SYS_RESOURCE: resize2fs may not grow a mounted ext4 then), expand-disk fails
+/// naming NodeExpandVolume and the refusal, the file system and its data are as they
+/// were, and the volume and the disk have grown all the same (the plugin took the
+/// space); NodeExpandVolume stays owed (sent again at the next publish or start).
+async fn grows_a_published_disk(profile: &str, from: u64, to: u64, online: bool) {
+    let d = Daemon::start_with(Some(profiles_with_xfs())).await;
+    let size = format!("{from}MiB");
+    let out = d
+        .ctl_ok(&[
+            "create-disk",
+            "--profile",
+            profile,
+            "--size",
+            &size,
+            "--wait",
+        ])
+        .await;
+    let id = created_id(&out, profile);
+    let out = d.ctl_ok(&["publish", &id]).await;
+    let path = PathBuf::from(out.lines().last().unwrap());
+    std::fs::write(path.join("data"), b"kept across the growth").unwrap();
+    let before_fs = fs_bytes(&path);
+    let before = d.resources_until("the disk", |r| has_disk(r, &id)).await;
+    #[allow(clippy::cast_precision_loss)]
+    let (from_mb, to_mb) = (from as f64, to as f64);
+    assert!((disk_mb(&before, &id) - from_mb).abs() < 0.5, "{before}");
+
+    let grown = format!("{to}MiB");
+    let args = ["expand-disk", &id, "--size", &grown, "--wait"];
+    if online {
+        let out = d.ctl_ok(&args).await;
+        assert_eq!(out, format!("expanded disk {id} to {grown}\n"));
+    } else {
+        let (_, err) = d.ctl_exit(&args, 1).await;
+        assert!(
+            err.contains("NodeExpandVolume failed") && err.contains("Permission denied"),
+            "{err}"
+        );
+    }
+    let after_fs = fs_bytes(&path);
+    #[allow(clippy::cast_precision_loss)]
+    let ratio = after_fs as f64 / before_fs as f64;
+    #[allow(clippy::cast_precision_loss)]
+    let want = if online { to_mb / from_mb } else { 1.0 };
+    assert!(
+        ratio > want * 0.9 && ratio < want * 1.1,
+        "{profile}: the mounted file system grew {before_fs} → {after_fs} bytes ({ratio:.2}×, want about {want:.2}×)"
+    );
+    assert_eq!(
+        std::fs::read(path.join("data")).unwrap(),
+        b"kept across the growth"
+    );
+    let after = d
+        .resources_until("the grown disk", |r| (disk_mb(r, &id) - to_mb).abs() < 0.5)
+        .await;
+    assert!(
+        (free_mb(&before, profile) - free_mb(&after, profile) - (to_mb - from_mb)).abs() < 1.0,
+        "the pool gave the growth: {before} → {after}"
+    );
+    let (_, err) = d.ctl_exit(&["expand-disk", &id, "--size", &size], 1).await;
+    assert!(
+        err.contains("(HTTP 409)") && err.contains("shrink"),
+        "{err}"
+    );
+
+    d.ctl_ok(&["unpublish", &id]).await;
+    d.ctl_ok(&["destroy-disk", &id, "--wait"]).await;
+    d.resources_until("the disk gone and its space back", |r| {
+        !has_disk(r, &id) && (free_mb(r, profile) - free_mb(&before, profile) - from_mb).abs() < 1.0
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn root_expand_disk_grows_a_published_ext4_disk() {
+    if !slrp_test_support::require_root("root_expand_disk_grows_a_published_ext4_disk") {
+        return;
+    }
+    let online = slrp_test_support::has_cap(slrp_test_support::Cap::SysResource);
+    grows_a_published_disk("ext4", 64, 128, online).await;
+}
+
+#[tokio::test]
+async fn root_expand_disk_grows_a_published_xfs_disk() {
+    if !slrp_test_support::require_root("root_expand_disk_grows_a_published_xfs_disk")
+        || !slrp_test_support::require_tool(
+            "root_expand_disk_grows_a_published_xfs_disk",
+            "mkfs.xfs",
+        )
+    {
+        return;
+    }
+    grows_a_published_disk("xfs", 320, 400, true).await;
+}
+
+/// A disk that is not published grows on the plugin now and its file system at the
+/// next publish; a directory disk (no file system to grow) grows at once.
+#[tokio::test]
+async fn root_expand_disk_of_a_disk_not_published_grows_at_the_next_publish() {
+    if !slrp_test_support::require_root(
+        "root_expand_disk_of_a_disk_not_published_grows_at_the_next_publish",
+    ) {
+        return;
+    }
+    let d = Daemon::start().await;
+    let out = d
+        .ctl_ok(&["create-disk", "--profile", "ext4", "--size", DISK, "--wait"])
+        .await;
+    let id = created_id(&out, "ext4");
+    let out = d
+        .ctl_ok(&["expand-disk", &id, "--size", "128MiB", "--wait"])
+        .await;
+    assert_eq!(
+        out,
+        format!("expanded disk {id} to 128MiB (its file system grows when it is next published)\n")
+    );
+    let out = d.ctl_ok(&["publish", &id]).await;
+    let path = PathBuf::from(out.lines().last().unwrap());
+    let bytes = fs_bytes(&path);
+    assert!(bytes > 100 << 20, "grown at publish: {bytes} bytes");
+    let one = d.ctl_json(&["volumes", &id]).await;
+    assert_eq!(one["state"], "PUBLISHED", "{one}");
+
+    let out = d
+        .ctl_ok(&[
+            "create-disk",
+            "--profile",
+            "mount",
+            "--size",
+            DISK,
+            "--wait",
+        ])
+        .await;
+    let dir = created_id(&out, "mount");
+    let out = d
+        .ctl_ok(&["--json", "expand-disk", &dir, "--size", "96MiB"])
+        .await;
+    let grown: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(grown["size_bytes"], 96u64 << 20, "{grown}");
+    assert_eq!(grown["node_expansion_owed"], false, "{grown}");
+    d.resources_until("the dir disk at 96 MiB", |r| {
+        (disk_mb(r, &dir) - 96.0).abs() < 0.5
+    })
+    .await;
+    // Unknown disks and sizes the pool cannot give are refused before any call.
+    let (_, err) = d
+        .ctl_exit(&["expand-disk", "vol-nope", "--size", "1GiB"], 4)
+        .await;
+    assert!(err.contains("vol-nope"), "{err}");
+    let (_, err) = d
+        .ctl_exit(&["expand-disk", &dir, "--size", "1PiB"], 1)
+        .await;
+    assert!(
+        err.contains("(HTTP 409)") && err.contains("not enough free space"),
+        "{err}"
+    );
 }

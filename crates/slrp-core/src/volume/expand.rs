@@ -9,11 +9,13 @@
 //!    says so, `node_owed`; then, if the volume is published, NodeExpandVolume;
 //! 3. the record without `expansion`.
 //!
-//! A call that fails for good (a permanent gRPC code) clears `expansion` durably and
-//! answers the error: nothing grows it later unasked. A call cut short or failed
-//! transiently keeps it: the next start (or the next expansion of the volume) sends the
-//! same call again, which CSI makes idempotent for the same size. NodeExpandVolume owed
-//! by a volume that is not published is sent when it is published again.
+//! A ControllerExpandVolume that fails for good (a permanent gRPC code) clears
+//! `expansion` durably and answers the error: nothing grows it later unasked. One cut
+//! short or failed transiently keeps it: the next start (or the next expansion of the
+//! volume) sends the same call again, which CSI makes idempotent for the same size.
+//! NodeExpandVolume stays owed whatever its failure (the space is the volume's already)
+//! and is sent again at the next publish, start or expansion; one owed by a volume that
+//! is not published waits for its next publish.
 
 use slrp_csi::{CsiError, CsiRpc, CsiVolumes, NodeExpandRequest, RetryClass};
 use slrp_types::DisplayChain;
@@ -80,7 +82,14 @@ impl<C: CsiVolumes> Ctx<C> {
             VolumeState::Created => false,
             // Without ControllerPublishVolume, NODE_READY is CREATED for the plugin.
             VolumeState::NodeReady { .. } => caps.controller_publish(),
-            _ => true,
+            VolumeState::ControllerPublishing
+            | VolumeState::ControllerUnpublishing
+            | VolumeState::NodeStaging { .. }
+            | VolumeState::VolReady { .. }
+            | VolumeState::NodePublishing { .. }
+            | VolumeState::Published { .. }
+            | VolumeState::NodeUnpublishing { .. }
+            | VolumeState::NodeUnstaging { .. } => true,
         };
         if attached && caps.plugin.expansion_offline && !caps.plugin.expansion_online {
             return Err(VolumeError::ExpandOffline {
@@ -227,12 +236,15 @@ impl<C: CsiVolumes> Ctx<C> {
             .await;
         injected(failpoints::AFTER_CALL)?;
         if let Err(source) = result {
-            let e = VolumeError::Csi {
+            // Still owed, whatever the failure: the plugin has the space, and a file
+            // system that cannot grow while mounted may grow at the next publish (or
+            // once a person fixed what the error names); the next publish, start or
+            // expansion of the volume sends it again.
+            return Err(VolumeError::Csi {
                 rpc: CsiRpc::NodeExpandVolume,
                 subject: Subject::Volume(rec.id.clone()),
                 source,
-            };
-            return Err(self.expansion_ended(rec, e).await);
+            });
         }
         let mut next = rec.clone();
         next.expansion = None;
@@ -252,16 +264,14 @@ impl<C: CsiVolumes> Ctx<C> {
     /// transiently: the plugin may have acted, so the step stays owed and is sent again
     /// by the next start or the next expansion of the volume.
     async fn expansion_ended(&self, rec: &mut VolumeRecord, e: VolumeError) -> VolumeError {
-        let permanent = match &e {
-            VolumeError::Csi { source, .. } => {
-                source.retry_class() != RetryClass::Transient
-                    && !matches!(
-                        source,
-                        CsiError::Cancelled { .. } | CsiError::EndpointStopped { .. }
-                    )
-            }
-            VolumeError::PluginMisbehaved { .. } => true,
-            _ => false,
+        let permanent = if let VolumeError::Csi { source, .. } = &e {
+            source.retry_class() != RetryClass::Transient
+                && !matches!(
+                    source,
+                    CsiError::Cancelled { .. } | CsiError::EndpointStopped { .. }
+                )
+        } else {
+            matches!(e, VolumeError::PluginMisbehaved { .. })
         };
         if !permanent || self.cancel.is_cancelled() {
             tracing::warn!(volume = %rec.id, error = %DisplayChain(&e),

@@ -10,11 +10,13 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
-use slrp_core::volume::{MountPaths, StateName};
+use slrp_core::volume::{MountPaths, StateName, VolumeErrorKind};
 use slrp_csi::VolumeId;
 use slrp_types::DisplayChain;
 
-use super::api::{CreateDisk, DestroyDisk, OperationSummary, VolumeChanged, VolumeRef};
+use super::api::{
+    CreateDisk, DestroyDisk, DiskExpanded, ExpandDisk, OperationSummary, VolumeChanged, VolumeRef,
+};
 use super::{
     AdminProvider, AdminState, ManagerActions, Refusal, bad_field, refusal, unknown_volume,
     volume_error_status, volume_records, volume_state,
@@ -362,4 +364,142 @@ pub(super) async fn unpublish(
         // Destroyed meanwhile (DESTROY_DISK unpublishes too).
         None => Err(unknown_volume(&key, &id)),
     }
+}
+
+/// `POST /disks/expand` (standalone): grows disk `volume_id` through the volume manager
+/// (ControllerExpandVolume, then NodeExpandVolume for a published volume), then asks the
+/// provider to reconcile, which offers the disk at its new size and the pool with the
+/// space the plugin took out. Mesos has no offer operation for this, so `slrp run`
+/// refuses it (docs/mesos-differences.md).
+pub(super) async fn expand_disk(
+    State(state): State<AdminState>,
+    body: Bytes,
+) -> Result<Json<DiskExpanded>, Refusal> {
+    let request: ExpandDisk = parse_body(
+        &body,
+        r#"{"volume_id": "<id>", "size_bytes": <bytes>, "wait": <bool>, "timeout_seconds": <seconds>}"#,
+    )?;
+    non_empty("volume_id", &request.volume_id)?;
+    if request.size_bytes == 0 {
+        return Err(bad_field(
+            "size_bytes",
+            "'size_bytes' must be greater than zero",
+        ));
+    }
+    positive_timeout(request.timeout_seconds)?;
+    let provider = state.provider(request.provider.as_deref())?;
+    if state.extras.actions.is_none() {
+        return Err(refusal(
+            StatusCode::FORBIDDEN,
+            "POST /disks/expand is offered only by 'slrp standalone': Mesos has no offer operation that grows a resource provider's disk, and under 'slrp run' a framework may hold the disk at its size (docs/mesos-differences.md)",
+        ));
+    }
+    ready(provider)?;
+    let volumes = AdminState::volume_manager(provider)?;
+    let id = VolumeId::new(request.volume_id.clone());
+    let key = provider.key();
+    let total = provider.total();
+    let disk = total
+        .iter()
+        .find(|r| super::read_routes::source_id(r) == Some(id.as_str()))
+        .ok_or_else(|| {
+            let mut r = refusal(
+                StatusCode::NOT_FOUND,
+                format!("provider '{key}' offers no disk '{id}'"),
+            );
+            r.body.field = Some("volume_id".to_owned());
+            r
+        })?;
+    let mib = request.size_bytes.div_ceil(1 << 20);
+    let bytes = mib << 20;
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let current = disk.scalar.map_or(0, |s| s.value.max(0.0) as u64);
+    if mib < current {
+        return Err(field_conflict(
+            "size_bytes",
+            format!(
+                "disk {id} is {current} MiB; {mib} MiB would shrink it, and disks do not shrink"
+            ),
+        ));
+    }
+    if let Some(profile) = super::read_routes::disk_profile(disk) {
+        let free = pool_free_mib(&total, profile);
+        let more = mib - current;
+        if more > free {
+            return Err(field_conflict(
+                "size_bytes",
+                format!(
+                    "not enough free space in the pool of profile '{profile}': {more} MiB more asked for disk {id}, {free} MiB free"
+                ),
+            ));
+        }
+    }
+    let Ok(target) = i64::try_from(bytes) else {
+        return Err(bad_field("size_bytes", "'size_bytes' is too large"));
+    };
+    let grown = match volumes.expand(&id, target).await {
+        Ok(info) => info,
+        Err(e) => {
+            let error = DisplayChain(&e).to_string();
+            tracing::warn!(provider = %key, volume_id = %id, %error, "the operator's expansion failed");
+            let status = match e.kind() {
+                VolumeErrorKind::Invalid
+                | VolumeErrorKind::Conflict
+                | VolumeErrorKind::Rejected => StatusCode::CONFLICT,
+                kind => volume_error_status(kind),
+            };
+            return Err(refusal(status, error));
+        }
+    };
+    provider.request_reconciliation();
+    let owed = volume_records(&volumes)
+        .await?
+        .into_iter()
+        .find(|r| r.id == id)
+        .is_some_and(|r| r.expansion.is_some_and(|e| e.node_owed));
+    tracing::info!(provider = %key, volume_id = %id, mib, node_expansion_owed = owed, "disk expanded by the operator");
+    let within = if request.wait {
+        std::time::Duration::from_secs(request.timeout_seconds.unwrap_or(300))
+    } else {
+        std::time::Duration::ZERO
+    };
+    #[allow(clippy::cast_precision_loss)]
+    let offered = provider
+        .wait_disk_size(id.as_str(), mib as f64, within)
+        .await;
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let offered_bytes = (offered.max(0.0) as u64) << 20;
+    if request.wait && offered_bytes < bytes {
+        tracing::warn!(provider = %key, volume_id = %id, "the provider's resources did not show the grown disk in time");
+    }
+    Ok(Json(DiskExpanded {
+        volume_id: id.as_str().to_owned(),
+        size_bytes: bytes,
+        capacity_bytes: u64::try_from(grown.capacity_bytes).unwrap_or(0),
+        node_expansion_owed: owed,
+        offered_bytes,
+    }))
+}
+
+/// 409 naming `field`.
+fn field_conflict(field: &str, message: String) -> Refusal {
+    let mut r = refusal(StatusCode::CONFLICT, message);
+    r.body.field = Some(field.to_owned());
+    r
+}
+
+/// The free space (whole MiB) of the storage pool of `profile` in `total`: its RAW
+/// resources without an id, as Mesos offers them.
+fn pool_free_mib(total: &[slrp_proto::mesos::v1::Resource], profile: &str) -> u64 {
+    let mb: f64 = total
+        .iter()
+        .filter(|r| {
+            super::read_routes::source_id(r).is_none()
+                && super::read_routes::disk_profile(r) == Some(profile)
+        })
+        .filter_map(|r| r.scalar.map(|s| s.value))
+        .sum();
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let mib = mb.max(0.0) as u64;
+    mib
 }

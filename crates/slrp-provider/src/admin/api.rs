@@ -339,6 +339,44 @@ pub struct DestroyDisk {
     pub timeout_seconds: Option<u64>,
 }
 
+/// `POST /disks/expand`: grow a disk (standalone mode; Mesos has no such operation).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExpandDisk {
+    /// `<type>.<name>`; may be left out when the daemon runs one provider.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+    /// The CSI volume id (`disk.source.id`).
+    pub volume_id: String,
+    /// The new size; rounded up to whole MiB (Mesos counts disk in MB of 2^20 bytes).
+    pub size_bytes: u64,
+    /// Answer only once the provider's resources show the disk at its new size (the
+    /// plugin's calls are made before the answer either way).
+    #[serde(default)]
+    pub wait: bool,
+    /// How long to wait for the resources when `wait` (default 300).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<u64>,
+}
+
+/// The answer of `POST /disks/expand`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskExpanded {
+    /// The CSI volume id.
+    pub volume_id: String,
+    /// The size asked for, in whole MiB, as the disk is offered from now on.
+    pub size_bytes: u64,
+    /// The volume's capacity as the plugin reported it (it may round up).
+    pub capacity_bytes: u64,
+    /// NodeExpandVolume is still owed: the file system grows when the volume is next
+    /// published (it is not published now).
+    pub node_expansion_owed: bool,
+    /// The disk's size in the provider's resources when the answer was made: the new size
+    /// once the reconciliation that follows the growth is done (with `wait`, unless the
+    /// wait timed out), else the old one.
+    pub offered_bytes: u64,
+}
+
 /// `POST /volumes/publish` and `POST /volumes/unpublish`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -163,6 +163,31 @@ pub trait AdminProvider: Send + Sync + 'static {
     fn refresh_metrics(&self) -> BoxFuture<'_, ()> {
         Box::pin(async {})
     }
+    /// Asks the provider to reconcile soon: the plugin's volumes changed outside an
+    /// operation (a disk was grown), so the resources must follow.
+    fn request_reconciliation(&self) {}
+    /// Waits, at most `within`, until the provider's total holds a disk `volume_id` of at
+    /// least `mb` MB; returns its size in MB then, or the size it has when the time is up
+    /// (0: no such disk).
+    fn wait_disk_size(
+        &self,
+        volume_id: &str,
+        mb: f64,
+        within: std::time::Duration,
+    ) -> BoxFuture<'_, f64> {
+        let _ = (mb, within);
+        let size = disk_mb(&self.total(), volume_id);
+        Box::pin(async move { size })
+    }
+}
+
+/// The size in MB of disk `volume_id` in `total` (0 without one).
+pub(crate) fn disk_mb(total: &[Resource], volume_id: &str) -> f64 {
+    total
+        .iter()
+        .filter(|r| read_routes::source_id(r) == Some(volume_id))
+        .filter_map(|r| r.scalar.map(|s| s.value))
+        .fold(0.0, f64::max)
 }
 
 /// What the daemon adds to the admin endpoint beyond its providers: how it runs and, in
@@ -309,6 +334,7 @@ pub fn router(state: AdminState) -> axum::Router {
         .route("/metrics/snapshot", get(snapshot))
         .route("/disks", post(action_routes::create_disk))
         .route("/disks/destroy", post(action_routes::destroy_disk))
+        .route("/disks/expand", post(action_routes::expand_disk))
         .route("/volumes/publish", post(action_routes::publish))
         .route("/volumes/unpublish", post(action_routes::unpublish))
         .fallback(unknown_route)

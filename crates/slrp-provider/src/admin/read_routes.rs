@@ -85,6 +85,11 @@ pub(crate) fn source_id(r: &Resource) -> Option<&str> {
     r.disk.as_ref()?.source.as_ref()?.id.as_deref()
 }
 
+/// The `disk.source.profile` of a disk resource.
+pub(crate) fn disk_profile(r: &Resource) -> Option<&str> {
+    r.disk.as_ref()?.source.as_ref()?.profile.as_deref()
+}
+
 /// One volume manager record as the admin API shows it; the profile comes from the
 /// provider's resources (the record does not keep it).
 fn summary(

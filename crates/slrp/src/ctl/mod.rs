@@ -18,8 +18,8 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{Args, Subcommand, ValueEnum};
 use slrp_provider::admin::api::{
-    CreateDisk, DestroyDisk, OperationSummary, PluginHealth, ProfileSummary, Status, VolumeChanged,
-    VolumeRef, VolumeSummary,
+    CreateDisk, DestroyDisk, DiskExpanded, ExpandDisk, OperationSummary, PluginHealth,
+    ProfileSummary, Status, VolumeChanged, VolumeRef, VolumeSummary,
 };
 use slrp_types::parse_size;
 
@@ -109,6 +109,19 @@ enum CtlCommand {
     DestroyDisk {
         /// The volume id (`disk.source.id`).
         id: String,
+        #[command(flatten)]
+        wait: WaitArgs,
+        #[command(flatten)]
+        provider: ProviderArg,
+    },
+    /// Grow a disk (standalone mode): the plugin grows the volume and, if it is published,
+    /// its file system; the pool gives the space.
+    ExpandDisk {
+        /// The volume id (`disk.source.id`).
+        id: String,
+        /// The new size, e.g. `2GiB` (rounded up to whole MiB).
+        #[arg(long)]
+        size: String,
         #[command(flatten)]
         wait: WaitArgs,
         #[command(flatten)]
@@ -286,6 +299,43 @@ pub(crate) async fn run(args: CtlArgs) -> anyhow::Result<ExitCode> {
                 })?;
             }
         }
+        CtlCommand::ExpandDisk {
+            id,
+            size,
+            wait,
+            provider,
+        } => {
+            let size_bytes = parse_size(&size).map_err(|e| UsageError(format!("--size: {e}")))?;
+            if size_bytes == 0 {
+                return Err(UsageError("--size: a disk needs more than 0 bytes".into()).into());
+            }
+            let request = ExpandDisk {
+                provider: provider.provider,
+                volume_id: id.clone(),
+                size_bytes,
+                wait: wait.wait,
+                timeout_seconds: wait.wait.then_some(wait.timeout),
+            };
+            let what = format!("growing disk {id} to {}", disk_size_text(size_bytes));
+            let progress = Progress::start(wait.wait && std::io::stderr().is_terminal(), &what);
+            // The plugin's calls (a file system to grow) come before the answer, with or
+            // without --wait.
+            let answer = client
+                .post_raw(
+                    "/disks/expand",
+                    &request,
+                    Duration::from_secs(wait.timeout) + Duration::from_secs(30),
+                )
+                .await;
+            progress.finish();
+            let raw = answer.map_err(anyhow::Error::from).map_err(volume_hint)?;
+            let grown: DiskExpanded = client.parse("POST /disks/expand", &raw)?;
+            if json {
+                print_json(&client, "/disks/expand", &raw)?;
+            } else {
+                write_stdout(&expanded_text(&grown))?;
+            }
+        }
         CtlCommand::Publish { id, provider } => {
             let changed = volume_change(&client, json, "/volumes/publish", id, provider)
                 .await
@@ -309,6 +359,26 @@ pub(crate) async fn run(args: CtlArgs) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `expand-disk`'s answer for people.
+fn expanded_text(grown: &DiskExpanded) -> String {
+    let mut text = format!(
+        "expanded disk {} to {}",
+        grown.volume_id,
+        disk_size_text(grown.size_bytes)
+    );
+    if grown.node_expansion_owed {
+        text.push_str(" (its file system grows when it is next published)");
+    }
+    if grown.offered_bytes < grown.size_bytes {
+        text.push_str(&format!(
+            "; the provider still offers it at {} until its next reconciliation",
+            disk_size_text(grown.offered_bytes)
+        ));
+    }
+    text.push('\n');
+    text
 }
 
 /// `GET path`: the body as sent under `--json`, else `human` of the parsed body.

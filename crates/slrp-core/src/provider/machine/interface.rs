@@ -133,6 +133,11 @@ pub enum Input {
     },
     /// A publish of [`Effect::Publish`] was answered.
     PublishDone,
+    /// Someone changed the plugin's volumes outside an operation (the operator grew a
+    /// disk): reconcile soon, as after a DESTROY_DISK (a pool reconciliation, which asks
+    /// the plugin everything a reconciliation asks), once READY and no disk operation
+    /// runs.
+    Reconcile,
 }
 
 /// Why an UPDATE_STATE was not accepted.

@@ -303,6 +303,7 @@ impl Machine {
                 result,
             } => self.on_persistent_removed(uuid, identity, result, now)?,
             Input::PublishDone => self.publishes = self.publishes.saturating_sub(1),
+            Input::Reconcile => self.jobs.mark(JobKind::Pools),
         }
         Ok(())
     }
