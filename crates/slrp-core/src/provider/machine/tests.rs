@@ -481,3 +481,45 @@ fn a_refused_update_state_is_not_resent_unchanged() {
     );
     assert_eq!(m.lifecycle(), Lifecycle::Ready);
 }
+
+/// `Input::Reconcile` (a disk grown by the operator): a reconciliation starts at once
+/// when READY, and its findings (the volume manager's `expanded`) grow the disk in the
+/// total, staged and followed by an UPDATE_STATE.
+#[test]
+fn a_requested_reconciliation_grows_an_expanded_disk() {
+    let disk = persistent_disk("vol-1", false);
+    let mut m = machine(std::iter::once(&disk).collect());
+    ready(&mut m);
+    let effects = step(&mut m, Input::Reconcile);
+    let ticket = job(&effects).expect("a reconciliation starts");
+    let listed = slrp_csi::Volume {
+        volume_id: slrp_csi::VolumeId::new("vol-1"),
+        capacity_bytes: 8 * 1_048_576,
+        volume_context: BTreeMap::new(),
+    };
+    let effects = step(
+        &mut m,
+        Input::JobDone(JobDone {
+            ticket,
+            result: Ok(Gathered {
+                profiles: BTreeMap::new(),
+                capacities: Vec::new(),
+                listing: vec![listed],
+                expanded: BTreeMap::from([("vol-1".to_owned(), 8 * 1_048_576)]),
+            }),
+        }),
+    );
+    assert!(
+        send(&effects).is_some(),
+        "the grown total is sent: {effects:?}"
+    );
+    let sizes: Vec<f64> = m
+        .total()
+        .iter()
+        .filter_map(|r| r.scalar.map(|s| s.value))
+        .collect();
+    assert_eq!(sizes, vec![8.0], "{:?}", m.total());
+    let grown = m.total().iter().next().unwrap();
+    let source = grown.disk.as_ref().unwrap().source.as_ref().unwrap();
+    assert_eq!(source.r#type, SourceType::Mount as i32, "still MOUNT");
+}
