@@ -156,6 +156,7 @@ fn req(name: &str) -> CreateVolume {
         limit_bytes: 0,
         capability: VolumeCapability::mount_default(),
         parameters: StringMap::new(),
+        content_source: None,
     }
 }
 

@@ -177,6 +177,7 @@ fn recovery_plan_table() {
                                     limit_bytes: 0,
                                     capability: VolumeCapability::mount_default(),
                                     parameters: StringMap::new(),
+                                    content_source: None,
                                 }]
                             } else {
                                 Vec::new()

@@ -145,6 +145,7 @@ fn create_req(slot: usize) -> CreateVolume {
         limit_bytes: 0,
         capability: VolumeCapability::mount_default(),
         parameters,
+        content_source: None,
     }
 }
 

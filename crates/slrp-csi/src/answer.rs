@@ -220,6 +220,15 @@ pub enum Violation {
         /// The request's `limit_bytes`.
         limit: i64,
     },
+    /// A field names something other than what the request was about (a snapshot of
+    /// another volume).
+    #[error("{field} is {what}")]
+    Mismatch {
+        /// The field.
+        field: &'static str,
+        /// What it is instead.
+        what: String,
+    },
     /// A listing's `next_token` is one it gave before: following it would never end.
     #[error("next_token repeats a token of the same listing")]
     RepeatedToken,
@@ -245,6 +254,7 @@ impl Violation {
             Self::Negative { .. } => "negative",
             Self::BelowRequired { .. } => "below_required",
             Self::AboveLimit { .. } => "above_limit",
+            Self::Mismatch { .. } => "mismatch",
             Self::RepeatedToken => "repeated_token",
             Self::Listing {
                 bound: ListingBound::Pages,
@@ -568,6 +578,7 @@ mod tests {
             capabilities: Vec::new(),
             parameters: StringMap::new(),
             secrets: Secrets::default(),
+            content_source: None,
         }
     }
 

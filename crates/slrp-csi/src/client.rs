@@ -764,6 +764,81 @@ impl CsiClient {
         .await
     }
 
+    /// `CreateSnapshot` (v1 only): idempotent by `req.name` and source.
+    ///
+    /// # Errors
+    /// [`CsiError::Unsupported`] for v0 plugins; an answer without a usable snapshot id,
+    /// of another source, or with a negative size ([`CsiError::InvalidResponse`]);
+    /// otherwise the RPC's failure.
+    pub async fn create_snapshot(&self, req: &CreateSnapshotRequest) -> Result<Snapshot, CsiError> {
+        if req.name.is_empty() {
+            return Err(CsiError::InvalidRequest {
+                rpc: CsiRpc::CreateSnapshot,
+                what: "the snapshot name is empty".to_owned(),
+            });
+        }
+        let limits = &self.inner.config.limits;
+        self.versioned(CsiRpc::CreateSnapshot, |ch, v, t| async move {
+            match v {
+                CsiVersion::V1 => {
+                    let snapshot = v1::create_snapshot(ch, t, req).await?;
+                    let invalid = |violation| AttemptError::Invalid {
+                        violation,
+                        created: None,
+                    };
+                    crate::answer::check_id("snapshot.snapshot_id", &snapshot.snapshot_id, limits)
+                        .map_err(invalid)?;
+                    check_size("snapshot.size_bytes", snapshot.size_bytes).map_err(invalid)?;
+                    if snapshot.source_volume_id != req.source_volume_id {
+                        return Err(invalid(crate::answer::Violation::Mismatch {
+                            field: "snapshot.source_volume_id",
+                            what: format!(
+                                "'{}', not the volume asked for ('{}')",
+                                snapshot.source_volume_id, req.source_volume_id
+                            ),
+                        }));
+                    }
+                    Ok(snapshot)
+                }
+                CsiVersion::V0 => Err(AttemptError::Unsupported("snapshots")),
+            }
+        })
+        .await
+    }
+
+    /// `DeleteSnapshot` (v1 only). A `NOT_FOUND` answer is returned as an error whose
+    /// [`CsiError::retry_class`] is [`RetryClass::AlreadyDone`](crate::RetryClass::AlreadyDone).
+    ///
+    /// # Errors
+    /// [`CsiError::Unsupported`] for v0 plugins; otherwise the RPC's failure.
+    pub async fn delete_snapshot(&self, snapshot_id: &str) -> Result<(), CsiError> {
+        self.versioned(CsiRpc::DeleteSnapshot, |ch, v, t| async move {
+            match v {
+                CsiVersion::V1 => v1::delete_snapshot(ch, t, snapshot_id).await,
+                CsiVersion::V0 => Err(AttemptError::Unsupported("snapshots")),
+            }
+        })
+        .await
+    }
+
+    /// One page of `ListSnapshots` (v1 only; `max_entries` 0 = the plugin's choice).
+    ///
+    /// # Errors
+    /// [`CsiError::Unsupported`] for v0 plugins; otherwise the RPC's failure.
+    pub async fn list_snapshots_page(
+        &self,
+        max_entries: i32,
+        starting_token: Option<&str>,
+    ) -> Result<SnapshotPage, CsiError> {
+        self.versioned(CsiRpc::ListSnapshots, |ch, v, t| async move {
+            match v {
+                CsiVersion::V1 => v1::list_snapshots(ch, t, max_entries, starting_token).await,
+                CsiVersion::V0 => Err(AttemptError::Unsupported("snapshots")),
+            }
+        })
+        .await
+    }
+
     /// `NodeStageVolume`.
     ///
     /// # Errors

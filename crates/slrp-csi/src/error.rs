@@ -35,11 +35,14 @@ pub enum CsiRpc {
     NodeGetCapabilities,
     /// `NodeGetInfo`, or `NodeGetId` for CSI 0.2 plugins (counted as one RPC).
     NodeGetInfo,
+    CreateSnapshot,
+    DeleteSnapshot,
+    ListSnapshots,
 }
 
 impl CsiRpc {
     /// Every RPC the client issues.
-    pub const ALL: [CsiRpc; 21] = [
+    pub const ALL: [CsiRpc; 24] = [
         Self::GetPluginInfo,
         Self::GetPluginCapabilities,
         Self::Probe,
@@ -61,6 +64,9 @@ impl CsiRpc {
         Self::NodeExpandVolume,
         Self::NodeGetCapabilities,
         Self::NodeGetInfo,
+        Self::CreateSnapshot,
+        Self::DeleteSnapshot,
+        Self::ListSnapshots,
     ];
 
     /// The CSI method name.
@@ -87,6 +93,9 @@ impl CsiRpc {
             Self::NodeExpandVolume => "NodeExpandVolume",
             Self::NodeGetCapabilities => "NodeGetCapabilities",
             Self::NodeGetInfo => "NodeGetInfo",
+            Self::CreateSnapshot => "CreateSnapshot",
+            Self::DeleteSnapshot => "DeleteSnapshot",
+            Self::ListSnapshots => "ListSnapshots",
         }
     }
 
@@ -387,6 +396,7 @@ pub fn classify_code(rpc: CsiRpc, code: Code) -> RetryClass {
             if matches!(
                 rpc,
                 CsiRpc::DeleteVolume
+                    | CsiRpc::DeleteSnapshot
                     | CsiRpc::ControllerUnpublishVolume
                     | CsiRpc::NodeUnstageVolume
                     | CsiRpc::NodeUnpublishVolume

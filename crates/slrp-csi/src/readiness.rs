@@ -236,7 +236,10 @@ impl CsiVolumes for CsiServices {
             | CsiRpc::GetCapacity
             | CsiRpc::ControllerGetCapabilities
             | CsiRpc::ControllerExpandVolume
-            | CsiRpc::ControllerGetVolume => self.controller_for(rpc)?.endpoint_ready(rpc).await,
+            | CsiRpc::ControllerGetVolume
+            | CsiRpc::CreateSnapshot
+            | CsiRpc::DeleteSnapshot
+            | CsiRpc::ListSnapshots => self.controller_for(rpc)?.endpoint_ready(rpc).await,
             CsiRpc::GetPluginInfo
             | CsiRpc::GetPluginCapabilities
             | CsiRpc::Probe
@@ -265,6 +268,21 @@ impl CsiVolumes for CsiServices {
     ) -> Result<crate::ControllerExpansion, CsiError> {
         self.controller_for(CsiRpc::ControllerExpandVolume)?
             .controller_expand(id, required_bytes, capability)
+            .await
+    }
+
+    async fn create_snapshot(
+        &self,
+        req: &crate::CreateSnapshotRequest,
+    ) -> Result<crate::Snapshot, CsiError> {
+        self.controller_for(CsiRpc::CreateSnapshot)?
+            .create_snapshot(req)
+            .await
+    }
+
+    async fn delete_snapshot(&self, snapshot_id: &str) -> Result<(), CsiError> {
+        self.controller_for(CsiRpc::DeleteSnapshot)?
+            .delete_snapshot(snapshot_id)
             .await
     }
 

@@ -258,6 +258,54 @@ pub struct CreateVolumeRequest {
     pub parameters: StringMap,
     /// Secrets for the call.
     pub secrets: Secrets,
+    /// What the new volume holds at first (`volume_content_source`; v1 only).
+    pub content_source: Option<ContentSource>,
+}
+
+/// Where a new volume's contents come from (`volume_content_source`): a restore from a
+/// snapshot or a clone of a volume.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ContentSource {
+    /// A snapshot's id.
+    Snapshot(String),
+    /// A volume's id.
+    Volume(VolumeId),
+}
+
+/// `CreateSnapshot` request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreateSnapshotRequest {
+    /// Idempotency name: the same name and source give the same snapshot.
+    pub name: String,
+    /// The volume to snapshot.
+    pub source_volume_id: VolumeId,
+    /// Opaque plugin parameters.
+    pub parameters: StringMap,
+}
+
+/// A snapshot as the plugin describes it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// The plugin's id.
+    pub snapshot_id: String,
+    /// The volume it was taken of.
+    pub source_volume_id: VolumeId,
+    /// Its size in bytes (0: unknown).
+    pub size_bytes: i64,
+    /// When it was taken, seconds since the Unix epoch, if the plugin says.
+    pub creation_time: Option<i64>,
+    /// Whether it can be restored from now.
+    pub ready_to_use: bool,
+}
+
+/// One page of `ListSnapshots`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SnapshotPage {
+    /// Snapshots on this page.
+    pub snapshots: Vec<Snapshot>,
+    /// Token for the next page; `None` on the last page.
+    pub next_token: Option<String>,
 }
 
 /// One page of `ListVolumes`.

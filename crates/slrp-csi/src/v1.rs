@@ -183,6 +183,7 @@ pub(crate) async fn create_volume(
         volume_capabilities: req.capabilities.iter().map(capability_in).collect(),
         parameters: map_in(&req.parameters),
         secrets: req.secrets.to_proto(),
+        volume_content_source: req.content_source.as_ref().map(content_source_in),
         ..Default::default()
     };
     let r = ControllerClient::new(ch)
@@ -190,6 +191,93 @@ pub(crate) async fn create_volume(
         .await?
         .into_inner();
     volume_out(r.volume)
+}
+
+fn content_source_in(source: &ContentSource) -> pb::VolumeContentSource {
+    use pb::volume_content_source::{SnapshotSource, Type, VolumeSource};
+    pb::VolumeContentSource {
+        r#type: Some(match source {
+            ContentSource::Snapshot(id) => Type::Snapshot(SnapshotSource {
+                snapshot_id: id.clone(),
+            }),
+            ContentSource::Volume(id) => Type::Volume(VolumeSource {
+                volume_id: id.as_str().to_owned(),
+            }),
+        }),
+    }
+}
+
+fn snapshot_out(s: Option<pb::Snapshot>) -> Result<Snapshot, AttemptError> {
+    let s = s.ok_or(AttemptError::Invalid {
+        violation: crate::answer::Violation::Missing { field: "snapshot" },
+        created: None,
+    })?;
+    Ok(Snapshot {
+        snapshot_id: s.snapshot_id,
+        source_volume_id: VolumeId::new(s.source_volume_id),
+        size_bytes: s.size_bytes,
+        creation_time: s.creation_time.map(|t| t.seconds),
+        ready_to_use: s.ready_to_use,
+    })
+}
+
+pub(crate) async fn create_snapshot(
+    ch: Channel,
+    t: Duration,
+    req: &CreateSnapshotRequest,
+) -> Result<Snapshot, AttemptError> {
+    let msg = pb::CreateSnapshotRequest {
+        source_volume_id: req.source_volume_id.as_str().to_owned(),
+        name: req.name.clone(),
+        secrets: HashMap::new(),
+        parameters: map_in(&req.parameters),
+    };
+    let r = ControllerClient::new(ch)
+        .create_snapshot(request(msg, t))
+        .await?
+        .into_inner();
+    snapshot_out(r.snapshot)
+}
+
+pub(crate) async fn delete_snapshot(
+    ch: Channel,
+    t: Duration,
+    snapshot_id: &str,
+) -> Result<(), AttemptError> {
+    let msg = pb::DeleteSnapshotRequest {
+        snapshot_id: snapshot_id.to_owned(),
+        secrets: HashMap::new(),
+    };
+    ControllerClient::new(ch)
+        .delete_snapshot(request(msg, t))
+        .await?;
+    Ok(())
+}
+
+pub(crate) async fn list_snapshots(
+    ch: Channel,
+    t: Duration,
+    max_entries: i32,
+    starting_token: Option<&str>,
+) -> Result<SnapshotPage, AttemptError> {
+    let msg = pb::ListSnapshotsRequest {
+        max_entries,
+        starting_token: starting_token.unwrap_or_default().to_owned(),
+        ..Default::default()
+    };
+    let r = ControllerClient::new(ch)
+        .list_snapshots(request(msg, t))
+        .await?
+        .into_inner();
+    let snapshots = r
+        .entries
+        .into_iter()
+        .map(|e| snapshot_out(e.snapshot))
+        .collect::<Result<_, _>>()?;
+    Ok(SnapshotPage {
+        snapshots,
+        next_token: (!r.next_token.is_empty()).then_some(r.next_token),
+    })
 }
 
 pub(crate) async fn delete_volume(

@@ -8,9 +8,10 @@ use crate::answer::{AnswerLimits, ListingBudget};
 use crate::client::CsiClient;
 use crate::error::{CsiError, CsiRpc};
 use crate::types::{
-    Capacity, ControllerExpansion, ControllerPublishRequest, CreateVolumeRequest,
-    NodeExpandRequest, NodePublishRequest, NodeStageRequest, Secrets, StringMap, ValidateRequest,
-    Validation, Volume, VolumeCapability, VolumeId, VolumePage,
+    Capacity, ControllerExpansion, ControllerPublishRequest, CreateSnapshotRequest,
+    CreateVolumeRequest, NodeExpandRequest, NodePublishRequest, NodeStageRequest, Secrets,
+    Snapshot, StringMap, ValidateRequest, Validation, Volume, VolumeCapability, VolumeId,
+    VolumePage,
 };
 
 /// Volume lifecycle RPCs of one plugin (controller and node services).
@@ -128,6 +129,33 @@ pub trait CsiVolumes: Send + Sync + 'static {
         }))
     }
 
+    /// `CreateSnapshot`. Default as [`CsiVolumes::controller_expand`]'s.
+    fn create_snapshot(
+        &self,
+        req: &CreateSnapshotRequest,
+    ) -> impl Future<Output = Result<Snapshot, CsiError>> + Send {
+        let _ = req;
+        std::future::ready(Err(CsiError::Unsupported {
+            rpc: CsiRpc::CreateSnapshot,
+            version: crate::CsiVersion::V0,
+            what: "snapshots",
+        }))
+    }
+
+    /// `DeleteSnapshot` (`NOT_FOUND` is [`crate::RetryClass::AlreadyDone`]). Default as
+    /// [`CsiVolumes::controller_expand`]'s.
+    fn delete_snapshot(
+        &self,
+        snapshot_id: &str,
+    ) -> impl Future<Output = Result<(), CsiError>> + Send {
+        let _ = snapshot_id;
+        std::future::ready(Err(CsiError::Unsupported {
+            rpc: CsiRpc::DeleteSnapshot,
+            version: crate::CsiVersion::V0,
+            what: "snapshots",
+        }))
+    }
+
     /// `NodeExpandVolume`; returns the new capacity (0 = unknown). Default as
     /// [`CsiVolumes::controller_expand`]'s.
     fn node_expand(
@@ -144,6 +172,20 @@ pub trait CsiVolumes: Send + Sync + 'static {
 }
 
 impl CsiVolumes for CsiClient {
+    fn create_snapshot(
+        &self,
+        req: &CreateSnapshotRequest,
+    ) -> impl Future<Output = Result<Snapshot, CsiError>> + Send {
+        CsiClient::create_snapshot(self, req)
+    }
+
+    fn delete_snapshot(
+        &self,
+        snapshot_id: &str,
+    ) -> impl Future<Output = Result<(), CsiError>> + Send {
+        CsiClient::delete_snapshot(self, snapshot_id)
+    }
+
     fn controller_expand(
         &self,
         id: &VolumeId,

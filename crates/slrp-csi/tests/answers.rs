@@ -40,6 +40,7 @@ fn create(required: i64, limit: i64) -> CreateVolumeRequest {
         capabilities: vec![VolumeCapability::mount_default()],
         parameters: StringMap::new(),
         secrets: Secrets::default(),
+        content_source: None,
     }
 }
 

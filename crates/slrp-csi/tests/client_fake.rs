@@ -57,6 +57,7 @@ fn plain_create() -> CreateVolumeRequest {
         capabilities: vec![VolumeCapability::mount_default()],
         parameters: StringMap::new(),
         secrets: Secrets::default(),
+        content_source: None,
     }
 }
 
@@ -247,6 +248,7 @@ async fn create_volume_v1_sends_domain_request_and_maps_volume() {
         }],
         parameters: [("pool".to_owned(), "default".to_owned())].into(),
         secrets: Secrets::new([("token".to_owned(), "s3cr3t".to_owned())].into()),
+        content_source: None,
     };
     assert!(
         !format!("{req:?}").contains("s3cr3t"),
@@ -303,6 +305,7 @@ async fn create_volume_v0_uses_v0_field_names() {
             capabilities: vec![VolumeCapability::block()],
             parameters: StringMap::new(),
             secrets: Secrets::default(),
+            content_source: None,
         })
         .await
         .unwrap();

@@ -210,6 +210,7 @@ async fn controller_calls_go_to_the_controller_container_and_node_calls_to_the_n
             capabilities: vec![VolumeCapability::mount_default()],
             parameters: StringMap::new(),
             secrets: Secrets::default(),
+            content_source: None,
         })
         .await
         .unwrap();

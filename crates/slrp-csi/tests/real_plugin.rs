@@ -53,6 +53,7 @@ fn create(name: &str, bytes: i64) -> CreateVolumeRequest {
         capabilities: vec![VolumeCapability::mount_default()],
         parameters: StringMap::new(),
         secrets: Secrets::default(),
+        content_source: None,
     }
 }
 

@@ -50,6 +50,7 @@ async fn secrets_never_reach_the_log_at_trace_level() {
         capabilities: vec![VolumeCapability::mount_default()],
         parameters: StringMap::new(),
         secrets: secrets(),
+        content_source: None,
     };
     tracing::trace!(request = ?create, "sending");
     let v = c.create_volume(&create).await.unwrap();

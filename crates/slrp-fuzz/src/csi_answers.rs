@@ -266,6 +266,7 @@ pub fn run(data: &[u8]) {
                         limit_bytes: 0,
                         capability: VolumeCapability::mount_default(),
                         parameters: StringMap::new(),
+                        content_source: None,
                     };
                     let result = handle.create(req).await;
                     let records = handle.volumes().await.unwrap_or_default();

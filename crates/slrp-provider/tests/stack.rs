@@ -448,6 +448,7 @@ async fn publish_one(stack: &PluginStack) -> PathBuf {
             limit_bytes: 0,
             capability: slrp_csi::VolumeCapability::mount_default(),
             parameters: Default::default(),
+            content_source: None,
         })
         .await
         .unwrap();
@@ -655,6 +656,7 @@ async fn a_call_the_volume_manager_retries_is_retried_by_it_alone() {
         limit_bytes: 0,
         capability: slrp_csi::VolumeCapability::mount_default(),
         parameters: Default::default(),
+        content_source: None,
     }))
     .await
     .unwrap_err();

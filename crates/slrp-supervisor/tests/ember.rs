@@ -154,6 +154,7 @@ async fn interop(spec_version: &str, expect: CsiVersion, name: &str) {
         capabilities: vec![VolumeCapability::mount_default()],
         parameters: StringMap::new(),
         secrets: Secrets::default(),
+        content_source: None,
     };
     let v = c.create_volume(&req).await.unwrap();
     assert_eq!(v.capacity_bytes, 1 << 30);

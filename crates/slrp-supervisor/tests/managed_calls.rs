@@ -168,6 +168,7 @@ async fn create(c: &impl CsiVolumes, name: &str) -> VolumeId {
         capabilities: vec![VolumeCapability::mount_default()],
         parameters: StringMap::new(),
         secrets: Secrets::default(),
+        content_source: None,
     })
     .await
     .unwrap()
@@ -350,6 +351,7 @@ async fn the_volume_manager_publishes_and_unpublishes_across_plugin_kills() {
             limit_bytes: 0,
             capability: VolumeCapability::mount_default(),
             parameters: StringMap::new(),
+            content_source: None,
         })
         .await
         .unwrap();

@@ -182,6 +182,7 @@ pub fn create_req(name: &str) -> CreateVolume {
         limit_bytes: 0,
         capability: mount_cap(),
         parameters: StringMap::new(),
+        content_source: None,
     }
 }
 

@@ -446,6 +446,7 @@ pub(crate) async fn run(args: CsiArgs) -> anyhow::Result<ExitCode> {
                 capabilities: vec![cap.capability()?],
                 parameters: pairs(&parameters, "--parameter")?,
                 secrets: Secrets::default(),
+                content_source: None,
             };
             let v = retry(CsiRpc::CreateVolume, policy.as_ref(), &no_cancel, || {
                 client.create_volume(&req)

@@ -496,6 +496,7 @@ mod tests {
                 limit_bytes: 1 << 20,
                 capability: slrp_csi::VolumeCapability::mount_default(),
                 parameters: Default::default(),
+                content_source: None,
             },
             rule: "above_limit".into(),
             reason: "capacity_bytes 9223372036854775807 is above the limit_bytes 1048576 asked for"

@@ -35,6 +35,10 @@ pub struct CreateVolume {
     /// Plugin parameters (from the profile).
     #[serde(default)]
     pub parameters: StringMap,
+    /// What the new volume holds at first: a snapshot restored or a volume cloned. Part
+    /// of the intent, so that a replay after a crash asks for the same contents.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_source: Option<slrp_csi::ContentSource>,
 }
 
 impl Record for CreateVolume {

@@ -475,6 +475,7 @@ impl<C: CsiVolumes> Ctx<C> {
             capabilities: vec![req.capability.clone()],
             parameters: req.parameters.clone(),
             secrets: Secrets::default(),
+            content_source: req.content_source.clone(),
         };
         // Whether any attempt, not only the last, may have created the volume: a retry
         // refused without effect (or never sent, the plugin restarting) says nothing

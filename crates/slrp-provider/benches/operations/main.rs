@@ -485,6 +485,7 @@ async fn bare_pairs(socket: &Path, concurrency: usize, total: usize) -> Rate {
                 capabilities: vec![VolumeCapability::mount_default()],
                 parameters: Default::default(),
                 secrets: Secrets::default(),
+                content_source: None,
             };
             let volume = client.create_volume(&request).await.expect("CreateVolume");
             client

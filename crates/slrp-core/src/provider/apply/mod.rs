@@ -694,6 +694,7 @@ pub fn plan_create_disk(
             limit_bytes: bytes,
             capability,
             parameters: def.parameters.clone(),
+            content_source: None,
         }),
         Some(id) => DiskRequest::Import(ValidateVolume {
             id: VolumeId::new(id.as_str()),
