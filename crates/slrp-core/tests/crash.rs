@@ -58,6 +58,10 @@ enum Op {
     StagedDelete,
     /// Growing a published volume: ControllerExpandVolume, then NodeExpandVolume.
     Expand,
+    /// Taking a snapshot of a published volume.
+    Snapshot,
+    /// Deleting a snapshot.
+    DeleteSnapshot,
 }
 
 impl Op {
@@ -71,7 +75,9 @@ impl Op {
             | Self::Publish
             | Self::Unpublish
             | Self::Delete
-            | Self::Expand) => op,
+            | Self::Expand
+            | Self::Snapshot
+            | Self::DeleteSnapshot) => op,
         }
     }
 }
@@ -96,18 +102,23 @@ async fn commit_owed(store: &slrp_store::Store, owed: Option<Owed>) -> Result<()
 
 const NAME: &str = "op-uuid-1";
 
+/// The snapshot name `Op::Snapshot` and `Op::DeleteSnapshot` use.
+const SNAPSHOT: &str = "snap-name-1";
+
 /// What `Op::Expand` grows the volume to (it is created with 1 MiB).
 const GROWN: i64 = 3 << 30;
 
 /// The plugin of `op`: every capability the manager uses, and for `Op::Expand` online
 /// expansion on both services with a file system to grow on the node.
 fn plugin(op: Op) -> std::sync::Arc<FakeCsi> {
-    if op == Op::Expand {
-        let fake = FakeCsi::new(expanding_caps());
-        fake.st().node_expansion_required = true;
-        fake
-    } else {
-        FakeCsi::full()
+    match op {
+        Op::Expand => {
+            let fake = FakeCsi::new(expanding_caps());
+            fake.st().node_expansion_required = true;
+            fake
+        }
+        Op::Snapshot | Op::DeleteSnapshot => FakeCsi::new(snapshot_caps()),
+        _ => FakeCsi::full(),
     }
 }
 
@@ -119,9 +130,12 @@ async fn setup(op: Op, handle: &VolumeManagerHandle) -> Option<VolumeId> {
     let v = handle.create(create_req(NAME)).await.unwrap();
     if matches!(
         op,
-        Op::Unpublish | Op::Delete | Op::StagedDelete | Op::Expand
+        Op::Unpublish | Op::Delete | Op::StagedDelete | Op::Expand | Op::Snapshot
     ) {
         handle.publish(&v.id).await.unwrap();
+    }
+    if op == Op::DeleteSnapshot {
+        handle.snapshot(&v.id, SNAPSHOT.to_owned()).await.unwrap();
     }
     Some(v.id)
 }
@@ -167,6 +181,18 @@ async fn run(
         Op::Unpublish => handle.unpublish(id.unwrap()).await,
         Op::Delete => handle.delete(id.unwrap()).await.map(|_| ()),
         Op::Expand => handle.expand(id.unwrap(), GROWN).await.map(|_| ()),
+        Op::Snapshot => handle
+            .snapshot(id.unwrap(), SNAPSHOT.to_owned())
+            .await
+            .map(|_| ()),
+        Op::DeleteSnapshot => {
+            let snapshots = handle.snapshots().await?;
+            match snapshots.first() {
+                Some(s) => handle.delete_snapshot(&s.id).await.map(|_| ()),
+                // Deleted before the crash took the answer.
+                None => Ok(()),
+            }
+        }
     }
 }
 
@@ -184,10 +210,31 @@ async fn check_converged(op: Op, h: &Harness, m: &Running, what: &str) {
     let want = match op {
         Op::Create | Op::StagedCreate => Some(StateName::Created),
         Op::CreateRefused => None,
-        Op::Publish | Op::Expand => Some(StateName::Published),
+        Op::Publish | Op::Expand | Op::Snapshot => Some(StateName::Published),
+        Op::DeleteSnapshot => Some(StateName::Created),
         Op::Unpublish => Some(StateName::NodeReady),
         Op::Delete | Op::StagedDelete => None,
     };
+    let snapshots = m.handle.snapshots().await.unwrap();
+    let plugin_snapshots: Vec<String> = h.fake.st().snapshots.keys().cloned().collect();
+    let recorded: Vec<String> = snapshots.iter().map(|s| s.id.clone()).collect();
+    assert_eq!(
+        recorded, plugin_snapshots,
+        "{what}: snapshots recorded vs plugin's"
+    );
+    assert!(
+        snapshots.iter().all(|s| !s.deleting),
+        "{what}: {snapshots:?}"
+    );
+    match op {
+        Op::Snapshot => {
+            assert_eq!(recorded.len(), 1, "{what}");
+            assert_eq!(h.fake.st().snapshots_taken, 1, "{what}: taken once");
+            assert_eq!(snapshots[0].name, SNAPSHOT, "{what}");
+        }
+        Op::DeleteSnapshot => assert!(recorded.is_empty(), "{what}: deleted"),
+        _ => {}
+    }
     match want {
         None => assert!(recs.is_empty(), "{what}: deleted"),
         Some(state) => {
@@ -325,6 +372,10 @@ async fn check_after_restart(op: Op, h: &Harness, what: &str, crashed: bool) {
         h.stored_deletions().is_empty(),
         "{what}: deletion intent left"
     );
+    assert!(
+        h.stored_all::<SnapshotIntent>().is_empty(),
+        "{what}: snapshot intent left"
+    );
     if op == Op::CreateRefused {
         let refusals = h.stored_refusals();
         assert_eq!(refusals.len(), 1, "{what}: {refusals:?}");
@@ -388,6 +439,16 @@ async fn crash_anywhere_in_a_staged_delete() {
 #[tokio::test]
 async fn crash_anywhere_in_an_expansion() {
     crash_everywhere(Op::Expand).await;
+}
+
+#[tokio::test]
+async fn crash_anywhere_in_a_snapshot() {
+    crash_everywhere(Op::Snapshot).await;
+}
+
+#[tokio::test]
+async fn crash_anywhere_in_a_snapshot_deletion() {
+    crash_everywhere(Op::DeleteSnapshot).await;
 }
 
 /// A crash while CreateVolume's answer is lost *and* the caller never retries: recovery

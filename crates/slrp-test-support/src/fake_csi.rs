@@ -95,6 +95,10 @@ pub struct FakeState {
     pub waiting_for_endpoint: usize,
     /// ControllerExpandVolume answers `node_expansion_required` (a file system to grow).
     pub node_expansion_required: bool,
+    /// Snapshots by id: (CreateSnapshot name, source volume, size).
+    pub snapshots: BTreeMap<String, (String, VolumeId, i64)>,
+    /// CreateSnapshot calls that took a new snapshot.
+    pub snapshots_taken: usize,
     /// The container serving these RPCs was stopped for good (slrp is shutting down):
     /// their calls fail unsent with [`CsiError::EndpointStopped`], as a managed
     /// client's do.
@@ -340,6 +344,14 @@ pub fn full_caps() -> CsiCapabilities {
     c.controller.create_delete_volume = true;
     c.controller.list_volumes = true;
     c.controller.get_capacity = true;
+    c
+}
+
+/// [`full_caps`] with CREATE_DELETE_SNAPSHOT and LIST_SNAPSHOTS.
+pub fn snapshot_caps() -> CsiCapabilities {
+    let mut c = full_caps();
+    c.controller.create_delete_snapshot = true;
+    c.controller.list_snapshots = true;
     c
 }
 
@@ -754,6 +766,73 @@ impl CsiVolumes for FakeCsi {
                 v.published = Some((req.target_path.clone(), req.readonly));
                 st.mounted.insert(target);
                 Ok(())
+            })
+            .await
+        }
+    }
+
+    fn create_snapshot(
+        &self,
+        req: &slrp_csi::CreateSnapshotRequest,
+    ) -> impl Future<Output = Result<slrp_csi::Snapshot, CsiError>> + Send {
+        let req = req.clone();
+        async move {
+            let rpc = CsiRpc::CreateSnapshot;
+            if !self.caps.controller.create_delete_snapshot {
+                return Err(err(rpc, Code::Unimplemented, "no CREATE_DELETE_SNAPSHOT"));
+            }
+            let source = req.source_volume_id.clone();
+            self.enter(rpc, Some(&source.clone()), move |st| {
+                let taken = st
+                    .snapshots
+                    .iter()
+                    .find(|(_, (name, _, _))| *name == req.name)
+                    .map(|(id, (_, of, size))| (id.clone(), of.clone(), *size));
+                let (id, size) = match taken {
+                    Some((_, of, _)) if of != source => {
+                        return Err(err(rpc, Code::AlreadyExists, "name taken"));
+                    }
+                    Some((id, _, size)) => (id, size),
+                    None => {
+                        let size = st
+                            .volumes
+                            .get(&source)
+                            .ok_or_else(|| err(rpc, Code::NotFound, "no such volume"))?
+                            .capacity;
+                        st.snapshots_taken += 1;
+                        let id = format!("snap-{}", st.snapshots_taken);
+                        st.snapshots
+                            .insert(id.clone(), (req.name.clone(), source.clone(), size));
+                        (id, size)
+                    }
+                };
+                Ok(slrp_csi::Snapshot {
+                    snapshot_id: id,
+                    source_volume_id: source,
+                    size_bytes: size,
+                    creation_time: Some(1_700_000_000),
+                    ready_to_use: true,
+                })
+            })
+            .await
+        }
+    }
+
+    fn delete_snapshot(
+        &self,
+        snapshot_id: &str,
+    ) -> impl Future<Output = Result<(), CsiError>> + Send {
+        let id = snapshot_id.to_owned();
+        async move {
+            let rpc = CsiRpc::DeleteSnapshot;
+            if !self.caps.controller.create_delete_snapshot {
+                return Err(err(rpc, Code::Unimplemented, "no CREATE_DELETE_SNAPSHOT"));
+            }
+            self.enter(rpc, None, move |st| {
+                st.snapshots
+                    .remove(&id)
+                    .map(|_| ())
+                    .ok_or_else(|| err(rpc, Code::NotFound, "no such snapshot"))
             })
             .await
         }

@@ -164,6 +164,11 @@ impl Harness {
 
     /// The refused CreateVolume answers on disk (the manager must be stopped).
     pub fn stored_refusals(&self) -> Vec<RefusedCreate> {
+        self.stored_all()
+    }
+
+    /// Every record of `R`'s kind on disk (the manager must be stopped).
+    pub fn stored_all<R: slrp_store::Record>(&self) -> Vec<R> {
         let store = Store::open_read_only(self.state_dir()).unwrap();
         store.load_all_blocking().unwrap()
     }

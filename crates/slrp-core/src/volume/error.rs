@@ -205,6 +205,14 @@ pub enum VolumeError {
         /// Its state.
         state: super::state::StateName,
     },
+    /// A snapshot name already names a snapshot of another volume.
+    #[error("snapshot name '{name}' is taken by a snapshot of volume '{of}'")]
+    SnapshotNameTaken {
+        /// The name.
+        name: String,
+        /// The volume its snapshot was taken of.
+        of: VolumeId,
+    },
     /// A [`super::VolumeManagerConfig`] setting is unusable; nothing was started.
     #[error("invalid volume manager config: {field} {problem}")]
     Config {
@@ -435,6 +443,7 @@ impl VolumeError {
             Self::NameTaken { .. }
             | Self::AlreadyValidated { .. }
             | Self::BeingDeleted { .. }
+            | Self::SnapshotNameTaken { .. }
             | Self::ExpandOffline { .. } => K::Conflict,
             Self::PluginMisbehaved { .. }
             | Self::CreateRefused { .. }
@@ -705,6 +714,13 @@ mod tests {
                 },
                 K::Conflict,
             ),
+            (
+                VolumeError::SnapshotNameTaken {
+                    name: "n".into(),
+                    of: id(),
+                },
+                K::Conflict,
+            ),
         ];
         for (e, kind) in &table {
             assert_eq!(e.kind(), *kind, "{e:?}");
@@ -718,7 +734,7 @@ mod tests {
         assert!(seen.iter().all(|s| *s), "{seen:?}");
     }
 
-    const VARIANTS: usize = 27;
+    const VARIANTS: usize = 28;
 
     fn variant(e: &VolumeError) -> usize {
         match e {
@@ -749,6 +765,7 @@ mod tests {
             VolumeError::CreateRefused { .. } => 24,
             VolumeError::CannotExpand { .. } => 25,
             VolumeError::ExpandOffline { .. } => 26,
+            VolumeError::SnapshotNameTaken { .. } => 27,
         }
     }
 

@@ -297,6 +297,64 @@ impl VolumeManagerHandle {
         .await
     }
 
+    /// Takes snapshot `name` of volume `source` (CreateSnapshot; the same name and source
+    /// answer the snapshot taken before). Answers its record.
+    ///
+    /// # Errors
+    /// [`VolumeError::UnknownVolume`], [`VolumeError::Unsupported`] without
+    /// CREATE_DELETE_SNAPSHOT, [`VolumeError::SnapshotNameTaken`], a failed call.
+    pub async fn snapshot(
+        &self,
+        source: &VolumeId,
+        name: String,
+    ) -> Result<super::SnapshotRecord, VolumeError> {
+        if name.is_empty() {
+            return Err(VolumeError::BadRequest {
+                field: "name",
+                problem: "is empty",
+            });
+        }
+        let key = Key::Volume(source.clone());
+        self.ask(|reply| {
+            Command::Job(
+                key,
+                Job::Snapshot {
+                    name,
+                    reply: Some(reply),
+                },
+            )
+        })
+        .await
+    }
+
+    /// Deletes snapshot `id` (DeleteSnapshot; NOT_FOUND is done). `Ok(false)`: no such
+    /// snapshot is recorded.
+    ///
+    /// # Errors
+    /// A failed call.
+    pub async fn delete_snapshot(&self, id: &str) -> Result<bool, VolumeError> {
+        let key = Key::Name(format!("snapshot {id}"));
+        let id = id.to_owned();
+        self.ask(|reply| {
+            Command::Job(
+                key,
+                Job::DeleteSnapshot {
+                    id,
+                    reply: Some(reply),
+                },
+            )
+        })
+        .await
+    }
+
+    /// The snapshots recorded, ordered by id (read from the store).
+    ///
+    /// # Errors
+    /// [`VolumeError::Stopped`], or a failed read of the store.
+    pub async fn snapshots(&self) -> Result<Vec<super::SnapshotRecord>, VolumeError> {
+        self.ask(|reply| Command::Snapshots { reply }).await
+    }
+
     /// Unpublishes and unstages a volume (back to NODE_READY, as Mesos does), and clears
     /// `node_publish_required` so that it is not published again after a reboot.
     /// Unknown volumes are a no-op.
@@ -432,6 +490,9 @@ pub(super) enum Command {
     Expanded {
         reply: Reply<BTreeMap<VolumeId, i64>>,
     },
+    Snapshots {
+        reply: Reply<Vec<super::SnapshotRecord>>,
+    },
     Jobs {
         reply: Reply<JobCounts>,
     },
@@ -451,6 +512,7 @@ impl Command {
                 true
             }
             Self::Snapshot { .. }
+            | Self::Snapshots { .. }
             | Self::Jobs { .. }
             | Self::Refused { .. }
             | Self::Budget { .. } => false,
@@ -466,6 +528,7 @@ impl fmt::Debug for Command {
             Self::Capacity { .. } => f.write_str("capacity"),
             Self::Snapshot { .. } => f.write_str("snapshot"),
             Self::Expanded { .. } => f.write_str("expanded"),
+            Self::Snapshots { .. } => f.write_str("snapshots"),
             Self::Jobs { .. } => f.write_str("jobs"),
             Self::Refused { .. } => f.write_str("refused creates"),
             Self::Budget { .. } => f.write_str("listing budget"),

@@ -22,6 +22,7 @@ use super::plan::RecoveryGoal;
 use super::recovery::{RecoveryResult, recovery_summary};
 use super::refused::Refusal;
 use super::schedule::{Class, Key};
+use super::snapshots::SnapshotRecord;
 use super::state::{Goal, VolumeRecord, VolumeSpec, VolumeState};
 
 pub(super) enum Job {
@@ -57,6 +58,16 @@ pub(super) enum Job {
         target_bytes: i64,
         reply: Reply<VolumeInfo>,
     },
+    /// On the source volume's lane; `reply` is `None` for an intent found at start.
+    Snapshot {
+        name: String,
+        reply: Option<Reply<SnapshotRecord>>,
+    },
+    /// On the lane of `Key::Name("snapshot <id>")`; `reply` is `None` at start.
+    DeleteSnapshot {
+        id: String,
+        reply: Option<Reply<bool>>,
+    },
     Recover {
         goal: RecoveryGoal,
     },
@@ -75,6 +86,8 @@ impl Job {
             Self::Publish { .. } => "publish",
             Self::Unpublish { .. } => "unpublish",
             Self::Expand { .. } => "expand",
+            Self::Snapshot { .. } => "snapshot",
+            Self::DeleteSnapshot { .. } => "delete snapshot",
             Self::Recover { .. } => "recover",
             Self::Collect { .. } => "collect",
         }
@@ -88,7 +101,11 @@ impl Job {
             Self::Validate { .. }
             | Self::Publish { .. }
             | Self::Unpublish { .. }
-            | Self::Expand { .. } => false,
+            | Self::Expand { .. }
+            // Settled in the background of readiness: a copy may take long, and no
+            // volume waits for it.
+            | Self::Snapshot { .. }
+            | Self::DeleteSnapshot { .. } => false,
         }
     }
 }
@@ -277,6 +294,25 @@ impl<C: CsiVolumes> Ctx<C> {
                 let (result, change) = self.expand(&key, record, target_bytes).await;
                 let (answer, fatal) = settle(Some(reply), result);
                 (change, answer, fatal, RecoveryResult::Done)
+            }
+            Job::Snapshot { name, reply } => {
+                let replay = reply.is_none();
+                let result = self
+                    .create_snapshot(&key.volume_id(), record.as_ref(), &name, replay)
+                    .await;
+                if let Err(e) = &result {
+                    tracing::warn!(snapshot_name = %name, error = %DisplayChain(e), "snapshot not taken");
+                }
+                let (answer, fatal) = settle(reply, result);
+                (Change::None, answer, fatal, RecoveryResult::Done)
+            }
+            Job::DeleteSnapshot { id, reply } => {
+                let result = self.delete_snapshot(&id).await;
+                if let Err(e) = &result {
+                    tracing::warn!(snapshot = %id, error = %DisplayChain(e), "snapshot not deleted");
+                }
+                let (answer, fatal) = settle(reply, result);
+                (Change::None, answer, fatal, RecoveryResult::Done)
             }
             Job::Recover { goal } => {
                 let (result, change) = self.recover(&key, goal, record).await;

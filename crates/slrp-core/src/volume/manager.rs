@@ -642,6 +642,22 @@ impl<C: CsiVolumes> Worker<C> {
                 all.sort_by(|a, b| a.id.cmp(&b.id));
                 let _ = reply.send(Ok(all));
             }
+            Command::Snapshots { reply } => {
+                let ctx = self.ctx.clone();
+                self.tasks.spawn(async move {
+                    let result =
+                        ctx.store
+                            .load_all::<super::SnapshotRecord>()
+                            .await
+                            .map_err(|source| VolumeError::Store {
+                                subject: super::error::Subject::None,
+                                source,
+                            });
+                    Done::plain(Box::new(move || {
+                        let _ = reply.send(result);
+                    }))
+                });
+            }
             Command::Expanded { reply } => {
                 let grown = self
                     .volumes

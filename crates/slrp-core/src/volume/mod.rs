@@ -19,6 +19,8 @@
 //!     [`Owed`], [`DeleteIntent`]);
 //!   - `expand`: growing a volume (ControllerExpandVolume, NodeExpandVolume), each step
 //!     behind a durable [`Expansion`];
+//!   - `snapshots`: snapshots of tracked volumes, behind intents and marks
+//!     ([`SnapshotRecord`]);
 //!   - `refused`: CreateVolume answers the CSI client refused, settled
 //!     ([`RefusedCreate`]).
 //! - [`host`]: boot id, mount table and secret resolution (injectable).
@@ -38,6 +40,7 @@ pub mod plan;
 mod recovery;
 mod refused;
 mod schedule;
+mod snapshots;
 pub mod state;
 
 pub use error::{
@@ -56,6 +59,7 @@ pub use plan::{MountMismatch, PlannedJob, RecoveryGoal, RecoveryPlan, plan_recov
 pub use recovery::RecoveryReport;
 pub use refused::{RefusedCleanup, RefusedCreate};
 pub use schedule::JobCounts;
+pub use snapshots::{SnapshotIntent, SnapshotRecord};
 pub use state::{
     BootId, CsiCall, Expansion, Goal, SecretRef, StateName, Step, TransitionError, VolumeRecord,
     VolumeSpec, VolumeState,

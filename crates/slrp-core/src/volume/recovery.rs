@@ -230,6 +230,38 @@ impl<C: CsiVolumes> Worker<C> {
         for (key, job) in jobs {
             self.enqueue(key, job);
         }
+        // Snapshots settle beside readiness (no volume waits for them): an intent is
+        // sent again to learn what its lost answer was, a deletion is finished.
+        let store = self.ctx.store.clone();
+        let snapshot_intents: Vec<super::SnapshotIntent> = store
+            .load_all()
+            .await
+            .map_err(|source| VolumeError::Load { source })?;
+        let snapshots: Vec<super::SnapshotRecord> = store
+            .load_all()
+            .await
+            .map_err(|source| VolumeError::Load { source })?;
+        for intent in snapshot_intents {
+            tracing::info!(snapshot_name = %intent.name, volume = %intent.source_volume_id,
+                "settling an interrupted CreateSnapshot");
+            self.enqueue(
+                Key::Volume(intent.source_volume_id),
+                Job::Snapshot {
+                    name: intent.name,
+                    reply: None,
+                },
+            );
+        }
+        for snapshot in snapshots.into_iter().filter(|s| s.deleting) {
+            tracing::info!(snapshot = %snapshot.id, "finishing an interrupted DeleteSnapshot");
+            self.enqueue(
+                Key::Name(format!("snapshot {}", snapshot.id)),
+                Job::DeleteSnapshot {
+                    id: snapshot.id,
+                    reply: None,
+                },
+            );
+        }
         self.maybe_ready();
         Ok(())
     }
