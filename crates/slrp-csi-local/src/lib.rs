@@ -60,6 +60,7 @@
 
 pub mod authority;
 pub mod config;
+pub mod copy;
 mod csi;
 pub mod endpoint;
 pub mod error;
