@@ -44,9 +44,10 @@ const BLOCK: usize = 4096;
 /// How the data of a copy was written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CopyMethod {
-    /// Every file shares the source's blocks (FICLONE).
+    /// Every file shares the source's blocks (FICLONE); a tree has at least one file.
     Reflink,
-    /// At least one file's data was read and written, holes and blocks of zeros left out.
+    /// The data was read and written, holes and blocks of zeros left out (or a tree had
+    /// no file to copy).
     Sparse,
 }
 
@@ -286,7 +287,7 @@ pub fn copy_tree(
     let device = root.dev();
     // Files with several links in the tree: (device, inode) → their first copy.
     let mut linked: HashMap<(u64, u64), PathBuf> = HashMap::new();
-    let mut method = CopyMethod::Reflink;
+    let (mut files, mut reflinked) = (0usize, 0usize);
     let mut steps = vec![
         Step::Finish {
             dest: dest.to_owned(),
@@ -336,8 +337,9 @@ pub fn copy_tree(
                 {
                     fs::hard_link(first, &to).map_err(io_err("linking", &to))?;
                 } else {
-                    if copy_file_data(&from, &to, progress)? == CopyMethod::Sparse {
-                        method = CopyMethod::Sparse;
+                    files += 1;
+                    if copy_file_data(&from, &to, progress)? == CopyMethod::Reflink {
+                        reflinked += 1;
                     }
                     set_attributes(&to, &md)?;
                     if md.nlink() > 1 {
@@ -357,7 +359,11 @@ pub fn copy_tree(
     }
     let dest_dir = File::open(dest).map_err(io_err("opening", dest))?;
     nix::unistd::syncfs(&dest_dir).map_err(nix_err("syncing the file system of", dest))?;
-    Ok(method)
+    Ok(if files > 0 && reflinked == files {
+        CopyMethod::Reflink
+    } else {
+        CopyMethod::Sparse
+    })
 }
 
 /// Recreates a FIFO, socket or device node.
