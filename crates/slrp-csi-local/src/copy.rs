@@ -562,22 +562,23 @@ mod tests {
             "mount",
             &["-o", "loop", image.to_str().unwrap(), mnt.to_str().unwrap()],
         );
-        let result = (|| {
-            let src = mnt.join("a");
-            let f = File::create(&src).unwrap();
-            f.write_all_at(&[3u8; 1 << 20], 0).unwrap();
-            f.sync_all().unwrap();
-            copy_file(&src, &mnt.join("b"), &mut || {}).map(|m| {
-                (
-                    m,
-                    fs::read(&src).unwrap() == fs::read(mnt.join("b")).unwrap(),
-                )
-            })
-        })();
-        let _ = std::process::Command::new("umount")
-            .arg("-d")
-            .arg(&mnt)
-            .status();
-        assert_eq!(result.unwrap(), (CopyMethod::Reflink, true));
+        /// Unmounts (and detaches) the test's file system even when the test fails.
+        struct Unmount(PathBuf);
+        impl Drop for Unmount {
+            fn drop(&mut self) {
+                let _ = std::process::Command::new("umount")
+                    .arg("-d")
+                    .arg(&self.0)
+                    .status();
+            }
+        }
+        let _mounted = Unmount(mnt.clone());
+        let src = mnt.join("a");
+        let f = File::create(&src).unwrap();
+        f.write_all_at(&[3u8; 1 << 20], 0).unwrap();
+        f.sync_all().unwrap();
+        let method = copy_file(&src, &mnt.join("b"), &mut || {}).unwrap();
+        assert_eq!(method, CopyMethod::Reflink);
+        assert_eq!(fs::read(&src).unwrap(), fs::read(mnt.join("b")).unwrap());
     }
 }

@@ -42,7 +42,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use crate::config::{Config, DEFAULT_POOL};
 use slrp_types::DisplayChain;
 
-use crate::error::VolumeError;
+use crate::error::{Subject, VolumeError};
 use crate::faults::Faults;
 use crate::host::{Host, HostError};
 use crate::ids::{self, IMPORT_DIR_PREFIX, IMPORT_LOOP_PREFIX};
@@ -94,13 +94,15 @@ pub enum OpenError {
         source: io::Error,
     },
     /// Rolling back or finishing an interrupted operation failed.
-    #[error("recovering volume {volume_id}")]
+    #[error("recovering {subject} {id}")]
     Recover {
-        /// The volume.
-        volume_id: String,
-        /// The cause.
+        /// What `id` names.
+        subject: Subject,
+        /// The volume or snapshot.
+        id: String,
+        /// The cause (boxed: it is large, and this error is rare).
         #[source]
-        source: VolumeError,
+        source: Box<VolumeError>,
     },
 }
 
@@ -415,8 +417,9 @@ impl<H: Host> Plugin<H> {
                     if let Some(path) = rec.frozen.take() {
                         self.thaw_after_crash(&rec.id, &path);
                         self.store.put(&rec).map_err(|e| OpenError::Recover {
-                            volume_id: rec.id.clone(),
-                            source: VolumeError::store(&rec.id, e),
+                            subject: Subject::Volume,
+                            id: rec.id.clone(),
+                            source: Box::new(VolumeError::store(&rec.id, e)),
                         })?;
                     }
                     lock(&self.volumes).insert(rec.id.clone(), rec);
@@ -430,8 +433,9 @@ impl<H: Host> Plugin<H> {
                             .map_err(|e| VolumeError::store(&rec.id, e))
                     });
                     res.map_err(|source| OpenError::Recover {
-                        volume_id: rec.id.clone(),
-                        source,
+                        subject: Subject::Volume,
+                        id: rec.id.clone(),
+                        source: Box::new(source),
                     })?;
                 }
             }
@@ -502,8 +506,9 @@ impl<H: Host> Plugin<H> {
                             .map_err(|e| VolumeError::snapshot_store(&rec.id, e))
                     });
                     res.map_err(|source| OpenError::Recover {
-                        volume_id: rec.id.clone(),
-                        source,
+                        subject: Subject::Snapshot,
+                        id: rec.id.clone(),
+                        source: Box::new(source),
                     })?;
                 }
             }

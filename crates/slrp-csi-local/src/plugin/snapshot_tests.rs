@@ -71,7 +71,7 @@ fn snapshots_are_idempotent_listed_paginated_and_deleted() {
     assert_eq!(p.list_snapshots(0, "", "", "").unwrap().entries.len(), 3);
     assert_eq!(
         ids(p.list_snapshots(0, "", "", &s2.snapshot_id).unwrap()),
-        [s2.snapshot_id.clone()]
+        std::slice::from_ref(&s2.snapshot_id)
     );
     let mut of_a = ids(p.list_snapshots(0, "", &a.volume_id, "").unwrap());
     of_a.sort();
@@ -358,7 +358,7 @@ fn loop_copies_freeze_and_larger_restores_grow_at_stage() {
     let s = p.create_snapshot(&snap("s", &v.volume_id)).unwrap();
     {
         let h = lock(&p.host.state);
-        assert_eq!(h.freezes, [staging.clone()]);
+        assert_eq!(h.freezes, std::slice::from_ref(&staging));
         assert!(h.frozen.is_empty(), "thawed after the copy");
     }
     assert!(lock(&p.volumes)[&v.volume_id].frozen.is_none());

@@ -324,9 +324,9 @@ async fn sanity_v0_snapshots_and_restore() {
             .collect::<Vec<_>>()
     };
     let by_id = ctl.list_snapshots(list(0, "", "", &t.id)).await.unwrap();
-    assert_eq!(ids(by_id.into_inner()), [t.id.clone()]);
+    assert_eq!(ids(by_id.into_inner()), std::slice::from_ref(&t.id));
     let by_source = ctl.list_snapshots(list(0, "", &a.id, "")).await.unwrap();
-    assert_eq!(ids(by_source.into_inner()), [s.id.clone()]);
+    assert_eq!(ids(by_source.into_inner()), std::slice::from_ref(&s.id));
     let first = ctl
         .list_snapshots(list(1, "", "", ""))
         .await
