@@ -5,9 +5,9 @@
 //! `spawn_blocking` by the adapters.
 //!
 //! Locking, always taken in this order so no two requests deadlock:
-//! 1. `controller`: serializes CreateVolume, DeleteVolume, ControllerExpandVolume and the
-//!    snapshot RPCs, which check and change pool accounting (snapshots take pool capacity)
-//!    and which make or remove the sources of copies;
+//! 1. `controller`: serializes CreateVolume, DeleteVolume, ControllerExpandVolume,
+//!    CreateSnapshot and DeleteSnapshot, which check and change pool accounting (snapshots
+//!    take pool capacity) and make or remove the sources of copies;
 //! 2. a per-volume lock from `busy`: one operation per volume at a time;
 //! 3. `node_claims`: serializes the node-wide checks of NodeStage/NodePublish (staged-volume
 //!    limit, staging and target paths owned by other volumes) with the recording of the
