@@ -518,6 +518,52 @@ mod tests {
         assert!(!meta.join("vol-x.json.tmp").exists());
     }
 
+    /// Records written before the snapshot fields existed load unchanged (the new fields
+    /// default to absent), and snapshot records round-trip in their own directory.
+    #[test]
+    fn older_volume_records_load_and_snapshot_records_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = dir.path().join("meta");
+        fs::create_dir_all(&meta).unwrap();
+        let mut old = serde_json::to_value(record("vol-old")).unwrap();
+        let fields = old.as_object_mut().unwrap();
+        for new in ["content_source", "grow_fs", "frozen"] {
+            fields.remove(new);
+        }
+        fs::write(meta.join("vol-old.json"), old.to_string()).unwrap();
+        let (_, recs, bad) = MetaStore::<VolumeRecord>::open(meta).unwrap();
+        assert!(bad.is_empty(), "{bad:?}");
+        assert_eq!(recs, vec![record("vol-old")]);
+
+        let mut source = record("vol-src");
+        source.content_source = Some(ContentSource::Snapshot("snap-a".into()));
+        source.frozen = Some(PathBuf::from("/staging"));
+        let snap = SnapshotRecord::new(
+            "snap-b".into(),
+            "name".into(),
+            &source,
+            "default".into(),
+            std::time::UNIX_EPOCH + std::time::Duration::new(1_700_000_000, 42),
+            BTreeMap::new(),
+        );
+        assert_eq!((snap.created_secs, snap.created_nanos), (1_700_000_000, 42));
+        let smeta = dir.path().join("snapshots/meta");
+        let (store, _, _) = MetaStore::<SnapshotRecord>::open(smeta.clone()).unwrap();
+        store.put(&snap).unwrap();
+        assert!(store.has("snap-b"));
+        let (_, snaps, bad) = MetaStore::<SnapshotRecord>::open(smeta.clone()).unwrap();
+        assert!(bad.is_empty());
+        assert_eq!(snaps, vec![snap]);
+        // A volume record is not a snapshot record.
+        fs::write(
+            smeta.join("vol-src.json"),
+            serde_json::to_vec(&source).unwrap(),
+        )
+        .unwrap();
+        let (_, _, bad) = MetaStore::<SnapshotRecord>::open(smeta).unwrap();
+        assert_eq!(bad.len(), 1);
+    }
+
     #[test]
     fn root_lock_is_exclusive() {
         let dir = tempfile::tempdir().unwrap();

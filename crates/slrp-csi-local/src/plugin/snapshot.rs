@@ -490,7 +490,7 @@ impl<H: Host> Plugin<H> {
         req: &CreateVolume,
         source: &ContentSource,
         pool: Option<String>,
-        backend: Option<crate::store::Backend>,
+        backend: Option<Backend>,
         parameters: BTreeMap<String, String>,
     ) -> Result<VolumeInfo, VolumeError> {
         let src = self.resolve_source(source)?;
