@@ -11,6 +11,24 @@ use slrp_types::DisplayChain;
 use crate::host::HostError;
 use crate::store::StoreError;
 
+/// What an error's id names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Subject {
+    /// A volume.
+    Volume,
+    /// A snapshot.
+    Snapshot,
+}
+
+impl std::fmt::Display for Subject {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Volume => "volume",
+            Self::Snapshot => "snapshot",
+        })
+    }
+}
+
 /// Why a plugin operation failed. `Display` names this layer only; causes are in `source()`.
 #[derive(Debug, thiserror::Error)]
 pub enum VolumeError {
@@ -27,6 +45,12 @@ pub enum VolumeError {
     VolumeNotFound {
         /// The id from the request.
         volume_id: String,
+    },
+    /// No snapshot has this id (CSI: NOT_FOUND).
+    #[error("snapshot {snapshot_id:?} does not exist")]
+    SnapshotNotFound {
+        /// The id from the request.
+        snapshot_id: String,
     },
     /// The volume exists but not at the path the request names (CSI: NOT_FOUND).
     #[error("volume {volume_id} is not available at {path}")]
@@ -45,6 +69,12 @@ pub enum VolumeError {
     /// The requested size cannot be provided (CSI: OUT_OF_RANGE).
     #[error("capacity out of range: {reason}")]
     OutOfRange {
+        /// Why.
+        reason: String,
+    },
+    /// The pool has no room for a snapshot (CSI CreateSnapshot: RESOURCE_EXHAUSTED).
+    #[error("not enough space: {reason}")]
+    NoSpace {
         /// Why.
         reason: String,
     },
@@ -67,22 +97,27 @@ pub enum VolumeError {
         limit: u64,
     },
     /// Reading or writing the plugin's own metadata failed (INTERNAL).
-    #[error("metadata of volume {volume_id}")]
+    #[error("metadata of {subject} {id}")]
     Store {
-        /// The volume whose record was being written.
-        volume_id: String,
+        /// What `id` names.
+        subject: Subject,
+        /// The volume or snapshot whose record was being written.
+        id: String,
         /// The cause.
         #[source]
         source: StoreError,
     },
-    /// A host operation (mount, loop device, mkfs, file system call) failed (INTERNAL; an
-    /// external tool that timed out: DEADLINE_EXCEEDED, see [`VolumeError::code`]).
-    #[error("{action} for volume {volume_id}")]
+    /// A host operation (mount, loop device, mkfs, copy, file system call) failed
+    /// (INTERNAL; an external tool that timed out: DEADLINE_EXCEEDED, see
+    /// [`VolumeError::code`]).
+    #[error("{action} for {subject} {id}")]
     Host {
         /// What the plugin was doing.
         action: &'static str,
-        /// The volume concerned.
-        volume_id: String,
+        /// What `id` names.
+        subject: Subject,
+        /// The volume or snapshot concerned.
+        id: String,
         /// The cause.
         #[source]
         source: HostError,
@@ -104,12 +139,14 @@ impl VolumeError {
                 ..
             } => tonic::Code::DeadlineExceeded,
             Self::InvalidArgument { .. } => tonic::Code::InvalidArgument,
-            Self::VolumeNotFound { .. } | Self::PathNotFound { .. } => tonic::Code::NotFound,
+            Self::VolumeNotFound { .. }
+            | Self::SnapshotNotFound { .. }
+            | Self::PathNotFound { .. } => tonic::Code::NotFound,
             Self::AlreadyExists { .. } => tonic::Code::AlreadyExists,
             Self::OutOfRange { .. } => tonic::Code::OutOfRange,
             Self::FailedPrecondition { .. } => tonic::Code::FailedPrecondition,
             Self::InvalidToken { .. } => tonic::Code::Aborted,
-            Self::TooManyVolumes { .. } => tonic::Code::ResourceExhausted,
+            Self::TooManyVolumes { .. } | Self::NoSpace { .. } => tonic::Code::ResourceExhausted,
             Self::Store { .. } | Self::Host { .. } => tonic::Code::Internal,
         }
     }
@@ -130,14 +167,37 @@ impl VolumeError {
     pub(crate) fn host(action: &'static str, volume_id: &str, source: HostError) -> Self {
         Self::Host {
             action,
-            volume_id: volume_id.to_owned(),
+            subject: Subject::Volume,
+            id: volume_id.to_owned(),
+            source,
+        }
+    }
+
+    pub(crate) fn snapshot_host(
+        action: &'static str,
+        snapshot_id: &str,
+        source: HostError,
+    ) -> Self {
+        Self::Host {
+            action,
+            subject: Subject::Snapshot,
+            id: snapshot_id.to_owned(),
             source,
         }
     }
 
     pub(crate) fn store(volume_id: &str, source: StoreError) -> Self {
         Self::Store {
-            volume_id: volume_id.to_owned(),
+            subject: Subject::Volume,
+            id: volume_id.to_owned(),
+            source,
+        }
+    }
+
+    pub(crate) fn snapshot_store(snapshot_id: &str, source: StoreError) -> Self {
+        Self::Store {
+            subject: Subject::Snapshot,
+            id: snapshot_id.to_owned(),
             source,
         }
     }
@@ -181,6 +241,27 @@ mod tests {
         assert_eq!(
             VolumeError::OutOfRange { reason: "r".into() }.code(),
             tonic::Code::OutOfRange
+        );
+        assert_eq!(
+            VolumeError::SnapshotNotFound {
+                snapshot_id: "s".into()
+            }
+            .code(),
+            tonic::Code::NotFound
+        );
+        assert_eq!(
+            VolumeError::NoSpace { reason: "r".into() }.code(),
+            tonic::Code::ResourceExhausted
+        );
+        assert_eq!(
+            VolumeError::snapshot_store(
+                "snap-1",
+                StoreError::Locked {
+                    path: PathBuf::from("/l")
+                }
+            )
+            .to_string(),
+            "metadata of snapshot snap-1"
         );
     }
 

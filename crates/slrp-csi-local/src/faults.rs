@@ -4,6 +4,11 @@
 //! so tests change faults by rewriting it. A rule with `times` is decremented *in the file*
 //! (atomic rewrite) before it acts, so the count survives the plugin's own crash: an
 //! `exit` rule with `times: 1` crashes the plugin once, not on every restart.
+//!
+//! Most rules act when an RPC arrives ([`Faults::take`]). A rule with `at` acts at a named
+//! point inside the plugin's handling instead ([`Faults::take_at`]): `"at": "copy"` exits
+//! in the middle of the data copy of CreateSnapshot or of a CreateVolume from a source,
+//! which is how the tests show that a crash there leaves nothing half-made.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -15,6 +20,9 @@ use serde::{Deserialize, Serialize};
 use crate::store;
 use crate::types::VolumeInfo;
 use slrp_types::{DisplayChain, parse_code};
+
+/// Points inside an RPC where an `at` rule can act, with the RPCs that have them.
+const POINTS: &[(&str, &[&str])] = &[("copy", &["CreateSnapshot", "CreateVolume"])];
 
 /// Every RPC name of CSI v0 and v1 services, as in the service definitions.
 const RPC_NAMES: &[&str] = &[
@@ -73,6 +81,10 @@ struct Rule {
     /// With `volume_context`: only this volume's context is replaced.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     volume_id: Option<String>,
+    /// With `exit`: exit at this point inside the RPC (see [`POINTS`]) instead of when it
+    /// arrives.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    at: Option<String>,
 }
 
 impl Rule {
@@ -186,6 +198,23 @@ fn parse_rules(data: &[u8]) -> Result<Vec<Rule>, RulesError> {
                 ));
             }
         }
+        if let Some(at) = &r.at {
+            let Some((_, rpcs)) = POINTS.iter().find(|(p, _)| p == at) else {
+                return Err(bad(format!(
+                    "unknown point {at:?} (known: {:?})",
+                    POINTS.iter().map(|(p, _)| *p).collect::<Vec<_>>()
+                )));
+            };
+            if !rpcs.contains(&r.rpc.as_str()) {
+                return Err(bad(format!(
+                    "{} has no point {at:?} (only {rpcs:?})",
+                    r.rpc
+                )));
+            }
+            if !r.exit || r.delay_ms.is_some() {
+                return Err(bad("at takes exit, and nothing else".to_owned()));
+            }
+        }
         if r.fail.is_none() && !r.exit && r.delay_ms.is_none() && !r.edits_listing() {
             return Err(bad(
                 "no action: give delay_ms, fail, exit or a ListVolumes edit".to_owned(),
@@ -214,57 +243,15 @@ impl Faults {
     }
 
     /// Decides what to do with a call of `rpc`, consuming one use of a counted rule.
-    /// Blocking (reads and may rewrite the file).
+    /// Blocking (reads and may rewrite the file). Rules with `at` are not considered.
     pub fn take(&self, rpc: &str) -> Fault {
         let proceed = Fault::Proceed {
             delay: None,
             edit: ListEdit::default(),
         };
-        let Some(path) = &self.path else {
+        let Some(rule) = self.consume(|r| r.at.is_none() && (r.rpc == "*" || r.rpc == rpc)) else {
             return proceed;
         };
-        let mut last_bad = self
-            .last_bad
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let data = match std::fs::read(path) {
-            Ok(d) => d,
-            // No file means no faults: tests create it when they want some.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return proceed,
-            Err(e) => {
-                tracing::error!(path = %path.display(), error = %slrp_types::DisplayChain(&e), "cannot read faults file; no faults injected");
-                return proceed;
-            }
-        };
-        let mut rules = match parse_rules(&data) {
-            Ok(r) => r,
-            Err(e) => {
-                if last_bad.as_deref() != Some(data.as_slice()) {
-                    tracing::error!(path = %path.display(), error = %DisplayChain(&e), "ignoring malformed faults file");
-                    *last_bad = Some(data);
-                }
-                return proceed;
-            }
-        };
-        let Some(idx) = rules
-            .iter()
-            .position(|r| (r.rpc == "*" || r.rpc == rpc) && r.times.is_none_or(|t| t > 0))
-        else {
-            return proceed;
-        };
-        let rule = rules[idx].clone();
-        if let Some(t) = rule.times {
-            if t <= 1 {
-                rules.remove(idx);
-            } else {
-                rules[idx].times = Some(t - 1);
-            }
-            if let Err(e) = rewrite(path, &rules) {
-                // Acting without recording the use could repeat a crash forever.
-                tracing::error!(path = %path.display(), error = %DisplayChain(&e), "cannot update faults file; rule not applied");
-                return proceed;
-            }
-        }
         tracing::info!(rpc, rule = ?rule, "injecting fault");
         let delay = rule.delay_ms.map(Duration::from_millis);
         if rule.exit {
@@ -287,6 +274,62 @@ impl Faults {
                 },
             },
         }
+    }
+
+    /// Whether the plugin should exit at `point` of `rpc` (an `at` rule), consuming one use
+    /// of a counted rule. Blocking, like [`Faults::take`].
+    pub fn take_at(&self, rpc: &str, point: &str) -> bool {
+        let found = self.consume(|r| r.rpc == rpc && r.at.as_deref() == Some(point));
+        if let Some(rule) = &found {
+            tracing::info!(rpc, point, rule = ?rule, "injecting fault");
+        }
+        found.is_some_and(|r| r.exit)
+    }
+
+    /// The first rule that `matches` and has uses left, after recording its use in the
+    /// file (a counted rule is decremented, and removed at zero).
+    fn consume(&self, matches: impl Fn(&Rule) -> bool) -> Option<Rule> {
+        let path = self.path.as_ref()?;
+        let mut last_bad = self
+            .last_bad
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let data = match std::fs::read(path) {
+            Ok(d) => d,
+            // No file means no faults: tests create it when they want some.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+            Err(e) => {
+                tracing::error!(path = %path.display(), error = %slrp_types::DisplayChain(&e), "cannot read faults file; no faults injected");
+                return None;
+            }
+        };
+        let mut rules = match parse_rules(&data) {
+            Ok(r) => r,
+            Err(e) => {
+                if last_bad.as_deref() != Some(data.as_slice()) {
+                    tracing::error!(path = %path.display(), error = %DisplayChain(&e), "ignoring malformed faults file");
+                    *last_bad = Some(data);
+                }
+                return None;
+            }
+        };
+        let idx = rules
+            .iter()
+            .position(|r| matches(r) && r.times.is_none_or(|t| t > 0))?;
+        let rule = rules[idx].clone();
+        if let Some(t) = rule.times {
+            if t <= 1 {
+                rules.remove(idx);
+            } else {
+                rules[idx].times = Some(t - 1);
+            }
+            if let Err(e) = rewrite(path, &rules) {
+                // Acting without recording the use could repeat a crash forever.
+                tracing::error!(path = %path.display(), error = %DisplayChain(&e), "cannot update faults file; rule not applied");
+                return None;
+            }
+        }
+        Some(rule)
     }
 }
 
@@ -370,6 +413,11 @@ mod tests {
             r#"[{"rpc":"ListVolumes","duplicate_entries":true,"fail":"INTERNAL"}]"#,
             r#"[{"rpc":"ListVolumes","volume_context":{},"exit":true}]"#,
             r#"[{"rpc":"ListVolumes","volume_id":"v1"}]"#,
+            r#"[{"rpc":"CreateSnapshot","exit":true,"at":"mkfs"}]"#,
+            r#"[{"rpc":"Probe","exit":true,"at":"copy"}]"#,
+            r#"[{"rpc":"*","exit":true,"at":"copy"}]"#,
+            r#"[{"rpc":"CreateSnapshot","fail":"INTERNAL","at":"copy"}]"#,
+            r#"[{"rpc":"CreateSnapshot","exit":true,"delay_ms":1,"at":"copy"}]"#,
         ] {
             let (_d, _p, f) = faults(bad);
             assert_eq!(f.take("Probe"), proceed(None), "{bad}");
@@ -377,6 +425,23 @@ mod tests {
         let f = Faults::new(Some(PathBuf::from("/nonexistent/faults.json")));
         assert_eq!(f.take("Probe"), proceed(None));
         assert_eq!(Faults::new(None).take("Probe"), proceed(None));
+    }
+
+    #[test]
+    fn point_rules_act_only_at_their_point() {
+        let (_d, path, f) = faults(
+            r#"[{"rpc":"CreateSnapshot","exit":true,"at":"copy","times":1},{"rpc":"CreateVolume","exit":true,"at":"copy"}]"#,
+        );
+        // Not when the RPC arrives, and not at another RPC's point.
+        assert_eq!(f.take("CreateSnapshot"), proceed(None));
+        assert!(!f.take_at("DeleteSnapshot", "copy"));
+        assert!(f.take_at("CreateSnapshot", "copy"));
+        assert!(!f.take_at("CreateSnapshot", "copy"), "used up");
+        let left: Vec<Rule> = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        assert_eq!(left.len(), 1);
+        assert!(f.take_at("CreateVolume", "copy"));
+        assert!(f.take_at("CreateVolume", "copy"), "not counted: every time");
+        assert!(!Faults::new(None).take_at("CreateVolume", "copy"));
     }
 
     #[test]
@@ -418,7 +483,9 @@ mod tests {
             volume_id: id.into(),
             capacity_bytes: 1 << 30,
             volume_context: HashMap::from([("label".to_owned(), "foo".to_owned())]),
+            content_source: None,
             condition: None,
+            published_node_ids: Vec::new(),
         };
         let page = || vec![volume("a"), volume("b")];
         assert_eq!(ListEdit::default().apply(page()), page());

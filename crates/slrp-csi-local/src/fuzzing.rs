@@ -12,7 +12,6 @@ use crate::config::Config;
 use crate::csi::Shared;
 use crate::csi::v0::CsiV0;
 use crate::csi::v1::CsiV1;
-use crate::faults::Faults;
 use crate::host::Host;
 use crate::plugin::{OpenError, Plugin};
 
@@ -24,7 +23,8 @@ pub struct Services<H: Host> {
 }
 
 /// The RPCs [`Services::call`] serves, by index; the same names in v1 and v0 (v0 has no
-/// expand or stats RPCs: those indices answer `None` there).
+/// expand, stats or GetSnapshot RPCs: those indices answer `None` there). New RPCs are
+/// appended, so the committed corpus keeps its meaning.
 pub const RPCS: &[&str] = &[
     "CreateVolume",
     "DeleteVolume",
@@ -41,6 +41,10 @@ pub const RPCS: &[&str] = &[
     "ControllerPublishVolume",
     "GetPluginInfo",
     "NodeGetInfo",
+    "CreateSnapshot",
+    "DeleteSnapshot",
+    "ListSnapshots",
+    "GetSnapshot",
 ];
 
 /// Decodes `bytes` as the request of `$svc::$method` and calls it; a body that does not
@@ -65,9 +69,10 @@ impl<H: Host> Services<H> {
     /// # Errors
     /// As [`Plugin::open`].
     pub fn open(config: &Config, host: H) -> Result<Self, OpenError> {
+        let plugin = Plugin::open(config, host)?;
         let shared = Shared {
-            plugin: Arc::new(Plugin::open(config, host)?),
-            faults: Arc::new(Faults::new(None)),
+            faults: plugin.faults(),
+            plugin: Arc::new(plugin),
         };
         Ok(Self {
             v1: CsiV1(shared.clone()),
@@ -136,6 +141,10 @@ impl<H: Host> Services<H> {
             ),
             13 => dispatch!(s, I, get_plugin_info, v1::GetPluginInfoRequest, b),
             14 => dispatch!(s, N, node_get_info, v1::NodeGetInfoRequest, b),
+            15 => dispatch!(s, C, create_snapshot, v1::CreateSnapshotRequest, b),
+            16 => dispatch!(s, C, delete_snapshot, v1::DeleteSnapshotRequest, b),
+            17 => dispatch!(s, C, list_snapshots, v1::ListSnapshotsRequest, b),
+            18 => dispatch!(s, C, get_snapshot, v1::GetSnapshotRequest, b),
             _ => None,
         }
     }
@@ -176,6 +185,9 @@ impl<H: Host> Services<H> {
             ),
             13 => dispatch!(s, I, get_plugin_info, v0::GetPluginInfoRequest, b),
             14 => dispatch!(s, N, node_get_info, v0::NodeGetInfoRequest, b),
+            15 => dispatch!(s, C, create_snapshot, v0::CreateSnapshotRequest, b),
+            16 => dispatch!(s, C, delete_snapshot, v0::DeleteSnapshotRequest, b),
+            17 => dispatch!(s, C, list_snapshots, v0::ListSnapshotsRequest, b),
             _ => None,
         }
     }

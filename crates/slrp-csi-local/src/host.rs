@@ -1,9 +1,11 @@
-//! The host operations the plugin needs (mounts, loop devices, file systems), behind the
-//! [`Host`] trait so the volume logic can be unit tested without root.
+//! The host operations the plugin needs (mounts, loop devices, file systems, copies of
+//! volume data), behind the [`Host`] trait so the volume logic can be unit tested without
+//! root.
 //!
-//! [`RealHost`] uses `mount(2)`/`umount2(2)` through nix for bind mounts, and the standard
-//! tools for the rest: `losetup`, `blkid`, `mkfs.<fs>`, `mount`, `resize2fs`, `xfs_growfs`,
-//! each run through a [`ToolRunner`] with a timeout (see [`crate::tool`]).
+//! [`RealHost`] uses `mount(2)`/`umount2(2)` through nix for bind mounts, [`crate::copy`]
+//! for data copies, and the standard tools for the rest: `losetup`, `blkid`, `mkfs.<fs>`,
+//! `mount`, `resize2fs`, `e2fsck`, `xfs_growfs`, `fsfreeze`, each run through a
+//! [`ToolRunner`] with a timeout (see [`crate::tool`]).
 //! Mount points are read from `/proc/self/mountinfo`, never guessed from the directory.
 
 use std::ffi::OsStr;
@@ -13,6 +15,7 @@ use std::time::Duration;
 
 use nix::mount::{MntFlags, MsFlags};
 
+use crate::copy::{self, CopyMethod};
 use crate::tool::ToolRunner;
 
 /// A failed host operation, with the evidence needed to debug it.
@@ -73,6 +76,16 @@ pub enum HostError {
         command: String,
         /// What it printed.
         output: String,
+    },
+    /// The file system mounted at a path is not the one on the device it should be on, so
+    /// it is not frozen (freezing whatever else is mounted there, e.g. the host's own file
+    /// system, would stop the host's writers).
+    #[error("the file system at {mount_point} is not the one on {device}; not freezing it")]
+    NotOnDevice {
+        /// The path.
+        mount_point: PathBuf,
+        /// The device expected there.
+        device: PathBuf,
     },
 }
 
@@ -139,6 +152,40 @@ pub trait Host: Send + Sync + 'static {
     fn fs_stats(&self, path: &Path) -> Result<FsStats, HostError>;
     /// Whether `mkfs.<fs_type>` is installed.
     fn has_mkfs(&self, fs_type: &str) -> bool;
+    /// Grows the file system on `device`, which is not mounted, to the device size. Only
+    /// ext2/3/4 can grow unmounted (`e2fsck -f -p`, which `resize2fs` demands first, then
+    /// `resize2fs`); unlike online growth this needs no CAP_SYS_RESOURCE.
+    fn grow_fs_offline(&self, device: &Path, fs_type: &str) -> Result<(), HostError>;
+    /// Copies the image file `source` to `dest` (which must not exist) and makes the copy
+    /// durable: a reflink where the file system shares blocks, else a copy that keeps the
+    /// image sparse (see [`crate::copy`]). `progress` is called as data is written.
+    fn copy_image(
+        &self,
+        source: &Path,
+        dest: &Path,
+        progress: &mut dyn FnMut(),
+    ) -> Result<CopyMethod, HostError>;
+    /// Copies the directory tree `source` to `dest` (which must not exist) and makes the
+    /// copy durable (see [`crate::copy`] for what is kept). `progress` is called as entries
+    /// and data are written.
+    fn copy_tree(
+        &self,
+        source: &Path,
+        dest: &Path,
+        progress: &mut dyn FnMut(),
+    ) -> Result<CopyMethod, HostError>;
+    /// Freezes the file system of `device` mounted at `mount_point` (`fsfreeze -f`): its
+    /// dirty data reaches the device and new writes block until [`Host::thaw_fs`], so a
+    /// copy of the device sees a consistent file system. Refuses
+    /// ([`HostError::NotOnDevice`]) unless the file system at `mount_point` is the one on
+    /// `device`.
+    fn freeze_fs(&self, device: &Path, mount_point: &Path) -> Result<(), HostError>;
+    /// Thaws the file system mounted at `mount_point` (`fsfreeze -u`). Fails if it is not
+    /// frozen or not mounted.
+    fn thaw_fs(&self, mount_point: &Path) -> Result<(), HostError>;
+    /// Writes the block device's cached writes through to it (fsync of the device), so a
+    /// copy of a loop device's backing file holds every write that completed before.
+    fn flush_device(&self, device: &Path) -> Result<(), HostError>;
 }
 
 /// The real host.
@@ -384,6 +431,95 @@ impl Host for RealHost {
     fn has_mkfs(&self, fs_type: &str) -> bool {
         self.tools.find(&format!("mkfs.{fs_type}")).is_some()
     }
+
+    fn grow_fs_offline(&self, device: &Path, fs_type: &str) -> Result<(), HostError> {
+        if !fs_type.starts_with("ext") {
+            return Err(HostError::Output {
+                command: format!("growing {fs_type} on {} unmounted", device.display()),
+                output: format!("{fs_type} grows only while mounted"),
+            });
+        }
+        // resize2fs refuses a file system not checked since its last mount (a copy of a
+        // mounted one always is). -p repairs only what is safe without a human; exit 1 means
+        // it did, 2 that a mounted root should reboot (not the case here).
+        match self.run(
+            "e2fsck",
+            [OsStr::new("-f"), OsStr::new("-p"), device.as_os_str()],
+        ) {
+            Ok(_) => {}
+            Err(HostError::Command { status, .. }) if matches!(status.code(), Some(1 | 2)) => {}
+            Err(e) => return Err(e),
+        }
+        self.run("resize2fs", [device.as_os_str()]).map(drop)
+    }
+
+    fn copy_image(
+        &self,
+        source: &Path,
+        dest: &Path,
+        progress: &mut dyn FnMut(),
+    ) -> Result<CopyMethod, HostError> {
+        copy::copy_file(source, dest, progress)
+    }
+
+    fn copy_tree(
+        &self,
+        source: &Path,
+        dest: &Path,
+        progress: &mut dyn FnMut(),
+    ) -> Result<CopyMethod, HostError> {
+        copy::copy_tree(source, dest, progress)
+    }
+
+    fn freeze_fs(&self, device: &Path, mount_point: &Path) -> Result<(), HostError> {
+        use std::os::unix::fs::MetadataExt;
+        let not_on_device = || HostError::NotOnDevice {
+            mount_point: mount_point.to_owned(),
+            device: device.to_owned(),
+        };
+        if !self.is_mount_point(mount_point)? {
+            return Err(not_on_device());
+        }
+        let io = |op| {
+            move |source| HostError::Io {
+                op,
+                path: mount_point.to_owned(),
+                source,
+            }
+        };
+        let mounted = std::fs::metadata(mount_point).map_err(io("reading"))?;
+        let dev = std::fs::metadata(device).map_err(|source| HostError::Io {
+            op: "reading",
+            path: device.to_owned(),
+            source,
+        })?;
+        if mounted.dev() != dev.rdev() {
+            return Err(not_on_device());
+        }
+        self.run(
+            "fsfreeze",
+            [OsStr::new("--freeze"), mount_point.as_os_str()],
+        )
+        .map(drop)
+    }
+
+    fn thaw_fs(&self, mount_point: &Path) -> Result<(), HostError> {
+        self.run(
+            "fsfreeze",
+            [OsStr::new("--unfreeze"), mount_point.as_os_str()],
+        )
+        .map(drop)
+    }
+
+    fn flush_device(&self, device: &Path) -> Result<(), HostError> {
+        std::fs::File::open(device)
+            .and_then(|f| f.sync_all())
+            .map_err(|source| HostError::Io {
+                op: "flushing",
+                path: device.to_owned(),
+                source,
+            })
+    }
 }
 
 /// Opens `path` itself (`O_PATH | O_NOFOLLOW`) to mount onto it through [`fd_path`]; a
@@ -446,7 +582,37 @@ pub(crate) mod fake {
         /// How many coming loop detaches find the device already gone (dropped by
         /// AUTOCLEAR after the listing) and fail with ENXIO, as `losetup -d` does.
         pub(crate) vanished_detaches: usize,
+        /// How many coming copies fail (with EIO) after writing their data.
+        pub(crate) copy_failures: usize,
+        /// Mount points frozen now.
+        pub(crate) frozen: std::collections::BTreeSet<PathBuf>,
+        /// Every mount point frozen, in order.
+        pub(crate) freezes: Vec<PathBuf>,
+        /// Every device flushed, in order.
+        pub(crate) flushes: Vec<PathBuf>,
+        /// Devices grown online (mounted) and offline, in order.
+        pub(crate) online_grows: Vec<PathBuf>,
+        pub(crate) offline_grows: Vec<PathBuf>,
         next_loop: usize,
+    }
+
+    impl FakeHost {
+        fn copy_result(
+            &self,
+            res: Result<CopyMethod, HostError>,
+            dest: &Path,
+        ) -> Result<CopyMethod, HostError> {
+            let mut s = self.state.lock().unwrap();
+            if s.copy_failures > 0 && res.is_ok() {
+                s.copy_failures -= 1;
+                return Err(HostError::Io {
+                    op: "writing",
+                    path: dest.to_owned(),
+                    source: io::Error::from_raw_os_error(nix::libc::EIO),
+                });
+            }
+            res
+        }
     }
 
     #[derive(Debug, Default)]
@@ -538,7 +704,8 @@ pub(crate) mod fake {
             s.formatted.insert(file, fs_type.to_owned());
             Ok(())
         }
-        fn grow_fs(&self, _d: &Path, _m: &Path, _f: &str) -> Result<(), HostError> {
+        fn grow_fs(&self, d: &Path, _m: &Path, _f: &str) -> Result<(), HostError> {
+            self.state.lock().unwrap().online_grows.push(d.to_owned());
             Ok(())
         }
         fn fs_stats(&self, _path: &Path) -> Result<FsStats, HostError> {
@@ -552,6 +719,64 @@ pub(crate) mod fake {
         }
         fn has_mkfs(&self, fs_type: &str) -> bool {
             fs_type == "ext4"
+        }
+        fn grow_fs_offline(&self, device: &Path, _fs: &str) -> Result<(), HostError> {
+            self.state
+                .lock()
+                .unwrap()
+                .offline_grows
+                .push(device.to_owned());
+            Ok(())
+        }
+        fn copy_image(
+            &self,
+            source: &Path,
+            dest: &Path,
+            progress: &mut dyn FnMut(),
+        ) -> Result<CopyMethod, HostError> {
+            let res = copy::copy_file(source, dest, progress);
+            // The file system "on" an image is a table entry here: it travels with the copy.
+            let mut s = self.state.lock().unwrap();
+            if let Some(fs) = s.formatted.get(source).cloned() {
+                s.formatted.insert(dest.to_owned(), fs);
+            }
+            drop(s);
+            self.copy_result(res, dest)
+        }
+        fn copy_tree(
+            &self,
+            source: &Path,
+            dest: &Path,
+            progress: &mut dyn FnMut(),
+        ) -> Result<CopyMethod, HostError> {
+            let res = copy::copy_tree(source, dest, progress);
+            self.copy_result(res, dest)
+        }
+        fn freeze_fs(&self, device: &Path, mount_point: &Path) -> Result<(), HostError> {
+            let mut s = self.state.lock().unwrap();
+            if s.mounts.get(mount_point).map(|m| &m.0) != Some(&device.to_owned()) {
+                return Err(HostError::NotOnDevice {
+                    mount_point: mount_point.to_owned(),
+                    device: device.to_owned(),
+                });
+            }
+            s.frozen.insert(mount_point.to_owned());
+            s.freezes.push(mount_point.to_owned());
+            Ok(())
+        }
+        fn thaw_fs(&self, mount_point: &Path) -> Result<(), HostError> {
+            if self.state.lock().unwrap().frozen.remove(mount_point) {
+                Ok(())
+            } else {
+                Err(HostError::Output {
+                    command: format!("fsfreeze --unfreeze {}", mount_point.display()),
+                    output: "unfreeze failed: Invalid argument".to_owned(),
+                })
+            }
+        }
+        fn flush_device(&self, device: &Path) -> Result<(), HostError> {
+            self.state.lock().unwrap().flushes.push(device.to_owned());
+            Ok(())
         }
     }
 }

@@ -1,13 +1,16 @@
-//! Volume ids, import names and CO-supplied paths: the only strings that reach the file system.
+//! Volume and snapshot ids, import names and CO-supplied paths: the only strings that reach
+//! the file system.
 //!
-//! Volume *names* from the CO are arbitrary strings and never become path components.
-//! Volume *ids* are generated here from a fixed alphabet and validated on every request, so
-//! an id read from a request can be joined to a directory without escaping it.
+//! Volume and snapshot *names* from the CO are arbitrary strings and never become path
+//! components. *Ids* are generated here from a fixed alphabet and validated on every
+//! request, so an id read from a request can be joined to a directory without escaping it.
 
 use std::path::{Component, Path, PathBuf};
 
 /// Prefix of ids the plugin generates for volumes it creates.
 pub(crate) const CREATED_PREFIX: &str = "vol-";
+/// Prefix of ids the plugin generates for snapshots.
+pub(crate) const SNAPSHOT_PREFIX: &str = "snap-";
 /// Prefix of ids of operator-placed directory volumes (`<root>/import/dir/<name>/`).
 pub(crate) const IMPORT_DIR_PREFIX: &str = "import-dir-";
 /// Prefix of ids of operator-placed image volumes (`<root>/import/loop/<name>.img`).
@@ -25,6 +28,11 @@ pub(crate) fn new_volume_id() -> String {
     format!("{CREATED_PREFIX}{}", uuid::Uuid::new_v4().simple())
 }
 
+/// A fresh id for a snapshot.
+pub(crate) fn new_snapshot_id() -> String {
+    format!("{SNAPSHOT_PREFIX}{}", uuid::Uuid::new_v4().simple())
+}
+
 /// Whether `s` is safe as a single file name: `[A-Za-z0-9._-]`, not starting with a dot.
 fn is_safe_component(s: &str, max: usize) -> bool {
     !s.is_empty()
@@ -36,6 +44,12 @@ fn is_safe_component(s: &str, max: usize) -> bool {
 
 /// Whether `id` could be a volume id of this plugin. Anything else is an unknown volume.
 pub(crate) fn is_valid_volume_id(id: &str) -> bool {
+    is_safe_component(id, MAX_ID_LEN)
+}
+
+/// Whether `id` could be a snapshot id of this plugin (the rules of volume ids: the id
+/// becomes a file name under `<root>/snapshots/`). Anything else is an unknown snapshot.
+pub(crate) fn is_valid_snapshot_id(id: &str) -> bool {
     is_safe_component(id, MAX_ID_LEN)
 }
 
@@ -101,6 +115,10 @@ mod tests {
         let id = new_volume_id();
         assert!(is_valid_volume_id(&id), "{id}");
         assert_ne!(id, new_volume_id());
+        let snap = new_snapshot_id();
+        assert!(is_valid_snapshot_id(&snap), "{snap}");
+        assert!(snap.starts_with(SNAPSHOT_PREFIX));
+        assert_ne!(snap, new_snapshot_id());
     }
 
     #[test]
@@ -119,6 +137,10 @@ mod tests {
             &"x".repeat(129),
         ] {
             assert!(!is_valid_volume_id(bad), "{bad:?} accepted");
+            assert!(
+                !is_valid_snapshot_id(bad),
+                "{bad:?} accepted as a snapshot id"
+            );
         }
         assert!(is_valid_volume_id("import-dir-data_1.v2"));
         assert!(is_valid_volume_id(&"x".repeat(128)));

@@ -20,7 +20,6 @@ use crate::authority::FilteredStream;
 use crate::config::{Config, CsiVersion};
 use crate::csi::{Shared, v0::CsiV0, v1::CsiV1};
 use crate::endpoint::{self, EndpointError, Liveness};
-use crate::faults::Faults;
 use crate::host::{Host, RealHost};
 use crate::plugin::{OpenError, Plugin};
 use crate::tool::ToolRunner;
@@ -74,15 +73,14 @@ pub async fn serve_with<H: Host>(
             path: config.endpoint.clone(),
         }));
     }
-    let faults = Arc::new(Faults::new(config.faults_file.clone()));
     let open_cfg = config.clone();
     let plugin = tokio::task::spawn_blocking(move || Plugin::open(&open_cfg, host))
         .await
         .map_err(ServeError::Join)?
         .map_err(ServeError::Open)?;
     let shared = Shared {
+        faults: plugin.faults(),
         plugin: Arc::new(plugin),
-        faults,
     };
 
     let path = &config.endpoint;

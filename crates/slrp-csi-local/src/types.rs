@@ -4,6 +4,7 @@
 //! ones with INVALID_ARGUMENT), so [`crate::Plugin`] never sees a CSI package.
 
 use std::collections::HashMap;
+use std::time::SystemTime;
 
 /// How a volume is accessed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,12 +41,15 @@ pub enum AccessMode {
 
 impl AccessMode {
     /// Whether a node-local volume can honour the mode. Multi-node modes need shared
-    /// storage; SINGLE_NODE_MULTI_WRITER would need the node capability of that name, which
-    /// the plugin does not advertise.
+    /// storage; every single-node mode is served (the plugin has the SINGLE_NODE_MULTI_WRITER
+    /// capabilities).
     pub fn is_supported(self) -> bool {
         matches!(
             self,
-            Self::SingleNodeWriter | Self::SingleNodeReaderOnly | Self::SingleNodeSingleWriter
+            Self::SingleNodeWriter
+                | Self::SingleNodeReaderOnly
+                | Self::SingleNodeSingleWriter
+                | Self::SingleNodeMultiWriter
         )
     }
 }
@@ -79,8 +83,17 @@ pub struct CreateVolume {
     pub capabilities: Vec<Capability>,
     /// Plugin parameters (`pool`, `backend`).
     pub parameters: HashMap<String, String>,
-    /// Whether a content source (snapshot or volume) was given; unsupported.
-    pub has_content_source: bool,
+    /// The snapshot or volume whose data the new volume starts with.
+    pub content_source: Option<ContentSource>,
+}
+
+/// CreateVolume's `volume_content_source`: where a new volume's data comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ContentSource {
+    /// Restore this snapshot.
+    Snapshot(String),
+    /// Clone this volume.
+    Volume(String),
 }
 
 /// A volume as CreateVolume and ListVolumes report it.
@@ -92,9 +105,50 @@ pub struct VolumeInfo {
     pub capacity_bytes: i64,
     /// Volume context handed back to the node calls.
     pub volume_context: HashMap<String, String>,
+    /// The snapshot or volume the volume was created from.
+    pub content_source: Option<ContentSource>,
     /// The controller's view of the volume's health (`status.volume_condition`): set in
     /// ListVolumes and ControllerGetVolume answers, `None` in CreateVolume's.
     pub condition: Option<Condition>,
+    /// `status.published_node_ids`: this node's id while the volume is staged or published
+    /// here, else empty.
+    pub published_node_ids: Vec<String>,
+}
+
+/// CreateSnapshot arguments.
+#[derive(Debug, Clone, Default)]
+pub struct CreateSnapshot {
+    /// The CO's idempotency key.
+    pub name: String,
+    /// The volume to copy.
+    pub source_volume_id: String,
+    /// Plugin parameters (only the Kubernetes sidecars' `csi.storage.k8s.io/` keys).
+    pub parameters: HashMap<String, String>,
+}
+
+/// A snapshot as CreateSnapshot, ListSnapshots and GetSnapshot report it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotInfo {
+    /// Snapshot id.
+    pub snapshot_id: String,
+    /// The volume it was taken of (which may since have been deleted).
+    pub source_volume_id: String,
+    /// The source volume's size: the least a volume restored from it can have.
+    pub size_bytes: i64,
+    /// When the copy was taken.
+    pub creation_time: SystemTime,
+    /// Whether it can be restored: always, once listed (the copy is made within
+    /// CreateSnapshot).
+    pub ready_to_use: bool,
+}
+
+/// One ListSnapshots page.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotPage {
+    /// The snapshots of this page.
+    pub entries: Vec<SnapshotInfo>,
+    /// Token for the next page; empty at the end.
+    pub next_token: String,
 }
 
 /// One ListVolumes page.

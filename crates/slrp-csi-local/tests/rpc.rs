@@ -63,7 +63,13 @@ async fn identity_and_capabilities() {
             C::GetCapacity,
             C::ExpandVolume,
             C::GetVolume,
-            C::VolumeCondition
+            C::VolumeCondition,
+            C::CreateDeleteSnapshot,
+            C::ListSnapshots,
+            C::GetSnapshot,
+            C::CloneVolume,
+            C::ListVolumesPublishedNodes,
+            C::SingleNodeMultiWriter,
         ]
         .map(|t| t as i32)
     );
@@ -87,7 +93,8 @@ async fn identity_and_capabilities() {
             N::StageUnstageVolume,
             N::GetVolumeStats,
             N::ExpandVolume,
-            N::VolumeCondition
+            N::VolumeCondition,
+            N::SingleNodeMultiWriter,
         ]
         .map(|t| t as i32)
     );
@@ -104,11 +111,12 @@ async fn identity_and_capabilities() {
             .await,
         Code::Unimplemented,
     );
+    // Snapshots are served: an empty request is malformed, not unimplemented.
     assert_code(
         c.controller
             .create_snapshot(v1::CreateSnapshotRequest::default())
             .await,
-        Code::Unimplemented,
+        Code::InvalidArgument,
     );
     // A v1 plugin does not answer csi.v0.
     let ch = p.channel().await.unwrap();
@@ -169,6 +177,8 @@ async fn controller_error_codes_and_idempotency() {
             },
         )),
     });
+    assert_code(ctl.create_volume(src.clone()).await, Code::NotFound);
+    src.volume_content_source = Some(v1::VolumeContentSource { r#type: None });
     assert_code(ctl.create_volume(src).await, Code::InvalidArgument);
     let a = ctl
         .create_volume(create_req("a", 10 * MIB, mount_cap(""), &[]))

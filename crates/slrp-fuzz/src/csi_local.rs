@@ -11,20 +11,27 @@
 //! that what the plugin accepts cannot reach the host's own directories; the plugin's
 //! refusal of `..` and of relative paths is still what decides.
 //!
+//! Snapshot requests (CreateSnapshot, DeleteSnapshot, ListSnapshots, GetSnapshot) and
+//! CreateVolume's content sources reach the same plugin; their data copies are real
+//! (under the scratch root), through `slrp_csi_local::copy`.
+//!
 //! Properties:
 //! - every request is answered with a response or a status, never a panic or a hang;
 //! - every host operation the plugin asks for stays inside its root or the CO's
-//!   directory, and never names a path with `..`;
+//!   directory, and never names a path with `..`; copies read and write under the root
+//!   only, and only mounted file systems of attached devices are frozen;
+//! - no file system is left frozen once a request has been answered;
 //! - the plugin can be opened again on its root afterwards (its records stay readable).
 
 use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use prost::Message;
 use slrp_csi_local::Config;
 use slrp_csi_local::config::CsiVersion;
+use slrp_csi_local::copy::{self, CopyMethod};
 use slrp_csi_local::fuzzing::{RPCS, Services};
 use slrp_csi_local::host::{FsStats, Host, HostError};
 use slrp_proto::csi::{v0, v1};
@@ -36,7 +43,8 @@ use crate::util::{byte, chunk, put_chunk, runtime, scratch};
 struct FuzzHost {
     root: PathBuf,
     co: PathBuf,
-    state: Mutex<HostState>,
+    /// Shared with the target, which checks it between requests.
+    state: Arc<Mutex<HostState>>,
 }
 
 #[derive(Debug, Default)]
@@ -44,6 +52,8 @@ struct HostState {
     mounts: BTreeMap<PathBuf, PathBuf>,
     loops: BTreeMap<PathBuf, PathBuf>,
     formatted: BTreeMap<PathBuf, String>,
+    /// Mount points frozen now.
+    frozen: std::collections::BTreeSet<PathBuf>,
     next_loop: usize,
 }
 
@@ -165,6 +175,76 @@ impl Host for FuzzHost {
     fn has_mkfs(&self, fs_type: &str) -> bool {
         fs_type == "ext4" || fs_type == "xfs"
     }
+    fn grow_fs_offline(&self, device: &Path, _fs: &str) -> Result<(), HostError> {
+        self.check_device(device);
+        Ok(())
+    }
+    fn copy_image(
+        &self,
+        source: &Path,
+        dest: &Path,
+        progress: &mut dyn FnMut(),
+    ) -> Result<CopyMethod, HostError> {
+        self.check("copied image", source, true);
+        self.check("image copy", dest, true);
+        assert!(
+            source.starts_with(&self.root) && dest.starts_with(&self.root),
+            "an image copy leaves the root"
+        );
+        let res = copy::copy_file(source, dest, progress);
+        // The file system "on" an image is a table entry here: it travels with the copy.
+        let mut s = self.state();
+        if let Some(fs) = s.formatted.get(source).cloned() {
+            s.formatted.insert(dest.to_owned(), fs);
+        }
+        res
+    }
+    fn copy_tree(
+        &self,
+        source: &Path,
+        dest: &Path,
+        progress: &mut dyn FnMut(),
+    ) -> Result<CopyMethod, HostError> {
+        self.check("copied tree", source, true);
+        self.check("tree copy", dest, true);
+        assert!(
+            source.starts_with(&self.root) && dest.starts_with(&self.root),
+            "a tree copy leaves the root"
+        );
+        copy::copy_tree(source, dest, progress)
+    }
+    fn freeze_fs(&self, device: &Path, mount_point: &Path) -> Result<(), HostError> {
+        self.check_device(device);
+        self.check("frozen mount point", mount_point, false);
+        let mut s = self.state();
+        assert_eq!(
+            s.mounts.get(mount_point).map(PathBuf::as_path),
+            Some(device),
+            "freezing {} which is not the file system of {}",
+            mount_point.display(),
+            device.display()
+        );
+        assert!(
+            s.frozen.insert(mount_point.to_owned()),
+            "{} frozen twice",
+            mount_point.display()
+        );
+        Ok(())
+    }
+    fn thaw_fs(&self, mount_point: &Path) -> Result<(), HostError> {
+        if self.state().frozen.remove(mount_point) {
+            Ok(())
+        } else {
+            Err(HostError::Output {
+                command: format!("fsfreeze --unfreeze {}", mount_point.display()),
+                output: "unfreeze failed: Invalid argument".to_owned(),
+            })
+        }
+    }
+    fn flush_device(&self, device: &Path) -> Result<(), HostError> {
+        self.check_device(device);
+        Ok(())
+    }
 }
 
 /// Moves an absolute CO path under `co` (lexically: `..` stays for the plugin to refuse).
@@ -264,12 +344,13 @@ pub fn run(data: &[u8]) {
     let root = dir.path().join("root");
     let co = dir.path().join("co");
     std::fs::create_dir_all(&co).expect("making the CO directory");
-    let host = |root: &Path| FuzzHost {
+    let host = |root: &Path, state: &Arc<Mutex<HostState>>| FuzzHost {
         root: root.to_owned(),
         co: co.clone(),
-        state: Mutex::default(),
+        state: Arc::clone(state),
     };
-    let services = Services::open(&config(&root, v0_api), host(&root))
+    let state = Arc::new(Mutex::new(HostState::default()));
+    let services = Services::open(&config(&root, v0_api), host(&root, &state))
         .unwrap_or_else(|e| panic!("the plugin does not open on a fresh root: {e:?}"));
     runtime().block_on(async {
         for _ in 0..12 {
@@ -279,10 +360,21 @@ pub fn run(data: &[u8]) {
             let rpc = usize::from(byte(&mut data)) % RPCS.len();
             let request = jailed(v0_api, rpc, chunk(&mut data), &co);
             let _ = services.call(v0_api, rpc, &request).await;
+            let frozen = state
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .frozen
+                .clone();
+            assert!(
+                frozen.is_empty(),
+                "{frozen:?} left frozen after {}",
+                RPCS[rpc]
+            );
         }
     });
     drop(services);
-    if let Err(e) = Services::open(&config(&root, v0_api), host(&root)) {
+    let fresh = Arc::new(Mutex::new(HostState::default()));
+    if let Err(e) = Services::open(&config(&root, v0_api), host(&root, &fresh)) {
         panic!("the plugin does not open again on its root: {e:?}");
     }
 }

@@ -2,6 +2,12 @@
 //!
 //! CSI 0.2 clients call `NodeGetId`, 0.3 clients `NodeGetInfo`; both are served. v0 has no
 //! expansion and no volume stats, so those capabilities are not advertised here.
+//!
+//! CSI 0.3's snapshots map directly onto the core: CreateSnapshot, DeleteSnapshot and
+//! ListSnapshots (CREATE_DELETE_SNAPSHOT, LIST_SNAPSHOTS), and CreateVolume from a snapshot
+//! (its only content source). 0.3 has no cloning (no volume source), no GetSnapshot and
+//! no SINGLE_NODE_MULTI_WRITER. A snapshot's `created_at` is nanoseconds since the Unix
+//! epoch and its status READY (the copy is made within CreateSnapshot).
 
 use slrp_proto::csi::v0 as csi;
 use slrp_proto::csi::v0::controller_server::Controller;
@@ -67,11 +73,54 @@ fn required_cap(
 }
 
 fn volume(v: types::VolumeInfo) -> csi::Volume {
+    use csi::volume_content_source::{SnapshotSource, Type};
     csi::Volume {
         capacity_bytes: v.capacity_bytes,
         id: v.volume_id,
         attributes: v.volume_context,
-        ..Default::default()
+        // A clone's source (a volume) has no v0 form; it is left out.
+        content_source: match v.content_source {
+            Some(types::ContentSource::Snapshot(id)) => Some(csi::VolumeContentSource {
+                r#type: Some(Type::Snapshot(SnapshotSource { id })),
+            }),
+            Some(types::ContentSource::Volume(_)) | None => None,
+        },
+        accessible_topology: Vec::new(),
+    }
+}
+
+fn content_source(
+    s: Option<csi::VolumeContentSource>,
+) -> Result<Option<types::ContentSource>, Status> {
+    use csi::volume_content_source::Type;
+    let Some(s) = s else { return Ok(None) };
+    match s.r#type {
+        Some(Type::Snapshot(snap)) => Ok(Some(types::ContentSource::Snapshot(snap.id))),
+        None => Err(Status::invalid_argument(
+            "invalid volume_content_source: names no snapshot",
+        )),
+    }
+}
+
+fn snapshot(s: types::SnapshotInfo) -> csi::Snapshot {
+    let nanos = s
+        .creation_time
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    csi::Snapshot {
+        size_bytes: s.size_bytes,
+        id: s.snapshot_id,
+        source_volume_id: s.source_volume_id,
+        created_at: i64::try_from(nanos).unwrap_or(i64::MAX),
+        status: Some(csi::SnapshotStatus {
+            r#type: if s.ready_to_use {
+                csi::snapshot_status::Type::Ready
+            } else {
+                csi::snapshot_status::Type::Uploading
+            } as i32,
+            details: String::new(),
+        }),
     }
 }
 
@@ -140,7 +189,7 @@ impl<H: Host> Controller for CsiV0<H> {
                 .map(|c| range(c.required_bytes, c.limit_bytes)),
             capabilities: caps("volume_capabilities", &r.volume_capabilities)?,
             parameters: r.parameters,
-            has_content_source: r.volume_content_source.is_some(),
+            content_source: content_source(r.volume_content_source)?,
         };
         let v = self.0.run(move |p| p.create_volume(&domain)).await?;
         Ok(Response::new(csi::CreateVolumeResponse {
@@ -247,12 +296,18 @@ impl<H: Host> Controller for CsiV0<H> {
     ) -> Result<Response<csi::ControllerGetCapabilitiesResponse>, Status> {
         use csi::controller_service_capability::{Rpc, Type, rpc::Type as T};
         self.0.enter("ControllerGetCapabilities").await?;
-        let capabilities = [T::CreateDeleteVolume, T::ListVolumes, T::GetCapacity]
-            .into_iter()
-            .map(|t| csi::ControllerServiceCapability {
-                r#type: Some(Type::Rpc(Rpc { r#type: t as i32 })),
-            })
-            .collect();
+        let capabilities = [
+            T::CreateDeleteVolume,
+            T::ListVolumes,
+            T::GetCapacity,
+            T::CreateDeleteSnapshot,
+            T::ListSnapshots,
+        ]
+        .into_iter()
+        .map(|t| csi::ControllerServiceCapability {
+            r#type: Some(Type::Rpc(Rpc { r#type: t as i32 })),
+        })
+        .collect();
         Ok(Response::new(csi::ControllerGetCapabilitiesResponse {
             capabilities,
         }))
@@ -260,26 +315,58 @@ impl<H: Host> Controller for CsiV0<H> {
 
     async fn create_snapshot(
         &self,
-        _req: Request<csi::CreateSnapshotRequest>,
+        req: Request<csi::CreateSnapshotRequest>,
     ) -> Result<Response<csi::CreateSnapshotResponse>, Status> {
         self.0.enter("CreateSnapshot").await?;
-        Err(Status::unimplemented("snapshots are not supported"))
+        let r = req.into_inner();
+        let domain = types::CreateSnapshot {
+            name: r.name,
+            source_volume_id: r.source_volume_id,
+            parameters: r.parameters,
+        };
+        let s = self.0.run(move |p| p.create_snapshot(&domain)).await?;
+        Ok(Response::new(csi::CreateSnapshotResponse {
+            snapshot: Some(snapshot(s)),
+        }))
     }
 
     async fn delete_snapshot(
         &self,
-        _req: Request<csi::DeleteSnapshotRequest>,
+        req: Request<csi::DeleteSnapshotRequest>,
     ) -> Result<Response<csi::DeleteSnapshotResponse>, Status> {
         self.0.enter("DeleteSnapshot").await?;
-        Err(Status::unimplemented("snapshots are not supported"))
+        let id = req.into_inner().snapshot_id;
+        self.0.run(move |p| p.delete_snapshot(&id)).await?;
+        Ok(Response::new(csi::DeleteSnapshotResponse {}))
     }
 
     async fn list_snapshots(
         &self,
-        _req: Request<csi::ListSnapshotsRequest>,
+        req: Request<csi::ListSnapshotsRequest>,
     ) -> Result<Response<csi::ListSnapshotsResponse>, Status> {
         self.0.enter("ListSnapshots").await?;
-        Err(Status::unimplemented("snapshots are not supported"))
+        let r = req.into_inner();
+        let page = self
+            .0
+            .run(move |p| {
+                p.list_snapshots(
+                    r.max_entries,
+                    &r.starting_token,
+                    &r.source_volume_id,
+                    &r.snapshot_id,
+                )
+            })
+            .await?;
+        Ok(Response::new(csi::ListSnapshotsResponse {
+            entries: page
+                .entries
+                .into_iter()
+                .map(|s| csi::list_snapshots_response::Entry {
+                    snapshot: Some(snapshot(s)),
+                })
+                .collect(),
+            next_token: page.next_token,
+        }))
     }
 }
 

@@ -66,11 +66,52 @@ fn required_cap(
 }
 
 fn volume(v: types::VolumeInfo) -> csi::Volume {
+    use csi::volume_content_source::{SnapshotSource, Type, VolumeSource};
     csi::Volume {
         capacity_bytes: v.capacity_bytes,
         volume_id: v.volume_id,
         volume_context: v.volume_context,
-        ..Default::default()
+        content_source: v.content_source.map(|s| csi::VolumeContentSource {
+            r#type: Some(match s {
+                types::ContentSource::Snapshot(snapshot_id) => {
+                    Type::Snapshot(SnapshotSource { snapshot_id })
+                }
+                types::ContentSource::Volume(volume_id) => Type::Volume(VolumeSource { volume_id }),
+            }),
+        }),
+        accessible_topology: Vec::new(),
+    }
+}
+
+fn content_source(
+    s: Option<csi::VolumeContentSource>,
+) -> Result<Option<types::ContentSource>, Status> {
+    use csi::volume_content_source::Type;
+    let Some(s) = s else { return Ok(None) };
+    match s.r#type {
+        Some(Type::Snapshot(snap)) => Ok(Some(types::ContentSource::Snapshot(snap.snapshot_id))),
+        Some(Type::Volume(vol)) => Ok(Some(types::ContentSource::Volume(vol.volume_id))),
+        None => Err(Status::invalid_argument(
+            "invalid volume_content_source: names neither a snapshot nor a volume",
+        )),
+    }
+}
+
+fn snapshot(s: types::SnapshotInfo) -> csi::Snapshot {
+    let since = s
+        .creation_time
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    csi::Snapshot {
+        size_bytes: s.size_bytes,
+        snapshot_id: s.snapshot_id,
+        source_volume_id: s.source_volume_id,
+        creation_time: Some(prost_types::Timestamp {
+            seconds: i64::try_from(since.as_secs()).unwrap_or(i64::MAX),
+            nanos: i32::try_from(since.subsec_nanos()).unwrap_or(0),
+        }),
+        ready_to_use: s.ready_to_use,
+        group_snapshot_id: String::new(),
     }
 }
 
@@ -159,7 +200,7 @@ impl<H: Host> Controller for CsiV1<H> {
                 .map(|c| range(c.required_bytes, c.limit_bytes)),
             capabilities: caps("volume_capabilities", &r.volume_capabilities)?,
             parameters: r.parameters,
-            has_content_source: r.volume_content_source.is_some(),
+            content_source: content_source(r.volume_content_source)?,
         };
         let v = self.0.run(move |p| p.create_volume(&domain)).await?;
         Ok(Response::new(csi::CreateVolumeResponse {
@@ -253,7 +294,7 @@ impl<H: Host> Controller for CsiV1<H> {
                 .into_iter()
                 .map(|v| csi::list_volumes_response::Entry {
                     status: Some(csi::list_volumes_response::VolumeStatus {
-                        published_node_ids: Vec::new(),
+                        published_node_ids: v.published_node_ids.clone(),
                         volume_condition: v.condition.clone().map(condition),
                     }),
                     volume: Some(volume(v)),
@@ -294,6 +335,12 @@ impl<H: Host> Controller for CsiV1<H> {
             T::ExpandVolume,
             T::GetVolume,
             T::VolumeCondition,
+            T::CreateDeleteSnapshot,
+            T::ListSnapshots,
+            T::GetSnapshot,
+            T::CloneVolume,
+            T::ListVolumesPublishedNodes,
+            T::SingleNodeMultiWriter,
         ]
         .into_iter()
         .map(|t| csi::ControllerServiceCapability {
@@ -307,34 +354,70 @@ impl<H: Host> Controller for CsiV1<H> {
 
     async fn create_snapshot(
         &self,
-        _req: Request<csi::CreateSnapshotRequest>,
+        req: Request<csi::CreateSnapshotRequest>,
     ) -> Result<Response<csi::CreateSnapshotResponse>, Status> {
         self.0.enter("CreateSnapshot").await?;
-        Err(Status::unimplemented("snapshots are not supported"))
+        let r = req.into_inner();
+        let domain = types::CreateSnapshot {
+            name: r.name,
+            source_volume_id: r.source_volume_id,
+            parameters: r.parameters,
+        };
+        let s = self.0.run(move |p| p.create_snapshot(&domain)).await?;
+        Ok(Response::new(csi::CreateSnapshotResponse {
+            snapshot: Some(snapshot(s)),
+        }))
     }
 
     async fn delete_snapshot(
         &self,
-        _req: Request<csi::DeleteSnapshotRequest>,
+        req: Request<csi::DeleteSnapshotRequest>,
     ) -> Result<Response<csi::DeleteSnapshotResponse>, Status> {
         self.0.enter("DeleteSnapshot").await?;
-        Err(Status::unimplemented("snapshots are not supported"))
+        let id = req.into_inner().snapshot_id;
+        self.0.run(move |p| p.delete_snapshot(&id)).await?;
+        Ok(Response::new(csi::DeleteSnapshotResponse {}))
     }
 
     async fn list_snapshots(
         &self,
-        _req: Request<csi::ListSnapshotsRequest>,
+        req: Request<csi::ListSnapshotsRequest>,
     ) -> Result<Response<csi::ListSnapshotsResponse>, Status> {
         self.0.enter("ListSnapshots").await?;
-        Err(Status::unimplemented("snapshots are not supported"))
+        let r = req.into_inner();
+        let page = self
+            .0
+            .run(move |p| {
+                p.list_snapshots(
+                    r.max_entries,
+                    &r.starting_token,
+                    &r.source_volume_id,
+                    &r.snapshot_id,
+                )
+            })
+            .await?;
+        Ok(Response::new(csi::ListSnapshotsResponse {
+            entries: page
+                .entries
+                .into_iter()
+                .map(|s| csi::list_snapshots_response::Entry {
+                    snapshot: Some(snapshot(s)),
+                })
+                .collect(),
+            next_token: page.next_token,
+        }))
     }
 
     async fn get_snapshot(
         &self,
-        _req: Request<csi::GetSnapshotRequest>,
+        req: Request<csi::GetSnapshotRequest>,
     ) -> Result<Response<csi::GetSnapshotResponse>, Status> {
         self.0.enter("GetSnapshot").await?;
-        Err(Status::unimplemented("snapshots are not supported"))
+        let id = req.into_inner().snapshot_id;
+        let s = self.0.run(move |p| p.get_snapshot(&id)).await?;
+        Ok(Response::new(csi::GetSnapshotResponse {
+            snapshot: Some(snapshot(s)),
+        }))
     }
 
     async fn controller_expand_volume(
@@ -371,7 +454,7 @@ impl<H: Host> Controller for CsiV1<H> {
         let v = self.0.run(move |p| p.get_volume(&id)).await?;
         Ok(Response::new(csi::ControllerGetVolumeResponse {
             status: Some(csi::controller_get_volume_response::VolumeStatus {
-                published_node_ids: Vec::new(),
+                published_node_ids: v.published_node_ids.clone(),
                 volume_condition: v.condition.clone().map(condition),
             }),
             volume: Some(volume(v)),
@@ -514,6 +597,7 @@ impl<H: Host> Node for CsiV1<H> {
             T::GetVolumeStats,
             T::ExpandVolume,
             T::VolumeCondition,
+            T::SingleNodeMultiWriter,
         ]
         .into_iter()
         .map(|t| csi::NodeServiceCapability {

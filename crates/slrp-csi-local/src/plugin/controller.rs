@@ -7,9 +7,9 @@ use std::io;
 use std::path::Path;
 
 use super::{
-    DEFAULT_VOLUME_SIZE, K8S_PARAM_PREFIX, LOOP_FS_TYPES, LOOP_GRANULARITY, MAX_NAME_LEN,
-    MIN_BLOCK_SIZE, MIN_EXT_SIZE, MIN_XFS_SIZE, Placement, Plugin, TOKEN_PREFIX, io_host,
-    is_banned_name_char, lock, round_up, to_i64,
+    DEFAULT_VOLUME_SIZE, Defaults, K8S_PARAM_PREFIX, LOOP_FS_TYPES, LOOP_GRANULARITY,
+    MIN_BLOCK_SIZE, MIN_EXT_SIZE, MIN_XFS_SIZE, Placement, Plugin, TOKEN_PREFIX, io_host, lock,
+    round_up, to_i64,
 };
 use crate::config::DEFAULT_POOL;
 use slrp_types::DisplayChain;
@@ -17,19 +17,20 @@ use slrp_types::DisplayChain;
 use crate::error::VolumeError;
 use crate::host::{Host, HostError};
 use crate::ids;
-use crate::store::{self, Access, Backend, Origin, Phase, VolumeRecord};
+use crate::store::{self, Access, Backend, ContentSource, Origin, Phase, VolumeRecord};
 use crate::types::{
-    AccessType, Capability, CapacityInfo, CapacityRange, Condition, CreateVolume, Validation,
+    self, AccessType, Capability, CapacityInfo, CapacityRange, Condition, CreateVolume, Validation,
     VolumeInfo, VolumePage,
 };
 
 impl<H: Host> Plugin<H> {
     // === Placement and sizes ===
 
+    /// The `pool` and `backend` parameters, each `None` when not given.
     fn parse_parameters(
         params: &HashMap<String, String>,
-    ) -> Result<(String, Option<Backend>), VolumeError> {
-        let mut pool = DEFAULT_POOL.to_owned();
+    ) -> Result<(Option<String>, Option<Backend>), VolumeError> {
+        let mut pool = None;
         let mut backend = None;
         for (k, v) in params {
             match k.as_str() {
@@ -37,7 +38,7 @@ impl<H: Host> Plugin<H> {
                     if v.is_empty() {
                         return Err(VolumeError::invalid("parameters", "pool is empty"));
                     }
-                    pool.clone_from(v);
+                    pool = Some(v.clone());
                 }
                 "backend" => {
                     backend = Some(match v.as_str() {
@@ -63,13 +64,19 @@ impl<H: Host> Plugin<H> {
         Ok((pool, backend))
     }
 
-    /// Resolves capabilities plus parameters into a placement; `Err` says why unsupported.
+    /// Resolves capabilities plus parameters into a placement; what they leave open comes
+    /// from `defaults` (a content source's), else the plugin's defaults. `Err` says why
+    /// unsupported.
     fn placement(
         &self,
         capabilities: &[Capability],
-        pool: String,
+        pool: Option<String>,
         backend: Option<Backend>,
+        defaults: &Defaults,
     ) -> Result<Placement, String> {
+        let pool = pool
+            .or_else(|| defaults.pool.clone())
+            .unwrap_or_else(|| DEFAULT_POOL.to_owned());
         let mut access = None;
         let mut fs_type: Option<String> = None;
         for cap in capabilities {
@@ -97,7 +104,7 @@ impl<H: Host> Plugin<H> {
             access = Some(this);
         }
         let access = access.unwrap_or(Access::Mount);
-        let backend = backend.unwrap_or(match access {
+        let backend = backend.or(defaults.backend).unwrap_or(match access {
             Access::Mount => Backend::Dir,
             Access::Block => Backend::Loop,
         });
@@ -114,7 +121,9 @@ impl<H: Host> Plugin<H> {
             }
             (Backend::Loop, Access::Block) => fs_type = None,
             (Backend::Loop, Access::Mount) => {
-                let f = fs_type.unwrap_or_else(|| "ext4".to_owned());
+                let f = fs_type
+                    .or_else(|| defaults.fs_type.clone())
+                    .unwrap_or_else(|| "ext4".to_owned());
                 if !LOOP_FS_TYPES.contains(&f.as_str()) {
                     return Err(format!(
                         "fs_type {f:?} is not supported (supported: {LOOP_FS_TYPES:?})"
@@ -136,7 +145,32 @@ impl<H: Host> Plugin<H> {
         })
     }
 
-    fn min_size(backend: Backend, access: Access, fs_type: Option<&str>) -> (u64, u64) {
+    /// [`Plugin::placement`] for CreateVolume: unsupported capabilities and unknown pools
+    /// are INVALID_ARGUMENT.
+    pub(super) fn checked_placement(
+        &self,
+        capabilities: &[Capability],
+        pool: Option<String>,
+        backend: Option<Backend>,
+        defaults: &Defaults,
+    ) -> Result<Placement, VolumeError> {
+        let placement = self
+            .placement(capabilities, pool, backend, defaults)
+            .map_err(|r| VolumeError::invalid("volume_capabilities", r))?;
+        if !self.pools.contains_key(&placement.pool) {
+            return Err(VolumeError::invalid(
+                "parameters",
+                format!(
+                    "pool {:?} is not configured (pools: {:?})",
+                    placement.pool,
+                    self.pools.keys().collect::<Vec<_>>()
+                ),
+            ));
+        }
+        Ok(placement)
+    }
+
+    pub(super) fn min_size(backend: Backend, access: Access, fs_type: Option<&str>) -> (u64, u64) {
         match (backend, access) {
             (Backend::Dir, _) => (1, 1),
             (Backend::Loop, Access::Block) => (MIN_BLOCK_SIZE, LOOP_GRANULARITY),
@@ -189,7 +223,12 @@ impl<H: Host> Plugin<H> {
         Ok(size)
     }
 
-    fn check_growth(&self, pool: Option<&str>, size: u64, growth: u64) -> Result<(), VolumeError> {
+    pub(super) fn check_growth(
+        &self,
+        pool: Option<&str>,
+        size: u64,
+        growth: u64,
+    ) -> Result<(), VolumeError> {
         if let Some(max) = self.max_volume_size
             && size > max
         {
@@ -212,51 +251,48 @@ impl<H: Host> Plugin<H> {
 
     // === Controller ===
 
-    /// CreateVolume: idempotent by name.
+    /// CreateVolume: idempotent by name (and content source). With a content source, the
+    /// new volume holds a copy of the snapshot's or volume's data (see `plugin/snapshot.rs`).
     ///
     /// # Errors
-    /// INVALID_ARGUMENT for malformed or unsupported requests, ALREADY_EXISTS for a name
-    /// reused with incompatible arguments, OUT_OF_RANGE when the size does not fit.
+    /// INVALID_ARGUMENT for malformed or unsupported requests (a source the new volume
+    /// cannot hold included), NOT_FOUND for a source that does not exist, ALREADY_EXISTS
+    /// for a name reused with incompatible arguments, OUT_OF_RANGE when the size does not
+    /// fit (or is below the source's).
     pub fn create_volume(&self, req: &CreateVolume) -> Result<VolumeInfo, VolumeError> {
-        if req.name.is_empty() {
-            return Err(VolumeError::invalid("name", "is empty"));
-        }
-        if req.name.len() > MAX_NAME_LEN {
-            return Err(VolumeError::invalid(
-                "name",
-                format!("is longer than {MAX_NAME_LEN} bytes"),
-            ));
-        }
-        if let Some(c) = req.name.chars().find(|&c| is_banned_name_char(c)) {
-            return Err(VolumeError::invalid(
-                "name",
-                format!("contains the control character U+{:04X}", u32::from(c)),
-            ));
-        }
+        Self::check_name("name", &req.name)?;
         if req.capabilities.is_empty() {
             return Err(VolumeError::invalid("volume_capabilities", "is empty"));
         }
-        if req.has_content_source {
-            return Err(VolumeError::invalid(
-                "volume_content_source",
-                "creating volumes from snapshots or volumes is not supported",
-            ));
-        }
+        let source = match &req.content_source {
+            None => None,
+            Some(types::ContentSource::Snapshot(id)) if id.is_empty() => {
+                return Err(VolumeError::invalid(
+                    "volume_content_source",
+                    "snapshot_id is empty",
+                ));
+            }
+            Some(types::ContentSource::Volume(id)) if id.is_empty() => {
+                return Err(VolumeError::invalid(
+                    "volume_content_source",
+                    "volume_id is empty",
+                ));
+            }
+            Some(types::ContentSource::Snapshot(id)) => Some(ContentSource::Snapshot(id.clone())),
+            Some(types::ContentSource::Volume(id)) => Some(ContentSource::Volume(id.clone())),
+        };
         let (req_bytes, lim_bytes) = Self::check_range(req.capacity_range)?;
         let (pool, backend) = Self::parse_parameters(&req.parameters)?;
-        let placement = self
-            .placement(&req.capabilities, pool, backend)
-            .map_err(|r| VolumeError::invalid("volume_capabilities", r))?;
-        if !self.pools.contains_key(&placement.pool) {
-            return Err(VolumeError::invalid(
-                "parameters",
-                format!(
-                    "pool {:?} is not configured (pools: {:?})",
-                    placement.pool,
-                    self.pools.keys().collect::<Vec<_>>()
-                ),
-            ));
-        }
+        // Without a source everything is known now: refuse before taking the lock.
+        let fresh_placement = match source {
+            None => Some(self.checked_placement(
+                &req.capabilities,
+                pool.clone(),
+                backend,
+                &Defaults::default(),
+            )?),
+            Some(_) => None,
+        };
         let parameters: BTreeMap<String, String> = req
             .parameters
             .iter()
@@ -269,6 +305,26 @@ impl<H: Host> Plugin<H> {
             .find(|r| r.origin == Origin::Created && r.name == req.name)
             .cloned();
         if let Some(rec) = existing {
+            let taken = |what: &str| VolumeError::AlreadyExists {
+                what: format!(
+                    "volume name {:?} is taken by {} with {what}",
+                    req.name, rec.id
+                ),
+            };
+            if rec.content_source != source {
+                return Err(taken("a different content source"));
+            }
+            // A source may be gone since; what the request left open was taken from it,
+            // and the record holds what that was.
+            let placement = match fresh_placement {
+                Some(p) => p,
+                None => self.checked_placement(
+                    &req.capabilities,
+                    pool,
+                    backend,
+                    &Defaults::of_volume(&rec),
+                )?,
+            };
             let same = rec.pool.as_deref() == Some(placement.pool.as_str())
                 && rec.backend == placement.backend
                 && rec.access == placement.access
@@ -279,14 +335,13 @@ impl<H: Host> Plugin<H> {
             if same {
                 return Ok(self.info(&rec));
             }
-            return Err(VolumeError::AlreadyExists {
-                what: format!(
-                    "volume name {:?} is taken by {} with different capacity, capabilities or parameters",
-                    req.name, rec.id
-                ),
-            });
+            return Err(taken("different capacity, capabilities or parameters"));
         }
 
+        let Some(placement) = fresh_placement else {
+            let source = source.expect("no placement yet only with a source");
+            return self.create_from_source(req, &source, pool, backend, parameters);
+        };
         let (min, gran) = Self::min_size(
             placement.backend,
             placement.access,
@@ -306,10 +361,19 @@ impl<H: Host> Plugin<H> {
             size,
             parameters,
         );
-        // Phase `creating` is durable before any storage exists: a crash from here on is
-        // rolled back at start, never leaving a ghost volume.
+        self.create_durably(rec, |rec| self.allocate(rec))
+    }
+
+    /// Creates the storage of `rec` with `make`, crash-safely: phase `creating` is durable
+    /// before any storage exists, so a crash from there on is rolled back at start and
+    /// never leaves a ghost volume; a failure is rolled back at once.
+    pub(super) fn create_durably(
+        &self,
+        rec: VolumeRecord,
+        make: impl FnOnce(&VolumeRecord) -> Result<(), VolumeError>,
+    ) -> Result<VolumeInfo, VolumeError> {
         self.save(rec.clone())?;
-        if let Err(e) = self.allocate(&rec) {
+        if let Err(e) = make(&rec) {
             let _ = self.remove_backing(&rec);
             if let Err(fe) = self.forget(&rec.id) {
                 tracing::error!(volume_id = %rec.id, error = %DisplayChain(&fe), "could not drop the record of a failed creation; it is rolled back at next start");
@@ -320,7 +384,7 @@ impl<H: Host> Plugin<H> {
         ready.phase = Phase::Ready;
         self.save(ready.clone())?;
         tracing::info!(volume_id = %ready.id, name = %ready.name, size = ready.capacity_bytes,
-            backend = ready.backend.as_str(), "created volume");
+            backend = ready.backend.as_str(), source = ?ready.content_source, "created volume");
         Ok(self.info(&ready))
     }
 
@@ -612,7 +676,8 @@ impl<H: Host> Plugin<H> {
             maximum_volume_size: Some(0),
             minimum_volume_size: None,
         };
-        let Ok(placement) = self.placement(capabilities, pool, backend) else {
+        let Ok(placement) = self.placement(capabilities, pool, backend, &Defaults::default())
+        else {
             return Ok(zero);
         };
         let Some(available) = self.pool_available(&placement.pool) else {

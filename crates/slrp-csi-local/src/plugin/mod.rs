@@ -1,17 +1,24 @@
-//! The plugin core: volumes, capacity, staging and publishing, independent of CSI version.
+//! The plugin core: volumes, snapshots, capacity, staging and publishing, independent of
+//! CSI version.
 //!
 //! All methods block (file system calls, mounts, mkfs) and are called from
 //! `spawn_blocking` by the adapters.
 //!
 //! Locking, always taken in this order so no two requests deadlock:
-//! 1. `controller`: serializes CreateVolume, DeleteVolume and ControllerExpandVolume, which
-//!    check and change pool accounting;
+//! 1. `controller`: serializes CreateVolume, DeleteVolume, ControllerExpandVolume,
+//!    CreateSnapshot and DeleteSnapshot, which check and change pool accounting (snapshots
+//!    take pool capacity) and make or remove the sources of copies;
 //! 2. a per-volume lock from `busy`: one operation per volume at a time;
 //! 3. `node_claims`: serializes the node-wide checks of NodeStage/NodePublish (staged-volume
 //!    limit, staging and target paths owned by other volumes) with the recording of the
 //!    intent that claims them; without it, volumes staged concurrently under their own
 //!    locks would all pass the checks;
-//! 4. `volumes`: the in-memory copy of the records, held only for short lookups/updates.
+//! 4. `volumes`, then `snapshots`: the in-memory copies of the records, held only for short
+//!    lookups/updates.
+//!
+//! A copy (CreateSnapshot, CreateVolume from a source) holds `controller` and the source
+//! volume's lock for its whole run: the source can be neither staged, unstaged, expanded
+//! nor deleted meanwhile, and the pool's accounting cannot change under it.
 //!
 //! Durability: a record is written to disk before the in-memory map changes, and the intent
 //! (phase `creating`/`deleting`, a staging path, a publication) is written before the host is
@@ -19,6 +26,9 @@
 
 mod controller;
 mod node;
+mod snapshot;
+#[cfg(test)]
+mod snapshot_tests;
 #[cfg(test)]
 mod tests;
 
@@ -27,16 +37,20 @@ use std::fs;
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use crate::config::{Config, DEFAULT_POOL};
 use slrp_types::DisplayChain;
 
-use crate::error::VolumeError;
+use crate::error::{Subject, VolumeError};
+use crate::faults::Faults;
 use crate::host::{Host, HostError};
 use crate::ids::{self, IMPORT_DIR_PREFIX, IMPORT_LOOP_PREFIX};
-use crate::store::{Access, Backend, MetaStore, Origin, Phase, RootLock, StoreError, VolumeRecord};
-use crate::types::VolumeInfo;
+use crate::store::{
+    Access, Backend, ContentSource, MetaStore, Origin, Phase, RootLock, SnapshotRecord, StoreError,
+    VolumeRecord,
+};
+use crate::types::{self, VolumeInfo};
 
 /// Size of a volume created without a capacity range.
 pub const DEFAULT_VOLUME_SIZE: u64 = 1 << 30;
@@ -80,13 +94,15 @@ pub enum OpenError {
         source: io::Error,
     },
     /// Rolling back or finishing an interrupted operation failed.
-    #[error("recovering volume {volume_id}")]
+    #[error("recovering {subject} {id}")]
     Recover {
-        /// The volume.
-        volume_id: String,
-        /// The cause.
+        /// What `id` names.
+        subject: Subject,
+        /// The volume or snapshot.
+        id: String,
+        /// The cause (boxed: it is large, and this error is rare).
         #[source]
-        source: VolumeError,
+        source: Box<VolumeError>,
     },
 }
 
@@ -98,6 +114,9 @@ struct Layout {
     created_loop: PathBuf,
     import_dir: PathBuf,
     import_loop: PathBuf,
+    snapshot_meta: PathBuf,
+    snapshot_dir: PathBuf,
+    snapshot_loop: PathBuf,
 }
 
 impl Layout {
@@ -108,6 +127,17 @@ impl Layout {
             created_loop: root.join("volumes/loop"),
             import_dir: root.join("import/dir"),
             import_loop: root.join("import/loop"),
+            snapshot_meta: root.join("snapshots/meta"),
+            snapshot_dir: root.join("snapshots/dir"),
+            snapshot_loop: root.join("snapshots/loop"),
+        }
+    }
+
+    /// Where a snapshot's copy lives: a tree for a dir volume, an image for a loop volume.
+    fn snapshot_data(&self, rec: &SnapshotRecord) -> PathBuf {
+        match rec.backend {
+            Backend::Dir => self.snapshot_dir.join(&rec.id),
+            Backend::Loop => self.snapshot_loop.join(format!("{}.img", rec.id)),
         }
     }
 
@@ -177,10 +207,15 @@ pub struct Plugin<H: Host> {
     pools: BTreeMap<String, u64>,
     max_volume_size: Option<u64>,
     max_volumes_per_node: u64,
-    store: MetaStore,
+    store: MetaStore<VolumeRecord>,
+    snapshot_store: MetaStore<SnapshotRecord>,
     /// Held for the plugin's life: one process per root.
     _root_lock: RootLock,
     volumes: Mutex<BTreeMap<String, VolumeRecord>>,
+    snapshots: Mutex<BTreeMap<String, SnapshotRecord>>,
+    /// Fault injection, shared with the CSI adapters: they act on RPCs as they arrive, the
+    /// core at points inside them (a crash in the middle of a copy).
+    faults: Arc<Faults>,
     controller: Mutex<()>,
     busy: KeyLocks,
     /// Held from the node-wide checks of a stage or publish until its intent is recorded.
@@ -251,6 +286,34 @@ struct Placement {
     fs_type: Option<String>,
 }
 
+/// What a CreateVolume with a content source leaves unsaid is the source's: its pool,
+/// backend and file system (the copy must be able to hold the data). Without a source,
+/// all `None`: the plugin's own defaults apply.
+#[derive(Debug, Clone, Default)]
+struct Defaults {
+    pool: Option<String>,
+    backend: Option<Backend>,
+    fs_type: Option<String>,
+}
+
+impl Defaults {
+    fn of_volume(rec: &VolumeRecord) -> Self {
+        Self {
+            pool: rec.pool.clone(),
+            backend: Some(rec.backend),
+            fs_type: rec.fs_type.clone(),
+        }
+    }
+
+    fn of_snapshot(rec: &SnapshotRecord) -> Self {
+        Self {
+            pool: Some(rec.pool.clone()),
+            backend: Some(rec.backend),
+            fs_type: rec.fs_type.clone(),
+        }
+    }
+}
+
 impl<H: Host> Plugin<H> {
     /// Opens the root: takes the root lock, recovers interrupted creations and deletions,
     /// removes backing storage no record owns, and adopts imported volumes.
@@ -269,6 +332,8 @@ impl<H: Host> Plugin<H> {
             &layout.created_loop,
             &layout.import_dir,
             &layout.import_loop,
+            &layout.snapshot_dir,
+            &layout.snapshot_loop,
         ] {
             fs::create_dir_all(d).map_err(|source| {
                 store_err(StoreError::Io {
@@ -284,6 +349,11 @@ impl<H: Host> Plugin<H> {
         for e in &bad {
             tracing::error!(error = %DisplayChain(e), "ignoring unreadable volume record; its backing is kept");
         }
+        let (snapshot_store, snapshot_records, bad) =
+            MetaStore::open(layout.snapshot_meta.clone()).map_err(store_err)?;
+        for e in &bad {
+            tracing::error!(error = %DisplayChain(e), "ignoring unreadable snapshot record; its copy is kept");
+        }
         let mut plugin = Self {
             host,
             layout,
@@ -292,14 +362,18 @@ impl<H: Host> Plugin<H> {
             max_volume_size: config.max_volume_size,
             max_volumes_per_node: config.max_volumes_per_node,
             store,
+            snapshot_store,
             _root_lock: root_lock,
             volumes: Mutex::new(BTreeMap::new()),
+            snapshots: Mutex::new(BTreeMap::new()),
+            faults: Arc::new(Faults::new(config.faults_file.clone())),
             controller: Mutex::new(()),
             busy: KeyLocks::default(),
             node_claims: Mutex::new(()),
             warned_imports: Mutex::new(BTreeSet::new()),
         };
         plugin.recover(records, &meta_dir)?;
+        plugin.recover_snapshots(snapshot_records)?;
         if plugin.pools.is_empty() {
             let size = plugin.default_pool_size()?;
             tracing::info!(pool = DEFAULT_POOL, size, root = %plugin.layout.root.display(),
@@ -331,10 +405,23 @@ impl<H: Host> Plugin<H> {
             .saturating_mul(st.fragment_size()))
     }
 
+    /// The fault injection source the CSI adapters share with the core.
+    pub(crate) fn faults(&self) -> Arc<Faults> {
+        Arc::clone(&self.faults)
+    }
+
     fn recover(&self, records: Vec<VolumeRecord>, meta_dir: &Path) -> Result<(), OpenError> {
-        for rec in records {
+        for mut rec in records {
             match rec.phase {
                 Phase::Ready => {
+                    if let Some(path) = rec.frozen.take() {
+                        self.thaw_after_crash(&rec.id, &path);
+                        self.store.put(&rec).map_err(|e| OpenError::Recover {
+                            subject: Subject::Volume,
+                            id: rec.id.clone(),
+                            source: Box::new(VolumeError::store(&rec.id, e)),
+                        })?;
+                    }
                     lock(&self.volumes).insert(rec.id.clone(), rec);
                 }
                 Phase::Creating | Phase::Deleting => {
@@ -346,8 +433,9 @@ impl<H: Host> Plugin<H> {
                             .map_err(|e| VolumeError::store(&rec.id, e))
                     });
                     res.map_err(|source| OpenError::Recover {
-                        volume_id: rec.id.clone(),
-                        source,
+                        subject: Subject::Volume,
+                        id: rec.id.clone(),
+                        source: Box::new(source),
                     })?;
                 }
             }
@@ -380,6 +468,73 @@ impl<H: Host> Plugin<H> {
                     };
                     if let Err(err) = res {
                         tracing::warn!(path = %path.display(), error = %slrp_types::DisplayChain(&err), "could not remove orphaned storage");
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Thaws a file system the plugin froze for a copy and died before thawing. It is
+    /// frozen still if the mount survived the crash (the kernel keeps it); after a reboot
+    /// the thaw finds nothing mounted and fails, which is fine.
+    fn thaw_after_crash(&self, volume_id: &str, path: &Path) {
+        match self.host.thaw_fs(path) {
+            Ok(()) => tracing::warn!(volume_id, path = %path.display(),
+                "thawed a file system left frozen by a copy that was interrupted"),
+            Err(e) => tracing::info!(volume_id, path = %path.display(), error = %DisplayChain(&e),
+                "a copy was interrupted while the file system was frozen; it is not frozen now"),
+        }
+    }
+
+    /// Loads snapshot records: a copy that was interrupted (phase `creating`) or a deletion
+    /// (`deleting`) is rolled back or finished: its data removed, then its record. Data
+    /// with no record at all is removed too (records are written before data and removed
+    /// after it, so that is only debris left by hand).
+    fn recover_snapshots(&self, records: Vec<SnapshotRecord>) -> Result<(), OpenError> {
+        for rec in records {
+            match rec.phase {
+                Phase::Ready => {
+                    lock(&self.snapshots).insert(rec.id.clone(), rec);
+                }
+                Phase::Creating | Phase::Deleting => {
+                    tracing::info!(snapshot_id = %rec.id, phase = ?rec.phase,
+                        "removing a snapshot whose copy or deletion was interrupted");
+                    let res = self.remove_snapshot_data(&rec).and_then(|()| {
+                        self.snapshot_store
+                            .remove(&rec.id)
+                            .map_err(|e| VolumeError::snapshot_store(&rec.id, e))
+                    });
+                    res.map_err(|source| OpenError::Recover {
+                        subject: Subject::Snapshot,
+                        id: rec.id.clone(),
+                        source: Box::new(source),
+                    })?;
+                }
+            }
+        }
+        for (dir, suffix) in [
+            (&self.layout.snapshot_dir, ""),
+            (&self.layout.snapshot_loop, ".img"),
+        ] {
+            let Ok(entries) = fs::read_dir(dir) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let Some(id) = name.strip_suffix(suffix) else {
+                    continue;
+                };
+                if ids::is_valid_snapshot_id(id) && !self.snapshot_store.has(id) {
+                    let path = e.path();
+                    tracing::warn!(path = %path.display(), "removing snapshot data without a record");
+                    let res = if suffix.is_empty() {
+                        fs::remove_dir_all(&path)
+                    } else {
+                        fs::remove_file(&path)
+                    };
+                    if let Err(err) = res {
+                        tracing::warn!(path = %path.display(), error = %DisplayChain(&err), "could not remove orphaned snapshot data");
                     }
                 }
             }
@@ -476,6 +631,27 @@ impl<H: Host> Plugin<H> {
         }
     }
 
+    /// The CSI name rules, shared by volumes and snapshots: not empty, at most
+    /// [`MAX_NAME_LEN`] bytes, none of the control characters the spec bans.
+    fn check_name(field: &'static str, name: &str) -> Result<(), VolumeError> {
+        if name.is_empty() {
+            return Err(VolumeError::invalid(field, "is empty"));
+        }
+        if name.len() > MAX_NAME_LEN {
+            return Err(VolumeError::invalid(
+                field,
+                format!("is longer than {MAX_NAME_LEN} bytes"),
+            ));
+        }
+        if let Some(c) = name.chars().find(|&c| is_banned_name_char(c)) {
+            return Err(VolumeError::invalid(
+                field,
+                format!("contains the control character U+{:04X}", u32::from(c)),
+            ));
+        }
+        Ok(())
+    }
+
     fn save(&self, rec: VolumeRecord) -> Result<(), VolumeError> {
         self.store
             .put(&rec)
@@ -517,6 +693,10 @@ impl<H: Host> Plugin<H> {
     }
 
     fn info(&self, rec: &VolumeRecord) -> VolumeInfo {
+        // Node-local: "published on a node" can only mean this node, and the plugin has no
+        // ControllerPublish, so a volume counts as published here while it is staged or
+        // published here.
+        let in_use = rec.staged.is_some() || !rec.published.is_empty();
         let mut ctx = HashMap::new();
         ctx.insert("backend".to_owned(), rec.backend.as_str().to_owned());
         if let Some(p) = &rec.pool {
@@ -532,16 +712,32 @@ impl<H: Host> Plugin<H> {
             volume_id: rec.id.clone(),
             capacity_bytes: to_i64(rec.capacity_bytes),
             volume_context: ctx,
+            content_source: rec.content_source.as_ref().map(|s| match s {
+                ContentSource::Snapshot(id) => types::ContentSource::Snapshot(id.clone()),
+                ContentSource::Volume(id) => types::ContentSource::Volume(id.clone()),
+            }),
             condition: None,
+            published_node_ids: if in_use {
+                vec![self.node_id.clone()]
+            } else {
+                Vec::new()
+            },
         }
     }
 
+    /// Bytes of `pool` taken by its volumes and snapshots (those being created included).
     fn pool_used(&self, pool: &str) -> u64 {
-        lock(&self.volumes)
+        let volumes: u64 = lock(&self.volumes)
             .values()
             .filter(|r| r.pool.as_deref() == Some(pool))
             .map(|r| r.capacity_bytes)
-            .sum()
+            .sum();
+        let snapshots: u64 = lock(&self.snapshots)
+            .values()
+            .filter(|r| r.pool == pool)
+            .map(|r| r.size_bytes)
+            .sum();
+        volumes.saturating_add(snapshots)
     }
 
     fn pool_available(&self, pool: &str) -> Option<u64> {

@@ -12,8 +12,8 @@ use crate::host::Host;
 use crate::ids;
 use crate::store::{Access, Backend, Published, Staged, VolumeRecord};
 use crate::types::{
-    AccessType, Capability, CapacityRange, Condition, PublishVolume, StageVolume, Usage, UsageUnit,
-    VolumeStats,
+    AccessMode, AccessType, Capability, CapacityRange, Condition, PublishVolume, StageVolume,
+    Usage, UsageUnit, VolumeStats,
 };
 
 impl<H: Host> Plugin<H> {
@@ -115,6 +115,8 @@ impl<H: Host> Plugin<H> {
             .map_err(|e| VolumeError::host("formatting", &rec.id, e))?;
         rec.formatted = true;
         rec.formatting = false;
+        // A fresh file system fills the device: nothing left to grow.
+        rec.grow_fs = false;
         rec.fs_type = Some(fs.clone());
         self.save(rec.clone())?;
         tracing::info!(volume_id = %rec.id, fs_type = %fs, "formatted volume");
@@ -242,10 +244,30 @@ impl<H: Host> Plugin<H> {
                 let dev = self.ensure_attached(rec)?;
                 let fs = self.ensure_formatted(rec, &dev)?;
                 Self::ensure_dir(&st.path, &rec.id)?;
-                if !self.host.is_mount_point(&st.path).map_err(host)? {
+                let mounted = self.host.is_mount_point(&st.path).map_err(host)?;
+                // A volume restored or cloned into a larger size still has its source's
+                // file system size. ext* grows before the mount (offline growth needs no
+                // CAP_SYS_RESOURCE, which containers often lack); xfs only grows mounted.
+                if rec.grow_fs && !mounted && fs.starts_with("ext") {
+                    self.host
+                        .grow_fs_offline(&dev, &fs)
+                        .map_err(|e| VolumeError::host("growing the file system", &id, e))?;
+                    rec.grow_fs = false;
+                    self.save(rec.clone())?;
+                    tracing::info!(volume_id = %id, fs_type = %fs, "grew the file system to the volume's size");
+                }
+                if !mounted {
                     self.host
                         .mount_fs(&dev, &st.path, Some(&fs), &st.mount_flags)
                         .map_err(host)?;
+                }
+                if rec.grow_fs {
+                    self.host
+                        .grow_fs(&dev, &st.path, &fs)
+                        .map_err(|e| VolumeError::host("growing the file system", &id, e))?;
+                    rec.grow_fs = false;
+                    self.save(rec.clone())?;
+                    tracing::info!(volume_id = %id, fs_type = %fs, "grew the file system to the volume's size");
                 }
             }
             (Backend::Loop, Access::Block) => {
@@ -335,6 +357,7 @@ impl<H: Host> Plugin<H> {
             target: target.clone(),
             readonly,
             mount_flags,
+            multi_writer: req.capability.mode == AccessMode::SingleNodeMultiWriter,
         };
         let claims = lock(&self.node_claims);
         let other_owner = lock(&self.volumes)
@@ -358,9 +381,14 @@ impl<H: Host> Plugin<H> {
                 });
             }
             None => {
-                if let Some(p) = rec.published.first() {
+                // CSI's second table for NodePublishVolume: only SINGLE_NODE_MULTI_WRITER
+                // lets a volume be published at several targets of the node.
+                let shared = wanted.multi_writer && rec.published.iter().all(|p| p.multi_writer);
+                if let Some(p) = rec.published.first()
+                    && !shared
+                {
                     return Err(VolumeError::precondition(format!(
-                        "single-node volume {} is already published at {}",
+                        "volume {} is already published at {}; only SINGLE_NODE_MULTI_WRITER publications share a volume",
                         rec.id,
                         p.target.display()
                     )));

@@ -8,7 +8,7 @@ use crate::types::{
     Validation,
 };
 
-fn config(root: &Path, pool: u64) -> Config {
+pub(super) fn config(root: &Path, pool: u64) -> Config {
     Config {
         endpoint: root.join("csi.sock"),
         root: root.to_owned(),
@@ -22,7 +22,7 @@ fn config(root: &Path, pool: u64) -> Config {
     }
 }
 
-fn mount_cap() -> Capability {
+pub(super) fn mount_cap() -> Capability {
     Capability {
         access: AccessType::Mount {
             fs_type: String::new(),
@@ -32,14 +32,14 @@ fn mount_cap() -> Capability {
     }
 }
 
-fn block_cap() -> Capability {
+pub(super) fn block_cap() -> Capability {
     Capability {
         access: AccessType::Block,
         mode: AccessMode::SingleNodeWriter,
     }
 }
 
-fn create(name: &str, size: i64, cap: Capability) -> CreateVolume {
+pub(super) fn create(name: &str, size: i64, cap: Capability) -> CreateVolume {
     CreateVolume {
         name: name.into(),
         capacity_range: Some(CapacityRange {
@@ -51,7 +51,7 @@ fn create(name: &str, size: i64, cap: Capability) -> CreateVolume {
     }
 }
 
-fn open(root: &Path, pool: u64) -> Plugin<FakeHost> {
+pub(super) fn open(root: &Path, pool: u64) -> Plugin<FakeHost> {
     Plugin::open(&config(root, pool), FakeHost::default()).unwrap()
 }
 

@@ -79,7 +79,12 @@ impl TestPlugin {
     /// Starts the plugin with no flags but `--endpoint`, `--root` and `--node-id`, as an
     /// operator running csi-sanity against a default installation would.
     pub async fn start_defaults() -> Self {
-        let mut p = Self::prepare(None, &[], &[], false);
+        Self::start_defaults_and(&[]).await
+    }
+
+    /// [`TestPlugin::start_defaults`] plus `extra` flags (and still no `--faults-file`).
+    pub async fn start_defaults_and(extra: &[&str]) -> Self {
+        let mut p = Self::prepare(None, extra, &[], false);
         p.faults_flag = false;
         p.spawn().await;
         p

@@ -5,10 +5,12 @@
 //! Each `sanity_*` test mirrors one csi-sanity `It(...)`: the same requests (csi-sanity's
 //! defaults: 10 GiB volumes, expansion by 1 GiB, SINGLE_NODE_WRITER MOUNT capability with no
 //! fs_type, staging path and target parent created beforehand, target `<parent>/target`),
-//! the same expectations, and the same cleanup (NodeUnpublish, NodeUnstage, DeleteVolume,
-//! where any error but NOT_FOUND fails the test). The node lifecycle cases also run with
+//! the same expectations, and the same cleanup (newest resource first: NodeUnpublish,
+//! NodeUnstage, DeleteVolume for a volume, where any error but NOT_FOUND fails the test;
+//! DeleteSnapshot for a snapshot, where any error fails it). The node lifecycle cases also
+//! run with
 //! csi-sanity's `--csi.testvolumeparameters backend=loop` and `--csi.testvolumeaccesstype
-//! block`. `spec_*` tests check spec rules beyond csi-sanity. docs/csi-local.md
+//! block`, and so do the restore and clone cases. `spec_*` tests check spec rules beyond csi-sanity. docs/csi-local.md
 //! ("Conformance") maps each csi-sanity case to its test here.
 
 #![allow(
@@ -22,6 +24,7 @@ mod common;
 mod controller;
 mod identity;
 mod node;
+mod snapshots;
 mod spec;
 mod v0_service;
 
@@ -39,6 +42,20 @@ const SIZE: i64 = 10 * GIB;
 const EXPAND_SIZE: i64 = SIZE + GIB;
 /// csi-sanity's `MaxNameLength`.
 const MAX_NAME_LENGTH: usize = 128;
+/// csi-sanity's `UniqueString` suffix: `-` and a `PseudoUUID` drawn once per run.
+const UNIQUE_SUFFIX: &str = "-5EED51C0-0BADF00D";
+
+/// csi-sanity's `UniqueString`.
+fn unique(prefix: &str) -> String {
+    format!("{prefix}{UNIQUE_SUFFIX}")
+}
+
+/// csi-sanity's `UniqueStringWithLength`: the unique string padded with `a` to `length`.
+fn unique_with_length(prefix: &str, length: usize) -> String {
+    let s = unique(prefix);
+    assert!(s.len() <= length, "prefix {prefix:?} is too long");
+    format!("{s}{}", "a".repeat(length - s.len()))
+}
 
 /// How csi-sanity is configured for a run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,6 +77,9 @@ struct Sanity {
     staging: String,
     target_parent: String,
     created: Vec<String>,
+    /// Snapshots to clean up, each with the number of volumes registered before it, so
+    /// the cleanup runs newest first across both kinds, as csi-sanity's `Resources` does.
+    snapshots: Vec<(usize, String)>,
     /// `MountVolume.fs_type` of mount capabilities; empty = the plugin's default (ext4).
     fs_type: String,
 }
@@ -70,9 +90,13 @@ impl Sanity {
     }
 
     async fn start_with(flavour: Flavour) -> Self {
+        Self::start_with_flags(flavour, &[]).await
+    }
+
+    async fn start_with_flags(flavour: Flavour, extra: &[&str]) -> Self {
         // Default flags, as csi-sanity is run against a default installation: the default
         // pool must hold its 10 GiB volumes and their growth to 11 GiB.
-        let p = TestPlugin::start_defaults().await;
+        let p = TestPlugin::start_defaults_and(extra).await;
         let c = p.v1().await;
         // csi-sanity creates both directories before the suite runs.
         let staging = p.path_str("csi-staging");
@@ -86,6 +110,7 @@ impl Sanity {
             staging,
             target_parent,
             created: Vec::new(),
+            snapshots: Vec::new(),
             fs_type: String::new(),
         }
     }
@@ -187,13 +212,18 @@ impl Sanity {
         self.c.node.node_publish_volume(publish).await.unwrap();
     }
 
-    /// csi-sanity's `Resources.Cleanup`, newest volume first: any error but NOT_FOUND fails.
+    /// csi-sanity's `Resources.Cleanup`, newest resource first: for a volume any error but
+    /// NOT_FOUND fails, for a snapshot any error.
     async fn cleanup(mut self) {
         let ignore_not_found = |what: &str, r: Result<(), tonic::Status>| match r {
             Err(s) if s.code() != Code::NotFound => panic!("cleanup: {what}: {s:?}"),
             _ => {}
         };
-        for id in std::mem::take(&mut self.created).into_iter().rev() {
+        let mut snapshots = std::mem::take(&mut self.snapshots);
+        let volumes = std::mem::take(&mut self.created);
+        for (index, id) in volumes.into_iter().enumerate().rev() {
+            self.cleanup_snapshots_after(&mut snapshots, index + 1)
+                .await;
             let r = self
                 .c
                 .node
@@ -223,9 +253,30 @@ impl Sanity {
                 .await
                 .unwrap_or_else(|s| panic!("cleanup: DeleteVolume {id}: {s:?}"));
         }
+        self.cleanup_snapshots_after(&mut snapshots, 0).await;
         assert!(self.p.mounts_here().is_empty(), "cleanup left mounts");
         let loops = self.p.loops_after_release().await;
         assert!(loops.is_empty(), "cleanup left loop devices: {loops:?}");
+    }
+}
+
+impl Sanity {
+    /// Deletes, newest first, the snapshots registered after the first `volumes` volumes.
+    async fn cleanup_snapshots_after(
+        &mut self,
+        snapshots: &mut Vec<(usize, String)>,
+        volumes: usize,
+    ) {
+        while let Some((_, id)) = snapshots.pop_if(|(before, _)| *before >= volumes) {
+            self.c
+                .controller
+                .delete_snapshot(v1::DeleteSnapshotRequest {
+                    snapshot_id: id.clone(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap_or_else(|s| panic!("cleanup: DeleteSnapshot {id}: {s:?}"));
+        }
     }
 }
 

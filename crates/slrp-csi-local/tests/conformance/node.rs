@@ -88,8 +88,7 @@ async fn sanity_node_publish_no_capability() {
 
 /// Node Service / NodePublishVolume / with single node multi writer capability / should
 /// fail when volume with single node single writer access mode is already mounted at a
-/// different target path. csi-sanity skips it (no SINGLE_NODE_MULTI_WRITER capability);
-/// the plugin still serves SINGLE_NODE_SINGLE_WRITER, so the rule is checked.
+/// different target path.
 #[tokio::test]
 async fn sanity_node_publish_single_writer_other_target() {
     if !can_mount("sanity_node_publish_single_writer_other_target") {
@@ -114,6 +113,71 @@ async fn sanity_node_publish_single_writer_other_target() {
         s.c.node.node_publish_volume(other).await,
         Code::FailedPrecondition,
     );
+    s.cleanup().await;
+}
+
+/// CSI's second NodePublishVolume table (SINGLE_NODE_MULTI_WRITER): a multi-writer volume
+/// is published at several targets of the node, all the same file system; a
+/// single-writer request for a further target is FAILED_PRECONDITION, and SINGLE_NODE_WRITER
+/// is still accepted (older COs).
+#[tokio::test]
+async fn spec_node_publish_multi_writer_shares_the_volume() {
+    if !can_mount("spec_node_publish_multi_writer_shares_the_volume") {
+        return;
+    }
+    let mut s = Sanity::start().await;
+    let multi = s.cap(Mode::SingleNodeMultiWriter);
+    let mut req = s.create_req("sanity-node-publish-single-node-multi-writer");
+    req.volume_capabilities = vec![multi.clone()];
+    let v = s.create(req).await.unwrap();
+    s.c.node
+        .node_stage_volume(s.stage_req(&v, multi.clone()))
+        .await
+        .unwrap();
+    let targets = [s.target(), format!("{}/other_target", s.target_parent)];
+    for t in &targets {
+        let mut r = s.publish_req(&v, multi.clone());
+        r.target_path = t.clone();
+        s.c.node.node_publish_volume(r.clone()).await.unwrap();
+        // Idempotent.
+        s.c.node.node_publish_volume(r).await.unwrap();
+    }
+    std::fs::write(format!("{}/shared", targets[0]), b"both").unwrap();
+    assert_eq!(
+        std::fs::read(format!("{}/shared", targets[1])).unwrap(),
+        b"both"
+    );
+    let mut single = s.publish_req(&v, s.cap(Mode::SingleNodeSingleWriter));
+    single.target_path = format!("{}/third_target", s.target_parent);
+    code_is(
+        s.c.node.node_publish_volume(single).await,
+        Code::FailedPrecondition,
+    );
+    let mut again = s.publish_req(&v, s.snw());
+    again.target_path = targets[1].clone();
+    code_is(
+        s.c.node.node_publish_volume(again).await,
+        Code::AlreadyExists,
+    );
+    let mut r = v1::NodeUnpublishVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        target_path: targets[1].clone(),
+    };
+    s.c.node.node_unpublish_volume(r.clone()).await.unwrap();
+    r.target_path = targets[0].clone();
+    s.c.node.node_unpublish_volume(r).await.unwrap();
+    // A plain SINGLE_NODE_WRITER volume still publishes (once).
+    let w = s
+        .must_create("sanity-node-publish-single-node-writer")
+        .await;
+    s.c.node
+        .node_unstage_volume(v1::NodeUnstageVolumeRequest {
+            volume_id: v.volume_id.clone(),
+            staging_target_path: s.staging.clone(),
+        })
+        .await
+        .unwrap();
+    s.stage_and_publish(&w).await;
     s.cleanup().await;
 }
 
