@@ -72,9 +72,9 @@
 //!   system is frozen for a copy: a copy of a BLOCK or dir volume with writers running is
 //!   not consistent, and dir copies drop extended attributes and ACLs. Imported volumes
 //!   cannot be snapshotted or cloned.
-//! - LIST_VOLUMES_PUBLISHED_NODES is advertised without PUBLISH_UNPUBLISH_VOLUME (which the
-//!   spec asks for): `published_node_ids` names this node while a volume is staged or
-//!   published here.
+//! - LIST_VOLUMES_PUBLISHED_NODES is not advertised (the spec ties it to
+//!   PUBLISH_UNPUBLISH_VOLUME, which a node-local plugin does not serve), though
+//!   `published_node_ids` names this node while a volume is staged or published here.
 //! - A tool stuck in uninterruptible I/O ignores SIGKILL: the request returns after the
 //!   timeout, but the device may stay busy until the kernel lets the process go.
 

@@ -68,7 +68,6 @@ async fn identity_and_capabilities() {
             C::ListSnapshots,
             C::GetSnapshot,
             C::CloneVolume,
-            C::ListVolumesPublishedNodes,
             C::SingleNodeMultiWriter,
         ]
         .map(|t| t as i32)

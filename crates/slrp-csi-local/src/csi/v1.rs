@@ -339,7 +339,8 @@ impl<H: Host> Controller for CsiV1<H> {
             T::ListSnapshots,
             T::GetSnapshot,
             T::CloneVolume,
-            T::ListVolumesPublishedNodes,
+            // Not LIST_VOLUMES_PUBLISHED_NODES: the spec makes it require
+            // PUBLISH_UNPUBLISH_VOLUME, which a node-local plugin does not serve.
             T::SingleNodeMultiWriter,
         ]
         .into_iter()
