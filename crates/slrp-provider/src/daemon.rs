@@ -353,6 +353,30 @@ impl AdminProvider for Slot {
         self.health.cache().get(id)
     }
 
+    fn profile_info(&self, name: &str) -> BoxFuture<'_, Option<slrp_types::ProfileInfo>> {
+        let name = name.to_owned();
+        Box::pin(async move {
+            let handle = self.profiles.as_ref()?;
+            handle.translate(&name, &self.profile_key).await.ok()
+        })
+    }
+
+    fn wait_total(
+        &self,
+        holds: Box<dyn Fn(&[slrp_proto::mesos::v1::Resource]) -> bool + Send + Sync>,
+        within: std::time::Duration,
+    ) -> BoxFuture<'_, bool> {
+        Box::pin(async move {
+            let Some(running) = self.running() else {
+                return false;
+            };
+            let mut status = running.status.clone();
+            tokio::time::timeout(within, status.wait_for(|s| holds(s.total.as_slice())))
+                .await
+                .is_ok_and(|r| r.is_ok())
+        })
+    }
+
     fn request_reconciliation(&self) {
         if let Some(running) = self.running() {
             running.reconciler.request();

@@ -419,6 +419,8 @@ struct VolumeFamilies {
     volumes: Family<OperationLabels, Gauge>,
     jobs: Family<OperationLabels, Gauge>,
     calls: HistogramFamily,
+    snapshots: Family<OperationLabels, Gauge>,
+    snapshot_bytes: Family<OperationLabels, Gauge>,
 }
 
 impl Default for VolumeFamilies {
@@ -427,6 +429,8 @@ impl Default for VolumeFamilies {
             volumes: Family::default(),
             jobs: Family::default(),
             calls: Family::new_with_constructor(call_histogram as fn() -> Histogram),
+            snapshots: Family::default(),
+            snapshot_bytes: Family::default(),
         }
     }
 }
@@ -446,6 +450,12 @@ impl VolumeFamilies {
             calls: self.calls.clone(),
             errors: Arc::default(),
             creates: Arc::default(),
+            snapshots: self
+                .snapshots
+                .get_or_create_owned(&vec![(PROVIDER_LABEL, provider.clone())]),
+            snapshot_bytes: self
+                .snapshot_bytes
+                .get_or_create_owned(&vec![(PROVIDER_LABEL, provider.clone())]),
             provider,
         }
     }
@@ -462,6 +472,17 @@ impl VolumeFamilies {
             "The volume manager's jobs: running, queued behind another job of their volume, \
              parked at the create gate, deferred until recovery ends (refreshed on each scrape)",
             self.jobs.clone(),
+        );
+        registry.register(
+            "snapshots",
+            "Snapshots the volume manager recorded (refreshed on each scrape)",
+            self.snapshots.clone(),
+        );
+        registry.register_with_unit(
+            "snapshot",
+            "The snapshots' size as their plugin reported it (refreshed on each scrape)",
+            Unit::Bytes,
+            self.snapshot_bytes.clone(),
         );
         registry.register_with_unit(
             "volume_call_duration",
@@ -498,6 +519,8 @@ pub struct VolumeMetrics {
     states: [(StateName, Gauge); 10],
     jobs: [(&'static str, Gauge); 4],
     calls: HistogramFamily,
+    snapshots: Gauge,
+    snapshot_bytes: Gauge,
 }
 
 impl VolumeMetrics {
@@ -510,6 +533,16 @@ impl VolumeMetrics {
             return;
         };
         self.refresh_from(handle.volumes(), handle.jobs()).await;
+        match tokio::time::timeout(REFRESH_BOUND, handle.snapshots()).await {
+            Ok(Ok(snapshots)) => {
+                self.snapshots
+                    .set(i64::try_from(snapshots.len()).unwrap_or(i64::MAX));
+                self.snapshot_bytes
+                    .set(snapshots.iter().map(|s| s.size_bytes.max(0)).sum());
+            }
+            Ok(Err(e)) => self.kept("snapshots", &DisplayChain(&e).to_string()),
+            Err(_) => self.timed_out("snapshots"),
+        }
     }
 
     /// [`VolumeMetrics::refresh`] over the two answers, each bounded by [`REFRESH_BOUND`]

@@ -783,3 +783,204 @@ async fn root_expand_disk_of_a_disk_not_published_grows_at_the_next_publish() {
         "{err}"
     );
 }
+
+/// `slrp ctl snapshot ID --json`'s snapshot id.
+async fn snapshot_of(d: &Daemon, id: &str, name: &str) -> String {
+    let taken = d.ctl_json(&["snapshot", id, "--name", name]).await;
+    assert_eq!(taken["source_volume_id"], id, "{taken}");
+    assert_eq!(taken["name"], name, "{taken}");
+    assert_eq!(taken["ready_to_use"], true, "{taken}");
+    taken["snapshot_id"].as_str().unwrap().to_owned()
+}
+
+/// Issue #24's story on a published disk of `profile`: data written, a snapshot taken
+/// (its space leaves the pool), the disk destroyed, a disk restored from the snapshot
+/// holds the data; a clone of that published disk holds it too; the snapshot deleted
+/// gives its space back. `write` and `read` put data on the published path and get it
+/// back (a file for MOUNT, the device's first bytes for BLOCK).
+async fn snapshot_restore_clone(
+    profile: &str,
+    write: impl Fn(&std::path::Path, &[u8]),
+    read: impl Fn(&std::path::Path, usize) -> Vec<u8>,
+) {
+    const DATA: &[u8] = b"written before the snapshot";
+    let d = Daemon::start().await;
+    let out = d
+        .ctl_ok(&[
+            "create-disk",
+            "--profile",
+            profile,
+            "--size",
+            DISK,
+            "--wait",
+        ])
+        .await;
+    let id = created_id(&out, profile);
+    let out = d.ctl_ok(&["publish", &id]).await;
+    write(&PathBuf::from(out.lines().last().unwrap()), DATA);
+    let before = d.resources_until("the disk", |r| has_disk(r, &id)).await;
+
+    let snap = snapshot_of(&d, &id, "before-upgrade").await;
+    let listed = d.ctl_ok(&["snapshots"]).await;
+    assert!(
+        listed.starts_with("SNAPSHOT") && listed.contains(&snap) && listed.contains("ready"),
+        "{listed}"
+    );
+    assert_eq!(
+        d.ctl_ok(&["snapshots", "vol-other"]).await,
+        "no snapshots of vol-other\n"
+    );
+    // The copy counts against the pool.
+    d.resources_until("the snapshot's space out of the pool", |r| {
+        (free_mb(&before, profile) - free_mb(r, profile) - DISK_MB).abs() < 1.0
+    })
+    .await;
+    // Taking it again by name answers the same snapshot.
+    assert_eq!(snapshot_of(&d, &id, "before-upgrade").await, snap);
+
+    d.ctl_ok(&["unpublish", &id]).await;
+    d.ctl_ok(&["destroy-disk", &id, "--wait"]).await;
+    let out = d
+        .ctl_ok(&[
+            "create-disk",
+            "--profile",
+            profile,
+            "--size",
+            DISK,
+            "--from-snapshot",
+            &snap,
+            "--wait",
+        ])
+        .await;
+    let restored = created_id(&out, profile);
+    assert_ne!(restored, id);
+    let volumes = d.ctl_json(&["volumes", &restored]).await;
+    assert_eq!(volumes["profile"], profile, "{volumes}");
+    let out = d.ctl_ok(&["publish", &restored]).await;
+    let path = PathBuf::from(out.lines().last().unwrap());
+    assert_eq!(read(&path, DATA.len()), DATA, "restored from {snap}");
+
+    // A clone of the published, restored disk.
+    let out = d
+        .ctl_ok(&[
+            "create-disk",
+            "--profile",
+            profile,
+            "--size",
+            DISK,
+            "--from-disk",
+            &restored,
+            "--wait",
+        ])
+        .await;
+    let clone = created_id(&out, profile);
+    let out = d.ctl_ok(&["publish", &clone]).await;
+    assert_eq!(
+        read(&PathBuf::from(out.lines().last().unwrap()), DATA.len()),
+        DATA,
+        "cloned from {restored}"
+    );
+
+    let free = free_mb(&d.ctl_json(&["resources"]).await, profile);
+    assert_eq!(
+        d.ctl_ok(&["delete-snapshot", &snap]).await,
+        format!("deleted snapshot {snap}\n")
+    );
+    assert_eq!(d.ctl_ok(&["snapshots"]).await, "no snapshots\n");
+    d.resources_until("the snapshot's space back in the pool", |r| {
+        (free_mb(r, profile) - free - DISK_MB).abs() < 1.0
+    })
+    .await;
+    let (_, err) = d.ctl_exit(&["delete-snapshot", &snap], 4).await;
+    assert!(
+        err.contains("`slrp ctl snapshots` lists the snapshots"),
+        "{err}"
+    );
+    let (_, err) = d
+        .ctl_exit(
+            &[
+                "create-disk",
+                "--profile",
+                profile,
+                "--size",
+                DISK,
+                "--from-snapshot",
+                &snap,
+            ],
+            4,
+        )
+        .await;
+    assert!(err.contains(&snap), "{err}");
+}
+
+#[tokio::test]
+async fn root_snapshot_restore_and_clone_of_an_ext4_disk() {
+    if !slrp_test_support::require_root("root_snapshot_restore_and_clone_of_an_ext4_disk") {
+        return;
+    }
+    snapshot_restore_clone(
+        "ext4",
+        |path, data| std::fs::write(path.join("data"), data).unwrap(),
+        |path, _| std::fs::read(path.join("data")).unwrap(),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn root_snapshot_restore_and_clone_of_a_block_disk() {
+    if !slrp_test_support::require_root("root_snapshot_restore_and_clone_of_a_block_disk") {
+        return;
+    }
+    snapshot_restore_clone(
+        "block",
+        |device, data| {
+            use std::io::Write as _;
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(device)
+                .unwrap();
+            f.write_all(data).unwrap();
+            f.sync_all().unwrap();
+        },
+        |device, len| {
+            use std::io::Read as _;
+            let mut buf = vec![0; len];
+            std::fs::File::open(device)
+                .unwrap()
+                .read_exact(&mut buf)
+                .unwrap();
+            buf
+        },
+    )
+    .await;
+}
+
+/// Under `slrp run`-like refusals are in admin_refusals; here: a snapshot of a disk the
+/// provider does not track is 404, and `--from-snapshot` with `--from-disk` is a usage
+/// error.
+#[tokio::test]
+async fn root_snapshot_refusals() {
+    if !slrp_test_support::require_root("root_snapshot_refusals") {
+        return;
+    }
+    let d = Daemon::start().await;
+    let (_, err) = d.ctl_exit(&["snapshot", "vol-nope"], 4).await;
+    assert!(err.contains("vol-nope"), "{err}");
+    let (_, err) = d
+        .ctl_exit(
+            &[
+                "create-disk",
+                "--profile",
+                "mount",
+                "--size",
+                DISK,
+                "--from-snapshot",
+                "a",
+                "--from-disk",
+                "b",
+            ],
+            64,
+        )
+        .await;
+    assert!(err.contains("cannot be used with"), "{err}");
+}

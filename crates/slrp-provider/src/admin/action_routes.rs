@@ -106,7 +106,7 @@ fn positive_timeout(timeout: Option<u64>) -> Result<(), Refusal> {
 }
 
 /// 202 with the PENDING operation, or 200 with the terminal one after a wait.
-fn operation_answer(wait: bool, op: OperationSummary) -> Response {
+pub(super) fn operation_answer(wait: bool, op: OperationSummary) -> Response {
     let status = if wait {
         StatusCode::OK
     } else {
@@ -150,6 +150,12 @@ pub(super) async fn create_disk(
     // Without a type the disk is what its profile says (the profile adaptor's view).
     if request.r#type.is_none() {
         request.r#type = known.map(|p| p.r#type.clone());
+    }
+    if request.from_snapshot.is_some() || request.from_disk.is_some() {
+        if known.is_none() {
+            return Err(field_refusal_404_profile(&provider.key(), &request.profile));
+        }
+        return super::snapshot_routes::create_from(provider, actions, request).await;
     }
     let (profile, mib) = (
         request.profile.clone(),
@@ -218,7 +224,7 @@ const SETTLE: std::time::Duration = crate::worker::STATUS_TOTAL_MAX_INTERVAL.sat
 /// changed total a moment after the operation's status (`status_total_delay`), so without
 /// this the next `slrp ctl resources` could miss it. Bounded by [`SETTLE`]; past it the
 /// answer goes out as it is, with a warning.
-async fn settle(provider: &Arc<dyn AdminProvider>, id: &str, present: bool) {
+pub(super) async fn settle(provider: &Arc<dyn AdminProvider>, id: &str, present: bool) {
     if !provider.wait_disk(id, present, SETTLE).await {
         tracing::warn!(provider = %provider.key(), volume_id = id, present, "the provider's resources did not show the finished operation in time");
     }
@@ -479,6 +485,15 @@ pub(super) async fn expand_disk(
         node_expansion_owed: owed,
         offered_bytes,
     }))
+}
+
+/// 404 for a profile the provider does not know.
+fn field_refusal_404_profile(key: &str, profile: &str) -> Refusal {
+    super::field_refusal(
+        StatusCode::NOT_FOUND,
+        "profile",
+        format!("provider '{key}' has no profile '{profile}' (`slrp ctl profiles` lists them)"),
+    )
 }
 
 /// 409 naming `field`.

@@ -320,6 +320,12 @@ pub struct CreateDisk {
     /// How long to wait when `wait` (default 300).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_seconds: Option<u64>,
+    /// Restore this snapshot into the new disk (its id, `GET /snapshots`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_snapshot: Option<String>,
+    /// Clone this disk (its volume id) into the new disk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_disk: Option<String>,
 }
 
 /// `POST /disks/destroy`: destroy a disk (standalone mode).
@@ -375,6 +381,64 @@ pub struct DiskExpanded {
     /// once the reconciliation that follows the growth is done (with `wait`, unless the
     /// wait timed out), else the old one.
     pub offered_bytes: u64,
+}
+
+/// `POST /snapshots`: snapshot a disk (standalone mode).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSnapshot {
+    /// `<type>.<name>`; may be left out when the daemon runs one provider.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+    /// The CSI volume id of the disk.
+    pub volume_id: String,
+    /// The snapshot's name (CreateSnapshot's idempotency key: the same name for the same
+    /// disk answers the snapshot taken before); default a fresh `slrp-<uuid>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+/// `POST /snapshots/delete`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotRef {
+    /// `<type>.<name>`; may be left out when the daemon runs one provider.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+    /// The plugin's snapshot id.
+    pub snapshot_id: String,
+}
+
+/// One snapshot in `GET /snapshots` and the answer of `POST /snapshots`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotSummary {
+    /// `<type>.<name>` of its provider.
+    pub provider: String,
+    /// The plugin's id.
+    pub snapshot_id: String,
+    /// The name it was taken with.
+    pub name: String,
+    /// The disk it was taken of (it may be destroyed since).
+    pub source_volume_id: String,
+    /// Its size in bytes as the plugin reported it (0: unknown).
+    pub size_bytes: u64,
+    /// When it was taken, seconds since the Unix epoch.
+    pub created_at: i64,
+    /// Whether a disk can be created from it.
+    pub ready_to_use: bool,
+    /// A deletion is in progress (it finishes at the next start if interrupted).
+    #[serde(default)]
+    pub deleting: bool,
+    /// Why the last deletion failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delete_failed: Option<String>,
+}
+
+/// The answer of `POST /snapshots/delete`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotDeleted {
+    /// The plugin's id.
+    pub snapshot_id: String,
 }
 
 /// `POST /volumes/publish` and `POST /volumes/unpublish`.

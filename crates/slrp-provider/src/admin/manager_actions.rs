@@ -64,6 +64,23 @@ pub trait ManagerActions: Send + Sync + 'static {
         request: CreateDisk,
     ) -> BoxFuture<'_, Result<OperationSummary, ActionError>>;
 
+    /// CREATE_DISK of the RAW disk `volume_id` the provider offers without a profile (a
+    /// restore or clone the volume manager just created), to `request.profile` as
+    /// `target_profile`: the provider validates the volume against the profile and turns
+    /// it into a MOUNT or BLOCK disk. Answers as [`Self::create_disk`].
+    fn adopt_disk(
+        &self,
+        request: CreateDisk,
+        volume_id: String,
+    ) -> BoxFuture<'_, Result<OperationSummary, ActionError>> {
+        let _ = (request, volume_id);
+        Box::pin(async {
+            Err(ActionError::new(
+                StatusCode::NOT_IMPLEMENTED,
+                "creating a disk from a snapshot or a disk is not offered here",
+            ))
+        })
+    }
     /// DESTROY_DISK of the disk resource whose `disk.source.id` is `request.volume_id`.
     fn destroy_disk(
         &self,

@@ -63,6 +63,7 @@ mod action_routes;
 pub mod api;
 pub mod manager_actions;
 mod read_routes;
+mod snapshot_routes;
 
 pub(crate) use read_routes::source_id;
 
@@ -162,6 +163,23 @@ pub trait AdminProvider: Send + Sync + 'static {
     /// to date; called before every `/metrics` and `/metrics/snapshot` answer.
     fn refresh_metrics(&self) -> BoxFuture<'_, ()> {
         Box::pin(async {})
+    }
+    /// The definition of profile `name` as the provider's adaptor translates it (`None`:
+    /// no such profile, or no adaptor).
+    fn profile_info(&self, name: &str) -> BoxFuture<'_, Option<slrp_types::ProfileInfo>> {
+        let _ = name;
+        Box::pin(async { None })
+    }
+    /// Waits, at most `within`, until `holds` is true of the provider's total; returns
+    /// whether it came to.
+    fn wait_total(
+        &self,
+        holds: Box<dyn Fn(&[Resource]) -> bool + Send + Sync>,
+        within: std::time::Duration,
+    ) -> BoxFuture<'_, bool> {
+        let _ = within;
+        let now = holds(&self.total());
+        Box::pin(async move { now })
     }
     /// Asks the provider to reconcile soon: the plugin's volumes changed outside an
     /// operation (a disk was grown), so the resources must follow.
@@ -335,6 +353,11 @@ pub fn router(state: AdminState) -> axum::Router {
         .route("/disks", post(action_routes::create_disk))
         .route("/disks/destroy", post(action_routes::destroy_disk))
         .route("/disks/expand", post(action_routes::expand_disk))
+        .route(
+            "/snapshots",
+            get(snapshot_routes::snapshots).post(snapshot_routes::create_snapshot),
+        )
+        .route("/snapshots/delete", post(snapshot_routes::delete_snapshot))
         .route("/volumes/publish", post(action_routes::publish))
         .route("/volumes/unpublish", post(action_routes::unpublish))
         .fallback(unknown_route)

@@ -8,6 +8,7 @@
 mod client;
 mod generate;
 mod resources;
+mod snapshots;
 mod table;
 
 use std::io::IsTerminal as _;
@@ -18,8 +19,9 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{Args, Subcommand, ValueEnum};
 use slrp_provider::admin::api::{
-    CreateDisk, DestroyDisk, DiskExpanded, ExpandDisk, OperationSummary, PluginHealth,
-    ProfileSummary, Status, VolumeChanged, VolumeRef, VolumeSummary,
+    CreateDisk, CreateSnapshot, DestroyDisk, DiskExpanded, ExpandDisk, OperationSummary,
+    PluginHealth, ProfileSummary, SnapshotDeleted, SnapshotRef, SnapshotSummary, Status,
+    VolumeChanged, VolumeRef, VolumeSummary,
 };
 use slrp_types::parse_size;
 
@@ -100,6 +102,12 @@ enum CtlCommand {
         /// `mount` or `block` (default: the profile's type).
         #[arg(long = "type", value_enum, value_name = "TYPE")]
         kind: Option<DiskType>,
+        /// Restore this snapshot into the new disk.
+        #[arg(long, value_name = "SNAP", conflicts_with = "from_disk")]
+        from_snapshot: Option<String>,
+        /// Clone this disk into the new disk.
+        #[arg(long, value_name = "ID")]
+        from_disk: Option<String>,
         #[command(flatten)]
         wait: WaitArgs,
         #[command(flatten)]
@@ -124,6 +132,29 @@ enum CtlCommand {
         size: String,
         #[command(flatten)]
         wait: WaitArgs,
+        #[command(flatten)]
+        provider: ProviderArg,
+    },
+    /// Take a snapshot of a disk (standalone mode).
+    Snapshot {
+        /// The volume id (`disk.source.id`).
+        id: String,
+        /// The snapshot's name (the same name for the same disk answers the snapshot taken
+        /// before); default a fresh one.
+        #[arg(long)]
+        name: Option<String>,
+        #[command(flatten)]
+        provider: ProviderArg,
+    },
+    /// The snapshots (of one disk, when given).
+    Snapshots {
+        /// Show only the snapshots of this disk.
+        id: Option<String>,
+    },
+    /// Delete a snapshot (standalone mode).
+    DeleteSnapshot {
+        /// The snapshot id.
+        id: String,
         #[command(flatten)]
         provider: ProviderArg,
     },
@@ -249,6 +280,8 @@ pub(crate) async fn run(args: CtlArgs) -> anyhow::Result<ExitCode> {
             profile,
             size,
             kind,
+            from_snapshot,
+            from_disk,
             wait,
             provider,
         } => {
@@ -267,9 +300,16 @@ pub(crate) async fn run(args: CtlArgs) -> anyhow::Result<ExitCode> {
                 r#type: Some(kind.clone()),
                 wait: wait.wait,
                 timeout_seconds: wait.wait.then_some(wait.timeout),
+                from_snapshot: from_snapshot.clone(),
+                from_disk: from_disk.clone(),
+            };
+            let from = match (&from_snapshot, &from_disk) {
+                (Some(snap), _) => format!(" restored from snapshot {snap}"),
+                (None, Some(disk)) => format!(" cloned from disk {disk}"),
+                (None, None) => String::new(),
             };
             let what = format!(
-                "creating a {kind} disk of {} from profile {profile}",
+                "creating a {kind} disk of {} from profile {profile}{from}",
                 disk_size_text(size_bytes)
             );
             let op = operation(&client, json, "/disks", &request, &wait, &what).await?;
@@ -334,6 +374,52 @@ pub(crate) async fn run(args: CtlArgs) -> anyhow::Result<ExitCode> {
                 print_json(&client, "/disks/expand", &raw)?;
             } else {
                 write_stdout(&expanded_text(&grown))?;
+            }
+        }
+        CtlCommand::Snapshot { id, name, provider } => {
+            let request = CreateSnapshot {
+                provider: provider.provider,
+                volume_id: id,
+                name,
+            };
+            // A snapshot is a copy: as long as the data is large, with or without reflinks.
+            let raw = client
+                .post_raw("/snapshots", &request, Duration::from_secs(3600))
+                .await
+                .map_err(anyhow::Error::from)
+                .map_err(volume_hint)?;
+            let taken: SnapshotSummary = client.parse("POST /snapshots", &raw)?;
+            if json {
+                print_json(&client, "/snapshots", &raw)?;
+            } else {
+                write_stdout(&snapshots::taken_text(&taken))?;
+            }
+        }
+        CtlCommand::Snapshots { id } => {
+            list(&client, json, "/snapshots", |all: Vec<SnapshotSummary>| {
+                snapshots::snapshots_text(&all, id.as_deref())
+            })
+            .await?;
+        }
+        CtlCommand::DeleteSnapshot { id, provider } => {
+            let request = SnapshotRef {
+                provider: provider.provider,
+                snapshot_id: id.clone(),
+            };
+            let raw = client
+                .post_raw("/snapshots/delete", &request, client::REQUEST_TIMEOUT)
+                .await
+                .map_err(|e| match e {
+                    CtlError::NotFound { error } => CtlError::NotFound {
+                        error: format!("{error}; `slrp ctl snapshots` lists the snapshots"),
+                    },
+                    other => other,
+                })?;
+            let _: SnapshotDeleted = client.parse("POST /snapshots/delete", &raw)?;
+            if json {
+                print_json(&client, "/snapshots/delete", &raw)?;
+            } else {
+                write_stdout(&format!("deleted snapshot {id}\n"))?;
             }
         }
         CtlCommand::Publish { id, provider } => {

@@ -264,6 +264,47 @@ impl StandaloneActions {
         .await
     }
 
+    async fn adopt(
+        &self,
+        request: CreateDisk,
+        volume_id: String,
+    ) -> Result<OperationSummary, ActionError> {
+        let target = match request.r#type.as_deref() {
+            Some("block") => SourceType::Block,
+            _ => SourceType::Mount,
+        };
+        let wait = wait_of(request.wait, request.timeout_seconds);
+        // The provider offers a new volume in its next UPDATE_STATE, which reaches the
+        // manager a moment after the provider's own total shows it.
+        let deadline = tokio::time::Instant::now() + ADOPT_WITHIN;
+        let (key, id, disk) = loop {
+            match self
+                .find_disk(request.provider.as_deref(), &volume_id)
+                .await
+            {
+                Err(e)
+                    if e.status == StatusCode::NOT_FOUND
+                        && tokio::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+                found => break found?,
+            }
+        };
+        let operation = offer::Operation {
+            r#type: Some(offer::operation::Type::CreateDisk as i32),
+            create_disk: Some(offer::operation::CreateDisk {
+                source: disk,
+                target_type: target as i32,
+                target_profile: Some(request.profile),
+            }),
+            ..offer::Operation::default()
+        };
+        let kind = operation_type(Some(&operation));
+        let uuid = Box::pin(self.submit(&key, &id, operation)).await?;
+        Box::pin(self.answer(&key, uuid, kind, wait)).await
+    }
+
     async fn destroy(&self, request: DestroyDisk) -> Result<OperationSummary, ActionError> {
         let wait = wait_of(request.wait, request.timeout_seconds);
         let (key, id, disk) = self
@@ -400,6 +441,14 @@ impl ManagerActions for StandaloneActions {
         Box::pin(self.destroy(request))
     }
 
+    fn adopt_disk(
+        &self,
+        request: CreateDisk,
+        volume_id: String,
+    ) -> BoxFuture<'_, Result<OperationSummary, ActionError>> {
+        Box::pin(self.adopt(request, volume_id))
+    }
+
     fn publish(&self, request: VolumeRef) -> BoxFuture<'_, Result<(), ActionError>> {
         Box::pin(self.publish_disk(request))
     }
@@ -421,6 +470,9 @@ impl ManagerActions for StandaloneActions {
         self.manager.metrics().register(registry);
     }
 }
+
+/// How long a CREATE_DISK of a new volume waits for the manager to see it offered.
+const ADOPT_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// `a, b` or `none`.
 fn joined_or_none(items: &[String]) -> String {
