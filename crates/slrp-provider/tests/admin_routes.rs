@@ -556,6 +556,8 @@ async fn under_run_mode_the_manager_actions_are_403_and_unknown_routes_404() {
             "/disks/expand",
             format!(r#"{{"volume_id": "{id}", "size_bytes": 1048576}}"#),
         ),
+        ("/snapshots", format!(r#"{{"volume_id": "{id}"}}"#)),
+        ("/snapshots/delete", r#"{"snapshot_id": "s"}"#.to_owned()),
     ] {
         let (status, json) = post_json(&s.socket, path, &body).await;
         assert_eq!(status, 403, "{path}: {json}");

@@ -461,6 +461,8 @@ async fn actions_under_slrp_run_are_403_except_unpublish() {
             "/disks/expand",
             r#"{"volume_id": "v", "size_bytes": 67108864}"#,
         ),
+        ("/snapshots", r#"{"volume_id": "v"}"#),
+        ("/snapshots/delete", r#"{"snapshot_id": "s"}"#),
     ] {
         let body = assert_refused(&post(path, body).await, 403, None);
         assert!(
