@@ -363,7 +363,7 @@ impl AdminProvider for Slot {
 
     fn wait_total(
         &self,
-        holds: Box<dyn Fn(&[slrp_proto::mesos::v1::Resource]) -> bool + Send + Sync>,
+        holds: crate::admin::TotalCheck,
         within: std::time::Duration,
     ) -> BoxFuture<'_, bool> {
         Box::pin(async move {

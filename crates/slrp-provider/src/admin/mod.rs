@@ -174,7 +174,7 @@ pub trait AdminProvider: Send + Sync + 'static {
     /// whether it came to.
     fn wait_total(
         &self,
-        holds: Box<dyn Fn(&[Resource]) -> bool + Send + Sync>,
+        holds: TotalCheck,
         within: std::time::Duration,
     ) -> BoxFuture<'_, bool> {
         let _ = within;
@@ -198,6 +198,9 @@ pub trait AdminProvider: Send + Sync + 'static {
         Box::pin(async move { size })
     }
 }
+
+/// A question about a provider's total ([`AdminProvider::wait_total`]).
+pub type TotalCheck = Box<dyn Fn(&[Resource]) -> bool + Send + Sync>;
 
 /// The size in MB of disk `volume_id` in `total` (0 without one).
 pub(crate) fn disk_mb(total: &[Resource], volume_id: &str) -> f64 {
