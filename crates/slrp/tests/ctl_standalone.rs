@@ -835,6 +835,13 @@ async fn snapshot_restore_clone(
         (free_mb(&before, profile) - free_mb(r, profile) - DISK_MB).abs() < 1.0
     })
     .await;
+    let table = d.ctl_ok(&["resources"]).await;
+    assert!(
+        table.ends_with(&format!(
+            "\nsnapshots: 1 holding {DISK} of their disks' pools (`slrp ctl snapshots`)\n"
+        )),
+        "{table}"
+    );
     // Taking it again by name answers the same snapshot.
     assert_eq!(snapshot_of(&d, &id, "before-upgrade").await, snap);
 

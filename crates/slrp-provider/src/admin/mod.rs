@@ -172,11 +172,7 @@ pub trait AdminProvider: Send + Sync + 'static {
     }
     /// Waits, at most `within`, until `holds` is true of the provider's total; returns
     /// whether it came to.
-    fn wait_total(
-        &self,
-        holds: TotalCheck,
-        within: std::time::Duration,
-    ) -> BoxFuture<'_, bool> {
+    fn wait_total(&self, holds: TotalCheck, within: std::time::Duration) -> BoxFuture<'_, bool> {
         let _ = within;
         let now = holds(&self.total());
         Box::pin(async move { now })

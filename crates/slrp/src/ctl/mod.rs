@@ -229,13 +229,18 @@ pub(crate) async fn run(args: CtlArgs) -> anyhow::Result<ExitCode> {
         }
         CtlCommand::Resources => {
             // The profiles say which share a CSI pool; --json prints /resources alone.
-            let profiles: Vec<ProfileSummary> = if json {
-                Vec::new()
+            let (profiles, snapshots): (Vec<ProfileSummary>, Vec<SnapshotSummary>) = if json {
+                (Vec::new(), Vec::new())
             } else {
-                client.get("/profiles").await?
+                (
+                    client.get("/profiles").await?,
+                    client.get("/snapshots").await?,
+                )
             };
             list(&client, json, "/resources", |r: Vec<serde_json::Value>| {
-                resources::render(&r, &profiles)
+                let mut text = resources::render(&r, &profiles);
+                text.push_str(&snapshots::space_text(&snapshots));
+                text
             })
             .await?;
         }

@@ -71,6 +71,21 @@ pub(super) fn snapshots_text(all: &[SnapshotSummary], of: Option<&str>) -> Strin
     text
 }
 
+/// The line `resources` ends with when there are snapshots: their space is out of
+/// their disks' pools (the pools' FREE no longer counts it) and in no disk.
+pub(super) fn space_text(all: &[SnapshotSummary]) -> String {
+    if all.is_empty() {
+        return String::new();
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let mb = all.iter().map(|s| s.size_bytes).sum::<u64>() as f64 / 1_048_576.0;
+    format!(
+        "\nsnapshots: {} holding {} of their disks' pools (`slrp ctl snapshots`)\n",
+        all.len(),
+        resources::human_mb(mb)
+    )
+}
+
 /// `snapshot ID`'s answer.
 pub(super) fn taken_text(s: &SnapshotSummary) -> String {
     format!(
@@ -123,6 +138,11 @@ mod tests {
         assert_eq!(
             taken_text(&all[0]),
             "snapshot s1 of disk vol-a (64MiB, name name-s1)\n"
+        );
+        assert_eq!(space_text(&[]), "");
+        assert_eq!(
+            space_text(&all),
+            "\nsnapshots: 2 holding 128MiB of their disks' pools (`slrp ctl snapshots`)\n"
         );
     }
 }
