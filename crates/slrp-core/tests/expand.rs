@@ -1,4 +1,5 @@
-//! Growing a volume (issue #24): what the manager sends, what it refuses before sending
+//! Growing a volume and creating one from a source (issue #24): what the manager sends,
+//! what it refuses before sending
 //! anything, and what stays owed. The crash matrix (`crash.rs`, `Op::Expand`) covers
 //! every crash point of an expansion.
 
@@ -180,4 +181,32 @@ async fn a_refused_expansion_is_dropped_and_a_transient_one_kept() {
     .await;
     assert_eq!(h.fake.volume(&v.id).unwrap().capacity, 2 * GIB);
     m.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_content_source_the_plugin_cannot_take_is_refused_by_name() {
+    let h = Harness::new(FakeCsi::full());
+    let m = h.start();
+    within(m.handle.ready()).await.unwrap();
+    for (source, capability) in [
+        (
+            slrp_csi::ContentSource::Snapshot("snap-1".into()),
+            "CREATE_DELETE_SNAPSHOT",
+        ),
+        (
+            slrp_csi::ContentSource::Volume(VolumeId::new("vol-1")),
+            "CLONE_VOLUME",
+        ),
+    ] {
+        let mut req = create_req("op-1");
+        req.content_source = Some(source);
+        let e = m.handle.create(req).await.unwrap_err();
+        assert!(e.to_string().contains(capability), "{e}");
+    }
+    assert_eq!(h.fake.calls(CsiRpc::CreateVolume), 0);
+    m.stop().await.unwrap();
+    assert!(
+        h.stored_intents().is_empty(),
+        "no intent for a refused create"
+    );
 }

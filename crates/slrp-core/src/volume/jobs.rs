@@ -632,6 +632,26 @@ impl<C: CsiVolumes> Ctx<C> {
                 plugin_name: self.cfg.plugin_name.clone(),
             });
         }
+        // A content source the plugin cannot take is refused here, by name, rather than
+        // by whatever the plugin answers to a field it may not read.
+        let source_capability = match &req.content_source {
+            Some(slrp_csi::ContentSource::Snapshot(_))
+                if !self.cfg.caps.controller.create_delete_snapshot =>
+            {
+                Some("CREATE_DELETE_SNAPSHOT")
+            }
+            Some(slrp_csi::ContentSource::Volume(_)) if !self.cfg.caps.controller.clone_volume => {
+                Some("CLONE_VOLUME")
+            }
+            Some(_) | None => None,
+        };
+        if let Some(capability) = source_capability {
+            return Err(VolumeError::Unsupported {
+                capability,
+                plugin_type: self.cfg.plugin_type.clone(),
+                plugin_name: self.cfg.plugin_name.clone(),
+            });
+        }
         if let Some(refused) = self.refused_record(&req.name).await? {
             return Err(match self.settle_refused(refused, retried).await {
                 Ok(refusal) | Err((refusal, None)) => VolumeError::CreateRefused {
