@@ -1,7 +1,6 @@
 //! Growing a volume and creating one from a source (issue #24): what the manager sends,
-//! what it refuses before sending
-//! anything, and what stays owed. The crash matrix (`crash.rs`, `Op::Expand`) covers
-//! every crash point of an expansion.
+//! what it refuses before sending anything, and what stays owed. The crash matrix
+//! (`crash.rs`, `Op::Expand`) covers every crash point of an expansion.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
