@@ -242,6 +242,7 @@ impl AgentHandle {
         // long for the agent's answer.
         let body = encode_call(config, &call)?;
         drop(call);
+        self.shared.metrics.call_sent(body.len());
         let exchange = async {
             // Held for the whole exchange (see `CallSession`).
             let (_shared, _exclusive);

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::{Metric, Registry};
 
 /// Counters of one agent client. Clones share the same series.
@@ -30,7 +31,25 @@ pub struct Metrics {
     /// Calls the agent refused with a 4xx other than 404 (a body over its limit, a call it
     /// does not accept): the same call would be refused again, so it is not resent as is.
     pub calls_refused: Counter,
+    /// The largest call body sent, in bytes as encoded for the wire (UPDATE_STATE with
+    /// the whole total is the large one): what a manager's body limit compares.
+    pub largest_call_bytes: Gauge,
 }
+
+impl Metrics {
+    /// Counts a call body of `bytes` into [`Metrics::largest_call_bytes`].
+    pub fn call_sent(&self, bytes: usize) {
+        let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
+        self.largest_call_bytes
+            .inner()
+            .fetch_max(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+const LARGEST_CALL: (&str, &str) = (
+    "largest_call_bytes",
+    "The largest call body sent to the agent, as encoded for the wire",
+);
 
 /// Names and help texts, in the order of [`Metrics`]' fields.
 const DESCRIPTIONS: [(&str, &str); 7] = [
@@ -67,6 +86,11 @@ impl Metrics {
     /// Creates the metrics and registers them under `agent_` in `registry`.
     pub fn register(registry: &mut Registry) -> Self {
         let m = Self::default();
+        registry.sub_registry_with_prefix("agent").register(
+            LARGEST_CALL.0,
+            LARGEST_CALL.1,
+            m.largest_call_bytes.clone(),
+        );
         register_all(
             registry,
             [
@@ -99,6 +123,7 @@ pub struct MetricFamilies {
     calls: CounterFamily,
     call_failures: CounterFamily,
     calls_refused: CounterFamily,
+    largest_call_bytes: Family<ConstLabels, Gauge>,
 }
 
 impl MetricFamilies {
@@ -116,11 +141,17 @@ impl MetricFamilies {
             calls: series(&self.calls),
             call_failures: series(&self.call_failures),
             calls_refused: series(&self.calls_refused),
+            largest_call_bytes: self.largest_call_bytes.get_or_create_owned(&labels),
         }
     }
 
     /// Registers the families under `agent_` in `registry`, once per registry.
     pub fn register(&self, registry: &mut Registry) {
+        registry.sub_registry_with_prefix("agent").register(
+            LARGEST_CALL.0,
+            LARGEST_CALL.1,
+            self.largest_call_bytes.clone(),
+        );
         register_all(
             registry,
             [

@@ -178,6 +178,8 @@ struct Running {
     stack: PluginStack,
     /// The provider's store: its commit counters.
     store: Store,
+    /// The agent client's metrics (the largest call sent).
+    agent_metrics: slrp_agent::Metrics,
     handle: ProviderHandle,
     task: ProviderTask,
     cancel: CancellationToken,
@@ -306,6 +308,7 @@ async fn start_provider(
     let store = Store::open(dir.join("state/store")).expect("store");
     let info = info(socket);
     let metrics = ProviderMetrics::new(RP_TYPE, "bench");
+    let agent_metrics = slrp_agent::Metrics::default();
     let stack_config = StackConfig::new(
         info.clone(),
         dir.join("work"),
@@ -325,7 +328,7 @@ async fn start_provider(
         store: store.clone(),
         profiles: Some(profiles.clone()),
         metrics,
-        agent_metrics: slrp_agent::Metrics::default(),
+        agent_metrics: agent_metrics.clone(),
     };
     let cancel = cancel.child_token();
     let (handle, task) = Provider::spawn(params, deps, cancel.clone())
@@ -344,6 +347,7 @@ async fn start_provider(
         Running {
             stack,
             store,
+            agent_metrics,
             handle,
             task,
             cancel,
@@ -571,6 +575,9 @@ struct OwnMemory {
     peak_heap: usize,
     /// The child's jemalloc `dirty_decay_ms`, or `unknown` if jemalloc could not tell.
     decay_ms: String,
+    /// The largest call body the child's provider sent the manager (`agent_largest_call_bytes`):
+    /// the subscription's UPDATE_STATE with the whole total.
+    largest_call: u64,
 }
 
 /// `VmRSS`, `RssAnon` and `VmHWM` of this process, KiB.
@@ -618,7 +625,7 @@ impl HeapSampler {
 /// The bench binary again with [`CHILD_ARG`]: a provider on the bench's state in a
 /// process of its own. It prints `ready <µs>` once READY (timed from its store's open,
 /// as [`start_provider`] times it), answers each `report` line on its stdin with
-/// `memory <VmRSS KiB> <RssAnon KiB> <heap bytes> <VmHWM KiB> <peak heap bytes> <dirty_decay_ms>`,
+/// `memory <VmRSS KiB> <RssAnon KiB> <heap bytes> <VmHWM KiB> <peak heap bytes> <dirty_decay_ms> <largest call bytes>`,
 /// and stops at the end of its stdin.
 struct ProviderChild {
     child: tokio::process::Child,
@@ -693,6 +700,7 @@ impl ProviderChild {
             peak_rss_kib: fields[3].parse().expect("VmHWM"),
             peak_heap: fields[4].parse().expect("peak heap"),
             decay_ms: fields[5].to_owned(),
+            largest_call: fields[6].parse().expect("largest call"),
         }
     }
 
@@ -716,6 +724,7 @@ fn provider_child(dir: PathBuf, agent_id: String) {
         let socket = dir.join("plugin.sock");
         let (running, ready) = start_provider(&dir, &socket, &agent_id, &profiles, &cancel).await;
         println!("ready {}", ready.as_micros());
+        let agent_metrics = running.agent_metrics.clone();
         let (done_tx, done_rx) = tokio::sync::oneshot::channel();
         std::thread::spawn(move || {
             for line in std::io::stdin().lines() {
@@ -723,11 +732,12 @@ fn provider_child(dir: PathBuf, agent_id: String) {
                     Ok("report") => {
                         let (rss, anon, peak) = status_kib();
                         println!(
-                            "memory {rss} {anon} {} {peak} {} {}",
+                            "memory {rss} {anon} {} {peak} {} {} {}",
                             heap_bytes(),
                             sampler.peak(),
                             slrp_provider::allocator::dirty_decay_ms()
                                 .map_or_else(|| "unknown".to_owned(), |ms| ms.to_string()),
+                            agent_metrics.largest_call_bytes.get(),
                         );
                     }
                     Ok(_) => {}
@@ -1029,6 +1039,19 @@ async fn run(sizes: Sizes, quick: bool, dir: Option<PathBuf>) {
             HeapSampler::EVERY.as_millis(),
         ),
         target: "",
+    });
+    #[allow(clippy::cast_precision_loss, reason = "bytes for display")]
+    rows.push(Row {
+        what: format!(
+            "the largest call the restarted provider sent, {} volumes",
+            sizes.large
+        ),
+        value: format!(
+            "{:.2} MiB = {:.0} B per volume (the subscription's UPDATE_STATE, protobuf;              `agent_largest_call_bytes`)",
+            settled.largest_call as f64 / 1_048_576.0,
+            settled.largest_call as f64 / sizes.large as f64,
+        ),
+        target: "under the manager's max_body_bytes (128 MiB by default)",
     });
     rows.push(Row {
         what: format!("resident memory, {} volumes (whole bench process)", sizes.large),
