@@ -234,6 +234,70 @@ fn mesos_trees() -> Vec<(String, Vec<u8>)> {
     out
 }
 
+/// Snapshot requests and a restore: the plugin's ids are random, so these name made-up
+/// ones; the fuzzer's mutations of the lifecycle seed's answers reach the real ones.
+fn v1_snapshot_calls() -> Vec<(&'static str, Vec<u8>)> {
+    use slrp_proto::csi::v1 as c;
+    let mount = c::VolumeCapability {
+        access_type: Some(c::volume_capability::AccessType::Mount(
+            c::volume_capability::MountVolume::default(),
+        )),
+        access_mode: Some(c::volume_capability::AccessMode { mode: 1 }),
+    };
+    vec![
+        (
+            "CreateSnapshot",
+            c::CreateSnapshotRequest {
+                source_volume_id: "vol-x".into(),
+                name: "snap-name".into(),
+                ..Default::default()
+            }
+            .encode_to_vec(),
+        ),
+        (
+            "ListSnapshots",
+            c::ListSnapshotsRequest {
+                max_entries: 1,
+                source_volume_id: "vol-x".into(),
+                ..Default::default()
+            }
+            .encode_to_vec(),
+        ),
+        (
+            "GetSnapshot",
+            c::GetSnapshotRequest {
+                snapshot_id: "snap-x".into(),
+                ..Default::default()
+            }
+            .encode_to_vec(),
+        ),
+        (
+            "CreateVolume",
+            c::CreateVolumeRequest {
+                name: "restored".into(),
+                volume_capabilities: vec![mount],
+                volume_content_source: Some(c::VolumeContentSource {
+                    r#type: Some(c::volume_content_source::Type::Snapshot(
+                        c::volume_content_source::SnapshotSource {
+                            snapshot_id: "snap-x".into(),
+                        },
+                    )),
+                }),
+                ..Default::default()
+            }
+            .encode_to_vec(),
+        ),
+        (
+            "DeleteSnapshot",
+            c::DeleteSnapshotRequest {
+                snapshot_id: "snap-x".into(),
+                ..Default::default()
+            }
+            .encode_to_vec(),
+        ),
+    ]
+}
+
 fn v1_calls() -> Vec<(&'static str, Vec<u8>)> {
     use slrp_proto::csi::v1 as c;
     let mount = c::VolumeCapability {
@@ -568,5 +632,12 @@ fn write_seeds() {
         "csi_local",
         "v1-create",
         &csi_local::seed(false, &v1_calls()[..1]),
+    );
+    let mut with_snapshots = v1_calls()[..1].to_vec();
+    with_snapshots.extend(v1_snapshot_calls());
+    write(
+        "csi_local",
+        "v1-snapshots",
+        &csi_local::seed(false, &with_snapshots),
     );
 }
