@@ -404,6 +404,11 @@ pub(super) async fn expand_disk(
     let volumes = AdminState::volume_manager(provider)?;
     let id = VolumeId::new(request.volume_id.clone());
     let key = provider.key();
+    if volume_state(&volumes, &id).await?.is_none() {
+        // Offered but not tracked (a pre-existing volume no CREATE_DISK took yet): the
+        // volume manager has nothing to grow.
+        return Err(unknown_volume(&key, &id));
+    }
     let total = provider.total();
     let disk = total
         .iter()
