@@ -1047,7 +1047,7 @@ async fn run(sizes: Sizes, quick: bool, dir: Option<PathBuf>) {
             sizes.large
         ),
         value: format!(
-            "{:.2} MiB = {:.0} B per volume (the subscription's UPDATE_STATE, protobuf;              `agent_largest_call_bytes`)",
+            "{:.2} MiB = {:.0} B per volume (the subscription's UPDATE_STATE, protobuf; `agent_largest_call_bytes`)",
             settled.largest_call as f64 / 1_048_576.0,
             settled.largest_call as f64 / sizes.large as f64,
         ),
