@@ -122,11 +122,7 @@ pub trait CsiVolumes: Send + Sync + 'static {
         capability: Option<&VolumeCapability>,
     ) -> impl Future<Output = Result<ControllerExpansion, CsiError>> + Send {
         let _ = (id, required_bytes, capability);
-        std::future::ready(Err(CsiError::Unsupported {
-            rpc: CsiRpc::ControllerExpandVolume,
-            version: crate::CsiVersion::V0,
-            what: "volume expansion",
-        }))
+        unsupported(CsiRpc::ControllerExpandVolume, "volume expansion")
     }
 
     /// `CreateSnapshot`. Default as [`CsiVolumes::controller_expand`]'s.
@@ -135,11 +131,7 @@ pub trait CsiVolumes: Send + Sync + 'static {
         req: &CreateSnapshotRequest,
     ) -> impl Future<Output = Result<Snapshot, CsiError>> + Send {
         let _ = req;
-        std::future::ready(Err(CsiError::Unsupported {
-            rpc: CsiRpc::CreateSnapshot,
-            version: crate::CsiVersion::V0,
-            what: "snapshots",
-        }))
+        unsupported(CsiRpc::CreateSnapshot, "snapshots")
     }
 
     /// `DeleteSnapshot` (`NOT_FOUND` is [`crate::RetryClass::AlreadyDone`]). Default as
@@ -149,11 +141,7 @@ pub trait CsiVolumes: Send + Sync + 'static {
         snapshot_id: &str,
     ) -> impl Future<Output = Result<(), CsiError>> + Send {
         let _ = snapshot_id;
-        std::future::ready(Err(CsiError::Unsupported {
-            rpc: CsiRpc::DeleteSnapshot,
-            version: crate::CsiVersion::V0,
-            what: "snapshots",
-        }))
+        unsupported(CsiRpc::DeleteSnapshot, "snapshots")
     }
 
     /// `NodeExpandVolume`; returns the new capacity (0 = unknown). Default as
@@ -163,12 +151,17 @@ pub trait CsiVolumes: Send + Sync + 'static {
         req: &NodeExpandRequest,
     ) -> impl Future<Output = Result<i64, CsiError>> + Send {
         let _ = req;
-        std::future::ready(Err(CsiError::Unsupported {
-            rpc: CsiRpc::NodeExpandVolume,
-            version: crate::CsiVersion::V0,
-            what: "volume expansion",
-        }))
+        unsupported(CsiRpc::NodeExpandVolume, "volume expansion")
     }
+}
+
+/// The answer of a default method: what a v0 plugin answers, nothing sent.
+fn unsupported<T>(rpc: CsiRpc, what: &'static str) -> std::future::Ready<Result<T, CsiError>> {
+    std::future::ready(Err(CsiError::Unsupported {
+        rpc,
+        version: crate::CsiVersion::V0,
+        what,
+    }))
 }
 
 impl CsiVolumes for CsiClient {
