@@ -383,24 +383,6 @@ impl AdminProvider for Slot {
         }
     }
 
-    fn wait_disk_size(
-        &self,
-        volume_id: &str,
-        mb: f64,
-        within: std::time::Duration,
-    ) -> BoxFuture<'_, f64> {
-        let volume_id = volume_id.to_owned();
-        Box::pin(async move {
-            let Some(running) = self.running() else {
-                return 0.0;
-            };
-            let mut status = running.status.clone();
-            let size = |s: &ProviderStatus| crate::admin::disk_mb(s.total.as_slice(), &volume_id);
-            let _ = tokio::time::timeout(within, status.wait_for(|s| size(s) >= mb)).await;
-            size(&status.borrow())
-        })
-    }
-
     fn refresh_metrics(&self) -> BoxFuture<'_, ()> {
         Box::pin(async move {
             self.metrics

@@ -475,9 +475,12 @@ pub(super) async fn expand_disk(
         std::time::Duration::ZERO
     };
     #[allow(clippy::cast_precision_loss)]
-    let offered = provider
-        .wait_disk_size(id.as_str(), mib as f64, within)
-        .await;
+    let (disk, want) = (id.as_str().to_owned(), mib as f64);
+    let holds = Box::new(move |total: &[slrp_proto::mesos::v1::Resource]| {
+        super::disk_mb(total, &disk) >= want
+    });
+    provider.wait_total(holds, within).await;
+    let offered = super::disk_mb(&provider.total(), id.as_str());
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     let offered_bytes = (offered.max(0.0) as u64) << 20;
     if request.wait && offered_bytes < bytes {

@@ -180,19 +180,6 @@ pub trait AdminProvider: Send + Sync + 'static {
     /// Asks the provider to reconcile soon: the plugin's volumes changed outside an
     /// operation (a disk was grown), so the resources must follow.
     fn request_reconciliation(&self) {}
-    /// Waits, at most `within`, until the provider's total holds a disk `volume_id` of at
-    /// least `mb` MB; returns its size in MB then, or the size it has when the time is up
-    /// (0: no such disk).
-    fn wait_disk_size(
-        &self,
-        volume_id: &str,
-        mb: f64,
-        within: std::time::Duration,
-    ) -> BoxFuture<'_, f64> {
-        let _ = (mb, within);
-        let size = disk_mb(&self.total(), volume_id);
-        Box::pin(async move { size })
-    }
 }
 
 /// A question about a provider's total ([`AdminProvider::wait_total`]).
