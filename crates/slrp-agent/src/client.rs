@@ -9,7 +9,7 @@ use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header
 use http_body_util::{BodyExt, BodyStream, Full, Limited};
 use hyper::body::Incoming;
 use slrp_proto::mesos::v1::resource_provider::{Call, Event, call, event};
-use slrp_proto::mesos::v1::{ResourceProviderId, ResourceProviderInfo};
+use slrp_proto::mesos::v1::{Resource, ResourceProviderId, ResourceProviderInfo};
 use slrp_types::{DisplayChain, JitterRng};
 use slrp_wire::{ContentType, RecordIoDecoder};
 use tokio::sync::{mpsc, watch};
@@ -215,7 +215,29 @@ impl AgentHandle {
     /// [`AgentError::NotSubscribed`] before SUBSCRIBED (nothing is sent);
     /// [`AgentError::Rejected`] for a 4xx answer (the body names the reason);
     /// transient errors for 503 and transport failures, which also end the session.
-    pub async fn call(&self, mut call: Call) -> Result<(), AgentError> {
+    pub async fn call(&self, call: Call) -> Result<(), AgentError> {
+        let encoded = self.encode(call, &[])?;
+        self.send(encoded).await
+    }
+
+    /// An UPDATE_STATE `call` (its `resources` left empty) encoded with `resources` in
+    /// them, for [`Self::send`]: the same bytes as the call holding them, without the
+    /// copy of a large total the call would need. Encoded for the current session, as
+    /// [`Self::call`] encodes.
+    ///
+    /// # Errors
+    /// [`AgentError::NotSubscribed`] before SUBSCRIBED; [`AgentError::Encode`] if the
+    /// call holds `resources` itself or is not an UPDATE_STATE (with `resources`), or
+    /// does not render in the configured content type.
+    pub fn encode_update_state(
+        &self,
+        call: Call,
+        resources: &[Resource],
+    ) -> Result<EncodedCall, AgentError> {
+        self.encode(call, resources)
+    }
+
+    fn encode(&self, mut call: Call, resources: &[Resource]) -> Result<EncodedCall, AgentError> {
         let name = call_name(&call);
         if call.r#type == Some(call::Type::Subscribe as i32) {
             return Err(AgentError::SubscribeCall);
@@ -235,13 +257,46 @@ impl AgentHandle {
         if call.resource_provider_id.is_none() {
             call.resource_provider_id = Some(session.provider_id.clone());
         }
-        let config = &self.shared.config;
         let independent = call.r#type == Some(call::Type::UpdateOperationStatus as i32);
         // Encoded up front and the message dropped: an UPDATE_STATE holds a copy of the
         // whole total, several times the size of its encoding, and the exchange may wait
         // long for the agent's answer.
-        let body = encode_call(config, &call)?;
-        drop(call);
+        let body = if resources.is_empty() {
+            encode_call(&self.shared.config, &call)?
+        } else {
+            let protobuf = update_state_protobuf(call, resources).map_err(|problem| {
+                AgentError::NotAnUpdateState {
+                    call: name,
+                    problem,
+                }
+            })?;
+            match self.shared.config.content_type {
+                ContentType::Protobuf => protobuf,
+                ContentType::Json => slrp_wire::json::protobuf_to_vec::<Call>(&protobuf)
+                    .map_err(|source| AgentError::Encode { call: name, source })?,
+            }
+        };
+        Ok(EncodedCall {
+            name,
+            independent,
+            session,
+            body,
+        })
+    }
+
+    /// Sends a call [`Self::encode_update_state`] encoded, on the session it was encoded
+    /// for. Returns when the agent accepted it (202).
+    ///
+    /// # Errors
+    /// As [`Self::call`]; [`AgentError::SessionEnded`] if that session is over.
+    pub async fn send(&self, call: EncodedCall) -> Result<(), AgentError> {
+        let EncodedCall {
+            name,
+            independent,
+            session,
+            body,
+        } = call;
+        let config = &self.shared.config;
         self.shared.metrics.call_sent(body.len());
         let exchange = async {
             // Held for the whole exchange (see `CallSession`).
@@ -302,6 +357,79 @@ fn call_name(call: &Call) -> &'static str {
     call.r#type
         .and_then(|t| call::Type::try_from(t).ok())
         .map_or("UNKNOWN", |t| t.as_str_name())
+}
+
+/// A call encoded for the wire by [`AgentHandle::encode_update_state`], bound to the
+/// session it was encoded for.
+pub struct EncodedCall {
+    name: &'static str,
+    independent: bool,
+    session: Arc<CallSession>,
+    body: Vec<u8>,
+}
+
+impl EncodedCall {
+    /// The body's size in bytes, what a body limit compares.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.body.len()
+    }
+
+    /// Whether the body is empty (never for a call this crate encoded).
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.body.is_empty()
+    }
+}
+
+impl std::fmt::Debug for EncodedCall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EncodedCall")
+            .field("call", &self.name)
+            .field("bytes", &self.body.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The protobuf encoding of the UPDATE_STATE `call` with `resources` as its
+/// `update_state.resources`, byte for byte what prost gives for the call holding them
+/// (fields in number order), written without that call: `update_state` (field 5) is the
+/// last field an UPDATE_STATE has, so it is appended to the rest of the call, its
+/// length computed from its three fields.
+fn update_state_protobuf(mut call: Call, resources: &[Resource]) -> Result<Vec<u8>, &'static str> {
+    use prost::Message as _;
+    use prost::encoding::{
+        WireType, encode_key, encode_varint, encoded_len_varint, key_len, message,
+    };
+    if call.r#type != Some(call::Type::UpdateState as i32) {
+        return Err("not an UPDATE_STATE call");
+    }
+    if call.update_publish_resources_status.is_some() {
+        return Err("the call has a field after update_state");
+    }
+    let state = call
+        .update_state
+        .take()
+        .ok_or("the call has no update_state")?;
+    if !state.resources.is_empty() {
+        return Err("the call holds resources of its own");
+    }
+    let inner = message::encoded_len_repeated(1, &state.operations)
+        + message::encoded_len_repeated(2, resources)
+        + message::encoded_len(3, &state.resource_version_uuid);
+    let total = call.encoded_len() + key_len(5) + encoded_len_varint(inner as u64) + inner;
+    let mut buf = Vec::with_capacity(total);
+    call.encode_raw(&mut buf);
+    encode_key(5, WireType::LengthDelimited, &mut buf);
+    encode_varint(inner as u64, &mut buf);
+    for operation in &state.operations {
+        message::encode(1, operation, &mut buf);
+    }
+    for resource in resources {
+        message::encode(2, resource, &mut buf);
+    }
+    message::encode(3, &state.resource_version_uuid, &mut buf);
+    Ok(buf)
 }
 
 /// `call` in the configured content type.
@@ -667,4 +795,90 @@ fn check_stream_headers(expected: ContentType, headers: &HeaderMap) -> Result<St
         .ok_or_else(|| AgentError::Protocol {
             detail: format!("SUBSCRIBE answer has no {STREAM_ID_HEADER} header"),
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use prost::Message as _;
+    use slrp_proto::mesos::v1::value::{Scalar, Type as ValueType};
+    use slrp_proto::mesos::v1::{Operation, Uuid};
+
+    use super::*;
+
+    fn resource(i: usize) -> Resource {
+        Resource {
+            provider_id: Some(ResourceProviderId {
+                value: "rp-1".into(),
+            }),
+            name: "disk".into(),
+            r#type: ValueType::Scalar as i32,
+            // Sizes that make lengths of one, two and three varint bytes.
+            role: Some("r".repeat(i % 3 * 100 + i % 7)),
+            scalar: Some(Scalar {
+                value: i as f64 * 1.5,
+            }),
+            ..Resource::default()
+        }
+    }
+
+    fn update_state(resources: Vec<Resource>, operations: usize) -> Call {
+        Call {
+            resource_provider_id: Some(ResourceProviderId {
+                value: "rp-1".into(),
+            }),
+            r#type: Some(call::Type::UpdateState as i32),
+            update_state: Some(call::UpdateState {
+                operations: (0..operations)
+                    .map(|i| Operation {
+                        uuid: Uuid {
+                            value: vec![u8::try_from(i).unwrap(); 16],
+                        },
+                        ..Operation::default()
+                    })
+                    .collect(),
+                resources,
+                resource_version_uuid: Uuid { value: vec![7; 16] },
+            }),
+            ..Call::default()
+        }
+    }
+
+    #[test]
+    fn update_state_is_encoded_apart_byte_for_byte() {
+        for (count, operations) in [(1, 0), (3, 2), (200, 5), (2_000, 0)] {
+            let resources: Vec<Resource> = (0..count).map(resource).collect();
+            let whole = update_state(resources.clone(), operations);
+            let apart =
+                update_state_protobuf(update_state(Vec::new(), operations), &resources).unwrap();
+            assert_eq!(apart, whole.encode_to_vec(), "{count} resources");
+            assert_eq!(
+                slrp_wire::json::protobuf_to_vec::<Call>(&apart).unwrap(),
+                slrp_wire::json::to_vec(&whole).unwrap(),
+                "{count} resources, JSON"
+            );
+        }
+    }
+
+    #[test]
+    fn only_an_update_state_without_resources_is_encoded_apart() {
+        let resources = [resource(1)];
+        let mut status = update_state(Vec::new(), 0);
+        status.r#type = Some(call::Type::UpdateOperationStatus as i32);
+        let mut holding = update_state(vec![resource(2)], 0);
+        let mut without = update_state(Vec::new(), 0);
+        without.update_state = None;
+        let mut after = update_state(Vec::new(), 0);
+        after.update_publish_resources_status = Some(call::UpdatePublishResourcesStatus::default());
+        for (call, problem) in [
+            (status, "not an UPDATE_STATE call"),
+            (holding.clone(), "the call holds resources of its own"),
+            (without, "the call has no update_state"),
+            (after, "the call has a field after update_state"),
+        ] {
+            assert_eq!(update_state_protobuf(call, &resources), Err(problem));
+        }
+        // Without resources apart, the call as it is.
+        holding.r#type = Some(call::Type::UpdateState as i32);
+        assert!(update_state_protobuf(holding, &[]).is_err());
+    }
 }

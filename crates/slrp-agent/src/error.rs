@@ -88,6 +88,15 @@ pub enum AgentError {
         #[source]
         source: slrp_wire::JsonError,
     },
+    /// [`AgentHandle::encode_update_state`](crate::AgentHandle::encode_update_state) was
+    /// given a call it does not encode (a programming error).
+    #[error("encoding the {call} call with the resources apart: {problem}")]
+    NotAnUpdateState {
+        /// The call type's name.
+        call: &'static str,
+        /// What is wrong with the call.
+        problem: &'static str,
+    },
     /// Connecting to the agent failed.
     #[error("connecting to the agent at {endpoint}")]
     Connect {
@@ -168,7 +177,11 @@ impl AgentError {
     pub fn is_transient(&self) -> bool {
         !matches!(
             self,
-            Self::SubscribeCall | Self::Encode { .. } | Self::Rejected { .. } | Self::Stopped
+            Self::SubscribeCall
+                | Self::Encode { .. }
+                | Self::NotAnUpdateState { .. }
+                | Self::Rejected { .. }
+                | Self::Stopped
         )
     }
 }

@@ -28,7 +28,9 @@ pub mod operator;
 pub mod state;
 mod transport;
 
-pub use client::{AgentClient, AgentHandle, MAX_CALL_CONNECTIONS, STREAM_ID_HEADER, SessionEvent};
+pub use client::{
+    AgentClient, AgentHandle, EncodedCall, MAX_CALL_CONNECTIONS, STREAM_ID_HEADER, SessionEvent,
+};
 pub use config::{AgentConfig, AgentEndpoint, RESOURCE_PROVIDER_PATH, TcpKeepalive, Token};
 pub use error::{AgentError, ConfigError};
 pub use metrics::{MetricFamilies, Metrics};

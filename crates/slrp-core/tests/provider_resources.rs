@@ -10,7 +10,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use proptest::prelude::*;
 use slrp_core::provider::resources::{
     Conversion, CreatedKind, CreatedVolume, ProfileChange, ProviderResources, ResourceError,
-    Resources, pool_profile_changes, pool_profiles, pools_without_profile, resource_eq,
+    Resources, labels_from_context, pool_profile_changes, pool_profiles, pools_without_profile,
+    resource_eq,
 };
 use slrp_csi::{Volume, VolumeId};
 use slrp_proto::mesos::v1::resource::ReservationInfo;
@@ -1060,6 +1061,64 @@ proptest! {
         for v in first.filter(|v| v.capacity_bytes > 0) {
             prop_assert!(once.iter().any(|r| src(r).id.as_deref() == Some(v.volume_id.as_str())));
         }
+    }
+
+    /// `existing_volumes` pairs each resource with the listed volume of its id instead of
+    /// building every listed volume's disk first; what it finds is Mesos's
+    /// `computeConversion(checkpointed, discovered)` over the whole discovered collection
+    /// (§6.3 steps 2 and 4, written out here), whatever the total and the listing hold
+    /// (duplicates on both sides, drifted metadata, converted and vanished volumes, sizes
+    /// that differ).
+    #[test]
+    fn existing_volumes_agrees_with_mesos_over_every_discovered_disk(
+        total in prop::collection::vec(
+            (arb_resource(), any::<bool>(), 0u8..4).prop_map(|(mut r, md, vendor)| {
+                // Now and then a volume of another vendor (state of another plugin).
+                if vendor == 0 && src(&r).id.is_some() {
+                    r.disk.as_mut().unwrap().source.as_mut().unwrap().vendor =
+                        Some("other.plugin".into());
+                }
+                if md { with_metadata(r, Some(labels(&[("k", "v")]))) } else { r }
+            }),
+            0..10,
+        ),
+        listing in arb_listing(),
+    ) {
+        let p = provider();
+        let total = res(&total);
+        let got = p.existing_volumes(&total, &listing).unwrap();
+
+        let mut by_id: BTreeMap<&str, &Resource> = BTreeMap::new();
+        for r in &total {
+            if let Some(id) = src(r).id.as_deref() {
+                by_id.entry(id).or_insert(r);
+            }
+        }
+        let mut discovered = Resources::new();
+        let mut seen = BTreeSet::new();
+        for v in &listing {
+            let id = v.volume_id.as_str();
+            if !seen.insert(id) {
+                continue;
+            }
+            let known = by_id.get(id).copied();
+            let context = (!v.volume_context.is_empty())
+                .then(|| labels_from_context(&v.volume_context));
+            let bytes = u64::try_from(v.capacity_bytes).unwrap_or(0);
+            let profile = known.and_then(|k| src(k).profile.as_deref());
+            let mut disk = p.raw_disk(bytes, profile, Some(id), context);
+            if let Some(known) = known && bytes > 0 {
+                disk.scalar = known.scalar;
+            }
+            discovered.add(&disk);
+        }
+        let checkpointed = total
+            .filter(|r| src(r).id.is_some())
+            .apply(&got.cleanup)
+            .unwrap();
+        let mesos = p.compute_conversion(&checkpointed, &discovered);
+        prop_assert_eq!(&got.merge.conversion, &mesos.conversion);
+        prop_assert_eq!(&got.merge.missing_converted, &mesos.missing_converted);
     }
 
     /// `reconcile`'s report (changed, removed, added) is Mesos's over the whole totals:

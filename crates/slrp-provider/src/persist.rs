@@ -8,6 +8,7 @@ use slrp_core::provider::operations::{
 use slrp_core::provider::state::{
     ProviderRecord, ProviderResourceRecord, ProviderState, StateError, resource_prefix,
 };
+use slrp_proto::mesos::v1::Resource;
 use slrp_store::Store;
 
 fn store_error(store: &Store) -> impl Fn(slrp_store::StoreError) -> StateError + '_ {
@@ -28,18 +29,46 @@ fn store_error(store: &Store) -> impl Fn(slrp_store::StoreError) -> StateError +
 pub async fn load_state(store: &Store, agent_id: &str) -> Result<ProviderState, StateError> {
     let record: Option<ProviderRecord> = store.get(agent_id).await.map_err(store_error(store))?;
     // A version-1 record has its total inside: no resource records to read.
-    let resources = match &record {
-        Some(r) if r.resources.is_empty() => store
-            .load_prefix::<ProviderResourceRecord>(&resource_prefix(agent_id))
-            .await
-            .map_err(store_error(store))?,
+    let entries = match &record {
+        Some(r) if r.resources.is_empty() => {
+            load_resources(store, agent_id, r.provider_id.clone()).await?
+        }
         Some(_) | None => Vec::new(),
     };
-    let (state, rewrite) = ProviderState::from_stored(record, resources, agent_id, store.path())?;
+    let (state, rewrite) = ProviderState::from_loaded(record, entries, store.path())?;
     if rewrite && !store.is_read_only() {
         save_state(&state, store, agent_id).await?;
     }
     Ok(state)
+}
+
+/// The entries of agent `agent_id`'s resource records, each record decoded as it is read
+/// ([`ProviderState::resources_of`]): a large total's stored form is never all in memory.
+async fn load_resources(
+    store: &Store,
+    agent_id: &str,
+    provider_id: Option<String>,
+) -> Result<Vec<Resource>, StateError> {
+    let (agent, path) = (agent_id.to_owned(), store.path().to_owned());
+    store
+        .fold_prefix(
+            &resource_prefix(agent_id),
+            Vec::new(),
+            move |entries: &mut Vec<Resource>, stored: ProviderResourceRecord| {
+                // The prefix `<agent id>/` also holds the records of an agent id that
+                // extends this one with a `/`.
+                if stored.agent_id == agent {
+                    entries.extend(ProviderState::resources_of(
+                        stored,
+                        provider_id.as_deref(),
+                        &path,
+                    )?);
+                }
+                Ok(())
+            },
+        )
+        .await
+        .map_err(store_error(store))?
 }
 
 /// Replaces every record of agent `agent_id` in one durable transaction

@@ -457,8 +457,8 @@ fn send_failure(error: &AgentError, bytes: usize) -> machine::SendFailure {
     match error {
         AgentError::Rejected { status, .. } if status.as_u16() == 413 => machine::SendFailure {
             message: format!(
-                "{message}: the provider's total is {bytes} bytes (protobuf); raise the \
-                     manager's body limit (slrp standalone: max_body_bytes in the [manager] \
+                "{message}: the UPDATE_STATE with the provider's total is {bytes} bytes; \
+                     raise the manager's body limit (slrp standalone: max_body_bytes in the [manager] \
                      table of slrp.toml)"
             ),
             refused: true,
@@ -713,12 +713,30 @@ impl Worker {
     async fn execute(&mut self, effect: Effect) -> Result<(), ProviderError> {
         match effect {
             Effect::Notify { call, about } => self.notify(*call, about),
-            Effect::UpdateState { seq, session, call } => {
+            Effect::UpdateState {
+                seq,
+                session,
+                call,
+                resources,
+            } => {
                 let agent = self.agent.clone();
-                // Named in the error of a refusal: the size is what a limit compares.
-                let bytes = prost::Message::encoded_len(&*call);
+                // Encoded here, before the machine's next step: the total is shared with
+                // the machine's until then, and a change to it would copy it whole.
+                let encoded = agent.encode_update_state(*call, resources.as_slice());
+                drop(resources);
                 self.tasks.push(Box::pin(async move {
-                    let result = agent.call(*call).await.map_err(|e| send_failure(&e, bytes));
+                    let result = match encoded {
+                        Ok(encoded) => {
+                            // Named in the error of a refusal: the size is what a limit
+                            // compares.
+                            let bytes = encoded.len();
+                            agent
+                                .send(encoded)
+                                .await
+                                .map_err(|e| send_failure(&e, bytes))
+                        }
+                        Err(error) => Err(send_failure(&error, 0)),
+                    };
                     Input::Sent {
                         seq,
                         session,

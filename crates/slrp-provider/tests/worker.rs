@@ -324,7 +324,7 @@ async fn a_refused_update_state_says_why_and_recovers_when_the_limit_is_raised()
     for part in [
         "exceeds the limit of 2048 bytes",
         "max_body_bytes",
-        "bytes (protobuf)",
+        "the UPDATE_STATE with the provider's total is",
     ] {
         assert!(error.contains(part), "{part:?} missing in {error:?}");
     }

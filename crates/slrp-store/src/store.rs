@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::fs::{File, OpenOptions};
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -430,23 +431,28 @@ impl Store {
         sql: &str,
         args: &[&dyn rusqlite::ToSql],
     ) -> Result<Vec<StoredRow>, StoreError> {
+        let mut rows = Vec::new();
+        self.query_each(sql, args, |row| {
+            rows.push(row);
+            Ok(ControlFlow::Continue(()))
+        })?;
+        Ok(rows)
+    }
+
+    /// Runs `sql` and hands each row to `each` as it is read, so that a caller decoding
+    /// rows never holds every row's text and every decoded record at once (with 100,000
+    /// volumes the rows alone are tens of MiB). The reader is held until the last row,
+    /// or until `each` breaks.
+    fn query_each(
+        &self,
+        sql: &str,
+        args: &[&dyn rusqlite::ToSql],
+        mut each: impl FnMut(StoredRow) -> Result<ControlFlow<()>, StoreError>,
+    ) -> Result<(), StoreError> {
         let guard = self.reader();
         // The connection is only taken out in `Drop`, when no `&self` exists any more.
         let conn = guard.as_ref().ok_or(StoreError::WriterStopped)?;
-        let run = || -> rusqlite::Result<Vec<StoredRow>> {
-            let mut stmt = conn.prepare_cached(sql)?;
-            let rows = stmt.query_map(args, |r| {
-                Ok(StoredRow {
-                    kind: raw_bytes(r, 0)?,
-                    key: raw_bytes(r, 1)?,
-                    schema: raw_u32(r, 2)?,
-                    value: raw_bytes(r, 3)?,
-                    crc: raw_u32(r, 4)?,
-                })
-            })?;
-            rows.collect()
-        };
-        run().map_err(|e| match e.sqlite_error_code() {
+        let read_error = |e: rusqlite::Error| match e.sqlite_error_code() {
             Some(rusqlite::ErrorCode::DatabaseCorrupt | rusqlite::ErrorCode::NotADatabase) => {
                 StoreError::CorruptDatabase {
                     path: self.inner.path.clone(),
@@ -454,7 +460,22 @@ impl Store {
                 }
             }
             Some(_) | None => StoreError::io(StoreOp::Read, e),
-        })
+        };
+        let mut stmt = conn.prepare_cached(sql).map_err(read_error)?;
+        let mut rows = stmt.query(args).map_err(read_error)?;
+        while let Some(r) = rows.next().map_err(read_error)? {
+            let row = StoredRow {
+                kind: raw_bytes(r, 0).map_err(read_error)?,
+                key: raw_bytes(r, 1).map_err(read_error)?,
+                schema: raw_u32(r, 2).map_err(read_error)?,
+                value: raw_bytes(r, 3).map_err(read_error)?,
+                crc: raw_u32(r, 4).map_err(read_error)?,
+            };
+            if each(row)?.is_break() {
+                break;
+            }
+        }
+        Ok(())
     }
 
     /// Reads one record. Blocking; see [`Store::get`] for async code.
@@ -478,13 +499,45 @@ impl Store {
     /// Reads every record of `R`'s kind whose key starts with `prefix`, ordered by key.
     /// Blocking.
     pub fn load_prefix_blocking<R: Record>(&self, prefix: &str) -> Result<Vec<R>, StoreError> {
+        self.fold_prefix_blocking(prefix, Vec::new(), |records, record| {
+            records.push(record);
+            Ok::<_, std::convert::Infallible>(())
+        })?
+        .map_err(|never| match never {})
+    }
+
+    /// Folds every record of `R`'s kind whose key starts with `prefix` into `init` with
+    /// `step`, in key order, each decoded as it is read: a caller that turns records into
+    /// something smaller (the provider's total from its resource records) never holds
+    /// them all. `Ok(Err(_))` is `step`'s error, which stops the fold. Blocking.
+    ///
+    /// # Errors
+    /// A read that fails, or a record that fails its checksum or does not decode.
+    pub fn fold_prefix_blocking<R: Record, A, E>(
+        &self,
+        prefix: &str,
+        init: A,
+        mut step: impl FnMut(&mut A, R) -> Result<(), E>,
+    ) -> Result<Result<A, E>, StoreError> {
         let upper = format!("{prefix}{PREFIX_END}");
-        let rows = self.query(
+        let mut acc = init;
+        let mut stopped = None;
+        self.query_each(
             "SELECT kind, key, schema, value, crc FROM records
              WHERE kind = ?1 AND key >= ?2 AND key < ?3 ORDER BY key",
             &[&R::KIND.as_str(), &prefix, &upper],
+            |row| {
+                let record = row.verify()?.decode()?;
+                Ok(match step(&mut acc, record) {
+                    Ok(()) => ControlFlow::Continue(()),
+                    Err(error) => {
+                        stopped = Some(error);
+                        ControlFlow::Break(())
+                    }
+                })
+            },
         )?;
-        rows.into_iter().map(|r| r.verify()?.decode()).collect()
+        Ok(stopped.map_or(Ok(acc), Err))
     }
 
     /// Every record of every kind (or of `kind`), each verified on its own: a corrupt record
@@ -542,6 +595,26 @@ impl Store {
     pub async fn load_prefix<R: Record>(&self, prefix: &str) -> Result<Vec<R>, StoreError> {
         let prefix = prefix.to_owned();
         self.blocking(move |s| s.load_prefix_blocking(&prefix))
+            .await
+    }
+
+    /// [`Store::fold_prefix_blocking`] on a blocking thread.
+    ///
+    /// # Errors
+    /// As [`Store::fold_prefix_blocking`].
+    pub async fn fold_prefix<R, A, E>(
+        &self,
+        prefix: &str,
+        init: A,
+        step: impl FnMut(&mut A, R) -> Result<(), E> + Send + 'static,
+    ) -> Result<Result<A, E>, StoreError>
+    where
+        R: Record,
+        A: Send + 'static,
+        E: Send + 'static,
+    {
+        let prefix = prefix.to_owned();
+        self.blocking(move |s| s.fold_prefix_blocking(&prefix, init, step))
             .await
     }
 

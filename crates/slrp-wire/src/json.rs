@@ -130,7 +130,22 @@ pub fn to_value<M: Message + Name>(message: &M) -> Result<serde_json::Value, Jso
 /// # Errors
 /// See [`to_value`].
 pub fn to_vec<M: Message + Name>(message: &M) -> Result<Vec<u8>, JsonError> {
-    let dynamic = to_dynamic(message)?;
+    protobuf_to_vec::<M>(&message.encode_to_vec())
+}
+
+/// Renders the protobuf encoding of an `M` as compact Mesos-style JSON text: for a caller
+/// that encodes a large message itself rather than building it (the UPDATE_STATE of a
+/// large total).
+///
+/// # Errors
+/// [`JsonError::Transcode`] if `protobuf` is not an `M`; otherwise as [`to_value`].
+pub fn protobuf_to_vec<M: Name>(protobuf: &[u8]) -> Result<Vec<u8>, JsonError> {
+    let descriptor = descriptor_of::<M>()?;
+    let dynamic =
+        DynamicMessage::decode(descriptor, protobuf).map_err(|source| JsonError::Transcode {
+            message: M::full_name(),
+            source,
+        })?;
     let mut out = Vec::new();
     let mut serializer = serde_json::Serializer::new(&mut out);
     dynamic

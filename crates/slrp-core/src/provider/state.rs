@@ -183,7 +183,7 @@ impl ProviderState {
     /// # Errors
     /// As [`Self::from_records`].
     pub fn from_record(record: ProviderRecord, store: &Path) -> Result<Self, StateError> {
-        Self::from_records(record, Vec::new(), store)
+        Self::from_entries(record, Vec::new(), store)
     }
 
     /// The state of a provider record and its resource records, checked as Mesos checks a
@@ -202,38 +202,70 @@ impl ProviderState {
         resources: Vec<ProviderResourceRecord>,
         store: &Path,
     ) -> Result<Self, StateError> {
+        let mut entries = Vec::new();
+        for stored in resources {
+            entries.extend(Self::resources_of(
+                stored,
+                record.provider_id.as_deref(),
+                store,
+            )?);
+        }
+        Self::from_entries(record, entries, store)
+    }
+
+    /// The total's entries one resource record holds, decoded and checked to belong to
+    /// `provider_id` (the provider record's). A driver loading a large total decodes each
+    /// record as it is read ([`slrp_store::Store::fold_prefix`]) and passes the entries to
+    /// [`Self::from_loaded`]: the records' JSON trees, several times the size of the
+    /// resources, are then never all alive at once (with 30,000 volumes they were two
+    /// thirds of the restart's peak of memory).
+    ///
+    /// # Errors
+    /// [`StateError::Decode`] and [`StateError::ForeignResource`], as
+    /// [`Self::from_records`].
+    pub fn resources_of(
+        stored: ProviderResourceRecord,
+        provider_id: Option<&str>,
+        store: &Path,
+    ) -> Result<Vec<Resource>, StateError> {
+        let key = stored.key();
+        // Only the entries of one record are merged: records of distinct identities never
+        // merge with each other, which keeps loading a large total linear.
+        let mut group = Resources::new();
+        for (index, value) in stored.resources.into_iter().enumerate() {
+            group.add(&decode_resource(
+                value,
+                || format!("resource {index} of record '{key}'"),
+                provider_id,
+                store,
+            )?);
+        }
+        Ok(group.into_vec())
+    }
+
+    /// The state of a provider record and the entries of its resource records
+    /// ([`Self::resources_of`]), checked as [`Self::from_records`] says.
+    fn from_entries(
+        record: ProviderRecord,
+        mut entries: Vec<Resource>,
+        store: &Path,
+    ) -> Result<Self, StateError> {
         let decode = |what| StateError::decode(store, what);
         let provider_id = record.provider_id;
-        let resource = |value, what: String| -> Result<Resource, StateError> {
-            let resource: Resource = slrp_wire::json::from_value(value).map_err(decode(what))?;
-            let owner = resource.provider_id.as_ref().map(|id| &id.value);
-            if owner != provider_id.as_ref() {
-                return Err(StateError::ForeignResource {
-                    resource: DisplayResource(&resource).to_string(),
-                    provider_id: provider_id.clone(),
-                    store: store.to_owned(),
-                });
-            }
-            Ok(resource)
-        };
         // Version 1: one list, merged as Mesos merges it.
         let mut total = Resources::new();
         for (index, value) in record.resources.into_iter().enumerate() {
-            total.add(&resource(value, format!("resource {index}"))?);
+            total.add(&decode_resource(
+                value,
+                || format!("resource {index}"),
+                provider_id.as_deref(),
+                store,
+            )?);
         }
-        // Records of distinct identities never merge with each other: only the entries of
-        // one record are merged, which keeps loading a large total linear.
-        let mut entries = total.into_vec();
-        for stored in resources {
-            let key = stored.key();
-            let mut group = Resources::new();
-            for (index, value) in stored.resources.into_iter().enumerate() {
-                group.add(&resource(
-                    value,
-                    format!("resource {index} of record '{key}'"),
-                )?);
-            }
-            entries.extend(group.into_vec());
+        if !total.is_empty() {
+            let mut all = total.into_vec();
+            all.append(&mut entries);
+            entries = all;
         }
         let total = Resources::from_normalized(entries);
         let mut profiles = BTreeMap::new();
@@ -278,18 +310,54 @@ impl ProviderState {
         agent_id: &str,
         store: &Path,
     ) -> Result<(Self, bool), StateError> {
+        let provider_id = record.as_ref().and_then(|r| r.provider_id.as_deref());
+        let mut entries = Vec::new();
+        if record.as_ref().is_some_and(|r| r.resources.is_empty()) {
+            for stored in resources.into_iter().filter(|r| r.agent_id == agent_id) {
+                entries.extend(Self::resources_of(stored, provider_id, store)?);
+            }
+        }
+        Self::from_loaded(record, entries, store)
+    }
+
+    /// [`Self::from_stored`] with the resource records already decoded, each by
+    /// [`Self::resources_of`] (those of agent `agent_id` only).
+    ///
+    /// # Errors
+    /// As [`Self::from_stored`].
+    pub fn from_loaded(
+        record: Option<ProviderRecord>,
+        entries: Vec<Resource>,
+        store: &Path,
+    ) -> Result<(Self, bool), StateError> {
         let Some(record) = record else {
             return Ok((Self::default(), false));
         };
         if !record.resources.is_empty() {
             return Ok((Self::from_record(record, store)?, true));
         }
-        let resources = resources
-            .into_iter()
-            .filter(|r| r.agent_id == agent_id)
-            .collect();
-        Ok((Self::from_records(record, resources, store)?, false))
+        Ok((Self::from_entries(record, entries, store)?, false))
     }
+}
+
+/// One stored resource in Mesos JSON, decoded and checked to belong to `provider_id`.
+fn decode_resource(
+    value: serde_json::Value,
+    what: impl FnOnce() -> String,
+    provider_id: Option<&str>,
+    store: &Path,
+) -> Result<Resource, StateError> {
+    let resource: Resource =
+        slrp_wire::json::from_value(value).map_err(StateError::decode(store, what()))?;
+    let owner = resource.provider_id.as_ref().map(|id| id.value.as_str());
+    if owner != provider_id {
+        return Err(StateError::ForeignResource {
+            resource: DisplayResource(&resource).to_string(),
+            provider_id: provider_id.map(str::to_owned),
+            store: store.to_owned(),
+        });
+    }
+    Ok(resource)
 }
 
 /// The key prefix of agent `agent_id`'s resource records.

@@ -168,6 +168,11 @@ impl<C: CsiVolumes> Worker<C> {
                 source,
             })?;
         }
+        // Sized once: growing a map of 100,000 records rehashes it into a table twice
+        // the size while the old one is alive, a transient of tens of MiB at the start.
+        self.volumes.reserve(plan.records.len());
+        self.names
+            .reserve(plan.records.iter().filter(|r| r.name.is_some()).count());
         for rec in plan.records {
             if let Some(name) = &rec.name {
                 self.names.insert(name.clone(), rec.id.clone());

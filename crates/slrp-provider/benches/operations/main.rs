@@ -631,6 +631,9 @@ struct ProviderChild {
     child: tokio::process::Child,
     stdin: Option<tokio::process::ChildStdin>,
     lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    /// Run under `SLRP_BENCH_CHILD_WRAPPER`, whose own lines (heaptrack's, say) share
+    /// the child's stdout.
+    wrapped: bool,
 }
 
 const CHILD_ARG: &str = "--provider-child";
@@ -667,18 +670,23 @@ impl ProviderChild {
             child,
             stdin,
             lines: tokio::io::BufReader::new(stdout).lines(),
+            wrapped: !wrapper.trim().is_empty(),
         }
     }
 
     async fn line(&mut self, prefix: &str) -> String {
-        let line = tokio::time::timeout(HANG, self.lines.next_line())
-            .await
-            .expect("provider child answers in time")
-            .expect("provider child stdout")
-            .expect("provider child running");
-        line.strip_prefix(prefix)
-            .unwrap_or_else(|| panic!("provider child said {line:?}, not {prefix:?}"))
-            .to_owned()
+        loop {
+            let line = tokio::time::timeout(HANG, self.lines.next_line())
+                .await
+                .expect("provider child answers in time")
+                .expect("provider child stdout")
+                .expect("provider child running");
+            match line.strip_prefix(prefix) {
+                Some(rest) => return rest.to_owned(),
+                None if self.wrapped => eprintln!("{line}"),
+                None => panic!("provider child said {line:?}, not {prefix:?}"),
+            }
+        }
     }
 
     async fn ready(&mut self) -> Duration {

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use crate::provider::apply::{OperationError, OperationKind, PersistentVolume};
 use crate::provider::lifecycle::Lifecycle;
 use crate::provider::operations::Operations;
-use crate::provider::resources::ResourceError;
+use crate::provider::resources::{ResourceError, Resources};
 use crate::provider::state::{ProviderState, StateError};
 use crate::volume::{Committed, CreateVolume, Owed, ValidateVolume, VolumeError, VolumeInfo};
 
@@ -182,8 +182,12 @@ pub enum Effect {
         seq: u64,
         /// The session it belongs to.
         session: u64,
-        /// The call.
+        /// The call, without its `update_state.resources`: those are `resources`.
         call: Box<Call>,
+        /// The total to send as `update_state.resources`, shared with the machine's
+        /// (not copied): encoded straight from it (`AgentHandle::encode_update_state`),
+        /// the copy a call holding 100,000 resources needs is never made.
+        resources: Resources,
     },
     /// Start a volume manager call for a disk operation; answer with [`Input::DiskDone`].
     Disk {

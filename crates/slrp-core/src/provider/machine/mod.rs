@@ -937,7 +937,7 @@ impl Machine {
             resource_provider_id: Some(id),
             update_state: Some(call::UpdateState {
                 operations: self.tracked.to_mesos(),
-                resources: self.state.total.as_slice().to_vec(),
+                resources: Vec::new(),
                 resource_version_uuid: Uuid {
                     value: version.as_bytes().to_vec(),
                 },
@@ -951,6 +951,7 @@ impl Machine {
             seq,
             session,
             call: Box::new(call),
+            resources: self.state.total.clone(),
         });
     }
 

@@ -4,7 +4,8 @@
 //! `computeConversion` (§6.4), reconciliation (§6.5) and the conversions of finished
 //! CREATE_DISK and DESTROY_DISK; and the profile-set arithmetic of §7.3.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::hash_map::Entry;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use slrp_csi::Volume;
 use slrp_proto::mesos::v1::resource::disk_info::Source;
@@ -17,8 +18,8 @@ use slrp_proto::mesos::v1::{Labels, Resource, ResourceProviderId};
 use super::ResourceError;
 use super::algebra::{Conversion, Resources};
 use super::resource::{
-    disk_id, disk_profile, is_storage_pool, kind_key, labels_eq, labels_from_context, source,
-    source_mut,
+    disk_id, disk_profile, is_empty, is_storage_pool, kind_key, labels_eq, labels_from_context,
+    resource_eq, source, source_mut,
 };
 
 /// Bytes in one Mesos megabyte: disk scalars are MB as a double.
@@ -302,45 +303,30 @@ impl ProviderResources {
             }
         }
 
-        let mut discovered = Resources::new();
-        discovered.reserve(listed.len());
-        let mut seen = BTreeSet::new();
+        // The listing's first entry of each id, in listing order. Its disk ("discovered"
+        // in Mesos's terms) is made only where it is compared or added: with 100,000
+        // volumes a collection of them all was as large as the total, and a fifth of
+        // the restart's peak of memory.
+        let mut first: HashMap<&str, &Volume> = HashMap::with_capacity(listed.len());
+        let mut unique = Vec::with_capacity(listed.len());
         let mut repeated_in_listing = Vec::new();
         let mut drifted = Vec::new();
         for volume in listed {
             let id = volume.volume_id.as_str();
-            if !seen.insert(id) {
-                repeated_in_listing.push(id.to_owned());
-                continue;
+            match first.entry(id) {
+                Entry::Occupied(_) => {
+                    repeated_in_listing.push(id.to_owned());
+                    continue;
+                }
+                Entry::Vacant(slot) => {
+                    slot.insert(volume);
+                    unique.push(volume);
+                }
             }
-            let checkpointed = by_id.get(id).copied();
-            let metadata = (!volume.volume_context.is_empty())
-                .then(|| labels_from_context(&volume.volume_context));
-            // A known volume keeps the size its resource has: a plugin that created more
-            // than was asked (or lists a rounded size) still has the same volume, and
-            // the disk's size is the one frameworks were given (`created_disk`). The
-            // listed size counts for volumes not in the total, and a zero listed size
-            // still means "unknown" (not discovered), as in Mesos.
-            let listed_bytes = u64::try_from(volume.capacity_bytes).unwrap_or(0);
-            let discovered_disk = match checkpointed {
-                Some(known) if listed_bytes > 0 => self.raw_disk_mb(
-                    known.scalar.map_or(0.0, |s| s.value),
-                    disk_profile(known),
-                    Some(&self.vendor),
-                    Some(id),
-                    metadata.clone(),
-                ),
-                _ => self.raw_disk(
-                    listed_bytes,
-                    checkpointed.and_then(disk_profile),
-                    Some(id),
-                    metadata.clone(),
-                ),
-            };
-            discovered.add(&discovered_disk);
-            let Some(checkpointed) = checkpointed else {
+            let Some(checkpointed) = by_id.get(id).copied() else {
                 continue;
             };
+            let metadata = context_metadata(volume);
             // Mesos compares with `metadata.getOrElse(Labels())`: absent and empty agree.
             let current = source(checkpointed).and_then(|s| s.metadata.as_ref());
             let wanted = metadata.clone().unwrap_or_default();
@@ -355,15 +341,55 @@ impl ProviderResources {
                 drifted.push(id.to_owned());
             }
         }
+        let discovered = |volume: &Volume| {
+            self.discovered_disk(volume, by_id.get(volume.volume_id.as_str()).copied())
+        };
 
+        // Mesos `computeConversion(checkpointed, discovered)` over the resources with an
+        // id after the cleanup, pairing each with the listed volume of its id: the only
+        // discovered disk its unconverted form can equal (ids are unique on both sides
+        // by now).
+        let mut matched: HashSet<&str> = HashSet::with_capacity(first.len());
+        let mut consumed = Resources::new();
+        let mut missing_converted = Vec::new();
         // The common case (a conforming plugin whose listing matches) needs no copy of
         // the total's volumes: a copy was a third of the subscription's peak of memory
         // with 10,000 volumes.
-        let merge = if cleanup.is_noop() {
-            self.compute_conversion_from(total.iter().filter(|r| disk_id(r).is_some()), discovered)
+        let with_id;
+        let checkpointed: Box<dyn Iterator<Item = &Resource>> = if cleanup.is_noop() {
+            Box::new(total.iter().filter(|r| disk_id(r).is_some()))
         } else {
-            let with_id = total.filter(|r| disk_id(r).is_some()).apply(&cleanup)?;
-            self.compute_conversion_from(&with_id, discovered)
+            with_id = total.filter(|r| disk_id(r).is_some()).apply(&cleanup)?;
+            Box::new(with_id.iter())
+        };
+        for resource in checkpointed {
+            let unconverted = self.unconverted(resource);
+            let listed = disk_id(resource).and_then(|id| first.get(id));
+            if let Some(volume) = listed
+                && let Some(disk) = discovered(volume)
+                && resource_eq(&disk, &unconverted)
+            {
+                matched.insert(volume.volume_id.as_str());
+            } else if Resources::from(unconverted.clone()) == Resources::from(resource.clone()) {
+                consumed.add(&unconverted);
+            } else {
+                missing_converted.push(resource.clone());
+            }
+        }
+        let mut converted = Resources::new();
+        for volume in unique {
+            if !matched.contains(volume.volume_id.as_str())
+                && let Some(disk) = discovered(volume)
+            {
+                converted.add(&disk);
+            }
+        }
+        let merge = ComputedConversion {
+            conversion: Conversion {
+                consumed,
+                converted,
+            },
+            missing_converted,
         };
         Ok(ExistingVolumes {
             cleanup,
@@ -372,6 +398,39 @@ impl ProviderResources {
             drifted,
             repeated_in_listing,
         })
+    }
+
+    /// The disk a listed volume makes (§6.3 step 2): a RAW disk with the vendor, its id,
+    /// the listed context as metadata (none if empty) and the profile of `checkpointed`,
+    /// the total's resource of that id. A known volume keeps the size its resource has: a
+    /// plugin that created more than was asked (or lists a rounded size) still has the
+    /// same volume, and the disk's size is the one frameworks were given
+    /// (`created_disk`). The listed size counts for volumes not in the total, and a zero
+    /// listed size still means "unknown", as in Mesos: `None`, nothing discovered.
+    fn discovered_disk(
+        &self,
+        volume: &Volume,
+        checkpointed: Option<&Resource>,
+    ) -> Option<Resource> {
+        let id = volume.volume_id.as_str();
+        let metadata = context_metadata(volume);
+        let listed_bytes = u64::try_from(volume.capacity_bytes).unwrap_or(0);
+        let disk = match checkpointed {
+            Some(known) if listed_bytes > 0 => self.raw_disk_mb(
+                known.scalar.map_or(0.0, |s| s.value),
+                disk_profile(known),
+                Some(&self.vendor),
+                Some(id),
+                metadata,
+            ),
+            _ => self.raw_disk(
+                listed_bytes,
+                checkpointed.and_then(disk_profile),
+                Some(id),
+                metadata,
+            ),
+        };
+        (!is_empty(&disk)).then_some(disk)
     }
 
     /// The disks slrp grew (`slrp ctl expand-disk`, standalone only) at their new size:
@@ -637,6 +696,11 @@ pub struct ExistingVolumes {
     /// Ids listed more than once; later copies were ignored (Mesos warns "Dropping
     /// duplicated volume").
     pub repeated_in_listing: Vec<String>,
+}
+
+/// A listed volume's context as disk metadata; `None` for an empty context.
+fn context_metadata(volume: &Volume) -> Option<Labels> {
+    (!volume.volume_context.is_empty()).then(|| labels_from_context(&volume.volume_context))
 }
 
 /// The result of [`ProviderResources::reconcile`].
