@@ -924,7 +924,7 @@ fn destroying_a_disk_of_a_vanished_profile_frees_nothing_until_reconciled() {
     // Without DeleteVolume the volume stays: RAW, with its id, without profile.
     let kept = p.destroyed_disk(&disk, false, |_| true);
     assert!(!kept.reconcile_pools);
-    let raw = &kept.conversion.converted.as_slice()[0];
+    let raw = &kept.conversion.converted.to_vec()[0];
     assert_eq!(raw, &volume(&p, "v1", 2 * GB, None));
 }
 

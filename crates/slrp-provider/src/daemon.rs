@@ -371,7 +371,7 @@ impl AdminProvider for Slot {
                 return false;
             };
             let mut status = running.status.clone();
-            tokio::time::timeout(within, status.wait_for(|s| holds(s.total.as_slice())))
+            tokio::time::timeout(within, status.wait_for(|s| holds(&s.total)))
                 .await
                 .is_ok_and(|r| r.is_ok())
         })

@@ -422,7 +422,7 @@ async fn a_new_agent_id_is_a_new_identity() {
     let mut state = slrp_provider::persist::load_state(&env.store, AGENT_S0)
         .await
         .unwrap();
-    let mut disk = state.total.as_slice()[0].clone();
+    let mut disk = state.total.to_vec()[0].clone();
     {
         let source = disk.disk.as_mut().unwrap().source.as_mut().unwrap();
         source.r#type = SourceType::Mount as i32;
@@ -452,7 +452,7 @@ async fn a_new_agent_id_is_a_new_identity() {
         .unwrap();
     assert_eq!(old.provider_id.unwrap().value, old_id);
     assert_eq!(
-        source_of(&old.total.as_slice()[0]).r#type,
+        source_of(&old.total.to_vec()[0]).r#type,
         SourceType::Mount as i32
     );
 }

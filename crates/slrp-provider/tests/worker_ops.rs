@@ -529,7 +529,7 @@ async fn a_deferred_operation_whose_source_the_reconciliation_took_is_dropped_un
         !s.total.iter().any(|r| source_of(r).id.is_some())
     })
     .await;
-    env.assert_agent_agrees(&id, status.total.as_slice()).await;
+    env.assert_agent_agrees(&id, &status.total.to_vec()).await;
     provider.stop().await;
 }
 

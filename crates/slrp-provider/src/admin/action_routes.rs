@@ -476,7 +476,7 @@ pub(super) async fn expand_disk(
     };
     #[allow(clippy::cast_precision_loss)]
     let (disk, want) = (id.as_str().to_owned(), mib as f64);
-    let holds = Box::new(move |total: &[slrp_proto::mesos::v1::Resource]| {
+    let holds = Box::new(move |total: &slrp_core::provider::resources::Resources| {
         super::disk_mb(total, &disk) >= want
     });
     provider.wait_total(holds, within).await;

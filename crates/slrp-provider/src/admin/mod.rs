@@ -174,7 +174,7 @@ pub trait AdminProvider: Send + Sync + 'static {
     /// whether it came to.
     fn wait_total(&self, holds: TotalCheck, within: std::time::Duration) -> BoxFuture<'_, bool> {
         let _ = within;
-        let now = holds(&self.total());
+        let now = holds(&self.total().iter().collect());
         Box::pin(async move { now })
     }
     /// Asks the provider to reconcile soon: the plugin's volumes changed outside an
@@ -183,12 +183,12 @@ pub trait AdminProvider: Send + Sync + 'static {
 }
 
 /// A question about a provider's total ([`AdminProvider::wait_total`]).
-pub type TotalCheck = Box<dyn Fn(&[Resource]) -> bool + Send + Sync>;
+pub type TotalCheck = Box<dyn Fn(&slrp_core::provider::resources::Resources) -> bool + Send + Sync>;
 
 /// The size in MB of disk `volume_id` in `total` (0 without one).
-pub(crate) fn disk_mb(total: &[Resource], volume_id: &str) -> f64 {
+pub(crate) fn disk_mb<'a>(total: impl IntoIterator<Item = &'a Resource>, volume_id: &str) -> f64 {
     total
-        .iter()
+        .into_iter()
         .filter(|r| read_routes::source_id(r) == Some(volume_id))
         .filter_map(|r| r.scalar.map(|s| s.value))
         .fold(0.0, f64::max)

@@ -272,7 +272,7 @@ pub(super) async fn create_from(
         // Read your own writes: the disk was offered already, without a profile; the
         // answer waits until it is offered with the profile.
         let disk = id.clone();
-        let holds = Box::new(move |total: &[slrp_proto::mesos::v1::Resource]| {
+        let holds = Box::new(move |total: &slrp_core::provider::resources::Resources| {
             total.iter().any(|r| {
                 super::read_routes::source_id(r) == Some(disk.as_str())
                     && super::read_routes::disk_profile(r) == Some(profile.as_str())

@@ -826,7 +826,7 @@ fn terminal_status(
         operation_id: op.info.id.clone(),
         state: state as i32,
         message: message.map(str::to_owned),
-        converted_resources: converted.as_slice().to_vec(),
+        converted_resources: converted.to_vec(),
         uuid: Some(proto_uuid(&uuid::Uuid::new_v4())),
         agent_id: Some(agent_id.clone()),
         resource_provider_id: op.latest_status.resource_provider_id.clone(),

@@ -1041,7 +1041,7 @@ fn terminal_statuses_carry_ids_and_a_fresh_uuid() {
     assert_eq!(finished.state, OperationState::OperationFinished as i32);
     assert_eq!(finished.operation_id.as_ref().unwrap().value, "op-1");
     assert_eq!(finished.message, None);
-    assert_eq!(finished.converted_resources, converted.as_slice());
+    assert_eq!(finished.converted_resources, converted.to_vec());
     assert_eq!(finished.agent_id.as_ref(), Some(&agent));
     assert_eq!(finished.resource_provider_id.as_ref().unwrap().value, "rp");
     let again = finished_status(&create, &converted, &agent);

@@ -44,10 +44,13 @@ use super::resource::{
 /// Memory: entries and index are shared copy-on-write, so a clone costs two reference
 /// counts and the first change of either side copies what it changes. The provider's
 /// status shares its worker's total this way: the worker holds one copy of a
-/// 10,000-entry total at rest instead of two (docs/benchmarks.md, figure 5).
+/// 10,000-entry total at rest instead of two (docs/benchmarks.md, figure 5). Each entry
+/// is shared on its own too, so that first change copies a vector of pointers and the
+/// entries it touches, not every resource: with 100,000 volumes copying them all took a
+/// tenth of the worker's time under load.
 #[derive(Clone, Default)]
 pub struct Resources {
-    entries: Arc<Vec<Resource>>,
+    entries: Arc<Vec<Arc<Resource>>>,
     /// Built once `entries` grows past [`INDEX_FROM`] (small collections, such as the sides
     /// of a conversion, are searched faster than hashed) and kept from then on.
     index: Option<Arc<Index>>,
@@ -70,7 +73,7 @@ enum Undo {
     /// An entry was removed.
     Removed {
         position: usize,
-        resource: Box<Resource>,
+        resource: Arc<Resource>,
         seq: Option<u64>,
     },
 }
@@ -83,10 +86,10 @@ pub struct Iter<'a> {
 
 #[derive(Debug, Clone)]
 enum IterInner<'a> {
-    Plain(std::slice::Iter<'a, Resource>),
+    Plain(std::slice::Iter<'a, Arc<Resource>>),
     Ordered {
         order: std::collections::btree_map::Values<'a, u64, usize>,
-        entries: &'a [Resource],
+        entries: &'a [Arc<Resource>],
     },
 }
 
@@ -94,8 +97,8 @@ impl<'a> Iterator for Iter<'a> {
     type Item = &'a Resource;
     fn next(&mut self) -> Option<&'a Resource> {
         match &mut self.inner {
-            IterInner::Plain(entries) => entries.next(),
-            IterInner::Ordered { order, entries } => order.next().map(|p| &entries[*p]),
+            IterInner::Plain(entries) => entries.next().map(Arc::as_ref),
+            IterInner::Ordered { order, entries } => order.next().map(|p| &*entries[*p]),
         }
     }
 
@@ -110,8 +113,8 @@ impl<'a> Iterator for Iter<'a> {
 impl DoubleEndedIterator for Iter<'_> {
     fn next_back(&mut self) -> Option<Self::Item> {
         match &mut self.inner {
-            IterInner::Plain(entries) => entries.next_back(),
-            IterInner::Ordered { order, entries } => order.next_back().map(|p| &entries[*p]),
+            IterInner::Plain(entries) => entries.next_back().map(Arc::as_ref),
+            IterInner::Ordered { order, entries } => order.next_back().map(|p| &*entries[*p]),
         }
     }
 }
@@ -132,11 +135,12 @@ impl Resources {
         Self::default()
     }
 
-    /// The entries as stored. Until an entry of a collection of more than a few entries
-    /// is removed this is the collection's order ([`Self::iter`]); after that, an order
-    /// of its own (everything that sends or compares a whole total treats it as a set,
-    /// as Mesos does). [`Self::to_vec`] has the collection's order.
-    pub fn as_slice(&self) -> &[Resource] {
+    /// The entries as stored, each shared ([`Resources`] says why). Until an entry of a
+    /// collection of more than a few entries is removed this is the collection's order
+    /// ([`Self::iter`]); after that, an order of its own (everything that sends or
+    /// compares a whole total treats it as a set, as Mesos does). [`Self::to_vec`] has
+    /// the collection's order.
+    pub fn as_slice(&self) -> &[Arc<Resource>] {
         &self.entries
     }
 
@@ -149,13 +153,14 @@ impl Resources {
     pub fn into_vec(self) -> Vec<Resource> {
         let entries = Arc::unwrap_or_clone(self.entries);
         let Some(index) = self.index else {
-            return entries;
+            return entries.into_iter().map(Arc::unwrap_or_clone).collect();
         };
-        let mut slots: Vec<Option<Resource>> = entries.into_iter().map(Some).collect();
+        let mut slots: Vec<Option<Arc<Resource>>> = entries.into_iter().map(Some).collect();
         index
             .order
             .values()
             .filter_map(|position| slots[*position].take())
+            .map(Arc::unwrap_or_clone)
             .collect()
     }
 
@@ -180,7 +185,7 @@ impl Resources {
         if let Some(index) = &self.index {
             positions.sort_unstable_by_key(|position| index.seqs[*position]);
         }
-        positions.iter().map(|p| &self.entries[*p]).collect()
+        positions.iter().map(|p| &*self.entries[*p]).collect()
     }
 
     /// Number of entries (not of resources' quantities).
@@ -197,6 +202,15 @@ impl Resources {
     /// none is empty (e.g. the durable total's records, one per identity). Taken as they
     /// are, without `add`'s search for an entry to merge with.
     pub(crate) fn from_normalized(entries: Vec<Resource>) -> Self {
+        // Not `collect`: it would reuse the vector of (large) resources for the (small)
+        // pointers, and keep its whole size as capacity, which the index is sized by.
+        let mut shared = Vec::with_capacity(entries.len());
+        shared.extend(entries.into_iter().map(Arc::new));
+        Self::from_shared(shared)
+    }
+
+    /// [`Self::from_normalized`] of shared entries.
+    fn from_shared(entries: Vec<Arc<Resource>>) -> Self {
         let index = (entries.len() > INDEX_FROM)
             .then(|| Arc::new(Index::build(&entries, entries.capacity())));
         Self {
@@ -206,7 +220,7 @@ impl Resources {
     }
 
     /// The entries and the index to change (copied first if shared with a clone).
-    fn parts_mut(&mut self) -> (&mut Vec<Resource>, Option<&mut Index>) {
+    fn parts_mut(&mut self) -> (&mut Vec<Arc<Resource>>, Option<&mut Index>) {
         (
             Arc::make_mut(&mut self.entries),
             self.index.as_mut().map(Arc::make_mut),
@@ -221,23 +235,16 @@ impl Resources {
         )));
     }
 
-    /// Room for `additional` more entries. Filling a large collection one `add` at a time
-    /// regrew its vector of (large) entries again and again; with 10,000 volumes the
-    /// regrowth's copies and page faults were a fifth of a reconciliation.
-    pub(super) fn reserve(&mut self, additional: usize) {
-        let (entries, index) = self.parts_mut();
-        entries.reserve(additional);
-        if let Some(index) = index {
-            index.seqs.reserve(additional);
-            index.kinds.0.reserve(additional);
-        }
-    }
-
     fn candidates(&self, resource: &Resource) -> Candidates<'_> {
         match &self.index {
             None => Candidates::All(0..self.entries.len()),
             Some(index) => Candidates::Indexed(index.kinds.positions(kind_key(resource)).iter()),
         }
+    }
+
+    /// The entry at `position`, to change (copied first if shared with a clone).
+    fn entry_mut(&mut self, position: usize) -> &mut Resource {
+        Arc::make_mut(&mut Arc::make_mut(&mut self.entries)[position])
     }
 
     /// The first entry (in the collection's order) of which `wanted` holds. Only entries
@@ -253,7 +260,7 @@ impl Resources {
         }
     }
 
-    fn push(&mut self, resource: Resource, seq: Option<u64>) {
+    fn push(&mut self, resource: Arc<Resource>, seq: Option<u64>) {
         let (entries, index) = self.parts_mut();
         if let Some(index) = index {
             index.push(kind_key(&resource), entries.len(), seq);
@@ -281,7 +288,7 @@ impl Resources {
     /// Removes the entry at `position`; returns it with its sequence number. Small
     /// collections shift the entries behind it; indexed ones move the last entry into
     /// its place (their order is kept by the sequence numbers).
-    fn remove(&mut self, position: usize) -> (Resource, Option<u64>) {
+    fn remove(&mut self, position: usize) -> (Arc<Resource>, Option<u64>) {
         let (entries, index) = self.parts_mut();
         let Some(index) = index else {
             return (entries.remove(position), None);
@@ -301,7 +308,7 @@ impl Resources {
     }
 
     /// Undoes [`Self::remove`].
-    fn reinsert(&mut self, position: usize, resource: Resource, seq: Option<u64>) {
+    fn reinsert(&mut self, position: usize, resource: Arc<Resource>, seq: Option<u64>) {
         if self.index.is_none() {
             Arc::make_mut(&mut self.entries).insert(position, resource);
             return;
@@ -329,15 +336,13 @@ impl Resources {
     fn undo(&mut self, log: Vec<Undo>) {
         for change in log.into_iter().rev() {
             match change {
-                Undo::Scalar { position, old } => {
-                    Arc::make_mut(&mut self.entries)[position].scalar = old;
-                }
+                Undo::Scalar { position, old } => self.entry_mut(position).scalar = old,
                 Undo::Pushed => self.pop(),
                 Undo::Removed {
                     position,
                     resource,
                     seq,
-                } => self.reinsert(position, *resource, seq),
+                } => self.reinsert(position, resource, seq),
             }
         }
     }
@@ -355,7 +360,7 @@ impl Resources {
         }
         match self.first(resource, |entry| addable(entry, resource)) {
             Some(position) => {
-                let entry = &mut Arc::make_mut(&mut self.entries)[position];
+                let entry = self.entry_mut(position);
                 if let Some(log) = log {
                     log.push(Undo::Scalar {
                         position,
@@ -366,7 +371,7 @@ impl Resources {
                 set_scalar(entry, sum);
             }
             None => {
-                self.push(resource.clone(), None);
+                self.push(Arc::new(resource.clone()), None);
                 if let Some(log) = log {
                     log.push(Undo::Pushed);
                 }
@@ -388,7 +393,7 @@ impl Resources {
         let Some(position) = self.first(resource, |entry| subtractable(entry, resource)) else {
             return;
         };
-        let entry = &mut Arc::make_mut(&mut self.entries)[position];
+        let entry = self.entry_mut(position);
         let left = scalar_of(entry).saturating_sub(scalar_of(resource));
         if is_scalar(resource) && left > 0 {
             if let Some(log) = log {
@@ -403,7 +408,7 @@ impl Resources {
             if let Some(log) = log {
                 log.push(Undo::Removed {
                     position,
-                    resource: Box::new(resource),
+                    resource,
                     seq,
                 });
             }
@@ -458,13 +463,18 @@ impl Resources {
 
     /// Mesos `Resources::filter`.
     pub fn filter(&self, keep: impl Fn(&Resource) -> bool) -> Resources {
-        let kept: Vec<&Resource> = self.iter().filter(|r| keep(r)).collect();
-        let mut all = Resources::new();
-        all.reserve(kept.len());
-        for resource in kept {
-            all.add(resource);
-        }
-        all
+        let positions: Box<dyn Iterator<Item = usize>> = match &self.index {
+            None => Box::new(0..self.entries.len()),
+            Some(index) => Box::new(index.order.values().copied()),
+        };
+        // Part of a collection is one already (no two entries merge, none is empty):
+        // its entries are shared as they are, in the collection's order.
+        let kept: Vec<Arc<Resource>> = positions
+            .map(|position| &self.entries[position])
+            .filter(|entry| keep(entry))
+            .cloned()
+            .collect();
+        Self::from_shared(kept)
     }
 
     fn not_contained(&self, conversion: &Conversion) -> ResourceError {
@@ -1088,6 +1098,52 @@ mod tests {
         assert_eq!(total.iter().next_back().and_then(disk_id), Some("w"));
         assert_eq!(clone.len(), 19);
         assert_index_exact(&clone);
+    }
+
+    /// The first change after a clone copies pointers, not resources: every entry it
+    /// does not touch stays shared with the clone, and a changed entry is copied alone.
+    #[test]
+    fn a_change_after_a_clone_copies_only_the_entries_it_touches() {
+        let mut pools: Vec<Resource> = (0..20).map(|i| mount_disk(&format!("v{i}"))).collect();
+        let mut pool = mount_disk("pool");
+        pool.disk = None;
+        pools.push(pool.clone());
+        let mut total: Resources = pools.into_iter().collect();
+        let snapshot = total.clone();
+        total.add(&pool);
+        total.subtract(&mount_disk("v7"));
+        let shared = |r: &Resource| {
+            snapshot
+                .as_slice()
+                .iter()
+                .any(|s| std::ptr::eq(Arc::as_ptr(s), r))
+        };
+        for entry in total.iter() {
+            let merged = entry.disk.is_none();
+            assert_eq!(shared(entry), !merged, "{entry:?}");
+        }
+        assert_eq!(snapshot.len(), 21);
+        assert_eq!(total.len(), 20);
+        assert_eq!(
+            total
+                .iter()
+                .find(|r| r.disk.is_none())
+                .and_then(|r| r.scalar),
+            Some(Scalar { value: 2.0 })
+        );
+    }
+
+    /// Entries taken as they are get a vector and an index of their size, not of the
+    /// size of the vector they came in (a vector of resources reused for pointers
+    /// would keep its capacity, and the index was sized by it).
+    #[test]
+    fn normalized_entries_are_held_at_their_size() {
+        let mut entries: Vec<Resource> = Vec::with_capacity(1000);
+        entries.extend((0..100).map(|i| mount_disk(&format!("v{i}"))));
+        let total = Resources::from_normalized(entries);
+        assert_eq!(total.entries.capacity(), 100);
+        assert!(total.index.as_ref().unwrap().seqs.capacity() <= 100);
+        assert_index_exact(&total);
     }
 
     #[test]

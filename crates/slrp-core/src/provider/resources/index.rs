@@ -4,6 +4,7 @@
 //! place. [`Resources`](super::Resources) says what this buys.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use slrp_proto::mesos::v1::Resource;
 
@@ -107,7 +108,7 @@ pub(super) struct Index {
 }
 
 impl Index {
-    pub(super) fn build(entries: &[Resource], room: usize) -> Self {
+    pub(super) fn build(entries: &[Arc<Resource>], room: usize) -> Self {
         // Room for what the entries have room for: a collection being filled (see
         // `Resources::reserve`) does not regrow its index either.
         let mut index = Index {
