@@ -8,6 +8,8 @@ use slrp_core::provider::operations::{
 use slrp_core::provider::state::{
     ProviderRecord, ProviderResourceRecord, ProviderState, StateError, resource_prefix,
 };
+use std::sync::Arc;
+
 use slrp_proto::mesos::v1::Resource;
 use slrp_store::Store;
 
@@ -48,13 +50,13 @@ async fn load_resources(
     store: &Store,
     agent_id: &str,
     provider_id: Option<String>,
-) -> Result<Vec<Resource>, StateError> {
+) -> Result<Vec<Arc<Resource>>, StateError> {
     let (agent, path) = (agent_id.to_owned(), store.path().to_owned());
     store
         .fold_prefix(
             &resource_prefix(agent_id),
             Vec::new(),
-            move |entries: &mut Vec<Resource>, stored: ProviderResourceRecord| {
+            move |entries: &mut Vec<Arc<Resource>>, stored: ProviderResourceRecord| {
                 // The prefix `<agent id>/` also holds the records of an agent id that
                 // extends this one with a `/`.
                 if stored.agent_id == agent {

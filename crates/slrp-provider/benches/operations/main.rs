@@ -112,7 +112,9 @@ fn rss() -> String {
 }
 
 // The allocator `slrp` installs (jemalloc with background purging), so that the
-// provider child's memory is what `slrp run` gets.
+// provider child's memory is what `slrp run` gets; with the feature
+// `bench-system-allocator`, glibc's, for heaptrack (the heap figures then read 0).
+#[cfg(not(feature = "bench-system-allocator"))]
 slrp_provider::use_jemalloc!();
 
 /// Bytes of heap in use (jemalloc's `stats.allocated`): what is live, without the free

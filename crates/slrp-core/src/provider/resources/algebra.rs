@@ -164,6 +164,18 @@ impl Resources {
             .collect()
     }
 
+    /// The entries, shared, in the collection's order.
+    pub(crate) fn into_shared_vec(self) -> Vec<Arc<Resource>> {
+        let Some(index) = &self.index else {
+            return Arc::unwrap_or_clone(self.entries);
+        };
+        index
+            .order
+            .values()
+            .map(|position| Arc::clone(&self.entries[*position]))
+            .collect()
+    }
+
     /// Iterates over the entries in the collection's order: the order they were added
     /// in (an entry merged into keeps its place).
     pub fn iter(&self) -> Iter<'_> {
@@ -200,17 +212,10 @@ impl Resources {
 
     /// Entries that are normalized already: no two of them merge under [`Self::add`] and
     /// none is empty (e.g. the durable total's records, one per identity). Taken as they
-    /// are, without `add`'s search for an entry to merge with.
-    pub(crate) fn from_normalized(entries: Vec<Resource>) -> Self {
-        // Not `collect`: it would reuse the vector of (large) resources for the (small)
-        // pointers, and keep its whole size as capacity, which the index is sized by.
-        let mut shared = Vec::with_capacity(entries.len());
-        shared.extend(entries.into_iter().map(Arc::new));
-        Self::from_shared(shared)
-    }
-
-    /// [`Self::from_normalized`] of shared entries.
-    fn from_shared(entries: Vec<Arc<Resource>>) -> Self {
+    /// are, without `add`'s search for an entry to merge with. The vector is kept at its
+    /// length: the index is sized by its capacity.
+    pub(crate) fn from_shared(mut entries: Vec<Arc<Resource>>) -> Self {
+        entries.shrink_to_fit();
         let index = (entries.len() > INDEX_FROM)
             .then(|| Arc::new(Index::build(&entries, entries.capacity())));
         Self {
@@ -1134,13 +1139,13 @@ mod tests {
     }
 
     /// Entries taken as they are get a vector and an index of their size, not of the
-    /// size of the vector they came in (a vector of resources reused for pointers
-    /// would keep its capacity, and the index was sized by it).
+    /// capacity of the vector they came in (a loader's vector grows by doubling, and
+    /// the index was sized by its capacity).
     #[test]
     fn normalized_entries_are_held_at_their_size() {
-        let mut entries: Vec<Resource> = Vec::with_capacity(1000);
-        entries.extend((0..100).map(|i| mount_disk(&format!("v{i}"))));
-        let total = Resources::from_normalized(entries);
+        let mut entries = Vec::with_capacity(1000);
+        entries.extend((0..100).map(|i| Arc::new(mount_disk(&format!("v{i}")))));
+        let total = Resources::from_shared(entries);
         assert_eq!(total.entries.capacity(), 100);
         assert!(total.index.as_ref().unwrap().seqs.capacity() <= 100);
         assert_index_exact(&total);
