@@ -227,9 +227,9 @@ impl AgentHandle {
     /// [`Self::call`] encodes.
     ///
     /// # Errors
-    /// [`AgentError::NotSubscribed`] before SUBSCRIBED; [`AgentError::Encode`] if the
-    /// call holds `resources` itself or is not an UPDATE_STATE (with `resources`), or
-    /// does not render in the configured content type.
+    /// [`AgentError::NotSubscribed`] before SUBSCRIBED; [`AgentError::NotAnUpdateState`]
+    /// if, with `resources`, the call is not an UPDATE_STATE or holds resources itself;
+    /// [`AgentError::Encode`] if it does not render in the configured content type.
     pub fn encode_update_state<R: Borrow<Resource>>(
         &self,
         call: Call,

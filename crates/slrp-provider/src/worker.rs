@@ -440,9 +440,6 @@ impl Provider {
     }
 }
 
-/// What the machine learns of a failed UPDATE_STATE of `bytes` bytes (protobuf): a
-/// refusal (4xx) is not resent unchanged, and one for the body's size says which limit and
-/// how to raise it (only slrp's embedded manager has one; a Mesos agent takes any size).
 /// A staged call's answer as the machine takes it: the result, and the record change the
 /// volume manager left to the next commit.
 fn unstage<T>(staged: Result<Staged<T>, VolumeError>) -> (Result<T, VolumeError>, Option<Owed>) {
@@ -452,6 +449,10 @@ fn unstage<T>(staged: Result<Staged<T>, VolumeError>) -> (Result<T, VolumeError>
     }
 }
 
+/// What the machine learns of a failed UPDATE_STATE whose body was `bytes` bytes (in the
+/// agent's content type): a refusal (4xx) is not resent unchanged, and one for the body's
+/// size says which limit and how to raise it (only slrp's embedded manager has one; a
+/// Mesos agent takes any size).
 fn send_failure(error: &AgentError, bytes: usize) -> machine::SendFailure {
     let message = DisplayChain(error).to_string();
     match error {

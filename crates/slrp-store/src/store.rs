@@ -509,7 +509,9 @@ impl Store {
     /// Folds every record of `R`'s kind whose key starts with `prefix` into `init` with
     /// `step`, in key order, each decoded as it is read: a caller that turns records into
     /// something smaller (the provider's total from its resource records) never holds
-    /// them all. `Ok(Err(_))` is `step`'s error, which stops the fold. Blocking.
+    /// them all. `Ok(Err(_))` is `step`'s error, which stops the fold. Blocking. `step`
+    /// runs with the store's reader held: it must not read this store (it would wait for
+    /// itself), and other reads wait until the fold ends.
     ///
     /// # Errors
     /// A read that fails, or a record that fails its checksum or does not decode.

@@ -398,9 +398,10 @@ impl Resources {
         let Some(position) = self.first(resource, |entry| subtractable(entry, resource)) else {
             return;
         };
-        let entry = self.entry_mut(position);
-        let left = scalar_of(entry).saturating_sub(scalar_of(resource));
+        let left = scalar_of(&self.entries[position]).saturating_sub(scalar_of(resource));
         if is_scalar(resource) && left > 0 {
+            // Only an entry that stays is copied (if shared): a removed one is not.
+            let entry = self.entry_mut(position);
             if let Some(log) = log {
                 log.push(Undo::Scalar {
                     position,
@@ -1136,6 +1137,23 @@ mod tests {
                 .and_then(|r| r.scalar),
             Some(Scalar { value: 2.0 })
         );
+
+        // A removed entry is not copied either: taken back by a failed apply, it is
+        // the very one the clone holds.
+        let mut again = snapshot.clone();
+        let failing = [
+            Conversion {
+                consumed: Resources::from(mount_disk("v3")),
+                converted: Resources::new(),
+            },
+            Conversion {
+                consumed: Resources::from(mount_disk("absent")),
+                converted: Resources::new(),
+            },
+        ];
+        again.apply_all_in_place(&failing).unwrap_err();
+        let v3 = again.iter().find(|r| disk_id(r) == Some("v3")).unwrap();
+        assert!(shared(v3), "the removed and restored entry was copied");
     }
 
     /// Entries taken as they are get a vector and an index of their size, not of the

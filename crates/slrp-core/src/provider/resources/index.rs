@@ -109,8 +109,8 @@ pub(super) struct Index {
 
 impl Index {
     pub(super) fn build(entries: &[Arc<Resource>], room: usize) -> Self {
-        // Room for what the entries have room for: a collection being filled (see
-        // `Resources::reserve`) does not regrow its index either.
+        // Room for what the entries have room for (`Resources::from_shared` keeps them
+        // at their length).
         let mut index = Index {
             kinds: Kinds(std::collections::HashMap::with_capacity(room)),
             seqs: Vec::with_capacity(room),
