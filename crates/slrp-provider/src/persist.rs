@@ -1,6 +1,8 @@
 //! The provider's reads and writes of its whole durable state: the I/O edge beside the
 //! machine, which only stages changes and decodes what is read here
-//! ([`ProviderState::from_stored`], [`operations_of`]).
+//! ([`ProviderState::from_loaded`], [`operations_of`]).
+
+use std::sync::Arc;
 
 use slrp_core::provider::operations::{
     OperationRecord, TrackedOperation, operations_of, operations_prefix,
@@ -8,8 +10,6 @@ use slrp_core::provider::operations::{
 use slrp_core::provider::state::{
     ProviderRecord, ProviderResourceRecord, ProviderState, StateError, resource_prefix,
 };
-use std::sync::Arc;
-
 use slrp_proto::mesos::v1::Resource;
 use slrp_store::Store;
 
@@ -45,7 +45,7 @@ pub async fn load_state(store: &Store, agent_id: &str) -> Result<ProviderState, 
 }
 
 /// The entries of agent `agent_id`'s resource records, each record decoded as it is read
-/// ([`ProviderState::resources_of`]): a large total's stored form is never all in memory.
+/// ([`ProviderState::add_record`]): a large total's stored form is never all in memory.
 async fn load_resources(
     store: &Store,
     agent_id: &str,
@@ -56,17 +56,8 @@ async fn load_resources(
         .fold_prefix(
             &resource_prefix(agent_id),
             Vec::new(),
-            move |entries: &mut Vec<Arc<Resource>>, stored: ProviderResourceRecord| {
-                // The prefix `<agent id>/` also holds the records of an agent id that
-                // extends this one with a `/`.
-                if stored.agent_id == agent {
-                    entries.extend(ProviderState::resources_of(
-                        stored,
-                        provider_id.as_deref(),
-                        &path,
-                    )?);
-                }
-                Ok(())
+            move |entries, stored: ProviderResourceRecord| {
+                ProviderState::add_record(entries, stored, &agent, provider_id.as_deref(), &path)
             },
         )
         .await

@@ -461,17 +461,19 @@ impl Store {
             }
             Some(_) | None => StoreError::io(StoreOp::Read, e),
         };
+        let stored = |r: &rusqlite::Row<'_>| -> rusqlite::Result<StoredRow> {
+            Ok(StoredRow {
+                kind: raw_bytes(r, 0)?,
+                key: raw_bytes(r, 1)?,
+                schema: raw_u32(r, 2)?,
+                value: raw_bytes(r, 3)?,
+                crc: raw_u32(r, 4)?,
+            })
+        };
         let mut stmt = conn.prepare_cached(sql).map_err(read_error)?;
         let mut rows = stmt.query(args).map_err(read_error)?;
         while let Some(r) = rows.next().map_err(read_error)? {
-            let row = StoredRow {
-                kind: raw_bytes(r, 0).map_err(read_error)?,
-                key: raw_bytes(r, 1).map_err(read_error)?,
-                schema: raw_u32(r, 2).map_err(read_error)?,
-                value: raw_bytes(r, 3).map_err(read_error)?,
-                crc: raw_u32(r, 4).map_err(read_error)?,
-            };
-            if each(row)?.is_break() {
+            if each(stored(r).map_err(read_error)?)?.is_break() {
                 break;
             }
         }
